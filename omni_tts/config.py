@@ -1,0 +1,170 @@
+"""Configuration records: EngineConfig (load time), SynthesisParams (per request), CompileMode.
+
+Owns the field names, defaults and validation of presets (`presets/*.yaml`, unknown keys are an
+error) and of requests. Knows nothing about models or devices beyond their names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from omni_tts.errors import InputError, OmniTTSError
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
+MAX_TEXT_CHARS = 2000
+
+
+class CompileMode(str, enum.Enum):
+    """How the CodePredictor (and talker decode step) runs."""
+
+    EAGER = "eager"
+    DEFAULT = "default"  # torch.compile(mode="default", dynamic=False)
+    REDUCE_OVERHEAD = "reduce-overhead"  # Inductor's own CUDA graphs, private pool
+    DEFAULT_CUDAGRAPH = "default+cudagraph"  # compile default + our per-bucket graphs in one shared pool
+
+    @classmethod
+    def parse(cls, value: "str | CompileMode") -> "CompileMode":
+        if isinstance(value, CompileMode):
+            return value
+        for m in cls:
+            if m.value == str(value).strip().lower():
+                return m
+        raise InputError(f"unknown compile mode '{value}'; valid: {', '.join(m.value for m in cls)}")
+
+    @property
+    def compiled(self) -> bool:
+        return self is not CompileMode.EAGER
+
+    @property
+    def needs_cuda(self) -> bool:
+        return self in (CompileMode.REDUCE_OVERHEAD, CompileMode.DEFAULT_CUDAGRAPH)
+
+
+TASKS = ("custom_voice", "voice_design", "voice_clone")
+
+
+@dataclass
+class SynthesisParams:
+    """One request. `None` sampling fields take the checkpoint's generation_config.json values."""
+
+    text: str
+    task: str = "custom_voice"
+    speaker: str | None = None
+    language: str = "Auto"
+    instruct: str | None = None
+    non_streaming_mode: bool | None = None  # None: official default for the task
+    greedy: bool = False
+    do_sample: bool | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    subtalker_do_sample: bool | None = None
+    subtalker_temperature: float | None = None
+    subtalker_top_k: int | None = None
+    subtalker_top_p: float | None = None
+    max_new_tokens: int | None = None
+    seed: int | None = None
+    fixed_frames: int | None = None  # benchmark only: ignore EOS and make exactly N frames
+    voice: Any = None  # voice-clone prompt (omni_tts.speaker.VoicePrompt), task voice_clone only
+
+    def validate(self) -> None:
+        if self.task not in TASKS:
+            raise InputError(f"unknown task '{self.task}'; valid: {', '.join(TASKS)}")
+        if not isinstance(self.text, str) or not self.text.strip():
+            raise InputError("text is empty: give some words to speak")
+        if len(self.text) > MAX_TEXT_CHARS:
+            raise InputError(f"text is too long ({len(self.text)} characters; at most {MAX_TEXT_CHARS})")
+        if self.task == "voice_design" and not (self.instruct and self.instruct.strip()):
+            raise InputError("voice_design needs an instruct text describing the voice (--instruct)")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        for name in ("temperature", "subtalker_temperature"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise InputError(f"{name} must be >= 0 (got {v})")
+        for name in ("top_p", "subtalker_top_p"):
+            v = getattr(self, name)
+            if v is not None and not 0 < v <= 1:
+                raise InputError(f"{name} must be in (0, 1] (got {v})")
+        if self.repetition_penalty is not None and self.repetition_penalty <= 0:
+            raise InputError(f"repetition_penalty must be > 0 (got {self.repetition_penalty})")
+
+
+@dataclass
+class EngineConfig:
+    """Load-time engine settings; a preset YAML holds a subset of these keys."""
+
+    model: str | None = None  # dir or hub id; None = choose (cache, hub, embedded)
+    mode: str = "auto"  # a CompileMode value, or auto (default+cudagraph on CUDA, eager on CPU)
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16
+    max_num_seqs: int = 8
+    buckets: list[int] | None = None  # None: powers of two up to max_num_seqs, plus max_num_seqs
+    max_seq_len: int = 1024  # talker KV cache length per slot (prompt + frames)
+    initial_chunk_frames: int = 2
+    chunk_frames: int = 25
+    left_context_frames: int = 72
+    gpu_memory_limit_gb: float | None = None
+    use_vllm_pool: bool = True
+    name: str = ""
+    description: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def resolved_buckets(self) -> list[int]:
+        if self.buckets:
+            return sorted({int(b) for b in self.buckets if 0 < int(b) <= self.max_num_seqs} | {self.max_num_seqs})
+        out, b = [], 1
+        while b < self.max_num_seqs:
+            out.append(b)
+            b *= 2
+        return sorted(set(out) | {self.max_num_seqs})
+
+    def validate(self) -> None:
+        if self.mode != "auto":
+            CompileMode.parse(self.mode)
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise OmniTTSError(f"device must be auto, cpu or cuda (got '{self.device}')")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise OmniTTSError(f"dtype must be auto, float32, bfloat16 or float16 (got '{self.dtype}')")
+        if self.max_num_seqs < 1:
+            raise OmniTTSError(f"max_num_seqs must be >= 1 (got {self.max_num_seqs})")
+        if self.initial_chunk_frames < 1 or self.chunk_frames < 1:
+            raise OmniTTSError("initial_chunk_frames and chunk_frames must be >= 1")
+
+
+_PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)} - {"extra"}
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_preset(name_or_path: str | Path, **overrides: Any) -> EngineConfig:
+    """Read a preset by name (presets/NAME.yaml) or path; unknown keys are an error naming them."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PRESET_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise OmniTTSError(f"preset '{name_or_path}' not found; available: {', '.join(preset_names())}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise OmniTTSError(f"{path}: malformed YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise OmniTTSError(f"{path}: a preset is a mapping of keys to values")
+    unknown = sorted(set(data) - _PRESET_KEYS)
+    if unknown:
+        raise OmniTTSError(f"{path}: unknown preset key(s): {', '.join(unknown)}; "
+                           f"valid: {', '.join(sorted(_PRESET_KEYS))}")
+    data.setdefault("name", path.stem)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    cfg = EngineConfig(**data)
+    cfg.validate()
+    return cfg

@@ -1,0 +1,22 @@
+"""User-facing error types.
+
+Every error a user can cause (bad text, unknown speaker, broken checkpoint, bad audio) is raised as
+an `OmniTTSError` subclass whose message is one clear line; the CLI and the app print that line
+instead of a traceback. This module knows nothing about models or I/O.
+"""
+
+
+class OmniTTSError(Exception):
+    """Base class: the message is meant for the user, as is."""
+
+
+class CheckpointError(OmniTTSError):
+    """A checkpoint directory or hub id that cannot be loaded (missing/malformed file or key)."""
+
+
+class InputError(OmniTTSError):
+    """A request the model cannot serve: empty text, unknown speaker or language, bad audio."""
+
+
+class EngineError(OmniTTSError):
+    """The engine refused or lost a request (shutdown, cancelled, mode switch failure)."""
