@@ -1,0 +1,125 @@
+"""CUDA graph capture: one graph per batch-size bucket, all in ONE shared memory pool.
+
+Owns: the shared pool (vLLM's global graph pool when vllm is importable on a CUDA host, else one
+the engine owns; a fresh one after every release, see `GraphPool.renew`), bucket selection, static
+input/output buffers, padded replay, and release. This is the only file that calls torch.cuda.graph.
+Knows nothing about what the captured function computes: it takes a callable over tensors.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+Tensors = tuple[torch.Tensor, ...]
+
+
+def pick_bucket(n: int, buckets: Sequence[int]) -> int | None:
+    """Smallest bucket >= n, or None when n exceeds the largest (run ungraphed)."""
+    for b in sorted(buckets):
+        if b >= n:
+            return b
+    return None
+
+
+def _vllm_pool():  # pragma: no cover - needs vllm + CUDA
+    try:
+        from vllm.platforms import current_platform
+
+        return current_platform.get_global_graph_pool()
+    except Exception:
+        return None
+
+
+class GraphPool:
+    """The one memory pool every graph of the engine is captured into."""
+
+    def __init__(self, use_vllm: bool = True) -> None:
+        self.use_vllm = use_vllm
+        self.handle = None
+        self.source = ""
+        self.generation = 0
+        self.renew(first=True)
+
+    def renew(self, first: bool = False) -> None:
+        """Take a fresh pool. Capturing into a pool whose graphs were all freed hit an INTERNAL
+        ASSERT (use_count > 0) on torch 2.11, so after a release we never reuse the old handle;
+        vLLM's global pool is only used for the first capture of a process."""
+        self.generation += 1
+        handle = _vllm_pool() if (self.use_vllm and first) else None
+        if handle is not None:  # pragma: no cover - needs vllm
+            self.handle, self.source = handle, "vllm global graph pool"
+        else:
+            self.handle, self.source = torch.cuda.graph_pool_handle(), f"engine pool #{self.generation}"
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    inputs: Tensors
+    outputs: Tensors
+
+
+@dataclass
+class CaptureReport:
+    buckets: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+    pool_bytes: int = 0  # reserved-memory growth while capturing (the graphs' share of the pool)
+
+
+class BucketedGraph:
+    """One CUDA graph per bucket of `make_fn(bucket)`, a zero-argument callable over static buffers.
+
+    The callable reads and writes the first `bucket` rows of buffers the caller owns (slot state)
+    and returns its outputs. `run(n)` replays the smallest bucket >= n and returns the first n rows
+    of each output (views into the static outputs: consume them before the next replay). Rows
+    n..bucket-1 compute on stale data: the callable must be row-independent so they cannot
+    affect rows < n. Batches above the largest bucket call make_fn(n) ungraphed.
+    """
+
+    def __init__(self, name: str, make_fn: Callable[[int], Callable[[], Tensors]],
+                 buckets: Sequence[int], pool: GraphPool, warmup: int = 2) -> None:
+        self.name, self.make_fn = name, make_fn
+        self.buckets = sorted(set(int(b) for b in buckets))
+        self.pool, self.warmup = pool, warmup
+        self.graphs: dict[int, _Captured] = {}
+
+    def capture(self, before_each: Callable[[int], None] | None = None) -> CaptureReport:
+        """Capture every bucket (largest first, so smaller graphs reuse its pool blocks)."""
+        torch.cuda.synchronize()
+        reserved0 = torch.cuda.memory_reserved()
+        t0 = time.perf_counter()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        for b in sorted(self.buckets, reverse=True):
+            fn = self.make_fn(b)
+            if before_each is not None:
+                before_each(b)
+            with torch.cuda.stream(stream):
+                for _ in range(self.warmup):  # compile / autotune / lazy init outside the capture
+                    fn()
+            stream.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool.handle, stream=stream):
+                outputs = fn()
+            self.graphs[b] = _Captured(g, (), tuple(outputs))
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        return CaptureReport(list(self.buckets), time.perf_counter() - t0,
+                             max(0, torch.cuda.memory_reserved() - reserved0))
+
+    def run(self, n: int) -> Tensors:
+        b = pick_bucket(n, self.graphs.keys())
+        if b is None:  # above the largest bucket: ungraphed, still correct
+            return tuple(self.make_fn(n)())
+        cap = self.graphs[b]
+        cap.graph.replay()
+        return tuple(o[:n] for o in cap.outputs)
+
+    def release(self) -> None:
+        for cap in self.graphs.values():
+            cap.graph.reset()
+        self.graphs.clear()

@@ -1,0 +1,142 @@
+"""Metrics: per-request TTFP / E2E / RTF and engine-wide GPU memory, occupancy, capture costs.
+
+Owns the records and their arithmetic; cheap enough to leave on (host clocks only, plus
+torch.cuda memory counters that read allocator statistics without a device sync).
+Knows nothing about the model or the UI.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+
+def now() -> float:
+    return time.perf_counter()
+
+
+@dataclass
+class RequestMetrics:
+    """One request's timings. TTFP: accepted -> first audio chunk ready; RTF = E2E / audio seconds."""
+
+    request_id: int
+    mode: str
+    accepted_at: float
+    first_audio_at: float | None = None
+    finished_at: float | None = None
+    frames: int = 0
+    audio_samples: int = 0
+    sample_rate: int = 24000
+    status: str = "running"  # running | done | cancelled | error
+    error: str | None = None
+
+    @property
+    def ttfp_ms(self) -> float | None:
+        return None if self.first_audio_at is None else 1000.0 * (self.first_audio_at - self.accepted_at)
+
+    @property
+    def e2e_ms(self) -> float | None:
+        return None if self.finished_at is None else 1000.0 * (self.finished_at - self.accepted_at)
+
+    @property
+    def audio_s(self) -> float:
+        return self.audio_samples / float(self.sample_rate)
+
+    @property
+    def rtf(self) -> float | None:
+        if self.e2e_ms is None or self.audio_s <= 0:
+            return None
+        return (self.e2e_ms / 1000.0) / self.audio_s
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(ttfp_ms=self.ttfp_ms, e2e_ms=self.e2e_ms, audio_s=self.audio_s, rtf=self.rtf)
+        return d
+
+
+def gpu_memory(device: torch.device | str | None, pool_bytes: int = 0) -> dict[str, float]:
+    """Allocated / reserved / peak (GiB) and the graph pool's share, or {} without CUDA."""
+    if device is None or torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return {}
+    gib = float(1 << 30)
+    reserved = torch.cuda.memory_reserved(device)
+    return {
+        "allocated_gib": torch.cuda.memory_allocated(device) / gib,
+        "reserved_gib": reserved / gib,
+        "peak_gib": torch.cuda.max_memory_allocated(device) / gib,
+        "graph_pool_gib": pool_bytes / gib,
+        "graph_pool_share": (pool_bytes / reserved) if reserved else 0.0,
+    }
+
+
+@dataclass
+class EngineStats:
+    """Engine-wide counters, updated by the scheduler thread, read by anyone."""
+
+    history: int = 200
+    steps: int = 0
+    busy_slots_sum: int = 0
+    started_at: float = field(default_factory=now)
+    capture: dict[str, dict[str, float]] = field(default_factory=dict)  # mode -> {seconds, pool_bytes}
+    recent: deque = field(default_factory=deque)
+    _step_times: deque = field(default_factory=lambda: deque(maxlen=256))
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def on_step(self, batch: int) -> None:
+        with self._lock:
+            self.steps += 1
+            self.busy_slots_sum += batch
+            self._step_times.append(now())
+
+    def on_finish(self, m: RequestMetrics) -> None:
+        with self._lock:
+            self.recent.append(m)
+            while len(self.recent) > self.history:
+                self.recent.popleft()
+
+    def steps_per_s(self) -> float:
+        with self._lock:
+            t = list(self._step_times)
+        if len(t) < 2 or now() - t[-1] > 1.0:
+            return 0.0
+        return (len(t) - 1) / max(t[-1] - t[0], 1e-9)
+
+    def mean_occupancy(self) -> float:
+        return self.busy_slots_sum / self.steps if self.steps else 0.0
+
+    def recent_requests(self, n: int = 50) -> list[RequestMetrics]:
+        with self._lock:
+            return list(self.recent)[-n:]
+
+
+def summarize(records: list[RequestMetrics], wall_s: float) -> dict[str, float]:
+    """The seed table's figures over finished requests of one run."""
+    done = [r for r in records if r.status == "done"]
+    ttfp = [r.ttfp_ms for r in done if r.ttfp_ms is not None]
+    e2e = [r.e2e_ms for r in done if r.e2e_ms is not None]
+    rtf = [r.rtf for r in done if r.rtf is not None]
+    audio = sum(r.audio_s for r in done)
+
+    def pct(xs: list[float], q: float) -> float:
+        if not xs:
+            return float("nan")
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+    return {
+        "requests": float(len(done)),
+        "med_ttfp_ms": statistics.median(ttfp) if ttfp else float("nan"),
+        "p90_ttfp_ms": pct(ttfp, 0.9),
+        "med_e2e_ms": statistics.median(e2e) if e2e else float("nan"),
+        "mean_rtf": statistics.fmean(rtf) if rtf else float("nan"),
+        "req_per_s": len(done) / wall_s if wall_s > 0 else float("nan"),
+        "audio_s_per_s": audio / wall_s if wall_s > 0 else float("nan"),
+        "audio_s": audio,
+        "wall_s": wall_s,
+    }
