@@ -1,0 +1,514 @@
+"""Qwen3-TTS 12 Hz speech-tokenizer DECODER: codec codes [T, 16] -> 24 kHz waveform, whole or streamed.
+
+Owns: the decoder half of `speech_tokenizer/` (split residual-VQ codebook lookup, causal pre-conv,
+sliding-window pre-transformer, ConvNeXt upsampler, SnakeBeta / transposed-conv vocoder), strict
+loading of its `decoder.*` tensors, the official decode conventions (codes clamped at 0, frames whose
+first code is -1 are padding, output clamped to [-1, 1], 300-frame segments decoded with 25 frames of
+left context), and exact chunked decoding (`decode_window`, `decode_frames`, `StreamingDecoder`).
+Does not know: the codec encoder (`codec_encoder.py`), the talker, devices or chunk-size policy
+(the engine picks those), audio file I/O.
+
+Streaming exactness. Every op is causal: convs pad on the left only, a transposed conv with kernel K
+and stride s whose right tail is trimmed makes output sample j from inputs ceil((j-K+1)/s)..j//s,
+and attention sees the last `sliding_window` (W) frames. So no sample depends on a later frame: no
+right-edge hold-back is needed. The left reach adds up though: pre-conv 2 frames, each of the L
+attention layers W-1 more (they stack), the conv stack after the transformer 10 more (for rates
+8,5,4,3 / 2,2). `receptive_field_frames` walks the modules to compute it: 154 frames for the tiny
+fixture (L=2), 580 for L=8. With that much context a window's last frames equal a full pass; with
+only W=72 frames the tiny fixture is off by ~3e-4. Only the cheap frame-rate front (VQ + transformer)
+runs over the whole context; the vocoder runs over the new frames plus `vocoder_context_frames`.
+Decoding runs in the module's dtype (float32, or bf16 on CUDA) and returns float32; float32 decode
+turns cuDNN's TF32 convs off while it runs (matmul precision follows torch's global setting). In
+bf16, chunks match the one-shot decode only to bf16 rounding (~1e-2), not 1e-4.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import TYPE_CHECKING, Any, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omni_tts.errors import CheckpointError, InputError
+
+if TYPE_CHECKING:
+    from omni_tts.checkpoint import Checkpoint
+
+CODEBOOK_EPS = 1e-5  # floor on cluster usage when normalising a codebook (fixed in the format)
+CONVNEXT_LN_EPS = 1e-6
+SNAKE_EPS = 1e-9
+RESIDUAL_DILATIONS = (1, 3, 9)
+SEGMENT_FRAMES = 300  # the official decode splits long code matrices into 300-frame segments...
+SEGMENT_CONTEXT = 25  # ...each decoded with 25 frames of left context (not enough to be exact)
+_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+
+
+class CausalConv1d(nn.Module):
+    """Stride-1 conv that only looks back: left-pads (kernel-1)*dilation zeros."""
+
+    def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1, groups: int = 1):
+        super().__init__()
+        self.conv = nn.Conv1d(c_in, c_out, kernel, dilation=dilation, groups=groups)
+        self.reach = (kernel - 1) * dilation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.pad(x, (self.reach, 0)))  # [B, Cin, T] -> [B, Cout, T]
+
+    def lookback(self, j: int) -> int:
+        return j - self.reach
+
+
+class CausalUpConv1d(nn.Module):
+    """Transposed conv (kernel K >= stride s) keeping the first T*s samples, i.e. the causal ones."""
+
+    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int):
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(c_in, c_out, kernel, stride=stride)
+        self.kernel, self.stride = kernel, stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)[..., : x.shape[-1] * self.stride]  # [B, Cin, T] -> [B, Cout, T*s]
+
+    def lookback(self, j: int) -> int:
+        return -((self.kernel - 1 - j) // self.stride)  # ceil((j - K + 1) / s)
+
+
+class SnakeBeta(nn.Module):
+    """x + sin^2(x * e^alpha) / e^beta, per channel (alpha, beta stored in log scale)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
+        freq = self.alpha.exp()[None, :, None]
+        gain = 1.0 / (self.beta.exp()[None, :, None] + SNAKE_EPS)
+        return x + gain * torch.sin(x * freq).pow(2)
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int):
+        super().__init__()
+        self.act1, self.conv1 = SnakeBeta(dim), CausalConv1d(dim, dim, 7, dilation=dilation)
+        self.act2, self.conv2 = SnakeBeta(dim), CausalConv1d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
+        return x + self.conv2(self.act2(self.conv1(self.act1(x))))
+
+    def lookback(self, j: int) -> int:
+        return self.conv1.lookback(self.conv2.lookback(j))
+
+
+class VocoderStage(nn.Module):
+    """Snake, x`rate` transposed-conv upsampling halving the channels, three dilated residual units."""
+
+    def __init__(self, c_in: int, c_out: int, rate: int):
+        super().__init__()
+        units = [ResidualUnit(c_out, d) for d in RESIDUAL_DILATIONS]
+        self.block = nn.ModuleList([SnakeBeta(c_in), CausalUpConv1d(c_in, c_out, 2 * rate, rate), *units])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, Cin, T] -> [B, Cout, T*rate]
+        for layer in self.block:
+            x = layer(x)
+        return x
+
+    def lookback(self, j: int) -> int:
+        return _chain_lookback(self.block, j)
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, 7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=CONVNEXT_LN_EPS)
+        self.pwconv1, self.pwconv2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
+        h = self.norm(self.dwconv(x).transpose(1, 2))  # h: [B, T, C]
+        h = self.gamma * self.pwconv2(F.gelu(self.pwconv1(h)))
+        return x + h.transpose(1, 2)
+
+    def lookback(self, j: int) -> int:
+        return self.dwconv.lookback(j)
+
+
+def _chain_lookback(layers: Any, j: int) -> int:
+    """Earliest input index that output index j of `layers` (applied in order) depends on."""
+    for layer in reversed(list(layers)):
+        j = layer.lookback(j) if hasattr(layer, "lookback") else j  # pointwise layers keep j
+    return j
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # normalised in float32, as the reference does
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Scale(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class WindowAttention(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # q: [B, nh, T, hd]
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # k: [B, nkv, T, hd]
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
+        if self.kv_heads != self.heads:
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)  # k: [B, nh, T, hd]
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [B, T, H]
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    swapped = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + swapped * sin  # x: [B, n, T, hd]; cos/sin: [T, hd]
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden: int, inner: int, act: str):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.act = _ACTIVATIONS[act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, d: dict[str, Any]):
+        super().__init__()
+        h = d["hidden_size"]
+        self.input_layernorm = RMSNorm(h, d["rms_norm_eps"])
+        self.self_attn = WindowAttention(h, d["num_attention_heads"], d["num_key_value_heads"], d["head_dim"],
+                                         d["attention_bias"])
+        self.self_attn_layer_scale = Scale(h)
+        self.post_attention_layernorm = RMSNorm(h, d["rms_norm_eps"])
+        self.mlp = GatedMLP(h, d["intermediate_size"], d["hidden_act"])
+        self.mlp_layer_scale = Scale(h)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), rope, mask))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))  # x: [B, T, H]
+
+
+class WindowTransformer(nn.Module):
+    """latent -> hidden, L pre-norm layers with causal sliding-window attention + RoPE -> latent."""
+
+    def __init__(self, d: dict[str, Any]):
+        super().__init__()
+        self.window, self.head_dim, self.theta = d["sliding_window"], d["head_dim"], float(d["rope_theta"])
+        self.input_proj = nn.Linear(d["latent_dim"], d["hidden_size"])
+        self.layers = nn.ModuleList(TransformerLayer(d) for _ in range(d["num_hidden_layers"]))
+        self.norm = RMSNorm(d["hidden_size"], d["rms_norm_eps"])
+        self.output_proj = nn.Linear(d["hidden_size"], d["latent_dim"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, latent] (positions restart at 0)
+        t, dev = x.shape[1], x.device
+        pos = torch.arange(t, device=dev, dtype=torch.float32)
+        exps = torch.arange(0, self.head_dim, 2, device=dev, dtype=torch.int64).float() / self.head_dim
+        angles = pos[:, None] * (1.0 / self.theta ** exps)[None, :]  # angles: [T, hd/2], float32
+        angles = torch.cat((angles, angles), dim=-1)
+        rope = (angles.cos().to(x.dtype), angles.sin().to(x.dtype))
+        q_idx = torch.arange(t, device=dev)[:, None]
+        k_idx = torch.arange(t, device=dev)[None, :]
+        mask = (k_idx <= q_idx) & (k_idx > q_idx - self.window)  # mask: [T, T], True = attend
+        h = self.input_proj(x)  # h: [B, T, H]
+        for layer in self.layers:
+            h = layer(h, rope, mask)
+        return self.output_proj(self.norm(h))  # [B, T, latent]
+
+    def lookback(self, j: int) -> int:
+        return j - len(self.layers) * (self.window - 1)
+
+
+class CodebookGroup(nn.Module):
+    """Some of the residual codebooks, summed then projected (1x1 conv, no bias) to codebook_dim."""
+
+    def __init__(self, n_books: int, size: int, dim: int, out_dim: int):
+        super().__init__()
+        self.register_buffer("tables", torch.zeros(n_books, size, dim), persistent=False)
+        self.output_proj = nn.Conv1d(dim, out_dim, 1, bias=False)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:  # codes: [B, T, n] -> [B, out_dim, T]
+        summed = self.tables[0][codes[..., 0]]  # summed: [B, T, dim]
+        for i in range(1, codes.shape[-1]):
+            summed = summed + self.tables[i][codes[..., i]]
+        return self.output_proj(summed.transpose(1, 2))
+
+
+@contextlib.contextmanager
+def _ieee_fp32_convs(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """cuDNN runs float32 convs in TF32 by default (~5e-5 off here); exact float32 decode needs it off."""
+    if device.type != "cuda" or dtype != torch.float32 or not torch.backends.cudnn.allow_tf32:
+        yield
+        return
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def _decoder_sizes(codec_config: dict[str, Any], file: str) -> dict[str, Any]:
+    """The decoder_config with the reference's defaults for keys that no tensor shape pins down."""
+    kind = codec_config.get("model_type", "qwen3_tts_tokenizer_12hz")
+    if kind != "qwen3_tts_tokenizer_12hz":
+        raise CheckpointError(f"{file}: model_type '{kind}' is not the 12 Hz speech tokenizer this decoder runs")
+    d = codec_config.get("decoder_config")
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{file}: missing key 'decoder_config'")
+    for key in ("codebook_size", "codebook_dim", "latent_dim", "decoder_dim", "hidden_size", "intermediate_size",
+                "num_hidden_layers", "num_attention_heads", "num_quantizers", "upsample_rates", "upsampling_ratios"):
+        if key not in d:
+            raise CheckpointError(f"{file}: missing key 'decoder_config.{key}'")
+    if d.get("rope_scaling"):
+        raise CheckpointError(f"{file}: decoder_config.rope_scaling is not supported by this decoder")
+    out = {"sliding_window": 72, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+           "attention_bias": False, "num_key_value_heads": d["num_attention_heads"],
+           "head_dim": d["hidden_size"] // d["num_attention_heads"], **{k: v for k, v in d.items() if v is not None}}
+    if out["hidden_act"] not in _ACTIVATIONS:
+        raise CheckpointError(f"{file}: unsupported decoder_config.hidden_act '{out['hidden_act']}'")
+    if out["num_quantizers"] < 2 or out["num_attention_heads"] % out["num_key_value_heads"]:
+        raise CheckpointError(f"{file}: inconsistent decoder_config (num_quantizers / attention heads)")
+    return out
+
+
+class CodecDecoder(nn.Module):
+    """codes [B, T, Q] -> waveform [B, T * decode_upsample_rate] at `output_sample_rate`."""
+
+    def __init__(self, codec_config: dict[str, Any], file: str = "speech_tokenizer/config.json"):
+        super().__init__()
+        d = _decoder_sizes(codec_config, file)
+        self.num_quantizers, self.sliding_window = int(d["num_quantizers"]), int(d["sliding_window"])
+        self.output_sample_rate = int(codec_config.get("output_sample_rate", 24000))
+        self.samples_per_frame = math.prod(d["upsample_rates"]) * math.prod(d["upsampling_ratios"])
+        rate = int(codec_config.get("decode_upsample_rate", self.samples_per_frame))
+        if rate != self.samples_per_frame:
+            raise CheckpointError(f"{file}: decode_upsample_rate {rate} != product of the decoder's rates "
+                                  f"{self.samples_per_frame}")
+        self.decode_upsample_rate = rate
+        self.segment_frames: int | None = SEGMENT_FRAMES  # None: one pass (exact, not the official output)
+        self.segment_context = SEGMENT_CONTEXT
+        cb, half, lat, dim = d["codebook_size"], d["codebook_dim"] // 2, d["latent_dim"], d["decoder_dim"]
+        self.quantizer = nn.ModuleDict({"rvq_first": CodebookGroup(1, cb, half, d["codebook_dim"]),
+                                        "rvq_rest": CodebookGroup(self.num_quantizers - 1, cb, half,
+                                                                  d["codebook_dim"])})
+        self.pre_conv = CausalConv1d(d["codebook_dim"], lat, 3)
+        self.pre_transformer = WindowTransformer(d)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([CausalUpConv1d(lat, lat, r, r), ConvNeXtBlock(lat)]) for r in d["upsampling_ratios"])
+        rates = d["upsample_rates"]
+        stages = [VocoderStage(dim >> i, dim >> (i + 1), r) for i, r in enumerate(rates)]
+        self.decoder = nn.ModuleList([CausalConv1d(lat, dim, 7), *stages, SnakeBeta(dim >> len(rates)),
+                                      CausalConv1d(dim >> len(rates), 1, 7)])
+        vocoder_layers = [m for stage in self.upsample for m in stage] + list(self.decoder)
+        probe = 10 ** 6  # any frame far from 0: every layer is shift-invariant at its own rate
+        self.vocoder_context_frames = probe - _chain_lookback(vocoder_layers, probe * self.samples_per_frame)
+        front = self.pre_conv.lookback(self.pre_transformer.lookback(probe))
+        self.receptive_field_frames = probe - front + self.vocoder_context_frames
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint) -> CodecDecoder:
+        return cls.from_config(ckpt.codec_config, ckpt.codec_weights,
+                               source=str(getattr(ckpt, "path", ".")) + "/speech_tokenizer")
+
+    @classmethod
+    def from_config(cls, codec_config: dict[str, Any], weights: dict[str, torch.Tensor],
+                    source: str = "speech_tokenizer") -> CodecDecoder:
+        """Build from the speech_tokenizer config dict and tensors; strict about every `decoder.*` key."""
+        model = cls(codec_config, file=f"{source}/config.json")
+        model._load(weights, f"{source}/model.safetensors")
+        return model.eval()
+
+    def _load(self, weights: dict[str, torch.Tensor], file: str) -> None:
+        own = {"decoder." + k: (k, v.shape) for k, v in self.state_dict().items()}
+        books: dict[str, tuple[str, int, tuple[int, ...]]] = {}
+        optional: dict[str, tuple[int, ...]] = {}
+        for group_name, group in self.quantizer.items():
+            n, size, dim = group.tables.shape
+            prefix = f"decoder.quantizer.{group_name}."
+            optional[prefix + "input_proj.weight"] = (dim, 2 * dim, 1)  # encoder side: shape-checked, unused
+            for i in range(n):
+                books[f"{prefix}vq.layers.{i}._codebook.embedding_sum"] = (group_name, i, (size, dim))
+                books[f"{prefix}vq.layers.{i}._codebook.cluster_usage"] = (group_name, i, (size,))
+        shapes = {**{k: s for k, (_, s) in own.items()}, **{k: b[2] for k, b in books.items()}}
+        for key in sorted(shapes):
+            if key not in weights:
+                raise CheckpointError(f"{file}: missing tensor '{key}'")
+        for key in sorted(k for k in weights if k.startswith("decoder.")):
+            want = shapes.get(key, optional.get(key))
+            if want is None:
+                raise CheckpointError(f"{file}: unexpected tensor '{key}' (not part of the 12 Hz decoder)")
+            if tuple(weights[key].shape) != tuple(want):
+                raise CheckpointError(f"{file}: tensor '{key}' has shape {tuple(weights[key].shape)}, "
+                                      f"expected {tuple(want)}")
+        self.load_state_dict({name: weights[key].float() for key, (name, _) in own.items()}, strict=True)
+        with torch.no_grad():
+            for key, (group_name, i, _) in books.items():
+                if key.endswith("embedding_sum"):
+                    usage = weights[key[: -len("embedding_sum")] + "cluster_usage"].float()
+                    table = weights[key].float() / usage.clamp(min=CODEBOOK_EPS)[:, None]
+                    self.quantizer[group_name].tables[i].copy_(table)
+
+    # ------------------------------------------------------------------ decoding
+    def _prepare(self, codes: torch.Tensor) -> torch.Tensor:
+        if codes.dim() != 3 or codes.shape[-1] != self.num_quantizers:
+            raise ValueError(f"codes must be [B, T, {self.num_quantizers}], got {tuple(codes.shape)}")
+        tables = self.quantizer["rvq_first"].tables
+        codes = codes.to(device=tables.device, dtype=torch.long).clamp(min=0)
+        if codes.numel() and int(codes.max()) >= tables.shape[1]:
+            raise InputError(f"codec code {int(codes.max())} is outside the codebook (size {tables.shape[1]})")
+        return codes
+
+    def _front(self, codes: torch.Tensor) -> torch.Tensor:  # codes: [B, T, Q] -> latent [B, latent, T]
+        lat = self.quantizer["rvq_first"](codes[..., :1]) + self.quantizer["rvq_rest"](codes[..., 1:])
+        lat = self.pre_conv(lat).transpose(1, 2)  # lat: [B, T, latent]
+        return self.pre_transformer(lat).transpose(1, 2)
+
+    def _vocode(self, lat: torch.Tensor) -> torch.Tensor:  # lat: [B, latent, T] -> wav [B, T*upsample]
+        x = lat
+        for up, block in self.upsample:
+            x = block(up(x))  # x: [B, latent, T*r]
+        for layer in self.decoder:
+            x = layer(x)  # ends as [B, 1, T*upsample]
+        return x.squeeze(1).clamp(-1.0, 1.0)
+
+    @torch.inference_mode()
+    def decode_window(self, codes: torch.Tensor, context_frames: int) -> torch.Tensor:
+        """Decode a [B, C+N, Q] window as one pass and return float32 [B, N*upsample]: the last N frames."""
+        return self._window(self._prepare(codes), context_frames)
+
+    def _window(self, codes: torch.Tensor, context_frames: int) -> torch.Tensor:  # codes: prepared [B, C+N, Q]
+        total = codes.shape[1]
+        if not 0 <= context_frames <= total:
+            raise ValueError(f"context_frames={context_frames} outside [0, {total}]")
+        n = total - context_frames
+        if n == 0:
+            return torch.zeros(codes.shape[0], 0, dtype=torch.float32, device=codes.device)
+        keep = min(total, n + self.vocoder_context_frames)  # the vocoder only needs this many frames
+        with _ieee_fp32_convs(codes.device, self.pre_conv.conv.weight.dtype):
+            lat = self._front(codes)  # lat: [B, latent, C+N]
+            wav = self._vocode(lat[..., total - keep:])  # wav: [B, keep*upsample]
+        return wav[:, (keep - n) * self.samples_per_frame:].float()
+
+    def _segment_start(self, frame: int) -> int:
+        """First frame of the window the official decode uses for `frame` (its 300/25 segmentation)."""
+        if self.segment_frames is None:
+            return 0
+        seg = frame // self.segment_frames * self.segment_frames
+        return seg - min(self.segment_context, seg)
+
+    def _pieces(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+        seg = self.segment_frames
+        while start < end:
+            stop = end if seg is None else min(end, (start // seg + 1) * seg)
+            yield start, stop
+            start = stop
+
+    @torch.inference_mode()
+    def decode_frames(self, codes: torch.Tensor, start: int, end: int, left_context: int | None = None) -> torch.Tensor:
+        """Audio of frames [start, end) of the full matrix `codes` [B, T, Q], equal to that slice of `decode`.
+
+        Each piece gets max(left_context, receptive_field_frames) frames of context, but never reaches
+        before the start of the official segment window, so the result is the official one exactly.
+        """
+        ctx = max(left_context or 0, self.receptive_field_frames, self.segment_context)
+        codes = self._prepare(codes)
+        out = []
+        for lo, hi in self._pieces(start, end):
+            first = max(self._segment_start(lo), lo - ctx)
+            out.append(self._window(codes[:, first:hi], lo - first))  # [B, (hi-lo)*upsample]
+        if not out:
+            return torch.zeros(codes.shape[0], 0, dtype=torch.float32, device=codes.device)
+        return torch.cat(out, dim=-1)
+
+    @torch.inference_mode()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """The official decode: codes [B, T, Q] (or [T, Q]) -> float32 [B, T*upsample] (or [T*upsample]).
+
+        Codes are clamped at 0. Frames whose first code is -1 are padding: the official decode cuts each
+        wave to (valid frames) * upsample samples; here those trailing samples are zeroed. Inputs over
+        300 frames get the official 300-frame segments with 25 frames of context (see decode_frames).
+        """
+        single = codes.dim() == 2
+        codes = codes[None] if single else codes  # codes: [B, T, Q]
+        valid = (codes[..., 0] > -1).sum(1) * self.samples_per_frame  # valid: [B] samples to keep
+        wav = self.decode_frames(codes, 0, codes.shape[1])  # wav: [B, T*upsample]
+        cut = torch.arange(wav.shape[1], device=wav.device)[None] >= valid[:, None].to(wav.device)
+        wav = wav.masked_fill(cut, 0.0)
+        return wav[0] if single else wav
+
+
+class StreamingDecoder:
+    """Per-request incremental decode: `push` frames as they arrive, `flush` at the end.
+
+    The first chunk is emitted once `initial_chunk_frames` frames are in, then one every
+    `chunk_frames`; each chunk is decoded with max(left_context_frames, the decoder's receptive field)
+    frames of left context, so the concatenated chunks equal `CodecDecoder.decode` of all frames.
+    Chunks are 1-D float32 numpy arrays of frames * decode_upsample_rate samples.
+    """
+
+    def __init__(self, codec: CodecDecoder, initial_chunk_frames: int = 2, chunk_frames: int = 12,
+                 left_context_frames: int | None = None):
+        if initial_chunk_frames < 1 or chunk_frames < 1:
+            raise ValueError("initial_chunk_frames and chunk_frames must be >= 1")
+        self.codec = codec
+        self.initial_chunk_frames, self.chunk_frames = initial_chunk_frames, chunk_frames
+        wanted = codec.sliding_window if left_context_frames is None else left_context_frames
+        self.left_context_frames = max(wanted, codec.receptive_field_frames)
+        self._codes: list[torch.Tensor] = []
+        self.total_frames = 0
+        self.emitted_frames = 0
+
+    def push(self, codes_new: torch.Tensor | np.ndarray) -> np.ndarray | None:
+        """Add [n, Q] (or [Q]) frames; return the audio of the frames that became due, or None."""
+        new = torch.as_tensor(codes_new).reshape(-1, self.codec.num_quantizers)  # new: [n, Q]
+        if new.shape[0]:
+            self._codes.append(new)
+            self.total_frames += new.shape[0]
+        due = self.initial_chunk_frames if self.emitted_frames == 0 else self.chunk_frames
+        if self.total_frames - self.emitted_frames < due:
+            return None
+        return self._emit()
+
+    def flush(self) -> np.ndarray | None:
+        """Audio of every frame not emitted yet (None if there is none)."""
+        return self._emit() if self.total_frames > self.emitted_frames else None
+
+    def _emit(self) -> np.ndarray:
+        codes = torch.cat(self._codes)[None]  # codes: [1, T, Q]
+        self._codes = [codes[0]]
+        wav = self.codec.decode_frames(codes, self.emitted_frames, self.total_frames, self.left_context_frames)
+        self.emitted_frames = self.total_frames
+        return wav[0].cpu().numpy()

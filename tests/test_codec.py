@@ -1,0 +1,235 @@
+"""Codec decoder: parity with the official goldens, exact streaming, strict weight loading."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from omni_tts.checkpoint import load_checkpoint, load_weights
+from omni_tts.codec import CodecDecoder, StreamingDecoder
+from omni_tts.errors import CheckpointError, InputError
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared/fixtures/qwen3_tts_tiny"
+MODELS = ("custom_voice", "voice_design", "base")
+STREAM_TOL = 1e-4
+
+
+def _need_fixtures() -> None:
+    if not (FIXTURES / "custom_voice" / "speech_tokenizer" / "config.json").is_file():
+        pytest.skip(f"tiny Qwen3-TTS fixtures not found: expected them at {FIXTURES}")
+
+
+def _golden_cases() -> list[tuple[str, int]]:
+    cases = []
+    for model in ("custom_voice", "voice_design"):  # base: its ICL wav has the reference part cut
+        file = FIXTURES / model / "golden" / "cases.json"
+        if file.is_file():
+            cases += [(model, c["case"]) for c in json.loads(file.read_text())["cases"]]
+    return cases or [("missing", -1)]
+
+
+_DECODERS: dict[str, CodecDecoder] = {}
+
+
+def decoder(model: str) -> CodecDecoder:
+    _need_fixtures()
+    if model not in _DECODERS:
+        _DECODERS[model] = CodecDecoder.from_checkpoint(load_checkpoint(FIXTURES / model))
+    return _DECODERS[model]
+
+
+def random_codes(frames: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 2048, (frames, 16), generator=torch.Generator().manual_seed(seed))
+
+
+_LONG: dict[str, torch.Tensor] = {}
+
+
+def long_case() -> tuple[torch.Tensor, torch.Tensor]:
+    """200 random frames (> receptive field + chunk) and their one-shot decode, shared by several tests."""
+    if not _LONG:
+        _LONG["codes"] = random_codes(200, seed=200)
+        _LONG["wav"] = decoder("custom_voice").decode(_LONG["codes"])
+    return _LONG["codes"], _LONG["wav"]
+
+
+def stream(dec: CodecDecoder, codes: torch.Tensor, initial: int, chunk: int, sizes: list[int] | None = None):
+    """Push `codes` in pieces of `sizes` (default one frame at a time); return the emitted chunks."""
+    sd = StreamingDecoder(dec, initial_chunk_frames=initial, chunk_frames=chunk)
+    chunks, at = [], 0
+    for n in sizes or [1] * codes.shape[0]:
+        out = sd.push(codes[at: at + n])
+        at += n
+        if out is not None:
+            chunks.append(out)
+    tail = sd.flush()
+    if tail is not None:
+        chunks.append(tail)
+    assert sd.flush() is None and sd.emitted_frames == codes.shape[0]
+    return chunks
+
+
+# ----------------------------------------------------------------------------- parity with goldens
+@pytest.mark.parametrize("model", MODELS)
+def test_codec_only_golden(model: str) -> None:
+    dec = decoder(model)
+    codes = torch.from_numpy(np.load(FIXTURES / model / "golden" / "codec_codes.npy"))
+    want = np.load(FIXTURES / model / "golden" / "codec_wav.npy")
+    got = dec.decode(codes)
+    assert got.dtype == torch.float32 and got.shape == (codes.shape[0] * dec.decode_upsample_rate,)
+    diff = float(np.abs(got.numpy() - want).max())
+    print(f"{model} codec_codes -> codec_wav: max abs diff {diff:.3g}")
+    assert diff < 1e-3
+
+
+@pytest.mark.parametrize("model,case", _golden_cases())
+def test_generated_codes_golden(model: str, case: int) -> None:
+    dec = decoder(model) if case >= 0 else _need_fixtures()
+    codes = torch.from_numpy(np.load(FIXTURES / model / "golden" / f"case{case}_codes.npy"))
+    want = np.load(FIXTURES / model / "golden" / f"case{case}_wav.npy")
+    got = dec.decode(codes).numpy()
+    assert got.shape == want.shape
+    diff = float(np.abs(got - want).max())
+    print(f"{model} case{case}: max abs diff {diff:.3g}")
+    assert diff < 1e-3
+
+
+# ----------------------------------------------------------------------------- streaming
+@pytest.mark.parametrize("frames,initial,chunk", [
+    (200, 1, 25), (200, 2, 7), (61, 1, 7), (10, 2, 25), (1, 1, 25), (2, 2, 7), (24, 1, 25)])
+def test_streaming_equals_one_shot(frames: int, initial: int, chunk: int) -> None:
+    dec = decoder("custom_voice")
+    codes, one_shot = long_case() if frames == 200 else (random_codes(frames, seed=frames), None)
+    one_shot = dec.decode(codes) if one_shot is None else one_shot
+    chunks = stream(dec, codes, initial, chunk)
+    upf = dec.decode_upsample_rate
+    want_sizes = [min(initial, frames)] + [chunk] * max(0, (frames - initial) // chunk)
+    if sum(want_sizes) < frames:
+        want_sizes.append(frames - sum(want_sizes))
+    assert [len(c) // upf for c in chunks] == want_sizes
+    assert all(c.dtype == np.float32 and len(c) % upf == 0 for c in chunks)
+    diff = float(np.abs(np.concatenate(chunks) - one_shot.numpy()).max())
+    assert diff <= STREAM_TOL, diff
+
+
+def test_streaming_irregular_pushes() -> None:
+    dec = decoder("voice_design")
+    codes = random_codes(70, seed=7)
+    sizes = [0, 3, 1, 30, 0, 2, 9, 24, 1]
+    chunks = stream(dec, codes, initial=2, chunk=7, sizes=sizes)
+    assert len(chunks[0]) == 3 * dec.decode_upsample_rate  # 3 frames were in when the first chunk was due
+    diff = float(np.abs(np.concatenate(chunks) - dec.decode(codes).numpy()).max())
+    assert diff <= STREAM_TOL, diff
+
+
+def test_streaming_across_official_segments() -> None:
+    """Long inputs: the official decode restarts every segment with a short context; streaming follows it."""
+    _need_fixtures()
+    dec = CodecDecoder.from_checkpoint(load_checkpoint(FIXTURES / "base"))
+    dec.segment_frames, dec.segment_context = 40, 5  # the official 300/25 scheme, shrunk to stay fast
+    codes = random_codes(100, seed=3)
+    official = [dec.decode_window(codes[None, max(0, s - 5): s + 40], min(5, s))[0] for s in range(0, 100, 40)]
+    one_shot = dec.decode(codes)
+    assert float((torch.cat(official) - one_shot).abs().max()) <= 1e-6
+    dec.segment_frames = None
+    assert float((dec.decode(codes) - one_shot).abs().max()) > 1e-3  # 5 frames of context is not exact
+    dec.segment_frames = 40
+    for initial, chunk in ((1, 25), (2, 7)):
+        diff = float(np.abs(np.concatenate(stream(dec, codes, initial, chunk)) - one_shot.numpy()).max())
+        assert diff <= STREAM_TOL, diff
+
+
+def test_no_right_edge_dependency() -> None:
+    """Every sample of frame t is final once frame t is in: decoding a prefix gives the same samples."""
+    dec = decoder("custom_voice")
+    codes = random_codes(30, seed=11)
+    full = dec.decode(codes)
+    upf = dec.decode_upsample_rate
+    for n in (1, 2, 13, 29):
+        assert float((dec.decode(codes[:n]) - full[: n * upf]).abs().max()) <= 1e-6
+
+
+def test_left_context_is_the_receptive_field() -> None:
+    dec = decoder("custom_voice")
+    dcfg = load_checkpoint(FIXTURES / "custom_voice").codec_config["decoder_config"]
+    front = 2 + dcfg["num_hidden_layers"] * (dcfg["sliding_window"] - 1)  # pre-conv + stacked windows
+    assert dec.receptive_field_frames == front + dec.vocoder_context_frames
+    assert StreamingDecoder(dec).left_context_frames == max(dcfg["sliding_window"], dec.receptive_field_frames)
+    codes, full = long_case()
+    codes = codes[None]  # codes: [1, 200, 16]
+    upf, worst_72 = dec.decode_upsample_rate, 0.0
+    for a in range(dec.receptive_field_frames, 200, 15):
+        exact = dec.decode_window(codes[:, a - dec.receptive_field_frames: a + 9], dec.receptive_field_frames)[0]
+        assert float((exact - full[a * upf: (a + 9) * upf]).abs().max()) <= 1e-6
+        short = dec.decode_window(codes[:, a - 72: a + 9], 72)[0]
+        worst_72 = max(worst_72, float((short - full[a * upf: (a + 9) * upf]).abs().max()))
+    assert worst_72 > STREAM_TOL  # the attention window alone is not enough context for exact chunks
+
+    d64 = CodecDecoder.from_checkpoint(load_checkpoint(FIXTURES / "custom_voice")).double()
+    d64.segment_frames = None
+    lat = d64._front(codes)  # float64 perturbations: bitwise-zero influence outside the computed reach
+    for back, reaches in ((front, True), (front + 1, False)):
+        moved = codes.clone()
+        moved[0, 180 - back] = (moved[0, 180 - back] + 777) % 2048
+        assert bool((d64._front(moved)[..., 180] != lat[..., 180]).any()) == reaches
+    lat = lat[..., 150:185]  # frame 180 is now latent frame 30
+    bumped = lat.clone()
+    bumped[..., 30 - dec.vocoder_context_frames - 1] += 1.0
+    assert torch.equal(d64._vocode(bumped)[:, 30 * upf:], d64._vocode(lat)[:, 30 * upf:])
+
+
+def test_batch_padding_and_dtype() -> None:
+    dec = decoder("custom_voice")
+    a, b = random_codes(30, seed=1), random_codes(18, seed=2)
+    batch = torch.full((2, 30, 16), -1, dtype=torch.long)
+    batch[0], batch[1, :18] = a, b
+    upf = dec.decode_upsample_rate
+    out = dec.decode(batch)
+    assert out.shape == (2, 30 * upf)
+    assert float((out[0] - dec.decode(a)).abs().max()) <= 1e-6
+    assert float((out[1, : 18 * upf] - dec.decode(b)).abs().max()) <= 1e-6
+    assert float(out[1, 18 * upf:].abs().max()) == 0.0
+    with pytest.raises(InputError, match="outside the codebook"):
+        dec.decode(torch.full((3, 16), 2048))
+    with pytest.raises(ValueError, match="codes must be"):
+        dec.decode(torch.zeros(3, 15, dtype=torch.long))
+    half = CodecDecoder.from_checkpoint(load_checkpoint(FIXTURES / "custom_voice")).to(torch.bfloat16)
+    got = half.decode(a[:4])
+    assert got.dtype == torch.float32 and float((got - dec.decode(a[:4])).abs().max()) < 0.05
+
+
+# ----------------------------------------------------------------------------- strict loading
+def test_weight_errors_name_the_key(tmp_path: Path) -> None:
+    _need_fixtures()
+    ckpt = load_checkpoint(FIXTURES / "custom_voice")
+    cfg, good = ckpt.codec_config, ckpt.codec_weights
+    key = "decoder.pre_transformer.layers.1.mlp.up_proj.weight"
+    with pytest.raises(CheckpointError, match=f"missing tensor '{key}'"):
+        CodecDecoder.from_config(cfg, {k: v for k, v in good.items() if k != key})
+    with pytest.raises(CheckpointError, match=f"tensor '{key}' has shape"):
+        CodecDecoder.from_config(cfg, {**good, key: good[key][:, :-1]})
+    with pytest.raises(CheckpointError, match="unexpected tensor 'decoder.decoder.9.conv.weight'"):
+        CodecDecoder.from_config(cfg, {**good, "decoder.decoder.9.conv.weight": torch.zeros(1)})
+    wider = {**cfg, "decoder_config": {**cfg["decoder_config"], "decoder_dim": 128}}
+    with pytest.raises(CheckpointError, match=r"'decoder\.decoder\.0\.conv\.bias' has shape \(64,\), expected \(128"):
+        CodecDecoder.from_config(wider, good)
+    bad_rate = {**cfg, "decode_upsample_rate": 960}
+    with pytest.raises(CheckpointError, match="decode_upsample_rate"):
+        CodecDecoder.from_config(bad_rate, good)
+    with pytest.raises(CheckpointError, match="model_type 'qwen3_tts_tokenizer_25hz'"):
+        CodecDecoder.from_config({**cfg, "model_type": "qwen3_tts_tokenizer_25hz"}, good)
+    no_dec = {k: v for k, v in cfg.items() if k != "decoder_config"}
+    with pytest.raises(CheckpointError, match="decoder_config"):
+        CodecDecoder.from_config(no_dec, good)
+
+    corrupt = tmp_path / "speech_tokenizer"
+    shutil.copytree(FIXTURES / "custom_voice" / "speech_tokenizer", corrupt)
+    data = (corrupt / "model.safetensors").read_bytes()
+    (corrupt / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        CodecDecoder.from_config(cfg, load_weights(corrupt))

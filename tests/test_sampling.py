@@ -1,0 +1,138 @@
+"""Per-row logits processing and counter-based sampling (omni_tts.sampling)."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from omni_tts import sampling
+from omni_tts.sampling import RowSettings, SamplingConstants, SlotParams
+
+
+def sp_of(*rows: RowSettings) -> SlotParams:
+    return SlotParams.from_settings(list(rows))
+
+
+def test_mul32_has_no_int64_overflow() -> None:
+    rng = random.Random(0)
+    vals = [0, 1, 0xFFFFFFFF, 0x80000000, 0x7FFFFFFF] + [rng.getrandbits(32) for _ in range(200)]
+    a = torch.tensor(vals, dtype=torch.long)
+    for c in (0x85EBCA6B, 0xC2B2AE35, 0xFFFFFFFF, 1):
+        got = sampling._mul32(a, c).tolist()
+        assert got == [(v * c) % (1 << 32) for v in vals]
+
+
+def test_noise_range_determinism_and_independence() -> None:
+    seeds = torch.tensor([0, 1, -5, (1 << 62) + 3, 2 ** 63 - 1])
+    frames = torch.tensor([0, 7, 3, 1000000, 2])
+    u = sampling.uniform_noise(seeds, frames, 3, 2048)
+    assert u.shape == (5, 2048) and u.dtype == torch.float32
+    assert bool((u > 0).all()) and bool((u < 1).all())
+    assert torch.equal(u, sampling.uniform_noise(seeds, frames, 3, 2048))
+    # a row's noise depends only on its own (seed, frame): same in any batch, at any position
+    alone = sampling.uniform_noise(seeds[2:3], frames[2:3], 3, 2048)
+    assert torch.equal(alone[0], u[2])
+    perm = torch.tensor([4, 2, 0, 1, 3])
+    assert torch.equal(sampling.uniform_noise(seeds[perm], frames[perm], 3, 2048), u[perm])
+    # and changes with the seed, the frame and the codebook
+    base = sampling.uniform_noise(torch.tensor([1]), torch.tensor([1]), 1, 2048)
+    for other in (sampling.uniform_noise(torch.tensor([2]), torch.tensor([1]), 1, 2048),
+                  sampling.uniform_noise(torch.tensor([1]), torch.tensor([2]), 1, 2048),
+                  sampling.uniform_noise(torch.tensor([1]), torch.tensor([1]), 2, 2048)):
+        assert (other != base).float().mean() > 0.99
+
+
+def test_noise_is_uniform() -> None:
+    u = sampling.uniform_noise(torch.arange(64), torch.zeros(64, dtype=torch.long), 0, 4096).flatten()
+    assert abs(u.mean().item() - 0.5) < 0.005 and abs(u.var().item() - 1 / 12) < 0.002
+    hist = torch.histc(u, bins=10, min=0, max=1) / u.numel()
+    assert bool(((hist - 0.1).abs() < 0.005).all())
+
+
+def test_greedy_is_exact_argmax_first_on_ties() -> None:
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0]])
+    sp = sp_of(RowSettings(greedy=True), RowSettings(greedy=True))
+    out = sampling.choose(logits, sp, torch.tensor([1, 2]), torch.tensor([0, 0]), 0)
+    assert out.tolist() == [1, 0] == torch.argmax(logits, -1).tolist()
+    sp.all_greedy = False  # the tensor path must agree with the host-hint shortcut
+    assert sampling.choose(logits, sp, torch.tensor([1, 2]), torch.tensor([0, 0]), 0).tolist() == [1, 0]
+
+
+def _frequencies(logits: torch.Tensor, row: RowSettings, n: int = 20000) -> torch.Tensor:
+    sp = SlotParams.from_settings([row] * n)
+    picks = sampling.choose(logits.expand(n, -1).clone(), sp, torch.arange(n), torch.zeros(n, dtype=torch.long), 5)
+    return torch.bincount(picks, minlength=logits.shape[-1]).float() / n
+
+
+def test_sampling_follows_temperature_softmax() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    freq = _frequencies(logits, RowSettings(greedy=False, temperature=0.7))
+    assert torch.allclose(freq, torch.softmax(logits[0] / 0.7, -1), atol=0.012)
+
+
+def test_top_k_and_top_p() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    freq = _frequencies(logits, RowSettings(greedy=False, top_k=2))
+    assert freq[2:].sum() == 0 and torch.allclose(freq[:2], torch.softmax(logits[0, :2], -1), atol=0.012)
+    # HF top-p: keep the smallest top set whose mass reaches p. probs .5 .3 .15 .05, p=.7 -> {0, 1}
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    warped = sampling.warp(probs.log(), sp_of(RowSettings(greedy=False, top_p=0.7)))
+    assert torch.isinf(warped[0, 2:]).all() and torch.isfinite(warped[0, :2]).all()
+    warped = sampling.warp(probs.log(), sp_of(RowSettings(greedy=False, top_p=1.0)))
+    assert torch.isfinite(warped).all()
+
+
+def test_repetition_penalty_hf_rule() -> None:
+    logits = torch.tensor([[2.0, -2.0, 1.0]])
+    seen = torch.tensor([[True, True, False]])
+    out = sampling.apply_repetition_penalty(logits, seen, torch.tensor([2.0]))
+    assert out.tolist() == [[1.0, -4.0, 1.0]]
+
+
+def test_talker_eos_min_frames_and_suppression() -> None:
+    V, eos = 3072, 2150
+    consts = SamplingConstants.for_talker(V, eos, "cpu")
+    assert int(consts.suppress.sum()) == 1023 and not bool(consts.suppress[eos]) and not bool(consts.suppress[2047])
+    logits = torch.zeros(1, V)
+    logits[0, eos], logits[0, 2500], logits[0, 17] = 10.0, 20.0, 5.0
+    sp = sp_of(RowSettings(greedy=True))
+    seen = torch.zeros(1, V, dtype=torch.bool)
+    pick = lambda frame, allow: sampling.sample_talker(logits, sp, seen, torch.tensor([frame]), torch.tensor([allow]),
+                                                       torch.tensor([0]), consts).item()
+    assert pick(0, True) == 17 and pick(1, True) == 17  # EOS masked before 2 frames, 2500 suppressed
+    assert pick(2, True) == eos
+    assert pick(5, False) == 17  # fixed-length rows never stop
+
+
+def test_rows_are_independent_of_the_batch() -> None:
+    torch.manual_seed(0)
+    V = 2048
+    rows = [RowSettings(greedy=False, temperature=0.9, top_k=50), RowSettings(greedy=True),
+            RowSettings(greedy=False, temperature=1.3, top_p=0.8), RowSettings(greedy=False, temperature=0.5),
+            RowSettings(greedy=False, top_k=5, top_p=0.9, temperature=0.9)]
+    logits = torch.randn(len(rows), V) * 3
+    seeds = torch.tensor([11, 12, 13, 14, 15])
+    frames = torch.tensor([0, 4, 9, 2, 30])
+    batch = sampling.choose(logits, SlotParams.from_settings(rows), seeds, frames, 7)
+    for i, r in enumerate(rows):
+        alone = sampling.choose(logits[i:i + 1], sp_of(r), seeds[i:i + 1], frames[i:i + 1], 7)
+        assert alone.item() == batch[i].item()
+    perm = [3, 0, 4, 2, 1]
+    permuted = sampling.choose(logits[perm], SlotParams.from_settings([rows[i] for i in perm]), seeds[perm],
+                               frames[perm], 7)
+    assert permuted.tolist() == batch[perm].tolist()
+    # different seeds draw different tokens (over many draws)
+    many = [sampling.choose(logits[:1], sp_of(rows[0]), torch.tensor([s]), frames[:1], 7).item() for s in range(20)]
+    assert len(set(many)) > 3
+
+
+def test_slot_params_views_and_moves() -> None:
+    sp = SlotParams.zeros(4)
+    sp.set(2, RowSettings(greedy=False, temperature=0.8, top_k=7, top_p=0.5, repetition_penalty=1.1))
+    assert not sp.all_greedy and sp.rows(3).top_k.tolist() == [0, 0, 7]
+    sp.move(2, 0)
+    assert sp.rows_at(0).temperature.item() == sp.temperature[2].item() and not bool(sp.greedy[0])
+    sp.rows(2).top_k[1] = 9  # rows() are views of the slot tensors
+    assert sp.top_k[1].item() == 9
+    assert SlotParams.from_settings([RowSettings(greedy=False, temperature=0.0)]).all_greedy  # T=0 means greedy
