@@ -1,0 +1,305 @@
+"""The engine: request admission, the batched frame loop, streaming code-to-wave, cancellation.
+
+Owns: the scheduler thread, request handles (stream / cancel / result), slot bookkeeping on the
+host side, per-request streaming decoders, metrics records, and mode switches between steps.
+Does not own device math: `omni_tts.runner.Runner` holds the batched device state and the step
+functions (and their compile modes / CUDA graphs). Knows nothing about Gradio.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
+from omni_tts.errors import EngineError, OmniTTSError
+from omni_tts.metrics import EngineStats, RequestMetrics, gpu_memory, now
+
+_DONE = object()
+
+
+@dataclass
+class AudioChunk:
+    """A piece of one request's audio, in order. `samples`: float32 mono at `sample_rate`."""
+
+    request_id: int
+    index: int
+    samples: np.ndarray
+    sample_rate: int
+    first_frame: int
+    frames: int
+
+
+@dataclass
+class SynthesisResult:
+    wav: np.ndarray  # float32 [samples]
+    codes: np.ndarray  # int64 [frames, 16]
+    sample_rate: int
+    metrics: RequestMetrics
+
+
+class RequestHandle:
+    """What `Engine.submit` returns: iterate `stream()` for chunks, `result()` for the whole clip."""
+
+    def __init__(self, request_id: int, params: SynthesisParams, metrics: RequestMetrics) -> None:
+        self.id = request_id
+        self.params = params
+        self.metrics = metrics
+        self._events: queue.Queue = queue.Queue()
+        self._chunks: list[np.ndarray] = []
+        self._codes: list[np.ndarray] = []
+        self._error: OmniTTSError | None = None
+        self._finished = threading.Event()
+        self.cancel_requested = threading.Event()
+        self.sample_rate = metrics.sample_rate
+
+    # --- called by the scheduler thread ---
+    def _emit(self, chunk: AudioChunk) -> None:
+        self._chunks.append(chunk.samples)
+        self._events.put(chunk)
+
+    def _finish(self, codes: list[np.ndarray], error: OmniTTSError | None = None) -> None:
+        self._codes = codes
+        self._error = error
+        self._finished.set()
+        self._events.put(_DONE)
+
+    # --- called by users ---
+    def stream(self, timeout: float | None = None) -> Iterator[AudioChunk]:
+        """Yield chunks as they are made; raises the request's error, if any, at the end."""
+        while True:
+            item = self._events.get(timeout=timeout)
+            if item is _DONE:
+                break
+            yield item
+        if self._error is not None:
+            raise self._error
+
+    def cancel(self) -> None:
+        self.cancel_requested.set()
+
+    @property
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def result(self, timeout: float | None = None) -> SynthesisResult:
+        if not self._finished.wait(timeout):
+            raise EngineError(f"request {self.id} did not finish within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        wav = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
+        codes = np.stack(self._codes) if self._codes else np.zeros((0, 16), np.int64)
+        return SynthesisResult(wav.astype(np.float32, copy=False), codes, self.sample_rate, self.metrics)
+
+
+@dataclass
+class _Active:
+    """Host-side record of a request in a slot."""
+
+    handle: RequestHandle
+    decoder: Any  # codec.StreamingDecoder
+    max_frames: int
+    fixed: bool
+    codes: list[np.ndarray] = field(default_factory=list)
+    chunks: int = 0
+
+
+class Engine:
+    """In-process batched streaming synthesis over one model. Thread-safe `submit`."""
+
+    def __init__(self, runner: Any, config: EngineConfig) -> None:
+        self.runner = runner
+        self.config = config
+        self.model = runner.model
+        self.stats = EngineStats()
+        self._ids = itertools.count(1)
+        self._waiting: "queue.Queue[RequestHandle]" = queue.Queue()
+        self._control: "queue.Queue[tuple[Callable[[], Any], queue.Queue]]" = queue.Queue()
+        self._active: list[_Active] = []  # index == slot (kept compact: slots 0..n-1)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="omni-tts-scheduler", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_config(cls, config: EngineConfig, progress: Callable[[str], None] | None = None) -> "Engine":
+        from omni_tts.runner import Runner
+
+        return cls(Runner.from_config(config, progress=progress), config)
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def mode(self) -> CompileMode:
+        return self.runner.mode
+
+    def submit(self, params: SynthesisParams) -> RequestHandle:
+        """Validate and queue a request; bad input raises an OmniTTSError at once."""
+        if self._stop.is_set():
+            raise EngineError("the engine is shut down")
+        params.validate()
+        self.model.check_request(params)
+        rid = next(self._ids)
+        metrics = RequestMetrics(rid, self.runner.mode.value, now(), sample_rate=self.model.sample_rate)
+        handle = RequestHandle(rid, params, metrics)
+        self._waiting.put(handle)
+        self._wake.set()
+        return handle
+
+    def synthesize(self, params: SynthesisParams, timeout: float | None = None) -> SynthesisResult:
+        return self.submit(params).result(timeout)
+
+    def set_compile_mode(self, mode: str | CompileMode,
+                         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Switch modes between steps: in-flight requests pause, graphs are released, a fresh pool
+        is taken, the new mode is compiled/captured, and the same requests resume (nothing lost)."""
+        mode = CompileMode.parse(mode)
+        return self._call_on_loop(lambda: self.runner.set_mode(mode, progress=progress))
+
+    def available_modes(self) -> dict[str, str | None]:
+        """mode -> None when usable here, else the reason it is not."""
+        return self.runner.available_modes()
+
+    def snapshot(self) -> dict[str, Any]:
+        """Engine-wide figures for dashboards (cheap)."""
+        return {
+            "mode": self.runner.mode.value,
+            "device": str(self.runner.device),
+            "dtype": str(self.runner.dtype).replace("torch.", ""),
+            "active": len(self._active),
+            "waiting": self._waiting.qsize(),
+            "max_num_seqs": self.config.max_num_seqs,
+            "steps_per_s": self.stats.steps_per_s(),
+            "mean_occupancy": self.stats.mean_occupancy(),
+            "memory": gpu_memory(self.runner.device, self.runner.pool_bytes()),
+            "capture": dict(self.stats.capture),
+            "model": self.model.describe(),
+        }
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------------ scheduler thread
+    def _call_on_loop(self, fn: Callable[[], Any]) -> Any:
+        reply: queue.Queue = queue.Queue()
+        self._control.put((fn, reply))
+        self._wake.set()
+        ok, value = reply.get()
+        if not ok:
+            raise value
+        return value
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._run_control()
+            self._admit()
+            if not self._active:
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            try:
+                self._step()
+            except Exception as e:  # a device error: fail the active requests, keep serving
+                err = e if isinstance(e, OmniTTSError) else EngineError(f"generation failed: {e}")
+                for a in list(self._active):
+                    self._finish(a, "error", err)
+                self._active.clear()
+        for a in self._active:
+            self._finish(a, "cancelled", EngineError("the engine shut down"))
+        while not self._waiting.empty():
+            h = self._waiting.get()
+            h.metrics.status = "cancelled"
+            h._finish([], EngineError("the engine shut down"))
+
+    def _run_control(self) -> None:
+        while not self._control.empty():
+            fn, reply = self._control.get()
+            try:
+                value = fn()
+                if isinstance(value, dict) and "mode" in value:
+                    self.stats.capture[value["mode"]] = {k: value[k] for k in ("seconds", "pool_bytes")
+                                                         if k in value}
+                reply.put((True, value))
+            except Exception as e:
+                reply.put((False, e if isinstance(e, OmniTTSError) else EngineError(str(e))))
+
+    def _admit(self) -> None:
+        while len(self._active) < self.config.max_num_seqs and not self._waiting.empty():
+            h = self._waiting.get()
+            if h.cancel_requested.is_set():
+                h.metrics.status = "cancelled"
+                h.metrics.finished_at = now()
+                h._finish([])
+                continue
+            slot = len(self._active)
+            h.metrics.mode = self.runner.mode.value
+            try:
+                max_frames, fixed = self.runner.prefill(slot, h.params)
+            except OmniTTSError as e:
+                h.metrics.status, h.metrics.error = "error", str(e)
+                h._finish([], e)
+                continue
+            dec = self.model.streaming_decoder(self.config.initial_chunk_frames, self.config.chunk_frames,
+                                               self.config.left_context_frames)
+            self._active.append(_Active(h, dec, max_frames, fixed))
+
+    def _step(self) -> None:
+        n = len(self._active)
+        codes, eos = self.runner.step(n)  # codes: [n, 16] int64 numpy (frame just completed); eos: [n] bool (next)
+        self.stats.on_step(n)
+        finished: list[int] = []
+        for i, a in enumerate(self._active):
+            a.codes.append(codes[i])
+            self._push_audio(a, codes[i:i + 1])
+            frames = len(a.codes)
+            if a.handle.cancel_requested.is_set():
+                self._finish(a, "cancelled")
+                finished.append(i)
+            elif frames >= a.max_frames or (eos[i] and not a.fixed):
+                self._flush_audio(a)
+                self._finish(a, "done")
+                finished.append(i)
+        for i in sorted(finished, reverse=True):
+            last = len(self._active) - 1
+            if i != last:
+                self.runner.move_slot(last, i)
+                self._active[i] = self._active[last]
+            self._active.pop()
+
+    def _push_audio(self, a: _Active, codes: np.ndarray) -> None:
+        wav = a.decoder.push(torch.from_numpy(codes))
+        if wav is not None:
+            self._emit(a, wav)
+
+    def _flush_audio(self, a: _Active) -> None:
+        wav = a.decoder.flush()
+        if wav is not None:
+            self._emit(a, wav)
+
+    def _emit(self, a: _Active, wav: Any) -> None:
+        samples = np.asarray(wav.detach().float().cpu().numpy() if torch.is_tensor(wav) else wav,
+                             dtype=np.float32).reshape(-1)
+        if samples.size == 0:
+            return
+        m = a.handle.metrics
+        if m.first_audio_at is None:
+            m.first_audio_at = now()
+        m.audio_samples += samples.size
+        a.handle._emit(AudioChunk(a.handle.id, a.chunks, samples, m.sample_rate, 0, 0))
+        a.chunks += 1
+
+    def _finish(self, a: _Active, status: str, error: OmniTTSError | None = None) -> None:
+        m = a.handle.metrics
+        m.status, m.finished_at, m.frames = status, now(), len(a.codes)
+        m.error = str(error) if error else None
+        if status == "done":
+            self.stats.on_finish(m)
+        a.handle._finish(a.codes, error)

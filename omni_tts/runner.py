@@ -1,0 +1,267 @@
+"""The batched model runner: device-side slot state, prefill, the per-frame step, compile modes.
+
+Owns: the static per-slot buffers (talker KV cache, next input embedding, positions, frame
+counters, trailing text, sampling settings, seeds, repetition "seen" sets), the two step
+functions of a frame (code predictor + feedback embedding; talker decode + code-0 sampling), how
+each runs in the four CompileModes, and slot moves (active requests always occupy slots 0..n-1,
+so a batch of n reads rows [:n] of every buffer without a gather).
+Does not own requests, streaming or timing (engine.py), nor graph capture mechanics (graphs.py).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
+from omni_tts.errors import InputError, OmniTTSError
+from omni_tts.graphs import BucketedGraph, GraphPool, pick_bucket
+from omni_tts.model import TTSModel
+from omni_tts import sampling
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise OmniTTSError("device cuda requested but CUDA is not available here; use --device cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+class Runner:
+    """Static slot state + step functions for up to `max_num_seqs` concurrent requests."""
+
+    def __init__(self, model: TTSModel, config: EngineConfig, mode: CompileMode,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.model, self.config = model, config
+        self.device, self.dtype = model.device, model.dtype
+        self.S = config.max_num_seqs
+        self.buckets = config.resolved_buckets()
+        self.max_len = config.max_seq_len
+        self.scratch_pos = self.max_len  # one spare KV column: padded rows and captures write here
+        self._alloc_state()
+        self.pool: GraphPool | None = None
+        self.graphs: list[BucketedGraph] = []
+        self.pool_bytes_ = 0
+        self.mode = CompileMode.EAGER
+        self._cp_fn: Callable[[int], Callable[[], tuple]] = self._make_cp_fn(None)
+        self._talker_fn: Callable[[int], Callable[[], tuple]] = self._make_talker_fn(None)
+        self.set_mode(mode, progress=progress)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, progress: Callable[[str], None] | None = None) -> "Runner":
+        from omni_tts.checkpoint import load_checkpoint, select_model
+        from omni_tts.checkpoint_maker import embedded_checkpoint_dir
+
+        config.validate()
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        path, reason = select_model(config.model, progress=progress)
+        embedded = Path(path).resolve() == embedded_checkpoint_dir().resolve()
+        ckpt = load_checkpoint(path, embedded=embedded)
+        ckpt.notes.append(reason)
+        model = TTSModel.from_checkpoint(ckpt, device=device, dtype=dtype)
+        mode = config.mode
+        if mode == "auto":
+            mode = CompileMode.DEFAULT_CUDAGRAPH if device.type == "cuda" else CompileMode.EAGER
+        return cls(model, config, CompileMode.parse(mode), progress=progress)
+
+    # ------------------------------------------------------------------ state
+    def _alloc_state(self) -> None:
+        m, S, dev = self.model, self.S, self.device
+        D = m.hidden_size
+        self.cache = m.talker.new_cache(S, self.max_len + 1, device=dev, dtype=self.dtype)
+        f = dict(device=dev)
+        self.x = torch.zeros(S, D, dtype=self.dtype, **f)  # next talker input embedding per slot
+        self.h = torch.zeros(S, D, dtype=self.dtype, **f)  # talker hidden of the last position
+        self.code0 = torch.zeros(S, dtype=torch.long, **f)  # sampled code 0 of the current frame
+        self.pos = torch.full((S,), self.scratch_pos, dtype=torch.long, **f)  # next talker position
+        self.frame = torch.zeros(S, dtype=torch.long, **f)  # frames completed so far
+        self.trail = torch.zeros(S, self.max_len, D, dtype=self.dtype, **f)  # trailing text, then pad
+        self.seen = torch.zeros(S, m.vocab_size, dtype=torch.bool, **f)  # code-0 ids generated
+        self.talker_sp = sampling.SlotParams.zeros(S, device=dev)
+        self.cp_sp = sampling.SlotParams.zeros(S, device=dev)
+        self.seed = torch.zeros(S, dtype=torch.long, **f)
+        self.allow_eos = torch.ones(S, dtype=torch.bool, **f)  # False: fixed-frames benchmark rows
+        self.codes = torch.zeros(S, 16, dtype=torch.long, **f)
+
+    def pool_bytes(self) -> int:
+        return self.pool_bytes_
+
+    # ------------------------------------------------------------------ step functions
+    def _cp_body(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Code predictor for the current frame of rows [:b], then the next talker input."""
+        m = self.model
+        rest, fb = m.code_predictor.predict_frame(self.h[:b], self.code0[:b], self.cp_sp.rows(b),
+                                                  self.seed[:b], self.frame[:b])  # rest: [b, 15], fb: [b, D]
+        codes = torch.cat([self.code0[:b, None], rest], dim=1)  # codes: [b, 16]
+        idx = torch.clamp(self.frame[:b], max=self.max_len - 1)  # trailing text index per row
+        trail = self.trail[:b].gather(1, idx[:, None, None].expand(-1, 1, self.trail.shape[-1]))[:, 0]
+        nxt = fb + trail  # nxt: [b, D]
+        return codes, nxt
+
+    def _talker_body(self, b: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One talker decode step for rows [:b] from input x, then sampling of code 0."""
+        m = self.model
+        h = m.talker(x[:, None, :], self.pos[:b, None], self.cache, None)[:, 0]  # h: [b, D]
+        logits = m.talker.logits(h)  # logits: [b, V]
+        code0 = sampling.sample_talker(logits, self.talker_sp.rows(b), self.seen[:b], self.frame[:b],
+                                       self.allow_eos[:b], self.seed[:b], m.sampling_constants)
+        return h, code0
+
+    def _make_cp_fn(self, compiled: Callable | None) -> Callable[[int], Callable[[], tuple]]:
+        body = compiled or self._cp_body
+        return lambda b: (lambda: body(b))
+
+    def _make_talker_fn(self, compiled: Callable | None) -> Callable[[int], Callable[[], tuple]]:
+        body = compiled or self._talker_body
+        return lambda b: (lambda: body(b, self.x[:b]))
+
+    # ------------------------------------------------------------------ modes
+    def available_modes(self) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for m in CompileMode:
+            if m.needs_cuda and self.device.type != "cuda":
+                out[m.value] = "needs a CUDA GPU (CUDA graphs); this engine runs on CPU"
+            else:
+                out[m.value] = None
+        return out
+
+    def set_mode(self, mode: CompileMode, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Release old graphs, take a fresh pool, compile and capture for `mode`. Between steps only."""
+        say = progress or (lambda s: None)
+        notice = ""
+        if mode.needs_cuda and self.device.type != "cuda":
+            fallback = CompileMode.DEFAULT if _compile_works() else CompileMode.EAGER
+            notice = f"{mode.value} needs CUDA; running {fallback.value} on {self.device.type} instead"
+            say(notice)
+            mode = fallback
+        for g in self.graphs:
+            g.release()
+        self.graphs = []
+        self.pool_bytes_ = 0
+        t0 = time.perf_counter()
+        cp, talker = self._compile(mode)
+        self._cp_fn, self._talker_fn = self._make_cp_fn(cp), self._make_talker_fn(talker)
+        if mode is CompileMode.DEFAULT_CUDAGRAPH:
+            self.pool = GraphPool(self.config.use_vllm_pool) if self.pool is None else self.pool
+            if self.pool.generation > 1 or self.graphs_were_captured:
+                self.pool.renew()
+            self.graphs = [BucketedGraph("code_predictor", self._cp_fn, self.buckets, self.pool),
+                           BucketedGraph("talker", self._talker_fn, self.buckets, self.pool)]
+            for g in self.graphs:
+                say(f"capturing {g.name} graphs for buckets {self.buckets} into {self.pool.source}")
+                self.pool_bytes_ += g.capture().pool_bytes
+            self.graphs_were_captured = True
+        elif mode.compiled:
+            say(f"compiling ({mode.value}) for buckets {self.buckets}")
+            for b in self.buckets:  # warm every bucket shape now, not on the first request
+                self._cp_fn(b)()
+                self._talker_fn(b)()
+        self.mode = mode
+        seconds = time.perf_counter() - t0
+        say(f"{mode.value} ready in {seconds:.1f} s")
+        return {"mode": mode.value, "seconds": seconds, "pool_bytes": self.pool_bytes_, "notice": notice,
+                "pool": self.pool.source if self.graphs else ""}
+
+    graphs_were_captured = False
+
+    def _compile(self, mode: CompileMode) -> tuple[Callable | None, Callable | None]:
+        if mode is CompileMode.EAGER:
+            return None, None
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = max(64, 2 * len(self.buckets) + 8)
+        inductor_mode = "reduce-overhead" if mode is CompileMode.REDUCE_OVERHEAD else "default"
+        cp = torch.compile(self._cp_body, mode=inductor_mode, dynamic=False)
+        talker = torch.compile(self._talker_body, mode=inductor_mode, dynamic=False)
+        return cp, talker
+
+    # ------------------------------------------------------------------ requests
+    def prefill(self, slot: int, params: SynthesisParams) -> tuple[int, bool]:
+        """Write a request's prompt into `slot` and sample its first code 0. Returns (max frames, fixed)."""
+        m = self.model
+        pre = m.build_prefill(params)  # embeds: [T, D], trailing: [N, D], pad: [D]
+        T = pre.embeds.shape[0]
+        settings = m.resolve_settings(params)
+        max_frames = settings.max_frames
+        if T + max_frames + 1 > self.max_len:
+            max_frames = self.max_len - T - 1
+            if max_frames < 2:
+                raise InputError(f"text is too long for this engine (prompt {T} tokens, max_seq_len "
+                                 f"{self.max_len}); shorten it or raise max_seq_len")
+        s = slice(slot, slot + 1)
+        pos = torch.arange(T, device=self.device)[None]  # pos: [1, T]
+        h = m.talker(pre.embeds[None].to(self.dtype), pos, self.cache,
+                     torch.tensor([slot], device=self.device))[:, -1]  # h: [1, D]
+        N = min(pre.trailing.shape[0], self.max_len - 1)
+        self.trail[slot, :N] = pre.trailing[:N]
+        self.trail[slot, N:] = pre.pad
+        self.pos[slot] = T
+        self.frame[slot] = 0
+        self.seen[slot] = False
+        self.talker_sp.set(slot, settings.talker)
+        self.cp_sp.set(slot, settings.subtalker)
+        self.seed[slot] = settings.seed
+        self.allow_eos[slot] = not settings.fixed
+        logits = m.talker.logits(h)
+        self.code0[s] = sampling.sample_talker(logits, self.talker_sp.rows_at(slot), self.seen[s],
+                                               self.frame[s], self.allow_eos[s], self.seed[s],
+                                               m.sampling_constants)
+        self.seen[slot, self.code0[slot]] = True
+        self.h[s] = h
+        return max_frames, settings.fixed
+
+    def step(self, n: int) -> tuple[Any, Any]:
+        """One frame for rows [:n]: returns (codes [n,16] of the frame just completed, eos [n] of the
+        next frame's code 0) as numpy (the one host sync per step)."""
+        use_graph = bool(self.graphs) and pick_bucket(n, self.buckets) is not None
+        if use_graph:
+            codes, nxt = self.graphs[0].run(n)
+        else:
+            b = pick_bucket(n, self.buckets) if self.mode.compiled else None
+            codes, nxt = self._cp_fn(b or n)()
+            codes, nxt = codes[:n], nxt[:n]
+        self.codes[:n] = codes
+        self.x[:n] = nxt
+        self.frame[:n] += 1
+        if use_graph:
+            h, code0 = self.graphs[1].run(n)
+        else:
+            b = pick_bucket(n, self.buckets) if self.mode.compiled else None
+            h, code0 = self._talker_fn(b or n)()
+            h, code0 = h[:n], code0[:n]
+        self.h[:n] = h
+        self.code0[:n] = code0
+        self.pos[:n] += 1
+        self.seen[torch.arange(n, device=self.device), code0] = True
+        out = torch.cat([self.codes[:n], self.code0[:n, None]], dim=1).cpu().numpy()  # the host sync
+        return out[:, :16], out[:, 16] == self.model.eos_id
+
+    def move_slot(self, src: int, dst: int) -> None:
+        """Move a request's whole state from slot src to slot dst (compaction after a finish)."""
+        self.cache.move(src, dst)
+        for t in (self.x, self.h, self.code0, self.pos, self.frame, self.trail, self.seen, self.seed,
+                  self.allow_eos, self.codes):
+            t[dst] = t[src]
+        self.talker_sp.move(src, dst)
+        self.cp_sp.move(src, dst)
+        self.pos[src] = self.scratch_pos
+
+
+def _compile_works() -> bool:
+    try:
+        import torch._inductor  # noqa: F401
+
+        return True
+    except Exception:
+        return False
