@@ -18,6 +18,7 @@ import torch
 
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.errors import InputError, OmniTTSError
+from omni_tts.fastpath import FastPath
 from omni_tts.graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.model import TTSModel
 from omni_tts import sampling
@@ -53,20 +54,24 @@ class Runner:
         self.graphs: list[BucketedGraph] = []
         self.pool_bytes_ = 0
         self.mode = CompileMode.EAGER
-        self._cp_fn: Callable[[int], Callable[[], tuple]] = self._make_cp_fn(None)
-        self._talker_fn: Callable[[int], Callable[[], tuple]] = self._make_talker_fn(None)
+        self.fast: FastPath | None = None  # None: eager, the reference modules as they are
+        self._fast_by_mode: dict[str, FastPath] = {}  # compiled units kept across mode switches
+        self._cp_fn = self._make_cp_fn()
+        self._talker_fn = self._make_talker_fn()
         self.set_mode(mode, progress=progress)
 
     @classmethod
     def from_config(cls, config: EngineConfig, progress: Callable[[str], None] | None = None) -> "Runner":
         from omni_tts.checkpoint import load_checkpoint, select_model
-        from omni_tts.checkpoint_maker import embedded_checkpoint_dir
+        from omni_tts.checkpoint_maker import EMBEDDED_VERSION
 
         config.validate()
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
         path, reason = select_model(config.model, progress=progress)
-        embedded = Path(path).resolve() == embedded_checkpoint_dir().resolve()
+        # by name: calling embedded_checkpoint_dir() here would build the demo checkpoint in the cache
+        # (seconds, and an OSError on a read-only home) whatever model was asked for
+        embedded = Path(path).name == f"embedded-tiny-custom_voice-v{EMBEDDED_VERSION}"
         ckpt = load_checkpoint(path, embedded=embedded)
         ckpt.notes.append(reason)
         model = TTSModel.from_checkpoint(ckpt, device=device, dtype=dtype)
@@ -79,7 +84,13 @@ class Runner:
     def _alloc_state(self) -> None:
         m, S, dev = self.model, self.S, self.device
         D = m.hidden_size
-        self.cache = m.talker.new_cache(S, self.max_len + 1, device=dev, dtype=self.dtype)
+        # one spare slot (index S): graph warm-up/capture of the prefill writes there, never into a live slot
+        self.cache = m.talker.new_cache(S + 1, self.max_len + 1, device=dev, dtype=self.dtype)
+        self.pre_x = torch.zeros(self.max_len, D, dtype=self.dtype, device=dev)  # prompt, right-padded
+        self.pre_pos = torch.arange(self.max_len, device=dev)
+        self.pre_slot = torch.full((1,), S, dtype=torch.long, device=dev)
+        self.pre_last = torch.zeros(1, dtype=torch.long, device=dev)  # index of the prompt's last token
+        self.prefill_buckets = [L for L in (16, 32, 64, 128, 256, 512) if L <= self.max_len]
         f = dict(device=dev)
         self.x = torch.zeros(S, D, dtype=self.dtype, **f)  # next talker input embedding per slot
         self.h = torch.zeros(S, D, dtype=self.dtype, **f)  # talker hidden of the last position
@@ -100,31 +111,38 @@ class Runner:
     # ------------------------------------------------------------------ step functions
     def _cp_body(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Code predictor for the current frame of rows [:b], then the next talker input."""
-        m = self.model
-        rest, fb = m.code_predictor.predict_frame(self.h[:b], self.code0[:b], self.cp_sp.rows(b),
-                                                  self.seed[:b], self.frame[:b])  # rest: [b, 15], fb: [b, D]
+        predict = self.fast.predict_frame if self.fast else self.model.code_predictor.predict_frame
+        rest, fb = predict(self.h[:b], self.code0[:b], self.cp_sp.rows(b), self.seed[:b],
+                           self.frame[:b])  # rest: [b, 15], fb: [b, D]
         codes = torch.cat([self.code0[:b, None], rest], dim=1)  # codes: [b, 16]
         idx = torch.clamp(self.frame[:b], max=self.max_len - 1)  # trailing text index per row
         trail = self.trail[:b].gather(1, idx[:, None, None].expand(-1, 1, self.trail.shape[-1]))[:, 0]
-        nxt = fb + trail  # nxt: [b, D]
-        return codes, nxt
+        return codes, fb + trail  # next input: [b, D]
 
     def _talker_body(self, b: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One talker decode step for rows [:b] from input x, then sampling of code 0."""
+        """One talker decode step for rows [:b] from input x [b, D], then sampling of code 0."""
         m = self.model
-        h = m.talker(x[:, None, :], self.pos[:b, None], self.cache, None)[:, 0]  # h: [b, D]
-        logits = m.talker.logits(h)  # logits: [b, V]
-        code0 = sampling.sample_talker(logits, self.talker_sp.rows(b), self.seen[:b], self.frame[:b],
-                                       self.allow_eos[:b], self.seed[:b], m.sampling_constants)
+        if self.fast:
+            h = self.fast.talker_step(x, self.pos[:b], self.cache, b)  # h: [b, D]
+            sample = self.fast.sample_talker
+        else:
+            h = m.talker(x[:, None, :], self.pos[:b, None], self.cache, None)[:, 0]  # h: [b, D]
+            sample = sampling.sample_talker
+        code0 = sample(m.talker.logits(h), self.talker_sp.rows(b), self.seen[:b], self.frame[:b],
+                       self.allow_eos[:b], self.seed[:b], m.sampling_constants)  # code0: [b]
         return h, code0
 
-    def _make_cp_fn(self, compiled: Callable | None) -> Callable[[int], Callable[[], tuple]]:
-        body = compiled or self._cp_body
-        return lambda b: (lambda: body(b))
+    def _prefill_body(self, L: int) -> tuple[torch.Tensor]:
+        """Talker over the first L rows of pre_x (a prompt right-padded to L) into slot pre_slot.
+        Padded positions after the prompt write KV the decode steps overwrite before reading."""
+        h = self.model.talker(self.pre_x[None, :L], self.pre_pos[None, :L], self.cache, self.pre_slot)  # [1, L, D]
+        return (h[0].index_select(0, self.pre_last),)  # [1, D]
 
-    def _make_talker_fn(self, compiled: Callable | None) -> Callable[[int], Callable[[], tuple]]:
-        body = compiled or self._talker_body
-        return lambda b: (lambda: body(b, self.x[:b]))
+    def _make_cp_fn(self) -> Callable[[int], Callable[[], tuple]]:
+        return lambda b: (lambda: self._cp_body(b))
+
+    def _make_talker_fn(self) -> Callable[[int], Callable[[], tuple]]:
+        return lambda b: (lambda: self._talker_body(b, self.x[:b]))
 
     # ------------------------------------------------------------------ modes
     def available_modes(self) -> dict[str, str | None]:
@@ -150,14 +168,16 @@ class Runner:
         self.graphs = []
         self.pool_bytes_ = 0
         t0 = time.perf_counter()
-        cp, talker = self._compile(mode)
-        self._cp_fn, self._talker_fn = self._make_cp_fn(cp), self._make_talker_fn(talker)
+        self.fast = self._fast_path(mode)
         if mode is CompileMode.DEFAULT_CUDAGRAPH:
             self.pool = GraphPool(self.config.use_vllm_pool) if self.pool is None else self.pool
             if self.pool.generation > 1 or self.graphs_were_captured:
                 self.pool.renew()
+            self.pre_slot.fill_(self.S)
             self.graphs = [BucketedGraph("code_predictor", self._cp_fn, self.buckets, self.pool),
-                           BucketedGraph("talker", self._talker_fn, self.buckets, self.pool)]
+                           BucketedGraph("talker", self._talker_fn, self.buckets, self.pool),
+                           BucketedGraph("prefill", lambda L: (lambda: self._prefill_body(L)),
+                                         self.prefill_buckets, self.pool)]
             for g in self.graphs:
                 say(f"capturing {g.name} graphs for buckets {self.buckets} into {self.pool.source}")
                 self.pool_bytes_ += g.capture().pool_bytes
@@ -175,16 +195,17 @@ class Runner:
 
     graphs_were_captured = False
 
-    def _compile(self, mode: CompileMode) -> tuple[Callable | None, Callable | None]:
+    def _fast_path(self, mode: CompileMode) -> FastPath | None:
         if mode is CompileMode.EAGER:
-            return None, None
+            return None
         import torch._dynamo
 
-        torch._dynamo.config.recompile_limit = max(64, 2 * len(self.buckets) + 8)
+        # per bucket: 2 layer units (+1 for the predictor's 2-token start) and 2 sampling units
+        torch._dynamo.config.recompile_limit = max(64, 4 * len(self.buckets) + 8)
         inductor_mode = "reduce-overhead" if mode is CompileMode.REDUCE_OVERHEAD else "default"
-        cp = torch.compile(self._cp_body, mode=inductor_mode, dynamic=False)
-        talker = torch.compile(self._talker_body, mode=inductor_mode, dynamic=False)
-        return cp, talker
+        if inductor_mode not in self._fast_by_mode:
+            self._fast_by_mode[inductor_mode] = FastPath(self.model, inductor_mode)
+        return self._fast_by_mode[inductor_mode]
 
     # ------------------------------------------------------------------ requests
     def prefill(self, slot: int, params: SynthesisParams) -> tuple[int, bool]:
@@ -195,14 +216,23 @@ class Runner:
         settings = m.resolve_settings(params)
         max_frames = settings.max_frames
         if T + max_frames + 1 > self.max_len:
+            if settings.fixed:  # a benchmark asking for exactly N frames must not silently get fewer
+                raise InputError(f"fixed_frames {max_frames} does not fit this engine (prompt {T} tokens + "
+                                 f"{max_frames} frames > max_seq_len {self.max_len}); lower it or raise max_seq_len")
             max_frames = self.max_len - T - 1
             if max_frames < 2:
                 raise InputError(f"text is too long for this engine (prompt {T} tokens, max_seq_len "
                                  f"{self.max_len}); shorten it or raise max_seq_len")
         s = slice(slot, slot + 1)
-        pos = torch.arange(T, device=self.device)[None]  # pos: [1, T]
-        h = m.talker(pre.embeds[None].to(self.dtype), pos, self.cache,
-                     torch.tensor([slot], device=self.device))[:, -1]  # h: [1, D]
+        if self.graphs and pick_bucket(T, self.prefill_buckets) is not None:
+            self.pre_x[:T] = pre.embeds
+            self.pre_slot.fill_(slot)
+            self.pre_last.fill_(T - 1)
+            (h,) = self.graphs[2].run(T)  # h: [1, D]
+        else:
+            pos = torch.arange(T, device=self.device)[None]  # pos: [1, T]
+            h = m.talker(pre.embeds[None].to(self.dtype), pos, self.cache,
+                         torch.tensor([slot], device=self.device))[:, -1]  # h: [1, D]
         N = min(pre.trailing.shape[0], self.max_len - 1)
         self.trail[slot, :N] = pre.trailing[:N]
         self.trail[slot, N:] = pre.pad
@@ -214,7 +244,8 @@ class Runner:
         self.seed[slot] = settings.seed
         self.allow_eos[slot] = not settings.fixed
         logits = m.talker.logits(h)
-        self.code0[s] = sampling.sample_talker(logits, self.talker_sp.rows_at(slot), self.seen[s],
+        sample = self.fast.sample_talker if self.fast else sampling.sample_talker
+        self.code0[s] = sample(logits, self.talker_sp.rows_at(slot), self.seen[s],
                                                self.frame[s], self.allow_eos[s], self.seed[s],
                                                m.sampling_constants)
         self.seen[slot, self.code0[slot]] = True

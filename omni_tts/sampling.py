@@ -116,13 +116,15 @@ def _fmix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
-def uniform_noise(seed: torch.Tensor, frame: torch.Tensor, codebook: int, vocab: int) -> torch.Tensor:
+def uniform_noise(seed: torch.Tensor, frame: torch.Tensor, codebook: int | torch.Tensor, vocab: int
+                  ) -> torch.Tensor:
     """U(0,1) float32 [B, vocab], a pure function of (seed[b], frame[b], codebook, vocab id)."""
     seed = seed.long()
     h = _fmix32((seed & _M32) ^ 0x9E3779B9)  # [B]
     h = _fmix32(h ^ ((seed >> 32) & _M32))
     h = _fmix32(h ^ (frame.long() & _M32))
-    h = _fmix32(h ^ _mul32(torch.full_like(h, codebook + 1), 0x27D4EB2F))
+    cb = torch.zeros_like(h) + (codebook + 1)  # codebook: int, or a 0-dim tensor (one compiled graph for all)
+    h = _fmix32(h ^ _mul32(cb, 0x27D4EB2F))
     ids = _fmix32(torch.arange(vocab, device=seed.device) + 0x165667B1)  # [V]
     x = _fmix32(h[:, None] ^ ids[None, :])  # [B, V]
     return ((x >> 9).float() + 0.5) * (1.0 / (1 << 23))  # 23 random bits, strictly inside (0, 1)

@@ -1,0 +1,180 @@
+"""Per-bucket cost of a frame's two steps in each CompileMode, and greedy agreement between modes.
+
+    python -m omni_tts.microbench --model DIR [--modes eager,default,...] [--buckets 1 8 16 32 64]
+        [--frames 40] [--json OUT]
+
+Owns: filling the runner's slots with real prefilled requests, timing the code-predictor step and
+the talker decode step per batch bucket with CUDA events (graph replay in default+cudagraph, the
+compiled or eager callables otherwise), the capture/compile time and memory of each mode, and a
+greedy run per mode whose codes are compared with eager's (first differing frame).
+Knows nothing about the engine's scheduler or the UI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from omni_tts.bench import PROMPTS
+from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
+from omni_tts.metrics import gpu_memory
+
+
+def time_ms(fn: Callable[[], Any], iters: int = 20, warmup: int = 3) -> float:
+    """Median wall time of fn() in ms (CUDA events on CUDA, perf_counter on CPU)."""
+    for _ in range(warmup):
+        fn()
+    cuda = torch.cuda.is_available()
+    times = []
+    for _ in range(iters):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1000 * (time.perf_counter() - t0))
+    return sorted(times)[len(times) // 2]
+
+
+def fill_slots(runner: Any, n: int, speaker: str | None) -> None:
+    for i in range(n):
+        runner.prefill(i, SynthesisParams(text=PROMPTS[i % len(PROMPTS)], speaker=speaker, greedy=True,
+                                          language="English", fixed_frames=300))
+
+
+def step_callables(runner: Any, b: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    if runner.graphs:
+        cp_g, talker_g = runner.graphs
+        return (lambda: cp_g.run(b)), (lambda: talker_g.run(b))
+    return runner._cp_fn(b), runner._talker_fn(b)
+
+
+def greedy_codes(runner: Any, n: int, frames: int, speaker: str | None) -> list[torch.Tensor]:
+    """n greedy requests side by side for `frames` frames -> per-request codes [frames, 16]."""
+    fill_slots(runner, n, speaker)
+    out = np.stack([runner.step(n)[0] for _ in range(frames)])  # [frames, n, 16]
+    return [torch.from_numpy(out[:, i]) for i in range(n)]
+
+
+def first_diff(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    neq = (a != b).any(dim=1).nonzero()
+    return int(neq[0]) if len(neq) else None
+
+
+def load_test(runner: Any, mode: str, concurrency: Sequence[int], fixed_frames: int, num_prompts: int,
+              say: Callable[[str], None], slots: Sequence[int] | None = None) -> dict[str, Any]:
+    """The seed table for one mode on this runner, through a real Engine (admits up to max(concurrency))."""
+    import dataclasses
+
+    from omni_tts.bench import make_params, run_load
+    from omni_tts.engine import Engine
+    from omni_tts.metrics import summarize
+
+    out: dict[str, Any] = {}
+    speaker = (runner.model.speakers() or [None])[0]
+    make = lambda i: make_params(i, speaker, fixed_frames)  # noqa: E731
+    for i, c in enumerate(concurrency):
+        s = min(slots[i] if slots else c, runner.S)
+        engine = Engine(runner, dataclasses.replace(runner.config, max_num_seqs=s))
+        try:
+            run_load(engine, c, c, make)  # warm-up, excluded
+            records, wall = run_load(engine, c, max(num_prompts, c), make)
+            key = str(c) if not slots else f"{c}@{s}slots"
+            out[key] = summarize(records, wall)
+            say(f"{mode} concurrency {key}: {out[key]}")
+        except Exception as e:
+            out[str(c)] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            say(f"{mode} concurrency {c} FAILED: {out[str(c)]['error']}")
+        finally:
+            engine.shutdown()
+    return out
+
+
+def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, dtype: str,
+        say: Callable[[str], None], load: dict[str, Any] | None = None, out_json: str | None = None
+        ) -> dict[str, Any]:
+    from omni_tts.runner import Runner
+
+    cfg = EngineConfig(model=model, mode="eager", max_num_seqs=max(buckets), buckets=list(buckets),
+                       max_seq_len=512, dtype=dtype)
+    t0 = time.perf_counter()
+    runner = Runner.from_config(cfg, progress=say)
+    say(f"loaded in {time.perf_counter() - t0:.1f} s")
+    speaker = (runner.model.speakers() or [None])[0]
+    result: dict[str, Any] = {"buckets": list(buckets), "modes": {}}
+    ref: list[torch.Tensor] | None = None
+    agree_n = min(4, max(buckets))
+    for mode in modes:
+        try:
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+            report = runner.set_mode(CompileMode.parse(mode), progress=say)
+            fill_slots(runner, max(buckets), speaker)
+            row: dict[str, Any] = {"setup_s": report["seconds"], "actual_mode": report["mode"], "per_bucket": {}}
+            for b in buckets:
+                cp, talker = step_callables(runner, b)
+                row["per_bucket"][b] = {"cp_ms": time_ms(cp), "talker_ms": time_ms(talker)}
+                say(f"{mode} b={b}: {row['per_bucket'][b]}")
+            codes = greedy_codes(runner, agree_n, frames, speaker)
+            if ref is None:
+                ref = codes
+            diffs = [first_diff(a, r) for a, r in zip(codes, ref)]
+            row["agree_with_first_mode"] = {"identical": sum(d is None for d in diffs), "of": len(diffs),
+                                            "first_diff_frames": diffs}
+            row["memory"] = gpu_memory(runner.device, runner.pool_bytes())
+            if load and load["concurrency"]:
+                row["load"] = load_test(runner, mode, load["concurrency"], load["fixed_frames"],
+                                        load["num_prompts"], say)
+            if load and load.get("stress_slots"):
+                n = len(load["stress_slots"])
+                row["stress"] = load_test(runner, mode, [load["stress_clients"]] * n, load["fixed_frames"],
+                                          load["stress_clients"], say, slots=load["stress_slots"])
+        except Exception as e:  # a mode that fails is a result
+            row = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            say(f"{mode} FAILED: {row['error']}")
+        result["modes"][mode] = row
+        if out_json:  # after every mode, so a run cut short still leaves its results
+            with open(out_json, "w") as f:
+                json.dump(result, f, indent=1)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m omni_tts.microbench", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--modes", default=",".join(m.value for m in CompileMode))
+    ap.add_argument("--buckets", type=int, nargs="+", default=[1, 8, 16, 32, 64])
+    ap.add_argument("--frames", type=int, default=40)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--load-concurrency", type=int, nargs="*", default=[],
+                    help="also run the seed table at these concurrencies in each mode (same process)")
+    ap.add_argument("--fixed-frames", type=int, default=75)
+    ap.add_argument("--num-prompts", type=int, default=12)
+    ap.add_argument("--stress-slots", type=int, nargs="*", default=[],
+                    help="then --stress-clients concurrent requests with max_num_seqs = each of these")
+    ap.add_argument("--stress-clients", type=int, default=64)
+    args = ap.parse_args(argv)
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    load = {"concurrency": args.load_concurrency, "fixed_frames": args.fixed_frames,
+            "num_prompts": args.num_prompts, "stress_slots": args.stress_slots,
+            "stress_clients": args.stress_clients}
+    res = run(args.model, [m for m in args.modes.split(",") if m], args.buckets, args.frames, args.dtype, say,
+              load, args.json)
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
