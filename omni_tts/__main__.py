@@ -1,7 +1,8 @@
 """Command line: `python -m omni_tts synth ...` (one request, reference loop) and `speakers`.
 
-Owns argument parsing, choosing the checkpoint (--model, else the embedded default), and turning
-every OmniTTSError into one `error: ...` line on stderr with exit status 2 (no traceback).
+Owns argument parsing, choosing the checkpoint (--model, else the embedded default), the voice-clone
+flags (reference audio -> voice prompt, saving/loading voice prompts), and turning every OmniTTSError
+into one `error: ...` line on stderr with exit status 2 (no traceback).
 Knows nothing about model internals: it calls omni_tts.model.TTSModel.
 """
 
@@ -31,14 +32,20 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     s = sub.add_parser("synth", help="synthesize one text to a WAV file")
     s.add_argument("--model", help="checkpoint directory or Hugging Face Hub id (default: embedded demo model)")
-    s.add_argument("--task", choices=["custom_voice", "voice_design"],
+    s.add_argument("--task", choices=["custom_voice", "voice_design", "voice_clone"],
                    help="default: what the checkpoint does")
     s.add_argument("--text", required=True)
     s.add_argument("--speaker", help="built-in speaker (custom_voice; default: the checkpoint's first)")
     s.add_argument("--language", default="Auto")
     s.add_argument("--instruct", help="style instruction (custom_voice) or voice description (voice_design)")
     s.add_argument("--non-streaming-mode", type=_bool, default=None, metavar="{true,false}",
-                   help="feed the whole text up front (official default: true for these tasks)")
+                   help="feed the whole text up front (official default: true, but false for voice_clone)")
+    v = s.add_argument_group("voice clone (Base checkpoints)")
+    v.add_argument("--ref-audio", metavar="FILE", help="reference clip to clone (1-30 s; any rate >= 8 kHz)")
+    v.add_argument("--ref-text", help="transcript of the reference clip (needed unless --x-vector-only)")
+    v.add_argument("--x-vector-only", action="store_true", help="clone from the speaker embedding alone")
+    v.add_argument("--voice", metavar="FILE.safetensors", help="a voice prompt saved with --save-voice")
+    v.add_argument("--save-voice", metavar="FILE.safetensors", help="also save the voice prompt for reuse")
     s.add_argument("--greedy", action="store_true", help="argmax everywhere instead of sampling")
     s.add_argument("--max-new-tokens", type=int)
     s.add_argument("--seed", type=int)
@@ -79,18 +86,20 @@ def _synth(args: argparse.Namespace) -> int:
     from omni_tts.config import SynthesisParams
     from omni_tts.model import TTSModel
 
-    for path in filter(None, (args.out, args.codes_out)):
+    for path in filter(None, (args.out, args.codes_out, args.save_voice)):
         if not Path(path).parent.is_dir():
             raise OmniTTSError(f"{path}: the directory does not exist")
+    ref_wav = _reference_audio(args)  # before loading the model: bad audio fails fast
     ckpt = _checkpoint(args.model)
     if ckpt.is_embedded_demo:
         print(f"note: {ckpt.describe()}", file=sys.stderr)
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     model = TTSModel.from_checkpoint(ckpt, device=_device(args.device), dtype=dtype)
     task = args.task or (model.tasks() or ["custom_voice"])[0]
+    voice = _voice(args, model, task, ref_wav)
     params = SynthesisParams(text=args.text, task=task, speaker=args.speaker, language=args.language,
                              instruct=args.instruct, non_streaming_mode=args.non_streaming_mode, greedy=args.greedy,
-                             max_new_tokens=args.max_new_tokens, seed=args.seed)
+                             max_new_tokens=args.max_new_tokens, seed=args.seed, voice=voice)
     wav, codes = model.synthesize(params)
     try:
         sf.write(args.out, wav, model.sample_rate, subtype="FLOAT")
@@ -101,6 +110,58 @@ def _synth(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: {codes.shape[0]} frames, {len(wav) / model.sample_rate:.2f} s at "
           f"{model.sample_rate} Hz", file=sys.stderr)
     return 0
+
+
+def _reference_audio(args: argparse.Namespace):  # -> FloatTensor[N] at 24 kHz, or None
+    """Check the voice-clone flags' combination and load + validate --ref-audio (one-line errors)."""
+    import soundfile as sf
+
+    from omni_tts.audio import load_reference_audio
+
+    clone_flags = [f for f, on in (("--ref-audio", args.ref_audio), ("--ref-text", args.ref_text),
+                                   ("--x-vector-only", args.x_vector_only), ("--voice", args.voice),
+                                   ("--save-voice", args.save_voice)) if on]
+    if args.task not in (None, "voice_clone") and clone_flags:
+        raise OmniTTSError(f"{clone_flags[0]} is for --task voice_clone (a Base checkpoint)")
+    if args.voice and (args.ref_audio or args.ref_text or args.x_vector_only):
+        raise OmniTTSError("give either --voice FILE or --ref-audio FILE (with --ref-text or --x-vector-only)")
+    if not args.ref_audio:
+        if args.ref_text or args.x_vector_only:
+            raise OmniTTSError("--ref-text and --x-vector-only go with --ref-audio FILE")
+        return None
+    if not args.x_vector_only and not (args.ref_text and args.ref_text.strip()):
+        raise OmniTTSError("voice clone from --ref-audio needs --ref-text (the clip's transcript), "
+                           "or --x-vector-only")
+    wav = load_reference_audio(args.ref_audio)
+    info = sf.info(args.ref_audio)  # readable: load_reference_audio succeeded
+    done = [f"{info.channels} channels mixed to mono"] if info.channels > 1 else []
+    done += [f"{info.samplerate} Hz resampled to 24000 Hz"] if info.samplerate != 24000 else []
+    if done:
+        print(f"note: reference audio {args.ref_audio}: {'; '.join(done)}", file=sys.stderr)
+    return wav
+
+
+def _voice(args: argparse.Namespace, model, task: str, ref_wav):  # -> VoicePrompt | None
+    """The request's voice prompt: loaded from --voice or made from the reference audio; saved if asked."""
+    from omni_tts.speaker import VoicePrompt
+
+    if task != "voice_clone":
+        if args.voice or ref_wav is not None or args.save_voice:
+            raise OmniTTSError(f"voice-clone flags need --task voice_clone; this checkpoint does {task}")
+        return None
+    if args.voice:
+        voice = VoicePrompt.load(args.voice)
+    elif ref_wav is not None:
+        voice = model.voice_prompt(ref_wav, args.ref_text, args.x_vector_only)
+    else:
+        raise OmniTTSError("voice_clone needs --ref-audio FILE (with --ref-text, or --x-vector-only) "
+                           "or --voice FILE.safetensors")
+    if args.save_voice:
+        try:
+            voice.save(args.save_voice)
+        except (OSError, RuntimeError, ValueError) as e:
+            raise OmniTTSError(f"cannot write {args.save_voice} ({str(e).splitlines()[0]})") from None
+    return voice
 
 
 def _speakers(args: argparse.Namespace) -> int:

@@ -37,6 +37,7 @@ class AudioLimits:
     max_seconds: float = 30.0
     max_file_bytes: int = 50 * 1024 * 1024
     silence_peak: float = 1e-4  # a clip whose |peak| is below this (-80 dBFS) counts as silent
+    min_sample_rate: int = 8000  # below this the clip lacks most of the band the encoders look at
 
 
 def _read_file(path: Path, limits: AudioLimits) -> tuple[np.ndarray, int]:
@@ -175,7 +176,8 @@ def load_reference_audio(source: AudioSource, limits: AudioLimits = AudioLimits(
     """A path or (array, sr) pair -> validated mono FloatTensor[N] at `target_sr`.
 
     Raises InputError (one line) for: missing/unreadable/non-audio files, files over the size limit,
-    empty audio, NaN/inf samples, all-silent audio, and clips shorter/longer than the limits.
+    sample rates below the limit, empty audio, NaN/inf samples, all-silent audio, and clips
+    shorter/longer than the limits.
     """
     if isinstance(source, (str, os.PathLike)):
         data, sr = _read_file(Path(source).expanduser(), limits)
@@ -187,6 +189,8 @@ def load_reference_audio(source: AudioSource, limits: AudioLimits = AudioLimits(
         raise InputError("reference audio: an array needs its sample rate; pass (array, sample_rate)")
     else:
         raise InputError(f"reference audio: unsupported input type {type(source).__name__}")
+    if sr < limits.min_sample_rate:
+        raise InputError(f"{what}: sample rate {sr} Hz is too low (need at least {limits.min_sample_rate} Hz)")
     wav = _to_mono(data)
     if wav.size == 0:
         raise InputError(f"{what}: the audio is empty (0 samples)")

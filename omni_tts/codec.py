@@ -477,10 +477,13 @@ class StreamingDecoder:
     `chunk_frames`; each chunk is decoded with max(left_context_frames, the decoder's receptive field)
     frames of left context, so the concatenated chunks equal `CodecDecoder.decode` of all frames.
     Chunks are 1-D float32 numpy arrays of frames * decode_upsample_rate samples.
+    `prefix_codes` [P, Q] (voice-clone reference codes) prime the decoder: they are left context of the
+    pushed frames but never emitted, so the chunks equal `decode([prefix; pushed])` minus its first
+    P * decode_upsample_rate samples.
     """
 
     def __init__(self, codec: CodecDecoder, initial_chunk_frames: int = 2, chunk_frames: int = 12,
-                 left_context_frames: int | None = None):
+                 left_context_frames: int | None = None, prefix_codes: torch.Tensor | np.ndarray | None = None):
         if initial_chunk_frames < 1 or chunk_frames < 1:
             raise ValueError("initial_chunk_frames and chunk_frames must be >= 1")
         self.codec = codec
@@ -490,6 +493,11 @@ class StreamingDecoder:
         self._codes: list[torch.Tensor] = []
         self.total_frames = 0
         self.emitted_frames = 0
+        if prefix_codes is not None:
+            prefix = torch.as_tensor(prefix_codes).reshape(-1, codec.num_quantizers)  # prefix: [P, Q]
+            self._codes.append(prefix)
+            self.total_frames = self.emitted_frames = prefix.shape[0]
+        self.prefix_frames = self.total_frames
 
     def push(self, codes_new: torch.Tensor | np.ndarray) -> np.ndarray | None:
         """Add [n, Q] (or [Q]) frames; return the audio of the frames that became due, or None."""
@@ -497,7 +505,7 @@ class StreamingDecoder:
         if new.shape[0]:
             self._codes.append(new)
             self.total_frames += new.shape[0]
-        due = self.initial_chunk_frames if self.emitted_frames == 0 else self.chunk_frames
+        due = self.initial_chunk_frames if self.emitted_frames == self.prefix_frames else self.chunk_frames
         if self.total_frames - self.emitted_frames < due:
             return None
         return self._emit()

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from omni_tts.clone import decoder_prefix
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.errors import EngineError, OmniTTSError
 from omni_tts.metrics import EngineStats, RequestMetrics, gpu_memory, now
@@ -132,7 +133,9 @@ class Engine:
     def from_config(cls, config: EngineConfig, progress: Callable[[str], None] | None = None) -> "Engine":
         from omni_tts.runner import Runner
 
-        return cls(Runner.from_config(config, progress=progress), config)
+        runner = Runner.from_config(config, progress=progress)
+        runner.model.codec  # build the codec decoder now: a broken one is a CheckpointError here, not per request
+        return cls(runner, config)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -154,6 +157,14 @@ class Engine:
 
     def synthesize(self, params: SynthesisParams, timeout: float | None = None) -> SynthesisResult:
         return self.submit(params).result(timeout)
+
+    def voice_prompt(self, audio: Any, ref_text: str | None = None, x_vector_only: bool = False) -> Any:
+        """Reference clip -> VoicePrompt for `SynthesisParams(task='voice_clone', voice=...)` (Base checkpoints).
+
+        Runs in the caller's thread with the model's encoders (built once, float32, TF32 off). A streamed
+        ICL clone's audio is exactly its generated frames'; the official cut keeps one more leading sample
+        for ~4% of length pairs (see omni_tts.clone.reference_cut), which a stream cannot know in advance."""
+        return self.model.voice_prompt(audio, ref_text, x_vector_only)
 
     def set_compile_mode(self, mode: str | CompileMode,
                          progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -241,14 +252,17 @@ class Engine:
                 continue
             slot = len(self._active)
             h.metrics.mode = self.runner.mode.value
-            try:
+            try:  # any failure here is this request's, never the scheduler thread's (it would hang everyone)
                 max_frames, fixed = self.runner.prefill(slot, h.params)
-            except OmniTTSError as e:
-                h.metrics.status, h.metrics.error = "error", str(e)
-                h._finish([], e)
+                # voice-clone ICL: the reference codes prime the decoder (left context, never emitted)
+                dec = self.model.streaming_decoder(self.config.initial_chunk_frames, self.config.chunk_frames,
+                                                   self.config.left_context_frames,
+                                                   prefix_codes=decoder_prefix(h.params))
+            except Exception as e:
+                err = e if isinstance(e, OmniTTSError) else EngineError(f"could not start the request: {e}")
+                h.metrics.status, h.metrics.error, h.metrics.finished_at = "error", str(err), now()
+                h._finish([], err)
                 continue
-            dec = self.model.streaming_decoder(self.config.initial_chunk_frames, self.config.chunk_frames,
-                                               self.config.left_context_frames)
             self._active.append(_Active(h, dec, max_frames, fixed))
 
     def _step(self) -> None:
@@ -275,16 +289,19 @@ class Engine:
             self._active.pop()
 
     def _push_audio(self, a: _Active, codes: np.ndarray) -> None:
+        start = a.decoder.emitted_frames
         wav = a.decoder.push(torch.from_numpy(codes))
         if wav is not None:
-            self._emit(a, wav)
+            self._emit(a, wav, start)
 
     def _flush_audio(self, a: _Active) -> None:
+        start = a.decoder.emitted_frames
         wav = a.decoder.flush()
         if wav is not None:
-            self._emit(a, wav)
+            self._emit(a, wav, start)
 
-    def _emit(self, a: _Active, wav: Any) -> None:
+    def _emit(self, a: _Active, wav: Any, start: int) -> None:
+        """`start`: the decoder's emitted frame count before this chunk (includes any voice-clone prefix)."""
         samples = np.asarray(wav.detach().float().cpu().numpy() if torch.is_tensor(wav) else wav,
                              dtype=np.float32).reshape(-1)
         if samples.size == 0:
@@ -293,7 +310,9 @@ class Engine:
         if m.first_audio_at is None:
             m.first_audio_at = now()
         m.audio_samples += samples.size
-        a.handle._emit(AudioChunk(a.handle.id, a.chunks, samples, m.sample_rate, 0, 0))
+        first = start - getattr(a.decoder, "prefix_frames", 0)  # frame index within this request's audio
+        a.handle._emit(AudioChunk(a.handle.id, a.chunks, samples, m.sample_rate, first,
+                                  a.decoder.emitted_frames - start))
         a.chunks += 1
 
     def _finish(self, a: _Active, status: str, error: OmniTTSError | None = None) -> None:

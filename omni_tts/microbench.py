@@ -55,7 +55,7 @@ def fill_slots(runner: Any, n: int, speaker: str | None) -> None:
 
 def step_callables(runner: Any, b: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
     if runner.graphs:
-        cp_g, talker_g = runner.graphs
+        cp_g, talker_g = runner.graphs[:2]
         return (lambda: cp_g.run(b)), (lambda: talker_g.run(b))
     return runner._cp_fn(b), runner._talker_fn(b)
 

@@ -5,7 +5,8 @@ strict weight loading; turning a request into a `Prompt` (omni_tts.text) and the
 embeddings exactly as the official generate assembles them; resolving a request's generation
 settings (request value, else generation_config.json, else the official hard default); the one
 frame `step` shared with the engine; and `generate_codes` / `synthesize`, the plain single-request
-reference loop used for exactness tests and the CLI.
+reference loop used for exactness tests and the CLI. Voice-clone specifics (voice-prompt checks, the
+ICL prompt body, the reference cut, the cached encoders behind `voice_prompt`) live in omni_tts.clone.
 Does not own batching, streaming policy, timing or compile modes (engine.py / runner.py).
 """
 
@@ -18,7 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from omni_tts import sampling
+from omni_tts import clone, sampling
 from omni_tts.checkpoint import Checkpoint
 from omni_tts.code_predictor import CodePredictor
 from omni_tts.config import SynthesisParams
@@ -65,6 +66,7 @@ class TTSModel:
         self.eos_id = int(tc["codec_eos_token_id"])
         self.sampling_constants = sampling.SamplingConstants.for_talker(self.vocab_size, self.eos_id, device)
         self._codec: Any = None
+        self._encoders = clone.VoiceEncoders(self)  # voice-clone encoders, built on first voice_prompt
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, device: torch.device | str = "cpu",
@@ -134,12 +136,8 @@ class TTSModel:
             raise InputError(f"this checkpoint ({self.model_type}) cannot do task '{params.task}'; it supports: {have}")
         ref_text = None
         if params.task == "voice_clone":
-            if params.voice is None or not hasattr(params.voice, "x_vector"):
-                raise InputError("voice_clone needs a voice prompt (reference audio, or a saved voice prompt)")
-            if params.voice.x_vector.numel() != self.hidden_size:
-                raise InputError(f"voice prompt x-vector has {params.voice.x_vector.numel()} values; this "
-                                 f"checkpoint needs {self.hidden_size} (made with another model?)")
-            ref_text = None if getattr(params.voice, "x_vector_only", False) else params.voice.ref_text
+            ref_text = clone.check_voice(params.voice, self.hidden_size, self.num_groups,
+                                         self.code_predictor.codec_embedding[0].num_embeddings)
         return self.prompts.build(params.task, params.text, params.speaker, params.language, params.instruct,
                                   params.non_streaming_mode, ref_text=ref_text)
 
@@ -167,7 +165,7 @@ class TTSModel:
         spk = [] if prompt.speaker_id is None else [self._codec_ids([prompt.speaker_id])]
         if prompt.task == "voice_clone":
             if voice is None:
-                raise InputError("voice_clone needs a voice prompt (reference audio, or a saved voice prompt)")
+                raise InputError(clone.NEEDS_VOICE)
             spk = [voice.x_vector.to(self.device, self.dtype).reshape(1, -1)]  # [1, D]
         codec = torch.cat([prefix, *spk, self._codec_ids([prompt.codec_pad_id, prompt.codec_bos_id])])  # [C, D]
         C = codec.shape[0]
@@ -175,7 +173,7 @@ class TTSModel:
         parts = [self._text(prompt.instruct_ids)] if prompt.instruct_ids else []
         parts += [self._text(prompt.role_ids), text_over_codec]
         if prompt.ref_text_ids is not None and voice is not None and getattr(voice, "ref_codes", None) is not None:
-            body, trailing = self._icl_body(prompt, voice.ref_codes, eos, pad)
+            body, trailing = clone.icl_body(self, prompt, voice.ref_codes, eos, pad)
         else:
             body, trailing = self._text_body(prompt, eos, pad, codec[-1])
         return Prefill(torch.cat(parts + [body], dim=0), trailing, pad)
@@ -189,20 +187,6 @@ class TTSModel:
             return torch.cat([whole, (pad + codec_bos)[None]], dim=0), pad[None]  # tts_pad over codec_bos last
         # streaming text: the first text token over codec_bos now, the rest (+ tts_eos) one per frame
         return (text[:1] + codec_bos[None]), torch.cat([text[1:], eos[None]], dim=0)
-
-    def _icl_body(self, prompt: Prompt, ref_codes: torch.Tensor, eos: torch.Tensor, pad: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Voice-clone ICL: reference transcript + text over [codec_bos, reference frames]."""
-        text = torch.cat([self._text(prompt.ref_text_ids + prompt.text_ids), eos[None]], dim=0)  # [Lt, D]
-        frames = self.frame_embedding(ref_codes.to(self.device))  # [R, D]
-        codec = torch.cat([self._codec_ids([prompt.codec_bos_id]), frames], dim=0)  # [Lc, D]
-        Lt, Lc = text.shape[0], codec.shape[0]
-        if prompt.non_streaming_mode:
-            body = torch.cat([text + self._codec_ids([prompt.codec_pad_id] * Lt), codec + pad[None]], dim=0)
-            return body, pad[None]
-        if Lt > Lc:
-            return text[:Lc] + codec, text[Lc:]
-        return torch.cat([text, pad[None].expand(Lc - Lt, -1)], dim=0) + codec, pad[None]
 
     def frame_embedding(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [B, 16] -> sum of the frame's 16 code embeddings [B, D] (the next talker input, minus text)."""
@@ -315,18 +299,28 @@ class TTSModel:
         """-> (waveform float32 at `sample_rate`, generated codes [frames, 16]).
 
         Voice-clone ICL decodes [reference codes; generated codes] and cuts the reference part off the
-        audio in proportion to its frame count, as the official wrapper does."""
+        audio as the official wrapper does (clone.reference_cut)."""
         codes = self.generate_codes(params)
-        ref = getattr(params.voice, "ref_codes", None) if params.task == "voice_clone" else None
-        if ref is None or getattr(params.voice, "x_vector_only", False):
+        ref = clone.decoder_prefix(params)  # [R, 16] or None
+        if ref is None:
             return self.decode(codes), codes
-        full = torch.cat([ref.to(torch.long).cpu(), codes], dim=0)  # [R + frames, 16]
-        wav = self.decode(full)
-        cut = int(ref.shape[0] / max(full.shape[0], 1) * wav.shape[0])
-        return wav[cut:], codes
+        full = torch.cat([ref, codes], dim=0)  # [R + frames, 16]
+        return clone.cut_reference(self.decode(full), ref.shape[0], full.shape[0]), codes
 
-    def streaming_decoder(self, initial_chunk_frames: int, chunk_frames: int, left_context_frames: int | None = None
-                          ) -> Any:
+    def streaming_decoder(self, initial_chunk_frames: int, chunk_frames: int, left_context_frames: int | None = None,
+                          prefix_codes: torch.Tensor | None = None) -> Any:
+        """A codec.StreamingDecoder; `prefix_codes` [R, 16] (clone.decoder_prefix) are decoded as left
+        context only, so the chunks are the audio of the pushed frames alone."""
         from omni_tts.codec import StreamingDecoder
 
-        return StreamingDecoder(self.codec, initial_chunk_frames, chunk_frames, left_context_frames)
+        return StreamingDecoder(self.codec, initial_chunk_frames, chunk_frames, left_context_frames,
+                                prefix_codes=prefix_codes)
+
+    # ------------------------------------------------------------------ voice clone
+    def voice_prompt(self, audio: Any, ref_text: str | None = None, x_vector_only: bool = False,
+                     limits: Any = None) -> Any:
+        """Reference clip -> omni_tts.speaker.VoicePrompt, with this model's encoders (built once, float32).
+
+        `audio`: a path, an (array, sample_rate) pair, or FloatTensor[N] at 24 kHz. ICL needs `ref_text`
+        (the clip's transcript). A non-Base checkpoint raises InputError."""
+        return self._encoders.prompt(audio, ref_text, x_vector_only, limits)

@@ -1,0 +1,120 @@
+"""The benchmark CLI end to end on the tiny fixture (CPU): the table's shape and the JSON's numbers.
+Figures are timings, so they are checked for consistency with each other, never against a clock."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from omni_tts import bench
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "qwen3_tts_tiny"
+LABELS = ["Med TTFP (ms)", "p90 TTFP (ms)", "Med E2E (ms)", "Mean RTF", "Req/s", "Audio tput (s/s)"]
+KEYS = ["requests", "med_ttfp_ms", "p90_ttfp_ms", "med_e2e_ms", "mean_rtf", "req_per_s", "audio_s_per_s",
+        "audio_s", "wall_s"]
+
+
+def fixture_dir(name: str) -> Path:
+    d = FIXTURES / name
+    if not (d / "config.json").is_file():
+        pytest.skip(f"tiny Qwen3-TTS fixtures not found: expected {d} (../shared/fixtures beside the repo)")
+    return d
+
+
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "omni_tts.bench", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def table_rows(stdout: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in stdout.splitlines()
+            if line.startswith("|")]
+
+
+def test_bench_cli_runs_end_to_end_and_writes_a_table_and_json(tmp_path):
+    model = fixture_dir("custom_voice")
+    out = tmp_path / "bench.json"
+    p = run_bench("--model", str(model), "--preset", "eager-bs1", "--modes", "eager", "--concurrency", "1", "2",
+                  "--num-prompts", "3", "--fixed-frames", "5", "--json", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"model: {model}" in p.stdout and "device: cpu  dtype: float32  fixed_frames: 5" in p.stdout
+    rows = table_rows(p.stdout)
+    assert rows[0] == ["Metric", "Conc", "eager"] and set(rows[1]) == {"---"}
+    body = rows[2:]
+    want = [(label, c) for label in LABELS for c in ("1", "2")]
+    assert [(r[0], r[1]) for r in body[:len(want)]] == want
+    for r in body[:len(want)]:
+        assert re.fullmatch(r"\d+\.\d+", r[2]), r  # a computed number, not '-' or an error
+    extra = {r[0]: r[2] for r in body[len(want):]}
+    assert extra["actual mode"] == "eager" and re.fullmatch(r"\d+\.\d", extra["capture/compile s"])
+    assert extra["peak GPU mem (GiB)"] == "-" and extra["graph pool (GiB)"] == "-"
+    assert "concurrency 2: 3/3 requests" in p.stderr
+
+    data = json.loads(out.read_text())
+    assert data["device"] == "cpu" and data["dtype"] == "float32" and data["fixed_frames"] == 5
+    assert data["concurrency"] == [1, 2] and list(data["results"]) == ["eager"]
+    assert data["extra"]["eager"]["actual mode"] == "eager"
+    table = {(r[0], r[1]): r[2] for r in body[:len(want)]}
+    for c in ("1", "2"):
+        s = data["results"]["eager"][c]
+        assert sorted(s) == sorted(KEYS)
+        assert all(isinstance(s[k], float) and math.isfinite(s[k]) for k in KEYS)
+        assert s["requests"] == 3.0  # warm-up excluded, every measured request finished
+        assert s["audio_s"] == pytest.approx(3 * 5 * 0.08)  # exactly fixed_frames frames each
+        assert s["wall_s"] > 0 and s["req_per_s"] == pytest.approx(3 / s["wall_s"])
+        assert s["audio_s_per_s"] == pytest.approx(s["audio_s"] / s["wall_s"])
+        assert 0 < s["med_ttfp_ms"] <= s["p90_ttfp_ms"] and 0 < s["med_e2e_ms"] and s["mean_rtf"] > 0
+        for label, key, fmt in bench.ROWS:  # the table shows the JSON's numbers
+            assert table[(label, c)] == fmt.format(s[key])
+
+
+def test_bench_serves_a_checkpoint_without_speakers_with_voice_design(tmp_path, capsys):
+    model = fixture_dir("voice_design")
+    out = tmp_path / "vd.json"
+    rc = bench.main(["--model", str(model), "--preset", "eager-bs1", "--modes", "eager", "--concurrency", "1",
+                     "--num-prompts", "1", "--fixed-frames", "2", "--warmup", "1", "--json", str(out)])
+    assert rc == 0
+    s = json.loads(out.read_text())["results"]["eager"]["1"]
+    assert s["requests"] == 1.0 and s["audio_s"] == pytest.approx(2 * 0.08)
+    assert "| Med TTFP (ms) | 1 |" in capsys.readouterr().out
+
+
+def test_bench_reports_a_bad_preset_as_one_line_and_exit_2(capsys):
+    assert bench.main(["--preset", "no-such-preset", "--modes", "eager"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: preset 'no-such-preset' not found; available:")
+    assert "eager-bs1" in err and err.count("\n") == 1
+
+
+def test_bench_refuses_an_unknown_mode_before_loading_anything(capsys):
+    assert bench.main(["--modes", "eager,turbo", "--model", "/nonexistent"]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown compile mode 'turbo'")
+
+
+def test_format_table_shows_errors_and_missing_values():
+    results = {"eager": {1: {"med_ttfp_ms": 12.345, "p90_ttfp_ms": float("nan"), "med_e2e_ms": 100.0,
+                             "mean_rtf": 0.5, "req_per_s": 2.0, "audio_s_per_s": 3.0},
+                         8: {"error": "failed: out of memory"}},
+               "default": {1: {"med_ttfp_ms": 1.0}}}
+    lines = bench.format_table(results, [1, 8], extra={"eager": {"actual mode": "eager"}}).splitlines()
+    assert lines[0] == "| Metric | Conc | eager | default |" and lines[1] == "|---|---|---|---|"
+    assert lines[2] == "| Med TTFP (ms) | 1 | 12.3 | 1.0 |"
+    assert lines[3] == "| Med TTFP (ms) | 8 | failed: out of memory | - |"
+    assert lines[4] == "| p90 TTFP (ms) | 1 | - | - |"  # NaN and absent both print '-'
+    assert lines[-1] == "| actual mode | all | eager | - |"
+    assert len(lines) == 2 + 2 * len(bench.ROWS) + 1
+
+
+def test_make_params_cycles_prompts_and_seeds():
+    a, b = bench.make_params(0, "ryan", 5), bench.make_params(len(bench.PROMPTS), "ryan", 5)
+    assert a.text == b.text and a.seed != b.seed and a.fixed_frames == 5 and a.speaker == "ryan"
+    a.validate()

@@ -1,0 +1,95 @@
+"""Bucket choice (CPU) and CUDA graph capture into one shared pool (skipped without CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni_tts.config import EngineConfig
+from omni_tts.graphs import BucketedGraph, GraphPool, pick_bucket
+
+
+@pytest.mark.parametrize("n,buckets,want", [
+    (1, [1, 2, 4, 8], 1), (3, [1, 2, 4, 8], 4), (4, [1, 2, 4, 8], 4), (5, [1, 2, 4, 8], 8),
+    (9, [1, 2, 4, 8], None), (3, [8, 1, 4, 2], 4), (2, (6,), 6), (7, {1, 6}, None), (1, [], None),
+])
+def test_pick_bucket_is_the_smallest_bucket_that_fits(n, buckets, want):
+    assert pick_bucket(n, buckets) == want
+
+
+@pytest.mark.parametrize("max_num_seqs,buckets,want", [
+    (1, None, [1]), (2, None, [1, 2]), (6, None, [1, 2, 4, 6]), (8, None, [1, 2, 4, 8]),
+    (32, None, [1, 2, 4, 8, 16, 32]), (20, None, [1, 2, 4, 8, 16, 20]),
+    (8, [4, 2, 4], [2, 4, 8]),  # deduplicated, sorted, max_num_seqs always present
+    (8, [1, 16, 0, -2, 8], [1, 8]),  # out-of-range buckets dropped
+    (3, [3], [3]), (5, [], [1, 2, 4, 5]),  # an empty list means the default
+])
+def test_resolved_buckets(max_num_seqs, buckets, want):
+    assert EngineConfig(max_num_seqs=max_num_seqs, buckets=buckets).resolved_buckets() == want
+
+
+def test_every_batch_size_up_to_max_num_seqs_has_a_bucket():
+    for s in range(1, 40):
+        buckets = EngineConfig(max_num_seqs=s).resolved_buckets()
+        assert all(pick_bucket(n, buckets) is not None for n in range(1, s + 1))
+        assert pick_bucket(s + 1, buckets) is None
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+
+
+@cuda
+def test_bucketed_graph_replays_equal_eager_and_pad_rows_do_not_leak():
+    dev = torch.device("cuda")
+    x = torch.randn(8, 16, device=dev)
+    w = torch.randn(16, 16, device=dev)
+    out = torch.zeros(8, 16, device=dev)
+
+    def make(b):
+        def fn():
+            y = torch.tanh(x[:b] @ w)  # row-independent
+            out[:b] = y
+            return (y, y.sum(-1))
+        return fn
+
+    pool = GraphPool(use_vllm=False)
+    g = BucketedGraph("t", make, [1, 2, 4, 8], pool)
+    rep = g.capture()
+    assert rep.buckets == [1, 2, 4, 8] and set(g.graphs) == {1, 2, 4, 8} and rep.seconds >= 0
+    for n in (1, 3, 5, 8):
+        x.copy_(torch.randn(8, 16, device=dev))
+        y, s = g.run(n)
+        assert y.shape == (n, 16) and s.shape == (n,)
+        torch.testing.assert_close(y, torch.tanh(x[:n] @ w))
+        torch.testing.assert_close(s, torch.tanh(x[:n] @ w).sum(-1))
+    g.release()
+    assert g.graphs == {}
+
+
+@cuda
+def test_graph_pool_renews_after_release_and_recaptures():
+    dev = torch.device("cuda")
+    x = torch.randn(4, 8, device=dev)
+    pool = GraphPool(use_vllm=False)
+    first = pool.handle
+    assert pool.generation == 1 and pool.source == "engine pool #1"
+    g = BucketedGraph("t", lambda b: (lambda: (x[:b] * 2,)), [2, 4], pool)
+    g.capture()
+    g.release()
+    pool.renew()
+    assert pool.generation == 2 and pool.handle != first and pool.source == "engine pool #2"
+    g.capture()
+    (y,) = g.run(3)
+    torch.testing.assert_close(y, x[:3] * 2)
+    g.release()
+
+
+@cuda
+def test_batch_above_the_largest_bucket_runs_ungraphed_and_correct():
+    dev = torch.device("cuda")
+    x = torch.randn(6, 4, device=dev)
+    g = BucketedGraph("t", lambda b: (lambda: (x[:b] + 1,)), [1, 2], GraphPool(use_vllm=False))
+    g.capture()
+    (y,) = g.run(5)
+    torch.testing.assert_close(y, x[:5] + 1)
+    g.release()

@@ -1,0 +1,331 @@
+"""Base voice clone end to end: golden parity from the reference AUDIO (our encoders), saved voices,
+the primed streaming decoder, the engine (streaming == plain, concurrent clones without cross-talk)
+and the CLI. Tiny Base fixture, CPU, float32."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from omni_tts.checkpoint import load_checkpoint
+from omni_tts.clone import reference_cut
+from omni_tts.config import EngineConfig, SynthesisParams
+from omni_tts.errors import InputError
+from omni_tts.model import TTSModel
+from omni_tts.speaker import VoicePrompt
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parents[2] / "shared/fixtures/qwen3_tts_tiny"
+BASE = FIXTURES / "base"
+GOLDEN = BASE / "golden"
+SR, UP = 24000, 1920  # output rate, samples per codec frame
+REF_TEXT_B = "a second speaker talks here"
+
+
+def need(d: Path) -> Path:
+    if not (d / "config.json").is_file():
+        pytest.skip(f"tiny Qwen3-TTS fixture not found: expected it at {d} (../shared beside the repo)")
+    return d
+
+
+def golden_cases() -> list:
+    f = GOLDEN / "cases.json"
+    if not f.is_file():
+        return [pytest.param({}, marks=pytest.mark.skip(reason=f"base fixture not found at {BASE}"))]
+    return [pytest.param(c, id=f"case{c['case']}") for c in json.loads(f.read_text())["cases"]]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matrices: one thread is several times faster than contended OpenMP threads."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def model() -> TTSModel:
+    return TTSModel.from_checkpoint(load_checkpoint(need(BASE)))
+
+
+@pytest.fixture(scope="module")
+def ref_audio() -> np.ndarray:
+    return np.load(need(BASE) / "golden_ref_audio.npy")  # [48000] float32 at 24 kHz
+
+
+@pytest.fixture(scope="module")
+def other_audio(ref_audio) -> np.ndarray:
+    """A second, different reference clip (2.5 s: 32 reference frames instead of 25)."""
+    return np.concatenate([ref_audio[::-1], 0.5 * ref_audio[:12000]]).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from omni_tts.engine import Engine
+
+    eng = Engine.from_config(EngineConfig(model=str(need(BASE)), device="cpu", max_num_seqs=4, max_seq_len=256,
+                                          mode="eager", initial_chunk_frames=2, chunk_frames=5))
+    yield eng
+    eng.shutdown()
+
+
+def clone_params(voice: VoicePrompt, text: str, language: str = "Auto", **kw) -> SynthesisParams:
+    """A voice-clone request; greedy talker and predictor with 40 max_new_tokens unless overridden."""
+    kw = {"do_sample": False, "subtalker_do_sample": False, "max_new_tokens": 40, **kw}
+    return SynthesisParams(text=text, task="voice_clone", language=language, voice=voice, **kw)
+
+
+# ----------------------------------------------------------------------------- plain path, golden parity
+@pytest.mark.parametrize("case", golden_cases())
+def test_golden_parity_from_reference_audio(model, ref_audio, case) -> None:
+    voice = model.voice_prompt((ref_audio, SR), case["ref_text"], case["x_vector_only_mode"])
+    p = clone_params(voice, case["text"], case["language"])
+    assert model.build_prompt(p).non_streaming_mode is False  # the official default for voice clone
+    wav, codes = model.synthesize(p)
+    full = codes if voice.x_vector_only else torch.cat([voice.ref_codes, codes])  # what the decoder got
+    gold = np.load(GOLDEN / f"case{case['case']}_codes.npy")
+    assert full.shape == gold.shape == (case["frames"], 16)
+    np.testing.assert_array_equal(full.numpy(), gold)
+    gold_wav = np.load(GOLDEN / f"case{case['case']}_wav.npy")
+    assert wav.dtype == np.float32 and wav.shape == gold_wav.shape == (case["samples"],)
+    diff = float(np.abs(wav - gold_wav).max())
+    print(f"case{case['case']}: codes identical, waveform max abs diff {diff:.3g}")
+    assert diff < 1e-3
+
+
+def test_reference_cut_is_the_official_formula(model, ref_audio) -> None:
+    assert reference_cut(25, 64, 64 * UP) == 25 * UP
+    assert reference_cut(25, 97, 97 * UP) == 25 * UP - 1  # the double-precision division rounds down
+    cuts = {reference_cut(25, 25 + g, (25 + g) * UP) - 25 * UP for g in range(1, 400)}
+    assert cuts == {0, -1}
+    # the plain path applies it: 25 reference + 72 generated frames keep one reference sample
+    voice = model.voice_prompt((ref_audio, SR), "the reference words")
+    wav, codes = model.synthesize(clone_params(voice, "the weather is nice today", fixed_frames=72))
+    full = model.decode(torch.cat([voice.ref_codes, codes]))
+    assert codes.shape[0] == 72 and wav.shape == (72 * UP + 1,)
+    np.testing.assert_array_equal(wav, full[25 * UP - 1:])
+
+
+def test_saved_voice_reloads_identically(model, ref_audio, tmp_path) -> None:
+    for only in (False, True):
+        direct = model.voice_prompt((ref_audio, SR), "the reference words", x_vector_only=only)
+        direct.save(tmp_path / "v.safetensors")
+        loaded = VoicePrompt.load(tmp_path / "v.safetensors")
+        assert loaded.x_vector_only == only and loaded.ref_text == "the reference words"
+        assert torch.equal(loaded.x_vector, direct.x_vector)
+        assert (loaded.ref_codes is None) == only and (only or torch.equal(loaded.ref_codes, direct.ref_codes))
+        p = dict(text="saved voices sound the same", do_sample=True, subtalker_do_sample=True, seed=11,
+                 max_new_tokens=16)
+        a_wav, a = model.synthesize(clone_params(direct, **p))
+        b_wav, b = model.synthesize(clone_params(loaded, **p))
+        assert a.shape[0] > 0 and torch.equal(a, b) and np.array_equal(a_wav, b_wav)
+
+
+def test_voice_prompt_errors(model, ref_audio) -> None:
+    with pytest.raises(InputError, match="ref_text"):
+        model.voice_prompt((ref_audio, SR), None)  # ICL without a transcript
+    with pytest.raises(InputError, match="too short"):
+        model.voice_prompt((ref_audio[:2000], SR), "x")
+    good = model.voice_prompt((ref_audio, SR), "the reference words")
+    with pytest.raises(InputError, match="voice prompt"):
+        model.check_request(clone_params(None, "hi"))
+    wide = VoicePrompt(torch.zeros(5, 8, dtype=torch.long), good.x_vector, "ref words")
+    with pytest.raises(InputError, match=r"\[frames, 16\]"):
+        model.check_request(clone_params(wide, "hi"))
+    big = VoicePrompt(torch.full((5, 16), 5000, dtype=torch.long), good.x_vector, "ref words")
+    with pytest.raises(InputError, match="outside the codebook"):
+        model.check_request(clone_params(big, "hi"))
+    short = VoicePrompt(None, good.x_vector[:10], x_vector_only=True)
+    with pytest.raises(InputError, match="x-vector has 10 values"):
+        model.check_request(clone_params(short, "hi"))
+    cv = TTSModel.from_checkpoint(load_checkpoint(need(FIXTURES / "custom_voice")))
+    with pytest.raises(InputError, match="Base checkpoint"):
+        cv.voice_prompt((ref_audio, SR), "the reference words")
+    with pytest.raises(InputError, match="cannot do task 'voice_clone'"):
+        cv.check_request(clone_params(good, "hi"))
+
+
+# ----------------------------------------------------------------------------- streaming
+def test_streaming_decoder_primed_with_reference_codes(model) -> None:
+    full = torch.from_numpy(np.load(GOLDEN / "case0_codes.npy"))  # [64, 16]: 25 reference + 39 generated
+    ref, gen = full[:25], full[25:]
+    want = model.decode(full)[25 * UP:]
+    sd = model.streaming_decoder(2, 5, prefix_codes=ref)
+    assert sd.push(gen[:1]) is None  # the prefix does not count towards the first chunk
+    chunks, at = [sd.push(gen[1:2])], 2
+    for n in (3, 1, 7, 5, 4, 9, 6, 2):
+        chunks.append(sd.push(gen[at: at + n]))
+        at += n
+    chunks.append(sd.flush())
+    chunks = [c for c in chunks if c is not None]
+    assert at == gen.shape[0] and len(chunks) == 6 and chunks[0].shape == (2 * UP,)
+    joined = np.concatenate(chunks)
+    assert joined.shape == want.shape and float(np.abs(joined - want).max()) < 1e-4
+    cold = model.streaming_decoder(2, 5).push(gen)  # without the reference as left context the start differs
+    assert cold.shape == want.shape and float(np.abs(cold[:UP] - want[:UP]).max()) > 1e-3
+
+
+def _stream(engine, p: SynthesisParams) -> tuple[list[np.ndarray], np.ndarray]:
+    h = engine.submit(p)
+    chunks = [c.samples for c in h.stream(timeout=120)]
+    return chunks, h.result(timeout=120).codes
+
+
+def assert_stream_equals_plain(streamed: np.ndarray, plain: np.ndarray, p: SynthesisParams, frames: int,
+                               what: str = "") -> None:
+    """The engine's audio holds exactly the generated frames'; the plain (official) cut keeps one more
+    leading sample when its division rounds down (see test_reference_cut_is_the_official_formula)."""
+    R = 0 if p.voice.x_vector_only else p.voice.ref_codes.shape[0]
+    extra = R * UP - reference_cut(R, R + frames, (R + frames) * UP)  # 0 or 1
+    assert streamed.shape == (frames * UP,) and plain.shape == (frames * UP + extra,), what
+    assert float(np.abs(streamed - plain[extra:]).max()) < 1e-4, what
+
+
+def test_engine_streams_clone_equal_to_plain(engine, model, ref_audio) -> None:
+    icl = engine.voice_prompt((ref_audio, SR), "the reference words")
+    speaker_enc = engine.model._encoders._speaker
+    xvec = engine.voice_prompt((ref_audio, SR), x_vector_only=True)
+    assert engine.model._encoders._speaker is speaker_enc  # encoders are built once per model
+    for p, extra in [(clone_params(icl, "the weather is nice today", "English"), 0),
+                     (clone_params(xvec, "hello there, this is a test of the system."), 0),
+                     (clone_params(icl, "the weather is nice today", fixed_frames=72), 1)]:
+        chunks, codes = _stream(engine, p)
+        wav, want_codes = model.synthesize(p)
+        np.testing.assert_array_equal(codes, want_codes.numpy())
+        assert len(chunks) >= 3 and chunks[0].shape == (2 * UP,)
+        assert_stream_equals_plain(np.concatenate(chunks), wav, p, codes.shape[0])
+        assert wav.shape[0] == codes.shape[0] * UP + extra  # both cut cases are covered
+
+
+def test_concurrent_clone_requests_have_no_cross_talk(engine, model, ref_audio, other_audio) -> None:
+    voices = {"A-icl": engine.voice_prompt((ref_audio, SR), "the reference words"),
+              "B-icl": engine.voice_prompt((other_audio, SR), REF_TEXT_B),
+              "A-x": engine.voice_prompt((ref_audio, SR), x_vector_only=True),
+              "B-x": engine.voice_prompt((other_audio, SR), REF_TEXT_B, x_vector_only=True)}
+    assert voices["B-icl"].ref_codes.shape[0] == 32 != voices["A-icl"].ref_codes.shape[0]
+    sampled = dict(do_sample=True, subtalker_do_sample=True, max_new_tokens=24)
+    reqs = [clone_params(voices["A-icl"], "one two three", seed=1, **sampled),
+            clone_params(voices["B-icl"], "one two three", seed=1, **sampled),
+            clone_params(voices["A-x"], "the weather is nice today", seed=2, **sampled),
+            clone_params(voices["B-x"], "the weather is nice today", seed=2, **sampled),
+            clone_params(voices["A-icl"], "one two three", seed=3, **sampled),  # waits for a free slot
+            clone_params(voices["B-icl"], "a greedy one among sampled ones", "English")]
+    handles = [engine.submit(p) for p in reqs]  # all at once: 4 slots, two queue
+    results = [h.result(timeout=180) for h in handles]
+    alone = [model.synthesize(p) for p in reqs]
+    for i, (r, (wav, codes)) in enumerate(zip(results, alone)):
+        np.testing.assert_array_equal(r.codes, codes.numpy(), err_msg=f"request {i}")
+        assert_stream_equals_plain(r.wav, wav, reqs[i], codes.shape[0], f"request {i}")
+    firsts = {tuple(r.codes[:8].ravel()) for r in results}
+    assert len(firsts) == len(results)  # every request differs, so a mix-up would show
+
+
+# ----------------------------------------------------------------------------- CLI
+def _cli(*args: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, "-m", "omni_tts", "synth", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+
+
+def _wait(procs: dict[str, subprocess.Popen]) -> dict[str, tuple[int, str]]:
+    """Wait for CLI calls started in parallel; -> name: (exit status, stderr)."""
+    out = {}
+    for name, p in procs.items():
+        err = p.communicate(timeout=300)[1]
+        out[name] = (p.returncode, err)
+    return out
+
+
+def test_cli_clone_matches_golden_and_saved_voice_reloads(tmp_path, ref_audio, capsys) -> None:
+    from omni_tts.__main__ import main
+
+    cases = {c["case"]: c for c in json.loads((GOLDEN / "cases.json").read_text())["cases"]}
+    sf.write(tmp_path / "ref.wav", ref_audio, SR, subtype="FLOAT")
+    stereo = np.stack([ref_audio, 0.5 * ref_audio], 1)[np.arange(88200) * SR // 44100]  # crude 44.1 kHz copy
+    sf.write(tmp_path / "stereo.flac", stereo, 44100)
+    common = ["--model", str(BASE), "--greedy", "--max-new-tokens", "40"]
+
+    def case_args(c: dict, tag: str) -> list[str]:
+        return [*common, "--text", c["text"], "--language", c["language"], "--out", str(tmp_path / f"{tag}.wav"),
+                "--codes-out", str(tmp_path / f"{tag}.npy")]
+
+    procs = {
+        "icl": _cli(*case_args(cases[0], "icl"), "--ref-audio", str(tmp_path / "ref.wav"), "--ref-text",
+                    cases[0]["ref_text"], "--save-voice", str(tmp_path / "v.safetensors")),
+        "xvec": _cli(*case_args(cases[1], "xvec"), "--task", "voice_clone", "--ref-audio", str(tmp_path / "ref.wav"),
+                     "--x-vector-only")}
+    # in-process (same `main`) while the subprocesses run: a stereo 44.1 kHz clip is mixed and resampled
+    rc = main(["synth", *common, "--text", "hi", "--ref-audio", str(tmp_path / "stereo.flac"), "--x-vector-only",
+               "--out", str(tmp_path / "stereo.wav")])
+    runs = {"stereo": (rc, capsys.readouterr().err), **_wait(procs)}
+    runs.update(_wait({"saved": _cli(*case_args(cases[0], "saved"), "--voice", str(tmp_path / "v.safetensors"))}))
+    for name, (rc, err) in runs.items():
+        assert rc == 0 and "Traceback" not in err, f"{name}: {err}"
+    ref = np.load(GOLDEN / "ref_codes.npy")
+    for tag, c in (("icl", cases[0]), ("xvec", cases[1]), ("saved", cases[0])):
+        codes = np.load(tmp_path / f"{tag}.npy")
+        full = codes if c["x_vector_only_mode"] else np.concatenate([ref, codes])
+        np.testing.assert_array_equal(full, np.load(GOLDEN / f"case{c['case']}_codes.npy"), err_msg=tag)
+        wav, sr = sf.read(tmp_path / f"{tag}.wav", dtype="float32")
+        gold = np.load(GOLDEN / f"case{c['case']}_wav.npy")
+        assert sr == SR and wav.shape == gold.shape and float(np.abs(wav - gold).max()) < 1e-3, tag
+    assert np.array_equal(sf.read(tmp_path / "icl.wav")[0], sf.read(tmp_path / "saved.wav")[0])
+    note = runs["stereo"][1].splitlines()[0]
+    assert note.startswith("note: ") and "2 channels mixed to mono" in note and "44100 Hz resampled" in note
+
+
+def test_cli_bad_reference_audio_is_one_line(tmp_path, ref_audio, capsys) -> None:
+    """Real subprocesses for two cases (no traceback, exit 2); the rest through the same `main` in-process
+    (the reference audio is checked before the model loads, so these take milliseconds)."""
+    from omni_tts.__main__ import main
+
+    d = str(need(BASE))
+    (tmp_path / "empty.wav").write_bytes(b"")
+    (tmp_path / "text.wav").write_text("this is not audio\n" * 50)
+    sf.write(tmp_path / "silent.wav", np.zeros(48000, np.float32), SR)
+    sf.write(tmp_path / "long.flac", np.resize(ref_audio, 8000 * 31), 8000)
+    sf.write(tmp_path / "short.wav", ref_audio[:6000], SR)
+    sf.write(tmp_path / "lowrate.wav", ref_audio[:8000], 4000)
+    sf.write(tmp_path / "ok.wav", ref_audio, SR)
+    ok, xv = str(tmp_path / "ok.wav"), "--x-vector-only"
+    bad = {  # name: (voice flags, fragments the one error line must hold)
+        "empty": (["--ref-audio", str(tmp_path / "empty.wav"), xv], ["empty.wav", "the file is empty"]),
+        "not audio": (["--ref-audio", str(tmp_path / "text.wav"), xv], ["text.wav", "not a readable audio file"]),
+        "silent": (["--ref-audio", str(tmp_path / "silent.wav"), xv], ["silent.wav", "silent"]),
+        "too long": (["--ref-audio", str(tmp_path / "long.flac"), xv], ["long.flac", "31.0 s is too long"]),
+        "too short": (["--ref-audio", str(tmp_path / "short.wav"), xv], ["short.wav", "too short"]),
+        "low rate": (["--ref-audio", str(tmp_path / "lowrate.wav"), xv], ["sample rate 4000 Hz is too low"]),
+        "missing": (["--ref-audio", str(tmp_path / "nope.wav"), xv], ["nope.wav", "file not found"]),
+        "no transcript": (["--ref-audio", ok], ["needs --ref-text", "--x-vector-only"]),
+        "no reference": ([], ["voice_clone needs --ref-audio"]),
+        "voice not a prompt": (["--voice", ok], ["ok.wav", "not a safetensors file"]),
+        "both": (["--voice", ok, "--ref-audio", ok], ["either --voice"]),
+        "custom_voice": (["--ref-audio", ok, xv, "--model", str(need(FIXTURES / "custom_voice"))],
+                         ["--task voice_clone", "custom_voice"]),
+    }
+    (tmp_path / "out").mkdir()
+
+    def argv(name: str) -> list[str]:
+        return ["--model", d, "--text", "hi", "--out", str(tmp_path / "out" / f"{name}.wav"), *bad[name][0]]
+
+    procs = {k: _cli(*argv(k)) for k in ("not audio", "silent")}  # run while the in-process ones do
+    runs = {}
+    for k in bad:
+        if k not in procs:
+            rc = main(["synth", *argv(k)])
+            runs[k] = (rc, capsys.readouterr().err)
+    runs.update(_wait(procs))
+    for name, (rc, err) in runs.items():
+        lines = err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: "), f"{name}: rc {rc}: {err}"
+        assert "Traceback" not in err and all(f in lines[0] for f in bad[name][1]), f"{name}: {lines[0]}"
+    assert not any((tmp_path / "out").iterdir())
