@@ -9,6 +9,7 @@ functions (and their compile modes / CUDA graphs). Knows nothing about Gradio.
 from __future__ import annotations
 
 import itertools
+from contextlib import nullcontext as _nullcontext
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -109,6 +110,7 @@ class _Active:
     fixed: bool
     codes: list[np.ndarray] = field(default_factory=list)
     chunks: int = 0
+    failed: bool = False
 
 
 class Engine:
@@ -125,6 +127,11 @@ class Engine:
         self._active: list[_Active] = []  # index == slot (kept compact: slots 0..n-1)
         self._wake = threading.Event()
         self._stop = threading.Event()
+        # code-to-wave stage: its own thread (and CUDA stream), so decoding audio chunks overlaps the
+        # next frames' talker/predictor work instead of stalling every request in the batch
+        self._c2w: "queue.Queue[tuple]" = queue.Queue()
+        self._c2w_thread = threading.Thread(target=self._code2wav_loop, name="omni-tts-code2wav", daemon=True)
+        self._c2w_thread.start()
         self._thread = threading.Thread(target=self._loop, name="omni-tts-scheduler", daemon=True)
         self._thread.start()
 
@@ -197,6 +204,8 @@ class Engine:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=30)
+        self._c2w.put(("stop",))
+        self._c2w_thread.join(timeout=30)
 
     # ------------------------------------------------------------------ scheduler thread
     def _call_on_loop(self, fn: Callable[[], Any]) -> Any:
@@ -272,13 +281,13 @@ class Engine:
         finished: list[int] = []
         for i, a in enumerate(self._active):
             a.codes.append(codes[i])
-            self._push_audio(a, codes[i:i + 1])
+            self._c2w.put(("push", a, codes[i:i + 1]))
             frames = len(a.codes)
             if a.handle.cancel_requested.is_set():
                 self._finish(a, "cancelled")
                 finished.append(i)
             elif frames >= a.max_frames or (eos[i] and not a.fixed):
-                self._flush_audio(a)
+                self._c2w.put(("flush", a))
                 self._finish(a, "done")
                 finished.append(i)
         for i in sorted(finished, reverse=True):
@@ -287,6 +296,31 @@ class Engine:
                 self.runner.move_slot(last, i)
                 self._active[i] = self._active[last]
             self._active.pop()
+
+    # ------------------------------------------------------------------ code-to-wave thread
+    def _code2wav_loop(self) -> None:
+        """Jobs in order: ("push", a, codes), ("flush", a), ("finish", a, status, error), ("stop",)."""
+        cuda = self.runner.device.type == "cuda"
+        stream = torch.cuda.Stream(self.runner.device) if cuda else None
+        with torch.cuda.stream(stream) if cuda else _nullcontext():
+            while True:
+                job = self._c2w.get()
+                if job[0] == "stop":
+                    return
+                a = job[1]
+                if a.failed:  # a decode error already finished this request
+                    continue
+                try:
+                    if job[0] == "push":
+                        self._push_audio(a, job[2])
+                    elif job[0] == "flush":
+                        self._flush_audio(a)
+                    else:
+                        self._complete(a, job[2], job[3])
+                except Exception as e:
+                    a.failed = True
+                    self._complete(a, "error", e if isinstance(e, OmniTTSError) else
+                                   EngineError(f"audio decoding failed: {e}"))
 
     def _push_audio(self, a: _Active, codes: np.ndarray) -> None:
         start = a.decoder.emitted_frames
@@ -316,6 +350,10 @@ class Engine:
         a.chunks += 1
 
     def _finish(self, a: _Active, status: str, error: OmniTTSError | None = None) -> None:
+        """Scheduler side: the request leaves its slot; it completes after its audio is decoded."""
+        self._c2w.put(("finish", a, status, error))
+
+    def _complete(self, a: _Active, status: str, error: OmniTTSError | None = None) -> None:
         m = a.handle.metrics
         m.status, m.finished_at, m.frames = status, now(), len(a.codes)
         m.error = str(error) if error else None

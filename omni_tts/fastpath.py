@@ -45,6 +45,13 @@ def predictor_layer(layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
+def _cloned(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Copy a cudagraph-tree output out of Inductor's private pool before the next call reuses it
+    (without this, torch 2.11 raised 'accessing tensor output of CUDAGraphs that has been
+    overwritten by a subsequent run' on the H200, 2026-11-30)."""
+    return lambda *args: fn(*args).clone()
+
+
 class FastPath:
     """The compiled units of one CompileMode plus the two step bodies built from them."""
 
@@ -53,6 +60,9 @@ class FastPath:
         wrap: Callable[[Callable], Callable] = (
             (lambda f: f) if inductor_mode is None else
             (lambda f: torch.compile(f, mode=inductor_mode, dynamic=False, fullgraph=True)))
+        if inductor_mode == "reduce-overhead":  # its graphs' outputs are overwritten by the next replay
+            inner = wrap
+            wrap = lambda f: _cloned(inner(f))  # noqa: E731
         self.talker_layer = wrap(talker_layer)
         self.predictor_layer = wrap(predictor_layer)
         self.sample_talker = wrap(sampling.sample_talker)

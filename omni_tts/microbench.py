@@ -133,10 +133,10 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
             row["agree_with_first_mode"] = {"identical": sum(d is None for d in diffs), "of": len(diffs),
                                             "first_diff_frames": diffs}
             row["memory"] = gpu_memory(runner.device, runner.pool_bytes())
-            if load and load["concurrency"]:
+            if load and load["concurrency"] and mode in load.get("modes", [mode]):
                 row["load"] = load_test(runner, mode, load["concurrency"], load["fixed_frames"],
                                         load["num_prompts"], say)
-            if load and load.get("stress_slots"):
+            if load and load.get("stress_slots") and mode in load.get("modes", [mode]):
                 n = len(load["stress_slots"])
                 row["stress"] = load_test(runner, mode, [load["stress_clients"]] * n, load["fixed_frames"],
                                           load["stress_clients"], say, slots=load["stress_slots"])
@@ -165,11 +165,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--stress-slots", type=int, nargs="*", default=[],
                     help="then --stress-clients concurrent requests with max_num_seqs = each of these")
     ap.add_argument("--stress-clients", type=int, default=64)
+    ap.add_argument("--load-modes", default=None, help="modes that get the load/stress runs (default: all)")
     args = ap.parse_args(argv)
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     load = {"concurrency": args.load_concurrency, "fixed_frames": args.fixed_frames,
             "num_prompts": args.num_prompts, "stress_slots": args.stress_slots,
             "stress_clients": args.stress_clients}
+    if args.load_modes:
+        load["modes"] = args.load_modes.split(",")
     res = run(args.model, [m for m in args.modes.split(",") if m], args.buckets, args.frames, args.dtype, say,
               load, args.json)
     print(json.dumps(res, indent=1))
