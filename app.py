@@ -3,7 +3,8 @@
 Owns: the page layout (`build_demo(engine)`, testable without launching), the event handlers
 (module-level functions taking the engine first, so tests call them directly), and `__main__`
 (choose the model, build the engine from a preset, launch with a queue sized to max_num_seqs,
-bind to 0.0.0.0:$PORT on a Hugging Face Space). Pure-Python helpers live in omni_tts/ui_support.py.
+bind to 0.0.0.0:$PORT on a Hugging Face Space). Pure-Python helpers live in omni_tts/ui_support.py,
+the tabs' components in omni_tts/ui_tabs.py.
 Knows nothing about device math: everything goes through omni_tts.engine.Engine's public API.
 """
 
@@ -23,15 +24,11 @@ import gradio as gr
 import pandas as pd
 
 from omni_tts import ui_support as ui
+from omni_tts import ui_tabs as tabs
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, load_preset, preset_names
 from omni_tts.errors import OmniTTSError
 from omni_tts.metrics import summarize
 
-TASK_IDS = ui.TASK_IDS
-DEFAULT_PROMPTS = ("Hello! This is omni-tts speaking.\nThe quick brown fox jumps over the lazy dog.\n"
-                   "Streaming speech starts playing at the first chunk.\nHow fast can this engine talk?")
-N_CLIPS = 4  # listening-test clip slots (one per mode)
-LOAD_COLUMNS = ("mode", "N", "med TTFP ms", "med E2E ms", "mean RTF", "req/s", "audio s/s")  # the seed-PR table
 CHUNK_TIMEOUT_S = 600.0  # longest wait between two chunks (a CPU 'default' compile can pause requests minutes)
 
 
@@ -189,8 +186,8 @@ def listening_test(engine: Any, text: str, seed: float, modes: list[str], *setti
              "identical_to_first": ui.compare_codes(base["codes"], c["codes"])[0], "file": c["path"]} for c in clips]
     csv_path = ui.write_csv(rows, "listening-results")
     audio = [gr.update(value=c["path"], label=f"{c['mode']} · TTFP {ui.fmt(c['metrics'].ttfp_ms, ' ms')} · "
-                       f"RTF {ui.fmt(c['metrics'].rtf, '', 3)}", visible=True) for c in clips[:N_CLIPS]]
-    audio += [gr.update(value=None, visible=False)] * (N_CLIPS - len(audio))
+                       f"RTF {ui.fmt(c['metrics'].rtf, '', 3)}", visible=True) for c in clips[:tabs.N_CLIPS]]
+    audio += [gr.update(value=None, visible=False)] * (tabs.N_CLIPS - len(audio))
     abx = {"trials": 0, "correct": 0, **(tally or {}), "a": clips[0]["path"], "b": clips[1]["path"],
            "modes": (clips[0]["mode"], clips[1]["mode"])}
     abx_state, x_path = _new_abx_trial(abx)
@@ -237,128 +234,12 @@ def load_test(engine: Any, n: float, mode: str, prompts: str, seed: float, *sett
             if engine.snapshot()["mode"] != original:
                 engine.set_compile_mode(original)
     s = summarize([h.metrics for h in handles], wall)
-    figures = (mode or original, n, round(s["med_ttfp_ms"], 1), round(s["med_e2e_ms"], 1), round(s["mean_rtf"], 3),
-               round(s["req_per_s"], 2), round(s["audio_s_per_s"], 2))
-    table = pd.DataFrame([dict(zip(LOAD_COLUMNS, figures))])
+    table = pd.DataFrame([ui.load_row(mode or original, n, s)])
     per = pd.DataFrame([ui.metrics_row(h.metrics) for h in handles])
     return table, per, f"{int(s['requests'])}/{n} requests done in {wall:.2f} s"
 
 
 # ------------------------------------------------------------------ layout
-def _synthesis_inputs(info: dict[str, Any], max_len: int) -> dict[str, Any]:
-    """Text, task, voice and sampling controls (created inside the caller's layout context)."""
-    gen, c = info["generation"], {}
-    c["text"] = gr.Textbox(label="Text", lines=3, value="Hello! This is omni-tts speaking.", elem_id="text")
-    tasks = [ui.TASK_LABELS[t] for t in ui.TASK_LABELS if t in info["tasks"]]
-    if "voice_clone" in info["tasks"] and not _voice_clone_available():
-        tasks.remove(ui.TASK_LABELS["voice_clone"])
-    with gr.Row():
-        c["task"] = gr.Radio(tasks, value=tasks[0] if tasks else None, label="Task")
-        c["speaker"] = gr.Dropdown(info["speakers"], value=(info["speakers"] or [None])[0], label="Speaker",
-                                   visible=tasks[:1] == ["CustomVoice"])
-        langs = info["languages"] or ["Auto"]
-        auto = next((x for x in langs if x.lower() == "auto"), langs[0])
-        c["language"] = gr.Dropdown(langs, value=auto, label="Language")
-    c["instruct"] = gr.Textbox(label="Instruct (voice / style description)", lines=2,
-                               visible=_instruct_visible(info, tasks[0] if tasks else ""))
-    with gr.Group(visible=tasks[:1] == [ui.TASK_LABELS["voice_clone"]]) as c["clone_group"]:
-        c["ref_audio"] = gr.Audio(sources=["upload", "microphone"], type="numpy", label="Reference audio")
-        c["ref_text"] = gr.Textbox(label="Reference text (what the reference says)")
-        c["xvec_only"] = gr.Checkbox(label="x-vector only (no reference text needed; lower fidelity)")
-        with gr.Row():
-            c["voice_file"] = gr.File(label="Load a saved voice", file_types=[".safetensors"], type="filepath",
-                                      height=90)
-            c["voice_save"] = gr.Button("Save voice file", size="sm")
-            c["voice_out"] = gr.File(label="Saved voice", interactive=False, height=90)
-    with gr.Accordion("Sampling", open=False, elem_id="sampling"):
-        with gr.Row():
-            c["temperature"] = gr.Slider(0.0, 2.0, value=gen.get("temperature", 0.9), step=0.05, label="Temperature")
-            c["top_k"] = gr.Slider(1, 200, value=gen.get("top_k", 50), step=1, label="Top-k")
-            c["top_p"] = gr.Slider(0.05, 1.0, value=gen.get("top_p", 1.0), step=0.05, label="Top-p")
-        with gr.Row():
-            c["rep"] = gr.Slider(1.0, 2.0, value=gen.get("repetition_penalty", 1.05), step=0.01,
-                                 label="Repetition penalty")
-            c["seed"] = gr.Number(value=-1, precision=0, label="Seed (-1: random)")
-            c["max_len"] = gr.Slider(1, max_len, value=min(max_len, int(gen.get("max_new_tokens", max_len))), step=1,
-                                     label="Max length (frames, 12.5 per second)", elem_id="max-len")
-    return c
-
-
-def _voice_clone_available() -> bool:
-    try:
-        from omni_tts.speaker import VoicePrompt, create_voice_prompt  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-def _instruct_visible(info: dict[str, Any], task_label: str) -> bool:
-    task = TASK_IDS.get(task_label, task_label)
-    return task == "voice_design" or (task == "custom_voice" and info["instruct"])
-
-
-def _engine_panel(engine: Any, modes: list[str], notes: str) -> dict[str, Any]:
-    c: dict[str, Any] = {}
-    gr.Markdown("### Engine")
-    with gr.Row():
-        c["mode"] = gr.Radio(list(ui.MODES), value=engine.snapshot()["mode"], label="Compile mode",
-                             elem_id="mode-radio")
-        c["apply"] = gr.Button("Apply mode", elem_id="apply-mode")
-    c["mode_status"] = gr.Markdown("", elem_id="mode-status")
-    gr.Markdown(notes, elem_id="mode-notes")
-    c["live"] = gr.Markdown(ui.live_markdown(None, None), elem_id="live-metrics", elem_classes="metrics")
-    c["engine"] = gr.Markdown(ui.engine_markdown(engine.snapshot()), elem_id="engine-figures")
-    empty = ui.history_frame([])
-    c["ttfp_plot"] = gr.ScatterPlot(empty, x="request", y="ttfp_ms", color="mode", title="TTFP (ms), recent requests",
-                                    height=170, y_title="TTFP ms")
-    c["rtf_plot"] = gr.ScatterPlot(empty, x="request", y="rtf", color="mode", title="RTF, recent requests",
-                                   height=170, y_title="RTF")
-    c["timer"] = gr.Timer(1.0)
-    return c
-
-
-def _listening_tab(modes: list[str]) -> dict[str, Any]:
-    c: dict[str, Any] = {}
-    gr.Markdown("Same text, same seed, run once per mode (the engine switches mode for each, then restores). "
-                "Voice, language and sampling come from the Synthesis tab.")
-    with gr.Row():
-        c["text"] = gr.Textbox(label="Text", value="The quick brown fox jumps over the lazy dog.", scale=3)
-        c["seed"] = gr.Number(value=1234, precision=0, label="Seed", scale=1)
-    c["modes"] = gr.CheckboxGroup(modes, value=modes[:2], label="Modes to compare (two or more)")
-    c["run"] = gr.Button("Run listening test", variant="primary")
-    with gr.Row():
-        c["clips"] = [gr.Audio(label=f"clip {i + 1}", visible=i < 2, interactive=False) for i in range(N_CLIPS)]
-    c["verdict"] = gr.Markdown()
-    c["table"] = gr.Dataframe(label="Metrics per mode", interactive=False,
-                              headers=["mode", "ran_as", "ttfp_ms", "e2e_ms", "rtf", "audio_s", "frames"])
-    c["export"] = gr.File(label="Export: clips + results CSV", file_count="multiple", interactive=False)
-    gr.Markdown("#### Blind A/B/X")
-    c["abx_info"] = gr.Markdown("run the test, then listen to X and say which clip it matches")
-    c["x_audio"] = gr.Audio(label="X", interactive=False)
-    with gr.Row():
-        c["pick_a"], c["pick_b"] = gr.Button("X is A"), gr.Button("X is B")
-    c["tally"] = gr.Markdown()
-    c["abx"] = gr.State({})
-    return c
-
-
-def _load_tab(engine: Any, modes: list[str]) -> dict[str, Any]:
-    c: dict[str, Any] = {}
-    gr.Markdown("N concurrent requests (voice and sampling from the Synthesis tab), then the seed-PR table.")
-    with gr.Row():
-        top = engine.config.max_num_seqs
-        c["n"] = gr.Slider(1, max(2, top), value=top, step=1, label=f"Concurrent requests N (at most {top})")
-        c["mode"] = gr.Dropdown(modes, value=engine.snapshot()["mode"], label="Mode")
-        c["seed"] = gr.Number(value=0, precision=0, label="Seed")
-    c["prompts"] = gr.Textbox(label="Prompts (one per line, cycled)", lines=4, value=DEFAULT_PROMPTS)
-    c["run"] = gr.Button("Run load test", variant="primary")
-    c["status"] = gr.Markdown()
-    c["table"] = gr.Dataframe(label="Run summary", interactive=False, headers=list(LOAD_COLUMNS))
-    c["per"] = gr.Dataframe(label="Per request", interactive=False,
-                            headers=["request", "mode", "status", "ttfp_ms", "e2e_ms", "rtf", "audio_s"])
-    return c
-
-
 def build_demo(engine: Any, model_reason: str = "", zero: bool = False) -> gr.Blocks:
     """The whole page over `engine`; nothing is launched."""
     info = ui.model_info(engine)
@@ -373,7 +254,7 @@ def build_demo(engine: Any, model_reason: str = "", zero: bool = False) -> gr.Bl
         with gr.Row():
             with gr.Column(scale=3):
                 with gr.Tab("Synthesis"):
-                    s = _synthesis_inputs(info, max_len)
+                    s = tabs.synthesis_inputs(info, max_len)
                     with gr.Row():
                         s["go"] = gr.Button("Generate", variant="primary", elem_id="generate")
                         s["stop"] = gr.Button("Stop", variant="stop", elem_id="stop")
@@ -381,11 +262,11 @@ def build_demo(engine: Any, model_reason: str = "", zero: bool = False) -> gr.Bl
                                           elem_id="output-audio")
                     s["file"] = gr.File(label="Download wav", interactive=False, elem_id="download", height=70)
                 with gr.Tab("Listening test"):
-                    lt = _listening_tab(modes)
+                    lt = tabs.listening_tab(modes)
                 with gr.Tab("Load test"):
-                    ld = _load_tab(engine, modes)
+                    ld = tabs.load_tab(engine, modes)
             with gr.Column(scale=2):
-                p = _engine_panel(engine, modes, ui.mode_notes(available, zero, streaming, engine.snapshot()["device"]))
+                p = tabs.engine_panel(engine, modes, ui.mode_notes(available, zero, streaming, engine.snapshot()["device"]))
         _wire(engine, s, p, lt, ld, session, info, streaming, zero)
     return demo
 
@@ -405,8 +286,8 @@ def _wire(engine: Any, s: dict, p: dict, lt: dict, ld: dict, session: Any, info:
     go = s["go"].click(on_generate, [session, s["text"], s["seed"], *settings], [s["audio"], s["file"], p["live"]],
                        concurrency_id="synthesis")
     s["stop"].click(lambda sess: gr.Info(stop(sess)), [session], None, cancels=[go], queue=False)
-    s["task"].change(lambda t: (gr.update(visible=t == "CustomVoice"), gr.update(visible=_instruct_visible(info, t)),
-                                gr.update(visible=TASK_IDS.get(t) == "voice_clone")),
+    s["task"].change(lambda t: (gr.update(visible=t == "CustomVoice"), gr.update(visible=ui.instruct_visible(info, t)),
+                                gr.update(visible=ui.TASK_IDS.get(t) == "voice_clone")),
                      [s["task"]], [s["speaker"], s["instruct"], s["clone_group"]], queue=False)
     s["voice_save"].click(lambda *a: voice_save(engine, *a), [s["ref_audio"], s["ref_text"], s["xvec_only"]],
                           [s["voice_out"]])

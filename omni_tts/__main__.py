@@ -1,4 +1,5 @@
-"""Command line: `python -m omni_tts synth ...` (one request, reference loop) and `speakers`.
+"""Command line: `python -m omni_tts synth ...` (one request, reference loop), `speakers`, and
+`make-checkpoint` (random weights in the released layout, via omni_tts.checkpoint_maker).
 
 Owns argument parsing, choosing the checkpoint (--model, else the embedded default), the voice-clone
 flags (reference audio -> voice prompt, saving/loading voice prompts), and turning every OmniTTSError
@@ -16,6 +17,7 @@ from typing import Sequence
 from omni_tts.errors import OmniTTSError
 
 EXIT_USER_ERROR = 2
+MAKER_TYPES = ("custom_voice", "voice_design")  # checkpoint types make-checkpoint writes
 
 
 def _bool(s: str) -> bool:
@@ -55,6 +57,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--codes-out", help="also save the [frames, 16] code matrix as .npy")
     sp = sub.add_parser("speakers", help="list a checkpoint's built-in speakers")
     sp.add_argument("--model", help="checkpoint directory or Hub id (default: embedded demo model)")
+    mk = sub.add_parser("make-checkpoint", help="write a RANDOM-weight checkpoint (its audio is noise) for speed work")
+    mk.add_argument("--size", required=True, help="tiny, 0.6B or 1.7B")
+    mk.add_argument("--out", required=True, help="directory to create (must not exist, or be empty)")
+    mk.add_argument("--type", default="custom_voice", help="custom_voice (default) or voice_design")
+    mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--device", default="cpu", help="where the random weights are drawn: cpu or cuda")
+    mk.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     return ap
 
 
@@ -176,10 +185,31 @@ def _speakers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _make_checkpoint(args: argparse.Namespace) -> int:
+    from omni_tts.checkpoint_maker import SIZES, make_checkpoint
+
+    if args.size not in SIZES:
+        raise OmniTTSError(f"unknown --size '{args.size}'; valid: {', '.join(SIZES)}")
+    if args.type not in MAKER_TYPES:
+        raise OmniTTSError(f"unknown --type '{args.type}'; valid: {', '.join(MAKER_TYPES)}")
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise OmniTTSError(f"{out}: exists and is not an empty directory; choose a new --out")
+    device = _device(args.device)
+    try:
+        make_checkpoint(out, args.size, args.type, seed=args.seed, device=str(device), dtype=args.dtype)
+    except OSError as e:
+        raise OmniTTSError(f"cannot write {out} ({str(e).splitlines()[0]})") from None
+    print(f"wrote a {args.size} {args.type} checkpoint to {out}: RANDOM weights (seed {args.seed}), "
+          f"its audio is noise, not speech")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"synth": _synth, "speakers": _speakers}[args.command](args)
+        commands = {"synth": _synth, "speakers": _speakers, "make-checkpoint": _make_checkpoint}
+        return commands[args.command](args)
     except OmniTTSError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -62,9 +62,10 @@ def require(cfg: dict[str, Any], key: str, file: Path | str) -> Any:
     return cfg[key]
 
 
-def read_json(file: Path) -> dict[str, Any]:
+def read_json(file: Path, missing: str = "not a Qwen3-TTS checkpoint directory?") -> dict[str, Any]:
+    """The JSON object in `file`, or a one-line CheckpointError (`missing` says why a missing file matters)."""
     if not file.is_file():
-        raise CheckpointError(f"{file}: file not found (not a Qwen3-TTS checkpoint directory?)")
+        raise CheckpointError(f"{file}: file not found ({missing})")
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -131,8 +131,6 @@ def make_configs(size: str, model_type: str = "custom_voice") -> tuple[dict, dic
     return config, gen, codec
 
 
-
-
 def _module_shapes(config: dict, codec_config: dict) -> tuple[dict[str, tuple], dict[str, tuple]]:
     """Checkpoint key -> shape for model.safetensors and speech_tokenizer/model.safetensors, read off
     our own modules built on the meta device (no memory, no init cost)."""
@@ -176,13 +174,28 @@ def _random_tensors(shapes: dict[str, tuple], gen: torch.Generator, device: torc
     return out
 
 
+def _save(tensors: dict[str, torch.Tensor], file: Path, metadata: dict[str, str]) -> None:
+    """save_file, then the header's metadata put in sorted order in place: safetensors keeps it in a
+    hash map, so without this the file's bytes would change from run to run."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(file), metadata=metadata)
+    with open(file, "r+b") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > size:  # same content, so only a different escaping could do this
+            raise RuntimeError(f"{file}: cannot canonicalise the safetensors header")
+        f.seek(8)
+        f.write(text.ljust(size))
+
+
 def make_checkpoint(out: str | os.PathLike, size: str = "tiny", model_type: str = "custom_voice",
                     seed: int = 0, device: str = "cpu", dtype: str = "float32",
                     max_new_tokens: int | None = None) -> Path:
     """Write a random-weight checkpoint in the released layout to `out` (created; must not exist
-    or be empty). Deterministic for a (size, seed, device)."""
-    from safetensors.torch import save_file
-
+    or be empty). Deterministic, to the byte, for a (size, seed, device)."""
     if size not in SIZES:
         raise ValueError(f"unknown size '{size}'; valid: {', '.join(SIZES)}")
     out = Path(out)
@@ -196,10 +209,10 @@ def make_checkpoint(out: str | os.PathLike, size: str = "tiny", model_type: str 
     gen = torch.Generator(dev).manual_seed(seed)
     model_shapes, speech_shapes = _module_shapes(config, codec_cfg)
     meta = {"format": "pt", "made_by": "omni_tts.checkpoint_maker", "note": "random weights: noise"}
-    save_file({k: v.cpu() for k, v in _random_tensors(model_shapes, gen, dev, dt, 0.02).items()},
-              str(out / "model.safetensors"), metadata=meta)
-    save_file({k: v.cpu() for k, v in _random_tensors(speech_shapes, gen, dev, dt, 0.05).items()},
-              str(out / "speech_tokenizer" / "model.safetensors"), metadata=meta)
+    _save({k: v.cpu() for k, v in _random_tensors(model_shapes, gen, dev, dt, 0.02).items()},
+          out / "model.safetensors", meta)
+    _save({k: v.cpu() for k, v in _random_tensors(speech_shapes, gen, dev, dt, 0.05).items()},
+          out / "speech_tokenizer" / "model.safetensors", meta)
     (out / "config.json").write_text(json.dumps(config, indent=1))
     (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=1))
     (out / "speech_tokenizer" / "config.json").write_text(json.dumps(codec_cfg, indent=1))

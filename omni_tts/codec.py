@@ -1,8 +1,8 @@
 """Qwen3-TTS 12 Hz speech-tokenizer DECODER: codec codes [T, 16] -> 24 kHz waveform, whole or streamed.
 
-Owns: the decoder half of `speech_tokenizer/` (split residual-VQ codebook lookup, causal pre-conv,
-sliding-window pre-transformer, ConvNeXt upsampler, SnakeBeta / transposed-conv vocoder), strict
-loading of its `decoder.*` tensors, the official decode conventions (codes clamped at 0, frames whose
+Owns: the decoder half of `speech_tokenizer/` assembled from the layers in `codec_layers.py` (split
+residual-VQ codebook lookup, causal pre-conv, sliding-window pre-transformer, ConvNeXt upsampler,
+SnakeBeta / transposed-conv vocoder), reading `decoder_config`, strict loading of its `decoder.*` tensors, the official decode conventions (codes clamped at 0, frames whose
 first code is -1 are padding, output clamped to [-1, 1], 300-frame segments decoded with 25 frames of
 left context), and exact chunked decoding (`decode_window`, `decode_frames`, `StreamingDecoder`).
 Does not know: the codec encoder (`codec_encoder.py`), the talker, devices or chunk-size policy
@@ -30,241 +30,18 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from omni_tts.codec_layers import (ACTIVATIONS, CausalConv1d, CausalUpConv1d, CodebookGroup, ConvNeXtBlock,
+                                   SnakeBeta, VocoderStage, WindowTransformer, chain_lookback)
 from omni_tts.errors import CheckpointError, InputError
 
 if TYPE_CHECKING:
     from omni_tts.checkpoint import Checkpoint
 
 CODEBOOK_EPS = 1e-5  # floor on cluster usage when normalising a codebook (fixed in the format)
-CONVNEXT_LN_EPS = 1e-6
-SNAKE_EPS = 1e-9
-RESIDUAL_DILATIONS = (1, 3, 9)
 SEGMENT_FRAMES = 300  # the official decode splits long code matrices into 300-frame segments...
 SEGMENT_CONTEXT = 25  # ...each decoded with 25 frames of left context (not enough to be exact)
-_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
-
-
-class CausalConv1d(nn.Module):
-    """Stride-1 conv that only looks back: left-pads (kernel-1)*dilation zeros."""
-
-    def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1, groups: int = 1):
-        super().__init__()
-        self.conv = nn.Conv1d(c_in, c_out, kernel, dilation=dilation, groups=groups)
-        self.reach = (kernel - 1) * dilation
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.pad(x, (self.reach, 0)))  # [B, Cin, T] -> [B, Cout, T]
-
-    def lookback(self, j: int) -> int:
-        return j - self.reach
-
-
-class CausalUpConv1d(nn.Module):
-    """Transposed conv (kernel K >= stride s) keeping the first T*s samples, i.e. the causal ones."""
-
-    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int):
-        super().__init__()
-        self.conv = nn.ConvTranspose1d(c_in, c_out, kernel, stride=stride)
-        self.kernel, self.stride = kernel, stride
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(x)[..., : x.shape[-1] * self.stride]  # [B, Cin, T] -> [B, Cout, T*s]
-
-    def lookback(self, j: int) -> int:
-        return -((self.kernel - 1 - j) // self.stride)  # ceil((j - K + 1) / s)
-
-
-class SnakeBeta(nn.Module):
-    """x + sin^2(x * e^alpha) / e^beta, per channel (alpha, beta stored in log scale)."""
-
-    def __init__(self, channels: int):
-        super().__init__()
-        self.alpha = nn.Parameter(torch.zeros(channels))
-        self.beta = nn.Parameter(torch.zeros(channels))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
-        freq = self.alpha.exp()[None, :, None]
-        gain = 1.0 / (self.beta.exp()[None, :, None] + SNAKE_EPS)
-        return x + gain * torch.sin(x * freq).pow(2)
-
-
-class ResidualUnit(nn.Module):
-    def __init__(self, dim: int, dilation: int):
-        super().__init__()
-        self.act1, self.conv1 = SnakeBeta(dim), CausalConv1d(dim, dim, 7, dilation=dilation)
-        self.act2, self.conv2 = SnakeBeta(dim), CausalConv1d(dim, dim, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
-        return x + self.conv2(self.act2(self.conv1(self.act1(x))))
-
-    def lookback(self, j: int) -> int:
-        return self.conv1.lookback(self.conv2.lookback(j))
-
-
-class VocoderStage(nn.Module):
-    """Snake, x`rate` transposed-conv upsampling halving the channels, three dilated residual units."""
-
-    def __init__(self, c_in: int, c_out: int, rate: int):
-        super().__init__()
-        units = [ResidualUnit(c_out, d) for d in RESIDUAL_DILATIONS]
-        self.block = nn.ModuleList([SnakeBeta(c_in), CausalUpConv1d(c_in, c_out, 2 * rate, rate), *units])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, Cin, T] -> [B, Cout, T*rate]
-        for layer in self.block:
-            x = layer(x)
-        return x
-
-    def lookback(self, j: int) -> int:
-        return _chain_lookback(self.block, j)
-
-
-class ConvNeXtBlock(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.dwconv = CausalConv1d(dim, dim, 7, groups=dim)
-        self.norm = nn.LayerNorm(dim, eps=CONVNEXT_LN_EPS)
-        self.pwconv1, self.pwconv2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-        self.gamma = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
-        h = self.norm(self.dwconv(x).transpose(1, 2))  # h: [B, T, C]
-        h = self.gamma * self.pwconv2(F.gelu(self.pwconv1(h)))
-        return x + h.transpose(1, 2)
-
-    def lookback(self, j: int) -> int:
-        return self.dwconv.lookback(j)
-
-
-def _chain_lookback(layers: Any, j: int) -> int:
-    """Earliest input index that output index j of `layers` (applied in order) depends on."""
-    for layer in reversed(list(layers)):
-        j = layer.lookback(j) if hasattr(layer, "lookback") else j  # pointwise layers keep j
-    return j
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # normalised in float32, as the reference does
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-
-class Scale(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
-
-
-class WindowAttention(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
-
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # q: [B, nh, T, hd]
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # k: [B, nkv, T, hd]
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
-        if self.kv_heads != self.heads:
-            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)  # k: [B, nh, T, hd]
-            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [B, T, H]
-
-
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    swapped = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + swapped * sin  # x: [B, n, T, hd]; cos/sin: [T, hd]
-
-
-class GatedMLP(nn.Module):
-    def __init__(self, hidden: int, inner: int, act: str):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, inner, bias=False)
-        self.up_proj = nn.Linear(hidden, inner, bias=False)
-        self.down_proj = nn.Linear(inner, hidden, bias=False)
-        self.act = _ACTIVATIONS[act]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
-class TransformerLayer(nn.Module):
-    def __init__(self, d: dict[str, Any]):
-        super().__init__()
-        h = d["hidden_size"]
-        self.input_layernorm = RMSNorm(h, d["rms_norm_eps"])
-        self.self_attn = WindowAttention(h, d["num_attention_heads"], d["num_key_value_heads"], d["head_dim"],
-                                         d["attention_bias"])
-        self.self_attn_layer_scale = Scale(h)
-        self.post_attention_layernorm = RMSNorm(h, d["rms_norm_eps"])
-        self.mlp = GatedMLP(h, d["intermediate_size"], d["hidden_act"])
-        self.mlp_layer_scale = Scale(h)
-
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), rope, mask))
-        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))  # x: [B, T, H]
-
-
-class WindowTransformer(nn.Module):
-    """latent -> hidden, L pre-norm layers with causal sliding-window attention + RoPE -> latent."""
-
-    def __init__(self, d: dict[str, Any]):
-        super().__init__()
-        self.window, self.head_dim, self.theta = d["sliding_window"], d["head_dim"], float(d["rope_theta"])
-        self.input_proj = nn.Linear(d["latent_dim"], d["hidden_size"])
-        self.layers = nn.ModuleList(TransformerLayer(d) for _ in range(d["num_hidden_layers"]))
-        self.norm = RMSNorm(d["hidden_size"], d["rms_norm_eps"])
-        self.output_proj = nn.Linear(d["hidden_size"], d["latent_dim"])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, latent] (positions restart at 0)
-        t, dev = x.shape[1], x.device
-        pos = torch.arange(t, device=dev, dtype=torch.float32)
-        exps = torch.arange(0, self.head_dim, 2, device=dev, dtype=torch.int64).float() / self.head_dim
-        angles = pos[:, None] * (1.0 / self.theta ** exps)[None, :]  # angles: [T, hd/2], float32
-        angles = torch.cat((angles, angles), dim=-1)
-        rope = (angles.cos().to(x.dtype), angles.sin().to(x.dtype))
-        q_idx = torch.arange(t, device=dev)[:, None]
-        k_idx = torch.arange(t, device=dev)[None, :]
-        mask = (k_idx <= q_idx) & (k_idx > q_idx - self.window)  # mask: [T, T], True = attend
-        h = self.input_proj(x)  # h: [B, T, H]
-        for layer in self.layers:
-            h = layer(h, rope, mask)
-        return self.output_proj(self.norm(h))  # [B, T, latent]
-
-    def lookback(self, j: int) -> int:
-        return j - len(self.layers) * (self.window - 1)
-
-
-class CodebookGroup(nn.Module):
-    """Some of the residual codebooks, summed then projected (1x1 conv, no bias) to codebook_dim."""
-
-    def __init__(self, n_books: int, size: int, dim: int, out_dim: int):
-        super().__init__()
-        self.register_buffer("tables", torch.zeros(n_books, size, dim), persistent=False)
-        self.output_proj = nn.Conv1d(dim, out_dim, 1, bias=False)
-
-    def forward(self, codes: torch.Tensor) -> torch.Tensor:  # codes: [B, T, n] -> [B, out_dim, T]
-        summed = self.tables[0][codes[..., 0]]  # summed: [B, T, dim]
-        for i in range(1, codes.shape[-1]):
-            summed = summed + self.tables[i][codes[..., i]]
-        return self.output_proj(summed.transpose(1, 2))
 
 
 @contextlib.contextmanager
@@ -297,7 +74,7 @@ def _decoder_sizes(codec_config: dict[str, Any], file: str) -> dict[str, Any]:
     out = {"sliding_window": 72, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu",
            "attention_bias": False, "num_key_value_heads": d["num_attention_heads"],
            "head_dim": d["hidden_size"] // d["num_attention_heads"], **{k: v for k, v in d.items() if v is not None}}
-    if out["hidden_act"] not in _ACTIVATIONS:
+    if out["hidden_act"] not in ACTIVATIONS:
         raise CheckpointError(f"{file}: unsupported decoder_config.hidden_act '{out['hidden_act']}'")
     if out["num_quantizers"] < 2 or out["num_attention_heads"] % out["num_key_value_heads"]:
         raise CheckpointError(f"{file}: inconsistent decoder_config (num_quantizers / attention heads)")
@@ -334,7 +111,7 @@ class CodecDecoder(nn.Module):
                                       CausalConv1d(dim >> len(rates), 1, 7)])
         vocoder_layers = [m for stage in self.upsample for m in stage] + list(self.decoder)
         probe = 10 ** 6  # any frame far from 0: every layer is shift-invariant at its own rate
-        self.vocoder_context_frames = probe - _chain_lookback(vocoder_layers, probe * self.samples_per_frame)
+        self.vocoder_context_frames = probe - chain_lookback(vocoder_layers, probe * self.samples_per_frame)
         front = self.pre_conv.lookback(self.pre_transformer.lookback(probe))
         self.receptive_field_frames = probe - front + self.vocoder_context_frames
 

@@ -184,6 +184,11 @@ class Engine:
         """mode -> None when usable here, else the reason it is not."""
         return self.runner.available_modes()
 
+    def mode_notes(self) -> dict[str, str]:
+        """mode -> one line on what it runs and what it costs (e.g. 'reduce-overhead' is usable on CUDA but is
+        the slow comparison mode)."""
+        return self.runner.mode_notes()
+
     def snapshot(self) -> dict[str, Any]:
         """Engine-wide figures for dashboards (cheap)."""
         return {

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 
+from omni_tts.clone import decoder_prefix
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.errors import InputError, OmniTTSError
 from omni_tts.fastpath import FastPath
@@ -146,6 +147,8 @@ class Runner:
 
     # ------------------------------------------------------------------ modes
     def available_modes(self) -> dict[str, str | None]:
+        """mode -> None when usable here, else why not. Usable is not the same as fast: 'reduce-overhead'
+        on CUDA is available but is the comparison mode and slow (see `mode_notes`)."""
         out: dict[str, str | None] = {}
         for m in CompileMode:
             if m.needs_cuda and self.device.type != "cuda":
@@ -153,6 +156,16 @@ class Runner:
             else:
                 out[m.value] = None
         return out
+
+    def mode_notes(self) -> dict[str, str]:
+        """mode -> one line on what it runs and what it costs (for the UI / CLI beside `available_modes`)."""
+        notes = dict(MODE_NOTES)
+        if self.device.type != "cuda":
+            fallback = CompileMode.DEFAULT if _compile_works() else CompileMode.EAGER
+            for m in CompileMode:
+                if m.needs_cuda:
+                    notes[m.value] += f"; needs CUDA: on {self.device.type} it runs {fallback.value} instead"
+        return notes
 
     def set_mode(self, mode: CompileMode, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
         """Release old graphs, take a fresh pool, compile and capture for `mode`. Between steps only."""
@@ -221,8 +234,7 @@ class Runner:
                                  f"{max_frames} frames > max_seq_len {self.max_len}); lower it or raise max_seq_len")
             max_frames = self.max_len - T - 1
             if max_frames < 2:
-                raise InputError(f"text is too long for this engine (prompt {T} tokens, max_seq_len "
-                                 f"{self.max_len}); shorten it or raise max_seq_len")
+                raise InputError(_too_long(T, self.max_len, decoder_prefix(params)))
         s = slice(slot, slot + 1)
         if self.graphs and pick_bucket(T, self.prefill_buckets) is not None:
             self.pre_x[:T] = pre.embeds
@@ -287,6 +299,29 @@ class Runner:
         self.talker_sp.move(src, dst)
         self.cp_sp.move(src, dst)
         self.pos[src] = self.scratch_pos
+
+
+# One line per mode: what it runs and what it costs (Runner.mode_notes; the keys are CompileMode values).
+MODE_NOTES: dict[str, str] = {
+    CompileMode.EAGER.value: "reference modules as they are, no compile: slowest steps, no warm-up",
+    CompileMode.DEFAULT.value: "torch.compile (Inductor default) per layer unit and sampling unit, no CUDA graphs: "
+                               "fused kernels, but Python launch and dynamo guard cost on every call",
+    CompileMode.REDUCE_OVERHEAD.value: "comparison mode, slow: Inductor's own CUDA graphs are skipped for the layer "
+                                       "units (they mutate the KV cache inputs: 'skipping cudagraphs due to "
+                                       "mutated inputs'), so it is no faster than default on the H200 (code "
+                                       "predictor step ~60-80 ms vs ~7 ms graphed); use default+cudagraph",
+    CompileMode.DEFAULT_CUDAGRAPH.value: "compiled units + our per-bucket CUDA graphs in one shared pool (code "
+                                         "predictor, talker decode and prefill graphs): the fast mode on a GPU",
+}
+
+
+def _too_long(T: int, max_len: int, ref_codes: Any) -> str:
+    """The one-line error for a prompt that leaves no room for 2 frames; names the reference audio for an ICL clone."""
+    if ref_codes is None:
+        return (f"text is too long for this engine (prompt {T} tokens, max_seq_len {max_len}); "
+                f"shorten it or raise max_seq_len")
+    return (f"text + reference audio is too long for this engine (prompt {T} tokens incl. {ref_codes.shape[0]} "
+            f"reference frames, max_seq_len {max_len}); shorten the text or the reference clip, or raise max_seq_len")
 
 
 def _compile_works() -> bool:

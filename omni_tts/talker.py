@@ -1,9 +1,10 @@
 """The talker: a Qwen3 decoder over summed text+codec embeddings that predicts codebook 0.
 
 Owns: the decoder building blocks shared with the code predictor (RMSNorm with float32 variance,
-rotary embedding with float32 cos/sin, SwiGLU MLP, GQA attention with per-head q/k RMSNorm), the
-static slot-indexed `KVCache`, the `Talker` module (text embedding + resize MLP, codec embedding,
-decoder layers, final norm, codec head) and strict loading of a checkpoint's tensors into a module.
+rotary embedding with float32 cos/sin, SwiGLU MLP, GQA attention with per-head q/k RMSNorm; the
+codec decoder reuses the norm, the MLP and the attention projections), the static slot-indexed
+`KVCache`, the `Talker` module (text embedding + resize MLP, codec embedding, decoder layers,
+final norm, codec head) and strict loading of a checkpoint's tensors into a module.
 
 The checkpoint configures interleaved M-RoPE with three position streams; for TTS all three
 streams carry the same position, so every frequency slot takes its angle from the same position
@@ -108,16 +109,24 @@ class MLP(nn.Module):
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
-class Attention(nn.Module):
-    """Projections of one attention block; the caller owns caching and the attention call."""
+class AttentionProjections(nn.Module):
+    """The q/k/v/o projections of a grouped-query attention block, under the checkpoints' names
+    (shared with the codec decoder's window attention)."""
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool, eps: float) -> None:
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+
+
+class Attention(AttentionProjections):
+    """Projections of one attention block; the caller owns caching and the attention call."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool, eps: float) -> None:
+        super().__init__(hidden, heads, kv_heads, head_dim, bias)
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 

@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omni_tts.checkpoint import read_json
 from omni_tts.errors import CheckpointError, InputError
+
+_NEEDED = "the text tokenizer needs it"  # why a missing tokenizer file is an error
 
 # The pre-tokenizer split of the Qwen2 family (contractions, letters, single digits, punctuation runs,
 # newlines, whitespace), followed by a byte-level mapping without regex or prefix space.
@@ -49,9 +52,9 @@ class TextTokenizer:
         from tokenizers import Tokenizer
 
         directory = Path(directory)
-        vocab = _read_json(directory / "vocab.json")
+        vocab = read_json(directory / "vocab.json", _NEEDED)
         merges = _read_merges(directory / "merges.txt")
-        tok_cfg = _read_json(directory / "tokenizer_config.json")
+        tok_cfg = read_json(directory / "tokenizer_config.json", _NEEDED)
         added = tok_cfg.get("added_tokens_decoder", {})
         if not isinstance(added, dict):
             raise CheckpointError(f"{directory / 'tokenizer_config.json'}: 'added_tokens_decoder' must be a mapping")
@@ -88,21 +91,9 @@ def _added_token(idx: int, t: dict[str, Any]) -> dict[str, Any]:
             "normalized": bool(t.get("normalized", False)), "special": bool(t.get("special", False))}
 
 
-def _read_json(file: Path) -> dict[str, Any]:
-    if not file.is_file():
-        raise CheckpointError(f"{file}: file not found (the text tokenizer needs it)")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{file}: malformed JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{file}: expected a JSON object")
-    return data
-
-
 def _read_merges(file: Path) -> list[str]:
     if not file.is_file():
-        raise CheckpointError(f"{file}: file not found (the text tokenizer needs it)")
+        raise CheckpointError(f"{file}: file not found ({_NEEDED})")
     lines = file.read_text(encoding="utf-8").splitlines()
     merges = [ln for ln in lines if ln and not ln.startswith("#version")]
     bad = [ln for ln in merges if len(ln.split(" ")) != 2]

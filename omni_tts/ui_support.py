@@ -1,8 +1,8 @@
 """Pure-Python helpers for the Gradio app (app.py): formatting, files, comparisons, environment.
 
 Owns: what the app's panels say (metric and memory text, mode availability notes), the plot's
-DataFrame, wav/CSV/zip writing for downloads, the code-matrix verdict of the listening test, the
-A/B/X tally, the bind address (local vs a Hugging Face Space) and ZeroGPU / ffmpeg detection, and
+DataFrame, the load-test table row, which task shows the instruct box, wav/CSV/zip writing for
+downloads, the code-matrix verdict of the listening test, the A/B/X tally, the bind address (local vs a Hugging Face Space) and ZeroGPU / ffmpeg detection, and
 a uniform view of the loaded model (`model_info`). Knows nothing about Gradio or device math.
 """
 
@@ -29,6 +29,7 @@ ZERO_GPU_MODES = ("eager", "default")
 TASK_LABELS = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "voice_clone": "Base (voice clone)"}
 TASK_IDS = {label: task for task, label in TASK_LABELS.items()}
 OUT_DIR = Path(tempfile.gettempdir()) / "omni-tts-app"
+LOAD_COLUMNS = ("mode", "N", "med TTFP ms", "med E2E ms", "mean RTF", "req/s", "audio s/s")  # the seed-PR table
 
 
 # ------------------------------------------------------------------ environment
@@ -74,6 +75,20 @@ def model_info(engine: Any) -> dict[str, Any]:
             "instruct": bool(m.supports_instruct()), "describe": describe, "embedded": ckpt.is_embedded_demo,
             "generation": dict(ckpt.generation_config or {}), "reason": (ckpt.notes or [""])[-1],
             "sample_rate": int(m.sample_rate)}
+
+
+def instruct_visible(info: Mapping[str, Any], task_label: str) -> bool:
+    """Whether the instruct box applies to a task (label or id): voice_design, or custom_voice if supported."""
+    task = TASK_IDS.get(task_label, task_label)
+    return task == "voice_design" or (task == "custom_voice" and info["instruct"])
+
+
+def voice_clone_available() -> bool:
+    try:
+        from omni_tts.speaker import VoicePrompt, create_voice_prompt  # noqa: F401
+    except Exception:
+        return False
+    return True
 
 
 def banner_markdown(info: Mapping[str, Any], reason: str = "") -> str:
@@ -182,6 +197,13 @@ def engine_markdown(snap: Mapping[str, Any]) -> str:
             f"{snap['max_num_seqs']} slots, {snap['waiting']} waiting · mean occupancy "
             f"{snap['mean_occupancy']:.2f} · {snap['steps_per_s']:.1f} steps/s\n\n**GPU memory:** {memory}"
             + (f"\n\n**compile/capture cost:** {costs}" if costs else ""))
+
+
+def load_row(mode: str, n: int, s: Mapping[str, float]) -> dict[str, Any]:
+    """The seed-PR table's row (LOAD_COLUMNS) for a load-test run summarised by omni_tts.metrics.summarize."""
+    figures = (mode, n, round(s["med_ttfp_ms"], 1), round(s["med_e2e_ms"], 1), round(s["mean_rtf"], 3),
+               round(s["req_per_s"], 2), round(s["audio_s_per_s"], 2))
+    return dict(zip(LOAD_COLUMNS, figures))
 
 
 def capture_markdown(result: Mapping[str, Any]) -> str:

@@ -338,6 +338,25 @@ def test_real_compile_switches_under_load_default_then_reduce_overhead_fallback(
         eng.shutdown()
 
 
+def test_mode_notes_say_what_each_mode_runs_and_that_reduce_overhead_is_the_slow_comparison_mode(engine):
+    from types import SimpleNamespace
+
+    from omni_tts.runner import Runner
+
+    notes = engine.mode_notes()
+    assert list(notes) == list(engine.available_modes()) == [m.value for m in CompileMode]
+    assert all(n.strip() and "\n" not in n for n in notes.values())
+    assert "no compile" in notes["eager"] and "guard" in notes["default"]
+    assert all(w in notes["default+cudagraph"] for w in ("shared pool", "talker decode", "prefill"))
+    for mode in ("reduce-overhead", "default+cudagraph"):  # this engine is on CPU
+        assert engine.available_modes()[mode] is not None and "needs CUDA" in notes[mode]
+    # on CUDA (a stand-in runner: only the device matters) reduce-overhead is available but flagged
+    on_cuda = SimpleNamespace(device=torch.device("cuda"))
+    assert Runner.available_modes(on_cuda)["reduce-overhead"] is None
+    ro = Runner.mode_notes(on_cuda)["reduce-overhead"]
+    assert "comparison mode" in ro and "slow" in ro and "mutated inputs" in ro and "needs CUDA" not in ro
+
+
 def test_unknown_mode_is_refused_and_the_engine_keeps_its_mode(engine):
     with pytest.raises(OmniTTSError, match="unknown compile mode 'turbo'"):
         engine.set_compile_mode("turbo")

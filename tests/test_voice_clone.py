@@ -1,6 +1,7 @@
 """Base voice clone end to end: golden parity from the reference AUDIO (our encoders), saved voices,
-the primed streaming decoder, the engine (streaming == plain, concurrent clones without cross-talk)
-and the CLI. Tiny Base fixture, CPU, float32."""
+the primed streaming decoder, the engine (streaming == plain, concurrent clones without cross-talk,
+clones beside a CustomVoice engine in the same process, too-long ICL prompts) and the CLI. Tiny Base
+(and CustomVoice) fixtures, CPU, float32."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -227,6 +229,101 @@ def test_concurrent_clone_requests_have_no_cross_talk(engine, model, ref_audio, 
         assert_stream_equals_plain(r.wav, wav, reqs[i], codes.shape[0], f"request {i}")
     firsts = {tuple(r.codes[:8].ravel()) for r in results}
     assert len(firsts) == len(results)  # every request differs, so a mix-up would show
+
+
+def test_clone_engine_and_custom_voice_engine_run_at_once_without_cross_talk(engine, model, ref_audio,
+                                                                           other_audio) -> None:
+    """One checkpoint is Base or CustomVoice, so a deployment serving both runs two engines in one process:
+    requests submitted interleaved from several threads to both at once each get exactly their solo output."""
+    from omni_tts.engine import Engine
+
+    cv = Engine.from_config(EngineConfig(model=str(need(FIXTURES / "custom_voice")), device="cpu", max_num_seqs=2,
+                                         max_seq_len=256, mode="eager", initial_chunk_frames=1, chunk_frames=4))
+    try:
+        voices = [engine.voice_prompt((ref_audio, SR), "the reference words"),
+                  engine.voice_prompt((other_audio, SR), REF_TEXT_B),
+                  engine.voice_prompt((ref_audio, SR), x_vector_only=True),
+                  engine.voice_prompt((other_audio, SR), REF_TEXT_B, x_vector_only=True)]
+        sampled = dict(do_sample=True, subtalker_do_sample=True, max_new_tokens=20)
+        clones = [clone_params(v, text, seed=seed, **sampled) for v, text, seed in
+                  zip(voices, ["one two three", "one two three", "the weather is nice today", "good morning"],
+                      [1, 2, 3, 4])]
+        customs = [SynthesisParams(text=text, speaker=spk, language="English", seed=seed, **sampled)
+                   for text, spk, seed in zip(["one two three", "one two three", "the weather is nice today",
+                                               "good morning"], ["ryan", "vivian", "dylan", "eric"], [1, 5, 6, 7])]
+        # alone first, on the plain single-request path (both engines idle)
+        alone = {("clone", i): model.synthesize(p) for i, p in enumerate(clones)}
+        alone.update({("cv", i): cv.model.synthesize(p) for i, p in enumerate(customs)})
+
+        # four threads, each submitting a clone and a CustomVoice request (alternating which goes first) and
+        # streaming both; 4 clones fill the Base engine's 4 slots, CustomVoice's 2 slots make two queue
+        start, got, errors = threading.Barrier(4), {}, []
+
+        def client(i: int) -> None:
+            try:
+                start.wait(timeout=60)
+                order = [("clone", i), ("cv", i)] if i % 2 == 0 else [("cv", i), ("clone", i)]
+                handles = {k: (engine if k[0] == "clone" else cv).submit((clones if k[0] == "clone" else customs)[i])
+                           for k in order}
+                for k, h in handles.items():
+                    chunks = [c.samples for c in h.stream(timeout=180)]
+                    r = h.result(timeout=180)
+                    got[k] = (np.concatenate(chunks) if chunks else np.zeros(0, np.float32), r.codes)
+            except Exception as e:  # reported below: a thread's assertion would otherwise be lost
+                errors.append(f"client {i}: {type(e).__name__}: {e}")
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not errors and len(got) == 8, errors
+
+        for (kind, i), (wav, codes) in got.items():
+            want_wav, want_codes = alone[(kind, i)]
+            what = f"{kind} request {i}"
+            assert codes.shape[0] > 0, what
+            np.testing.assert_array_equal(codes, want_codes.numpy(), err_msg=what)
+            if kind == "clone":
+                assert_stream_equals_plain(wav, want_wav, clones[i], codes.shape[0], what)
+            else:
+                assert wav.shape == want_wav.shape == (codes.shape[0] * UP,), what
+                assert float(np.abs(wav - want_wav).max()) < 1e-4, what
+        firsts = {tuple(codes[:8].ravel()) for _, codes in got.values()}
+        assert len(firsts) == len(got)  # all eight differ, so a mix-up would show
+    finally:
+        cv.shutdown()
+
+
+def test_icl_prompt_too_long_names_the_reference_audio(engine, model, ref_audio) -> None:
+    """The tiny ICL prompt is 34 rows (25 reference frames) whatever the short text; an x-vector prompt is 9."""
+    from omni_tts.engine import Engine
+
+    small = Engine.from_config(EngineConfig(model=str(need(BASE)), device="cpu", max_num_seqs=2, max_seq_len=34,
+                                            mode="eager"))
+    try:
+        icl = engine.voice_prompt((ref_audio, SR), "the reference words")
+        xvec = engine.voice_prompt((ref_audio, SR), x_vector_only=True)
+        ok = clone_params(xvec, "hi", max_new_tokens=25)  # 9 + 24 frames + 1 fits exactly
+        h_bad, h_ok = small.submit(clone_params(icl, "hi")), small.submit(ok)
+        with pytest.raises(InputError) as e:
+            h_bad.result(timeout=120)
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith("text + reference audio is too long for this engine"), msg
+        assert "prompt 34 tokens incl. 25 reference frames" in msg and "max_seq_len 34" in msg, msg
+        assert h_bad.metrics.status == "error"
+        r = h_ok.result(timeout=120)  # the other request in the engine is unaffected
+        np.testing.assert_array_equal(r.codes, model.synthesize(ok)[1].numpy())
+        # without reference audio in the prompt the message stays about the text alone
+        long_text = clone_params(xvec, "this text is far too long for a small cache of positions",
+                                 non_streaming_mode=True)
+        with pytest.raises(InputError) as e:
+            small.synthesize(long_text, timeout=120)
+        msg = str(e.value)
+        assert msg.startswith("text is too long for this engine (prompt 62 tokens, max_seq_len 34)"), msg
+        assert "reference" not in msg and "\n" not in msg
+    finally:
+        small.shutdown()
 
 
 # ----------------------------------------------------------------------------- CLI
