@@ -27,7 +27,7 @@ from omni_tts import ui_support as ui
 from omni_tts import ui_tabs as tabs
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, load_preset, preset_names
 from omni_tts.errors import OmniTTSError
-from omni_tts.metrics import summarize
+from omni_tts.metrics import RequestMetrics, now, summarize
 
 CHUNK_TIMEOUT_S = 600.0  # longest wait between two chunks (a CPU 'default' compile can pause requests minutes)
 
@@ -64,6 +64,21 @@ def synthesize(engine: Any, session: dict, text: str, seed: float | None, *setti
     path = ui.write_wav(result.wav, result.sample_rate, "omni-tts")
     final_audio = None if streaming else (result.sample_rate, ui.pcm16(result.wav))
     yield final_audio, path, ui.live_markdown(None, result.metrics)
+
+
+def synthesize_in_call(engine: Any, session: dict, text: str, seed: float | None, *settings: Any) -> tuple:
+    """ZeroGPU: one whole synthesis inside the caller's @spaces.GPU call, on the model's plain path
+    (the engine's scheduler thread lives outside that call, where there is no GPU). No streaming."""
+    with user_errors():
+        params = ui.make_params(engine, text, seed, *settings)
+        m = RequestMetrics(0, engine.mode.value, now())
+        wav, codes = engine.model.synthesize(params)
+    m.first_audio_at = m.finished_at = now()  # the whole clip is the first audio here
+    m.frames, m.audio_samples, m.status = int(codes.shape[0]), int(wav.shape[0]), "done"
+    m.sample_rate = engine.model.sample_rate
+    engine.stats.on_finish(m)
+    path = ui.write_wav(wav, m.sample_rate, "omni-tts")
+    return (m.sample_rate, ui.pcm16(wav)), path, ui.live_markdown(None, m)
 
 
 def _chunks(handle: Any) -> Iterator[Any]:
@@ -244,7 +259,7 @@ def build_demo(engine: Any, model_reason: str = "", zero: bool = False) -> gr.Bl
     """The whole page over `engine`; nothing is launched."""
     info = ui.model_info(engine)
     model_reason = model_reason or info["reason"]
-    streaming = ui.streaming_playback_supported()
+    streaming = ui.streaming_playback_supported() and not zero
     available = engine.available_modes()
     modes = [m for m in ui.MODES if available.get(m) is None and (not zero or m in ui.ZERO_GPU_MODES)]
     max_len = max(2, min(2048, engine.config.max_seq_len - 64))
@@ -279,10 +294,10 @@ def _wire(engine: Any, s: dict, p: dict, lt: dict, ld: dict, session: Any, info:
     def on_generate(sess, text, seed, *rest):
         yield from synthesize(engine, sess, text, seed, *rest, streaming=streaming)
 
-    if zero:  # ZeroGPU: the GPU exists only inside @spaces.GPU calls
+    if zero:  # ZeroGPU: the GPU exists only inside @spaces.GPU calls: synthesize whole clips in one
         import spaces  # type: ignore[import-not-found]
 
-        on_generate = spaces.GPU(on_generate)
+        on_generate = spaces.GPU(lambda sess, text, seed, *rest: synthesize_in_call(engine, sess, text, seed, *rest))
     go = s["go"].click(on_generate, [session, s["text"], s["seed"], *settings], [s["audio"], s["file"], p["live"]],
                        concurrency_id="synthesis")
     s["stop"].click(lambda sess: gr.Info(stop(sess)), [session], None, cancels=[go], queue=False)
@@ -336,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_preset(args.preset, model=args.model, mode=args.mode) if args.preset else \
             EngineConfig(model=args.model, mode=args.mode or "auto")
         if zero and config.mode not in ui.ZERO_GPU_MODES:
-            config.mode = "default"
+            config.mode = ui.ZERO_GPU_MODES[0]
         engine = Engine.from_config(config, progress=say)
     except OmniTTSError as e:
         print(f"error: {e}", file=sys.stderr)

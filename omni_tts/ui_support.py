@@ -25,7 +25,7 @@ from omni_tts.config import SynthesisParams
 from omni_tts.errors import InputError
 
 MODES = ("eager", "default", "reduce-overhead", "default+cudagraph")
-ZERO_GPU_MODES = ("eager", "default")
+ZERO_GPU_MODES = ("eager",)  # ZeroGPU runs the plain reference path inside each GPU call
 TASK_LABELS = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "voice_clone": "Base (voice clone)"}
 TASK_IDS = {label: task for task, label in TASK_LABELS.items()}
 OUT_DIR = Path(tempfile.gettempdir()) / "omni-tts-app"
@@ -110,7 +110,8 @@ def mode_notes(available: Mapping[str, str | None], zero: bool = False, streamin
     for mode in MODES:
         why = available.get(mode, "not offered by this engine")
         if zero and mode not in ZERO_GPU_MODES:
-            why = "ZeroGPU: the GPU exists only inside each call, so graphs captured at start-up cannot be used"
+            why = ("ZeroGPU: the GPU exists only inside each call, so each synthesis runs whole on the plain "
+                   "reference path there (graphs and the scheduler thread cannot use it)")
         line = f"- `{mode}`: " + ("available" if why is None else f"**unavailable** — {why}")
         if why is None and mode == "default" and device.startswith("cpu"):
             line += " (on CPU its first compile can take minutes)"

@@ -95,6 +95,19 @@ def test_synthesis_streams_audio_then_the_file_and_metrics(engine):
     assert session["handle"].done and session["handle"].metrics.status == "done"
 
 
+def test_zero_gpu_handler_makes_the_same_clip_in_one_call(engine):
+    """The ZeroGPU handler (plain path, inside one GPU call) gives the engine's codes and audio."""
+    greedy = ("CustomVoice", "ryan", "English", "", 0.0, 50, 1.0, 1.05, MAX_LEN)  # temperature 0: greedy
+    (sr, pcm), path, live = app.synthesize_in_call(engine, {}, "Zero GPU check.", 5, *greedy)
+    streamed = list(app.synthesize(engine, {}, "Zero GPU check.", 5, *greedy, streaming=False))[-1]
+    assert sr == engine.model.sample_rate and pcm.dtype == np.int16 and pcm.size > 0
+    other = streamed[0][1]  # the engine's whole clip as pcm16 (joined chunks: float32 rounding apart)
+    assert pcm.shape == other.shape and np.abs(pcm.astype(int) - other.astype(int)).max() <= 1
+    wav, _ = sf.read(path)
+    assert wav.shape[0] == pcm.shape[0]
+    assert re.search(r"\| last #0 \(eager\) \|", live), live
+
+
 def test_stop_cancels_the_running_request(engine):
     session: dict = {}
     gen = app.synthesize(engine, session, "A longer sentence to be stopped early. " * 3, 1,
