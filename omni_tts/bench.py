@@ -2,6 +2,7 @@
 
     python -m omni_tts.bench --model DIR --preset NAME [--modes eager,default,...]
         [--concurrency 1 8 32] [--num-prompts N] [--fixed-frames N] [--json OUT]
+    python -m omni_tts.bench peers --model DIR ...   (omni_tts/peers.py: the peers beside us)
 
 Owns: the prompt list, the closed-loop load generator (c clients, each sending its next request
 when the last one finished), warm-up exclusion, and the table/JSON output. All figures come from
@@ -134,6 +135,11 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["peers"]:
+        from omni_tts.peers import main as peers_main
+
+        return peers_main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m omni_tts.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint dir or hub id (default: embedded demo)")
     ap.add_argument("--preset", default="default")

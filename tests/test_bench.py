@@ -118,3 +118,23 @@ def test_make_params_cycles_prompts_and_seeds():
     a, b = bench.make_params(0, "ryan", 5), bench.make_params(len(bench.PROMPTS), "ryan", 5)
     assert a.text == b.text and a.seed != b.seed and a.fixed_frames == 5 and a.speaker == "ryan"
     a.validate()
+
+
+def test_bench_peers_measures_our_engine_and_names_missing_peers(tmp_path, capsys):
+    """`bench peers` on the tiny checkpoint (CPU): our row is measured; a peer that is not importable
+    here is a row saying so, not a crash (the official package lives in its own venv, if anywhere)."""
+    import importlib.util
+
+    out = tmp_path / "peers.json"
+    assert bench.main(["peers", "--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--frames", "4",
+                       "--num-prompts", "2", "--peers", "qwen-tts,faster-qwen3-tts", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    ours = rows["omni-tts (engine, graph-bs1 preset, streaming)"]
+    assert ours["requests"] == 2 and math.isclose(ours["audio_s"], 2 * 4 * 0.08)
+    assert 0 < ours["med_ttfp_ms"] and ours["mean_rtf"] > 0
+    for name, module in (("qwen-tts (official, whole clip)", "qwen_tts"),
+                         ("faster-qwen3-tts (non-streaming)", "faster_qwen3_tts")):
+        if importlib.util.find_spec(module) is None:
+            assert rows[name] == {"error": f"not installed ({module})"}
+    table = capsys.readouterr().out
+    assert "| omni-tts (engine, graph-bs1 preset, streaming) |" in table and "| Med TTFP (ms) |" in table
