@@ -60,6 +60,33 @@ def step_callables(runner: Any, b: int) -> tuple[Callable[[], Any], Callable[[],
     return runner._cp_fn(b), runner._talker_fn(b)
 
 
+def codec_costs(model: Any) -> dict[str, float]:
+    """ms per decode_window call: the first chunk (no context, 1 frame) and a steady chunk (50 context
+    + 25 new frames), batch 1 and 8, in float32 (as served) and bfloat16 (a candidate)."""
+    import copy
+
+    out: dict[str, float] = {}
+    for dt in (torch.float32, torch.bfloat16):
+        codec = model.codec if dt == torch.float32 else copy.deepcopy(model.codec).to(dt)
+        for b in (1, 8):
+            for name, (c, n) in {"first": (0, 1), "steady": (50, 25)}.items():
+                codes = torch.randint(0, 2048, (b, c + n, 16), device=model.device)
+                key = f"{str(dt).replace('torch.', '')}_b{b}_{name}_ms"
+                out[key] = time_ms(lambda: codec.decode_window(codes, c), iters=10)
+    return out
+
+
+def prefill_costs(runner: Any, speaker: str | None) -> dict[str, float]:
+    """ms to prefill one prompt of ~T tokens into a slot (graph replay in default+cudagraph)."""
+    out = {}
+    for words in (3, 12, 40):
+        params = SynthesisParams(text=" ".join(["word"] * words), speaker=speaker, greedy=True, language="English",
+                                 fixed_frames=8)
+        t = runner.model.build_prefill(params).embeds.shape[0]
+        out[f"T{t}_ms"] = time_ms(lambda: runner.prefill(0, params), iters=10)
+    return out
+
+
 def greedy_codes(runner: Any, n: int, frames: int, speaker: str | None) -> list[torch.Tensor]:
     """n greedy requests side by side for `frames` frames -> per-request codes [frames, 16]."""
     fill_slots(runner, n, speaker)
@@ -112,7 +139,8 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
     runner = Runner.from_config(cfg, progress=say)
     say(f"loaded in {time.perf_counter() - t0:.1f} s")
     speaker = (runner.model.speakers() or [None])[0]
-    result: dict[str, Any] = {"buckets": list(buckets), "modes": {}}
+    result: dict[str, Any] = {"buckets": list(buckets), "modes": {}, "codec": codec_costs(runner.model)}
+    say(f"codec decode_window costs (ms): {result['codec']}")
     ref: list[torch.Tensor] | None = None
     agree_n = min(4, max(buckets))
     for mode in modes:
@@ -126,6 +154,7 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
                 cp, talker = step_callables(runner, b)
                 row["per_bucket"][b] = {"cp_ms": time_ms(cp), "talker_ms": time_ms(talker)}
                 say(f"{mode} b={b}: {row['per_bucket'][b]}")
+            row["prefill"] = prefill_costs(runner, speaker)
             codes = greedy_codes(runner, agree_n, frames, speaker)
             if ref is None:
                 ref = codes
