@@ -7,8 +7,12 @@ once per CompileMode and re-used for all 28 talker layers, all 5 predictor layer
 codebook steps. So a bucket costs five small compiles instead of one huge one (an unrolled frame
 took ~200 s to compile on the H200 with torch 2.11, dynamo does not recompile for another layer
 instance of the same class). The ops inside are those of omni_tts.talker / code_predictor /
-sampling; eager mode does not use this file (it runs the reference modules as they are).
-Knows nothing about requests, buckets or graphs.
+sampling, except that each layer runs q|k|v as one matmul (q and k normed and rotated in one pass)
+and gate|up as one: fewer, bigger kernels per step, the lever for a launch-bound decode. The packed
+weights are not copies: at FastPath build the modules' q/k/v and gate/up weights are re-pointed at
+row blocks of the packed tensors (`fuse_rows`), so eager and fast share storage and checkpoints,
+parameter names and values are unchanged. Eager mode does not use this file (it runs the reference
+modules as they are). Knows nothing about requests, buckets or graphs.
 """
 
 from __future__ import annotations
@@ -16,33 +20,97 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from omni_tts import sampling
-from omni_tts.talker import gqa_attention
+from omni_tts.talker import apply_rope, gqa_attention, rms_norm
 
 
-def talker_layer(layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+# ---------------------------------------------------------------------------------------- fused weights
+def _adjacent(params: list[torch.Tensor]) -> bool:
+    """True when the tensors are contiguous and lie back to back in one storage (already fused)."""
+    ptr, off = params[0].untyped_storage().data_ptr(), params[0].storage_offset()
+    for p in params:
+        if not p.is_contiguous() or p.untyped_storage().data_ptr() != ptr or p.storage_offset() != off:
+            return False
+        off += p.numel()
+    return True
+
+
+def fuse_rows(params: list[torch.Tensor]) -> torch.Tensor:
+    """One tensor stacking `params` along dim 0 ([sum rows, ...]) whose row blocks ARE the parameters:
+    each is re-pointed (`p.data = view`) at its block, so the reference modules and the fast path share
+    storage (no second copy of the weights; values and module objects unchanged). Idempotent: already
+    fused parameters give back a view over their shared storage. Anything that later re-points a
+    parameter (`p.data = ...`, e.g. cast_parameters or Module.to) breaks the sharing: build FastPath after."""
+    first = params[0]
+    shape = (sum(p.shape[0] for p in params), *first.shape[1:])
+    if _adjacent(params):
+        packed = first.detach().as_strided(shape, first.stride(), first.storage_offset())
+    else:
+        with torch.no_grad():
+            packed = torch.cat([p.detach() for p in params])
+        off = 0
+        for p in params:
+            p.data = packed[off:off + p.shape[0]]
+            off += p.shape[0]
+    return nn.Parameter(packed, requires_grad=False)  # a parameter, as the module weights are to dynamo
+
+
+def fuse_layer(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """-> (w_qkv [(H + 2 Hkv) hd, D], b_qkv [(H + 2 Hkv) hd] or None, w_gate_up [2 I, D]) of a DecoderLayer."""
+    a, m = layer.self_attn, layer.mlp
+    assert a.q_norm.eps == a.k_norm.eps and m.gate_proj.bias is None and m.up_proj.bias is None
+    lins = [a.q_proj, a.k_proj, a.v_proj]
+    b_qkv = fuse_rows([lin.bias for lin in lins]) if a.q_proj.bias is not None else None
+    return fuse_rows([lin.weight for lin in lins]), b_qkv, fuse_rows([m.gate_proj.weight, m.up_proj.weight])
+
+
+def qkv_fused(attn: Any, w: torch.Tensor, b: torch.Tensor | None, x: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention.qkv with one matmul and one norm + rope pass over q|k (same elementwise ops).
+    x: [B, T, D] -> q [B, H, T, hd], k/v [B, Hkv, T, hd]."""
+    B, T, _ = x.shape
+    H, Hkv, hd = attn.heads, attn.kv_heads, attn.head_dim
+    y = F.linear(x, w, b).view(B, T, H + 2 * Hkv, hd)  # [B, T, H + 2 Hkv, hd]
+    norm_w = torch.cat([attn.q_norm.weight.expand(H, hd), attn.k_norm.weight.expand(Hkv, hd)])  # [H + Hkv, hd]
+    qk = rms_norm(y[:, :, :H + Hkv], norm_w, attn.q_norm.eps).transpose(1, 2)  # [B, H + Hkv, T, hd]
+    qk = apply_rope(qk, cos, sin)
+    return qk[:, :H], qk[:, H:], y[:, :, H + Hkv:].transpose(1, 2)
+
+
+def mlp_fused(mlp: Any, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """MLP with gate|up in one matmul. x: [B, T, D], w: [2 I, D] -> [B, T, D]."""
+    gate, up = F.linear(x, w).chunk(2, dim=-1)  # [B, T, I] each
+    return mlp.down_proj(mlp.act(gate) * up)
+
+
+# ---------------------------------------------------------------------------------------- layer units
+def talker_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_gu: torch.Tensor,
+                 x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                  kc: torch.Tensor, vc: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """x: [B, 1, D]; kc/vc: this layer's cache rows [B, Hkv, M, hd] (written at (row, pos));
-    mask: [B, 1, 1, M]; pos, rows: [B]. -> [B, 1, D]"""
+    """x: [B, 1, D]; w_*: fuse_layer(layer); kc/vc: this layer's cache rows [B, Hkv, M, hd] (written at
+    (row, pos)); mask: [B, 1, 1, M]; pos, rows: [B]. -> [B, 1, D]"""
     h = layer.input_layernorm(x)
-    q, k, v = layer.self_attn.qkv(h, cos, sin)  # q: [B, H, 1, hd], k/v: [B, Hkv, 1, hd]
+    q, k, v = qkv_fused(layer.self_attn, w_qkv, b_qkv, h, cos, sin)  # q: [B, H, 1, hd], k/v: [B, Hkv, 1, hd]
     kc[rows, :, pos] = k[:, :, 0]  # kc: [B, Hkv, M, hd]
     vc[rows, :, pos] = v[:, :, 0]
     x = x + layer.self_attn.out(gqa_attention(q, kc, vc, mask))  # [B, 1, D]
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    return x + mlp_fused(layer.mlp, w_gu, layer.post_attention_layernorm(x))
 
 
-def predictor_layer(layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_gu: torch.Tensor,
+                    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                     kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """x: [B, T, d] at positions pos [T] (same for every row); kc/vc: [B, Hkv, 16, hd];
-    mask: [1, 1, T, 16]. -> [B, T, d]"""
+    """x: [B, T, d] at positions pos [T] (same for every row); w_*: fuse_layer(layer); kc/vc:
+    [B, Hkv, 16, hd]; mask: [1, 1, T, 16]. -> [B, T, d]"""
     h = layer.input_layernorm(x)
-    q, k, v = layer.self_attn.qkv(h, cos, sin)  # q: [B, H, T, hd]
+    q, k, v = qkv_fused(layer.self_attn, w_qkv, b_qkv, h, cos, sin)  # q: [B, H, T, hd]
     kc.index_copy_(2, pos, k)
     vc.index_copy_(2, pos, v)
     x = x + layer.self_attn.out(gqa_attention(q, kc, vc, mask))  # [B, T, d]
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    return x + mlp_fused(layer.mlp, w_gu, layer.post_attention_layernorm(x))
 
 
 def _cloned(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -69,6 +137,9 @@ class FastPath:
         self.sample_codebook = wrap(sampling.sample_codebook)
         cp = model.code_predictor
         dev = model.device
+        # packed q|k|v and gate|up weights per layer; the modules' own weights become views into them
+        self.talker_w = [fuse_layer(layer) for layer in model.talker.layers]
+        self.predictor_w = [fuse_layer(layer) for layer in cp.layers]
         self.n_pos = cp.num_groups  # 16 positions: talker hidden, code 0, codes 1..14
         self.pos = [torch.tensor([t], device=dev) for t in range(self.n_pos)]
         self.pos01 = torch.arange(2, device=dev)
@@ -87,8 +158,8 @@ class FastPath:
         mask = (key[None, :] <= pos[:, None])[:, None, None]  # [b, 1, 1, M]
         rows = torch.arange(b, device=x.device)
         h = x[:, None]  # [b, 1, D]
-        for i, layer in enumerate(talker.layers):
-            h = self.talker_layer(layer, h, cos, sin, mask, cache.k[i, :b], cache.v[i, :b], rows, pos)
+        for i, (layer, w) in enumerate(zip(talker.layers, self.talker_w)):
+            h = self.talker_layer(layer, *w, h, cos, sin, mask, cache.k[i, :b], cache.v[i, :b], rows, pos)
         return talker.norm(h)[:, 0]
 
     def predict_frame(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,
@@ -103,8 +174,8 @@ class FastPath:
         cos, sin, mask, pos = self.cos[:, :2], self.sin[:, :2], self.mask01, self.pos01
         codes, embeds = [], [e0.to(hidden.dtype)]
         for j in range(self.n_pos - 1):
-            for i, layer in enumerate(cp.layers):
-                x = self.predictor_layer(layer, x, cos, sin, mask, kc[i], vc[i], pos)
+            for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
+                x = self.predictor_layer(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
             logits = cp.lm_head[j](cp.norm(x[:, -1]))  # [B, V]
             code = self.sample_codebook(logits, sp, seed, frame, self.codebook[j + 1])  # [B]
             codes.append(code)

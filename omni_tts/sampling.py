@@ -138,16 +138,21 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
 
 
 def warp(logits: torch.Tensor, sp: SlotParams) -> torch.Tensor:
-    """Temperature, top-k, top-p (HF semantics, per row). logits: [B, V] float32 -> [B, V]."""
+    """Temperature, top-k, top-p (HF semantics, per row) with one sort. logits: [B, V] float32 -> [B, V].
+
+    One stable ascending sort serves both cuts. top-k keeps every value >= the k-th largest (ties with it
+    included); masking the values below it to -inf leaves the sorted row sorted, so it is the sorted
+    top-k-masked row. top-p then is HF's rule on it: drop sorted positions whose cumulative probability
+    <= 1 - top_p, never the last (most likely). Same values, same order, same sums as sorting twice
+    did (tests/test_sampling.py keeps that version); tied values at the top-p edge drop lower ids first."""
     V = logits.shape[-1]
     x = logits / sp.temperature[:, None]  # [B, V]
     k = torch.where(sp.top_k > 0, sp.top_k.clamp(max=V), torch.full_like(sp.top_k, V))  # [B]
-    desc = torch.sort(x, dim=-1, descending=True).values  # [B, V]
-    kth = desc.gather(1, (k - 1)[:, None])  # [B, 1]
-    x = x.masked_fill(x < kth, NEG_INF)
-    asc, order = torch.sort(x, dim=-1)  # [B, V] ascending
-    cum = asc.softmax(-1).cumsum(-1)  # [B, V]
-    drop = (cum <= (1 - sp.top_p)[:, None]) & (sp.top_p < 1)[:, None]
+    asc, order = torch.sort(x, dim=-1, stable=True)  # [B, V] ascending; x[b, order[b, i]] = asc[b, i]
+    kth = asc.gather(1, (V - k)[:, None])  # [B, 1] k-th largest
+    below = asc < kth  # [B, V] top-k cut (a prefix of the sorted row)
+    cum = asc.masked_fill(below, NEG_INF).softmax(-1).cumsum(-1)  # [B, V]
+    drop = below | ((cum <= (1 - sp.top_p)[:, None]) & (sp.top_p < 1)[:, None])
     drop[:, -1] = False  # keep at least the most likely token
     return x.masked_fill(drop.scatter(1, order, drop), NEG_INF)
 

@@ -41,6 +41,14 @@ def cfg_get(cfg: dict[str, Any], key: str, where: str = "talker_config") -> Any:
     return cfg[key]
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS norm over the last axis: variance in float32, normalised value cast back to x's dtype, then
+    scaled by `weight` (broadcast against x: [size], or e.g. [heads, size] for per-head weights)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     """RMS norm: variance in float32, normalised value cast back to the input dtype, then scaled."""
 
@@ -50,9 +58,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Rope(nn.Module):

@@ -136,3 +136,79 @@ def test_slot_params_views_and_moves() -> None:
     sp.rows(2).top_k[1] = 9  # rows() are views of the slot tensors
     assert sp.top_k[1].item() == 9
     assert SlotParams.from_settings([RowSettings(greedy=False, temperature=0.0)]).all_greedy  # T=0 means greedy
+
+
+# ---------------------------------------------------------------------------------------- one-sort warp
+NEG_INF = float("-inf")
+
+
+def _warp_two_sorts(logits: torch.Tensor, sp: SlotParams, stable: bool = False) -> torch.Tensor:
+    """The previous `warp` verbatim (a descending sort for top-k, an ascending one for top-p); its second
+    sort was the default, unstable one, so which of several tied tokens at the top-p edge it dropped was
+    up to the sort (stable=True: the deterministic order the one-sort `warp` uses)."""
+    V = logits.shape[-1]
+    x = logits / sp.temperature[:, None]  # [B, V]
+    k = torch.where(sp.top_k > 0, sp.top_k.clamp(max=V), torch.full_like(sp.top_k, V))  # [B]
+    desc = torch.sort(x, dim=-1, descending=True).values  # [B, V]
+    kth = desc.gather(1, (k - 1)[:, None])  # [B, 1]
+    x = x.masked_fill(x < kth, NEG_INF)
+    asc, order = torch.sort(x, dim=-1, stable=stable)  # [B, V] ascending
+    cum = asc.softmax(-1).cumsum(-1)  # [B, V]
+    drop = (cum <= (1 - sp.top_p)[:, None]) & (sp.top_p < 1)[:, None]
+    drop[:, -1] = False  # keep at least the most likely token
+    return x.masked_fill(drop.scatter(1, order, drop), NEG_INF)
+
+
+def _grid_rows(V: int, per_setting: int) -> list[RowSettings]:
+    """Every (top_k, top_p, temperature) of the grid, `per_setting` rows each, interleaved in one batch."""
+    grid = [RowSettings(greedy=False, temperature=t, top_k=k, top_p=p)
+            for k in (0, 1, 5, 50, V) for p in (1.0, 0.9, 0.5, 0.01) for t in (0.7, 1.0, 1.3)]
+    return grid * per_setting
+
+
+def _random_logits(n: int, V: int, ties: bool, gen: torch.Generator) -> torch.Tensor:
+    if not ties:
+        return torch.randn(n, V, generator=gen) * 3
+    # few distinct values: ties at the top-k edge, at the top-p edge and for the maximum
+    return torch.randint(-6, 7, (n, V), generator=gen).float() * 0.5
+
+
+def test_one_sort_warp_equals_two_sort_warp_and_samples_the_same_tokens() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for V, per_setting in ((2048, 40), (64, 400)):
+        rows = _grid_rows(V, per_setting)
+        sp = SlotParams.from_settings(rows)
+        n = len(rows)
+        seeds, frames = torch.arange(n), torch.full((n,), 3)
+        g = -torch.log(-torch.log(sampling.uniform_noise(seeds, frames, 4, V)))  # [n, V] the Gumbel noise of choose
+        for ties in (False, True):
+            logits = _random_logits(n, V, ties, gen)
+            new = sampling.warp(logits, sp)
+            old = _warp_two_sorts(logits, sp, stable=ties)
+            assert torch.equal(new, old), (V, ties)  # same kept set, same values
+            assert torch.equal(torch.argmax(new + g, -1), torch.argmax(old + g, -1))
+            picks = sampling.choose(logits, sp, seeds, frames, 4)
+            assert torch.equal(picks, torch.argmax(old + g, -1))
+            if ties:  # vs the unstable original: same number kept and same kept values, ids may differ among ties
+                orig = _warp_two_sorts(logits, sp)
+                assert torch.equal(torch.isfinite(new).sum(-1), torch.isfinite(orig).sum(-1))
+                assert torch.equal(new.sort(-1).values, orig.sort(-1).values)
+            kept = torch.isfinite(new).sum(-1)
+            k = torch.where(sp.top_k > 0, sp.top_k.clamp(max=V), torch.full_like(sp.top_k, V))
+            assert bool((kept >= 1).all())
+            if not ties:  # distinct values: top-k keeps exactly k, top-p only narrows it
+                assert bool((kept[sp.top_p == 1] == k[sp.top_p == 1]).all()) and bool((kept <= k).all())
+
+
+def test_one_sort_warp_top_p_edge_and_tie_rules() -> None:
+    # probs .5 .3 .15 .05 (shuffled ids): p=.7 and .75 keep {.5, .3}, .85 adds .15
+    probs = torch.tensor([[0.15, 0.5, 0.05, 0.3]])
+    for p, keep in ((0.7, [1, 3]), (0.75, [1, 3]), (0.85, [0, 1, 3]), (0.01, [1]), (1.0, [0, 1, 2, 3])):
+        w = sampling.warp(probs.log(), sp_of(RowSettings(greedy=False, top_p=p)))
+        assert torch.isfinite(w[0]).nonzero()[:, 0].tolist() == keep, p
+    # top-k keeps every token tied with the k-th largest
+    w = sampling.warp(torch.tensor([[1.0, 3.0, 2.0, 2.0, 0.0]]), sp_of(RowSettings(greedy=False, top_k=2)))
+    assert torch.isfinite(w[0]).tolist() == [False, True, True, True, False]
+    # four equal tokens, p=0.5: cumulative .25 .5 .75 1 -> the first two in sorted order go; lower ids first
+    w = sampling.warp(torch.zeros(1, 4), sp_of(RowSettings(greedy=False, top_p=0.5)))
+    assert torch.isfinite(w[0]).tolist() == [False, False, True, True]

@@ -1,0 +1,152 @@
+"""The fast path's fused projections (omni_tts.fastpath, uncompiled: FastPath(model, None)) against the
+reference modules on the tiny checkpoints (CPU, float32): packed q|k|v and gate|up weights shared with
+the modules, equal greedy golden codes, equal sampled codes and hidden states within float32 tolerance."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from omni_tts import sampling
+from omni_tts.checkpoint import load_checkpoint
+from omni_tts.config import SynthesisParams
+from omni_tts.fastpath import FastPath, fuse_layer, mlp_fused, qkv_fused
+from omni_tts.model import TTSModel
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "qwen3_tts_tiny"
+_CACHE: dict[str, tuple[TTSModel, FastPath]] = {}
+
+
+def fixture_dir(name: str) -> Path:
+    d = FIXTURES / name
+    if not (d / "config.json").is_file():
+        pytest.skip(f"tiny Qwen3-TTS fixtures not found: expected them at {FIXTURES} (../shared beside the repo)")
+    return d
+
+
+def model_and_fast(name: str = "custom_voice") -> tuple[TTSModel, FastPath]:
+    if name not in _CACHE:
+        m = TTSModel.from_checkpoint(load_checkpoint(fixture_dir(name)))
+        _CACHE[name] = (m, FastPath(m, None))
+    return _CACHE[name]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def golden_cases(name: str) -> list[dict]:
+    f = FIXTURES / name / "golden" / "cases.json"
+    if not f.is_file():
+        return [pytest.param({}, marks=pytest.mark.skip(reason=f"fixtures not found at {FIXTURES}"))]
+    return json.loads(f.read_text())["cases"]
+
+
+def params_of(case: dict) -> SynthesisParams:
+    return SynthesisParams(text=case["text"], task=case["task"], speaker=case.get("speaker"),
+                           language=case["language"], instruct=case.get("instruct"),
+                           non_streaming_mode=case.get("non_streaming_mode"), do_sample=False,
+                           subtalker_do_sample=False, max_new_tokens=40)
+
+
+@torch.no_grad()
+def run_loop(m: TTSModel, fast: FastPath | None, params: SynthesisParams
+             ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """TTSModel.generate_codes' loop with the per-frame steps of `fast` (None: the reference modules).
+    -> (codes [frames, 16], talker hidden [1, D] after each frame)."""
+    st = m.resolve_settings(params)
+    pre = m.build_prefill(params)
+    T = pre.embeds.shape[0]
+    cache = m.talker.new_cache(1, T + st.max_frames + 1)
+    h = m.talker(pre.embeds[None], torch.arange(T)[None], cache, None)[:, -1]  # [1, D]
+    seed, seen = torch.tensor([st.seed]), torch.zeros(1, m.vocab_size, dtype=torch.bool)
+    allow_eos = torch.tensor([not st.fixed])
+    tsp = sampling.SlotParams.from_settings([st.talker])
+    ssp = sampling.SlotParams.from_settings([st.subtalker])
+    code0 = sampling.sample_talker(m.talker.logits(h), tsp, seen, torch.zeros(1, dtype=torch.long), allow_eos,
+                                   seed, m.sampling_constants)
+    sampling.mark_seen(seen, code0)
+    predict = fast.predict_frame if fast else m.code_predictor.predict_frame
+    frames, hiddens = [], []
+    for t in range(st.max_frames):
+        if not st.fixed and int(code0[0]) == m.eos_id:
+            break
+        frame, pos = torch.tensor([t]), torch.tensor([T + t])
+        rest, fb = predict(h, code0, ssp, seed, frame)  # [1, 15], [1, D]
+        x = fb + (pre.trailing[t] if t < pre.trailing.shape[0] else pre.pad)[None]  # [1, D]
+        if fast:
+            h = fast.talker_step(x, pos, cache, 1)
+        else:
+            h = m.talker(x[:, None], pos[:, None], cache, None)[:, 0]
+        frames.append(torch.cat([code0, rest[0]]))
+        hiddens.append(h)
+        code0 = sampling.sample_talker(m.talker.logits(h), tsp, seen, frame + 1, allow_eos, seed,
+                                       m.sampling_constants)
+        sampling.mark_seen(seen, code0)
+    return torch.stack(frames), hiddens
+
+
+def test_modules_share_the_packed_weights_and_keep_their_names() -> None:
+    m, fast = model_and_fast()
+    layers = list(m.talker.layers) + list(m.code_predictor.layers)
+    for layer, (w_qkv, b_qkv, w_gu) in zip(layers, fast.talker_w + fast.predictor_w):
+        a, mlp = layer.self_attn, layer.mlp
+        rows = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+        assert w_qkv.shape == (sum(r.shape[0] for r in rows), a.q_proj.in_features) and b_qkv is None
+        assert w_gu.shape == (2 * mlp.gate_proj.out_features, mlp.gate_proj.in_features)
+        off = 0
+        for r in rows:  # views: same storage, back to back
+            assert r.data_ptr() == w_qkv.data_ptr() + off * r.element_size() * r.shape[1]
+            off += r.shape[0]
+        assert mlp.gate_proj.weight.data_ptr() == w_gu.data_ptr()
+        assert torch.equal(mlp.up_proj.weight, w_gu[mlp.gate_proj.out_features:])
+    keys = set(m.talker.state_dict())
+    assert "layers.0.self_attn.q_proj.weight" in keys and not any("qkv" in k or "gate_up" in k for k in keys)
+    # a second FastPath (another compile mode) reuses the same storage instead of packing again
+    again = FastPath(m, None)
+    assert all(a[0].data_ptr() == b[0].data_ptr() and a[2].data_ptr() == b[2].data_ptr()
+               for a, b in zip(fast.talker_w, again.talker_w))
+
+
+def test_fused_units_equal_the_modules() -> None:
+    m, fast = model_and_fast()
+    torch.manual_seed(0)
+    layer = m.talker.layers[1]
+    w_qkv, b_qkv, w_gu = fuse_layer(layer)
+    x = torch.randn(3, 2, m.hidden_size)
+    cos, sin = m.talker.rope(torch.tensor([[4, 5]] * 3), x.dtype)  # [3, 2, hd]
+    for got, ref in zip(qkv_fused(layer.self_attn, w_qkv, b_qkv, x, cos, sin), layer.self_attn.qkv(x, cos, sin)):
+        assert got.shape == ref.shape
+        torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(mlp_fused(layer.mlp, w_gu, x), layer.mlp(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", golden_cases("custom_voice"))
+def test_fast_path_equals_golden_greedy_codes(case: dict) -> None:
+    m, fast = model_and_fast()
+    gold = np.load(FIXTURES / "custom_voice" / "golden" / f"case{case['case']}_codes.npy")
+    codes, hid = run_loop(m, fast, params_of(case))
+    np.testing.assert_array_equal(codes.numpy(), gold)
+    ref_codes, ref_hid = run_loop(m, None, params_of(case))  # the reference on the shared (re-pointed) weights
+    np.testing.assert_array_equal(ref_codes.numpy(), gold)
+    torch.testing.assert_close(torch.cat(hid), torch.cat(ref_hid), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", [1, 7, 1234])
+def test_fast_path_equals_reference_when_sampling(seed: int) -> None:
+    m, fast = model_and_fast()
+    p = SynthesisParams(text="the weather is nice today", speaker="ryan", language="English", max_new_tokens=24,
+                        seed=seed, temperature=0.9, top_k=50, top_p=0.9, subtalker_temperature=1.1,
+                        subtalker_top_p=0.8)
+    codes, hid = run_loop(m, fast, p)
+    ref_codes, ref_hid = run_loop(m, None, p)
+    assert torch.equal(codes, ref_codes) and len(hid) > 3
+    torch.testing.assert_close(torch.cat(hid), torch.cat(ref_hid), rtol=1e-5, atol=1e-5)
