@@ -4,7 +4,8 @@ Owns: the decoder half of `speech_tokenizer/` assembled from the layers in `code
 residual-VQ codebook lookup, causal pre-conv, sliding-window pre-transformer, ConvNeXt upsampler,
 SnakeBeta / transposed-conv vocoder), reading `decoder_config`, strict loading of its `decoder.*` tensors, the official decode conventions (codes clamped at 0, frames whose
 first code is -1 are padding, output clamped to [-1, 1], 300-frame segments decoded with 25 frames of
-left context), and exact chunked decoding (`decode_window`, `decode_frames`, `StreamingDecoder`).
+left context), and exact chunked decoding (`decode_window`, `decode_frames`, `StreamingDecoder`), its
+chunks planned apart from decoding so many streams' chunks decode as one batch (`ChunkPlan`, `decode_plans`).
 Does not know: the codec encoder (`codec_encoder.py`), the talker, devices or chunk-size policy
 (the engine picks those), audio file I/O.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
@@ -213,19 +215,26 @@ class CodecDecoder(nn.Module):
             yield start, stop
             start = stop
 
-    @torch.inference_mode()
-    def decode_frames(self, codes: torch.Tensor, start: int, end: int, left_context: int | None = None) -> torch.Tensor:
-        """Audio of frames [start, end) of the full matrix `codes` [B, T, Q], equal to that slice of `decode`.
+    def windows(self, codes: torch.Tensor, start: int, end: int,
+                left_context: int | None = None) -> list[tuple[torch.Tensor, int]]:
+        """The (window [..., C+N, Q], C) pieces whose last N frames are frames [start, end) of `codes` [..., T, Q].
 
-        Each piece gets max(left_context, receptive_field_frames) frames of context, but never reaches
-        before the start of the official segment window, so the result is the official one exactly.
+        One piece per official segment touched. Each gets max(left_context, receptive_field_frames)
+        frames of context but never reaches before the start of its official segment window, so
+        decoding every piece with `decode_window` gives exactly that slice of `decode`.
         """
         ctx = max(left_context or 0, self.receptive_field_frames, self.segment_context)
-        codes = self._prepare(codes)
         out = []
         for lo, hi in self._pieces(start, end):
             first = max(self._segment_start(lo), lo - ctx)
-            out.append(self._window(codes[:, first:hi], lo - first))  # [B, (hi-lo)*upsample]
+            out.append((codes[..., first:hi, :], lo - first))
+        return out
+
+    @torch.inference_mode()
+    def decode_frames(self, codes: torch.Tensor, start: int, end: int, left_context: int | None = None) -> torch.Tensor:
+        """Audio of frames [start, end) of the full matrix `codes` [B, T, Q], equal to that slice of `decode`."""
+        codes = self._prepare(codes)
+        out = [self._window(w, c) for w, c in self.windows(codes, start, end, left_context)]  # [B, N_i*upsample]
         if not out:
             return torch.zeros(codes.shape[0], 0, dtype=torch.float32, device=codes.device)
         return torch.cat(out, dim=-1)
@@ -247,6 +256,60 @@ class CodecDecoder(nn.Module):
         return wav[0] if single else wav
 
 
+@dataclass
+class ChunkPlan:
+    """A chunk a StreamingDecoder owes: frames [start, end) of its stream (prefix included), not decoded yet.
+
+    `windows`: the (codes [C+N, Q] int64, C) pieces to run through `CodecDecoder.decode_window` (one
+    per official segment touched; their audio, joined, is the chunk). Decode with `decode_plans`, then
+    hand the audio to `decoder.account` in the order the plans were made.
+    """
+
+    decoder: StreamingDecoder
+    start: int
+    end: int
+    windows: list[tuple[torch.Tensor, int]]
+
+
+def decode_plans(plans: list[ChunkPlan]) -> tuple[list[torch.Tensor | Exception], int]:
+    """Decode every plan's windows with one batched `decode_window` per distinct (codec, C+N, C).
+
+    The decoder is row-independent, so a row decoded in a batch equals its decode alone. Returns, per
+    plan, its float32 CPU audio [N*upsample] or the exception its decode raised (a failing batch is
+    retried row by row, so one bad request never fails the others), and how many decode calls ran.
+    """
+    groups: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+    for i, plan in enumerate(plans):
+        for j, (codes, ctx) in enumerate(plan.windows):
+            groups.setdefault((id(plan.decoder.codec), codes.shape[0], ctx), []).append((i, j))
+    pieces: list[list[Any]] = [[None] * len(plan.windows) for plan in plans]
+    calls = 0
+    for (_, _, ctx), members in groups.items():
+        codec = plans[members[0][0]].decoder.codec
+        rows = [plans[i].windows[j][0] for i, j in members]  # each [C+N, Q]
+        try:
+            calls += 1
+            wavs: list[Any] = list(codec.decode_window(torch.stack(rows), ctx).cpu())  # B x [N*upsample]
+        except Exception as e:
+            if len(rows) == 1:
+                wavs = [e]
+            else:
+                wavs = []
+                for row in rows:  # find the row(s) at fault
+                    calls += 1
+                    try:
+                        wavs.append(codec.decode_window(row[None], ctx)[0].cpu())
+                    except Exception as err:
+                        wavs.append(err)
+        for (i, j), wav in zip(members, wavs):
+            pieces[i][j] = wav
+    out: list[torch.Tensor | Exception] = []
+    for got in pieces:
+        err = next((w for w in got if isinstance(w, Exception)), None)
+        out.append(err if err is not None else got[0] if len(got) == 1 else torch.cat(got))
+    return out, calls
+
+
 class StreamingDecoder:
     """Per-request incremental decode: `push` frames as they arrive, `flush` at the end.
 
@@ -257,6 +320,11 @@ class StreamingDecoder:
     `prefix_codes` [P, Q] (voice-clone reference codes) prime the decoder: they are left context of the
     pushed frames but never emitted, so the chunks equal `decode([prefix; pushed])` minus its first
     P * decode_upsample_rate samples.
+
+    Planning is split from decoding so that many decoders' chunks can be decoded in one batch:
+    `plan_push` / `plan_flush` return the ChunkPlan that became due (frames [planned_frames, ...) are
+    then promised to it), `decode_plans` decodes plans of many decoders, `account` takes each chunk's
+    audio back in order. `push` / `flush` do all three for this decoder alone.
     """
 
     def __init__(self, codec: CodecDecoder, initial_chunk_frames: int = 2, chunk_frames: int = 12,
@@ -268,32 +336,57 @@ class StreamingDecoder:
         wanted = codec.sliding_window if left_context_frames is None else left_context_frames
         self.left_context_frames = max(wanted, codec.receptive_field_frames)
         self._codes: list[torch.Tensor] = []
-        self.total_frames = 0
-        self.emitted_frames = 0
+        self.total_frames = 0  # frames in (prefix included)
+        self.planned_frames = 0  # frames promised to a ChunkPlan
+        self.emitted_frames = 0  # frames whose audio has been accounted
         if prefix_codes is not None:
-            prefix = torch.as_tensor(prefix_codes).reshape(-1, codec.num_quantizers)  # prefix: [P, Q]
+            prefix = torch.as_tensor(prefix_codes).reshape(-1, codec.num_quantizers).long()  # prefix: [P, Q]
             self._codes.append(prefix)
-            self.total_frames = self.emitted_frames = prefix.shape[0]
+            self.total_frames = self.planned_frames = self.emitted_frames = prefix.shape[0]
         self.prefix_frames = self.total_frames
 
-    def push(self, codes_new: torch.Tensor | np.ndarray) -> np.ndarray | None:
-        """Add [n, Q] (or [Q]) frames; return the audio of the frames that became due, or None."""
-        new = torch.as_tensor(codes_new).reshape(-1, self.codec.num_quantizers)  # new: [n, Q]
+    def plan_push(self, codes_new: torch.Tensor | np.ndarray) -> ChunkPlan | None:
+        """Add [n, Q] (or [Q]) frames; return the plan of the chunk that became due, or None."""
+        new = torch.as_tensor(codes_new).reshape(-1, self.codec.num_quantizers).long()  # new: [n, Q]
         if new.shape[0]:
             self._codes.append(new)
             self.total_frames += new.shape[0]
-        due = self.initial_chunk_frames if self.emitted_frames == self.prefix_frames else self.chunk_frames
-        if self.total_frames - self.emitted_frames < due:
-            return None
-        return self._emit()
+        due = self.initial_chunk_frames if self.planned_frames == self.prefix_frames else self.chunk_frames
+        return self._plan() if self.total_frames - self.planned_frames >= due else None
+
+    def plan_flush(self) -> ChunkPlan | None:
+        """The plan of every frame not planned yet (None if there is none)."""
+        return self._plan() if self.total_frames > self.planned_frames else None
+
+    def _plan(self) -> ChunkPlan:
+        codes = torch.cat(self._codes)  # codes: [T, Q]
+        self._codes = [codes]
+        windows = self.codec.windows(codes, self.planned_frames, self.total_frames, self.left_context_frames)
+        plan = ChunkPlan(self, self.planned_frames, self.total_frames, windows)
+        self.planned_frames = self.total_frames
+        return plan
+
+    def account(self, plan: ChunkPlan, wav: torch.Tensor) -> np.ndarray:
+        """Take back a plan's decoded audio [N*upsample]; plans must come back in the order they were made."""
+        if plan.decoder is not self or plan.start != self.emitted_frames:
+            raise ValueError(f"chunk [{plan.start}, {plan.end}) accounted out of order "
+                             f"(emitted {self.emitted_frames} frames)")
+        self.emitted_frames = plan.end
+        return wav.reshape(-1).float().cpu().numpy()
+
+    def push(self, codes_new: torch.Tensor | np.ndarray) -> np.ndarray | None:
+        """Add [n, Q] (or [Q]) frames; return the audio of the frames that became due, or None."""
+        plan = self.plan_push(codes_new)
+        return None if plan is None else self._decode(plan)
 
     def flush(self) -> np.ndarray | None:
         """Audio of every frame not emitted yet (None if there is none)."""
-        return self._emit() if self.total_frames > self.emitted_frames else None
+        plan = self.plan_flush()
+        return None if plan is None else self._decode(plan)
 
-    def _emit(self) -> np.ndarray:
-        codes = torch.cat(self._codes)[None]  # codes: [1, T, Q]
-        self._codes = [codes[0]]
-        wav = self.codec.decode_frames(codes, self.emitted_frames, self.total_frames, self.left_context_frames)
-        self.emitted_frames = self.total_frames
-        return wav[0].cpu().numpy()
+    def _decode(self, plan: ChunkPlan) -> np.ndarray:
+        wav = decode_plans([plan])[0][0]
+        if isinstance(wav, Exception):
+            self.planned_frames = plan.start  # nothing was emitted: the frames are owed again
+            raise wav
+        return self.account(plan, wav)

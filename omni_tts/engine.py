@@ -1,7 +1,9 @@
-"""The engine: request admission, the batched frame loop, streaming code-to-wave, cancellation.
+"""The engine: request admission, the batched frame loop, cancellation, mode switches.
 
 Owns: the scheduler thread, request handles (stream / cancel / result), slot bookkeeping on the
-host side, per-request streaming decoders, metrics records, and mode switches between steps.
+host side, creating each request's streaming decoder, metrics records, and mode switches between
+steps. Each step's codes go to the code-to-wave stage (`omni_tts.code2wav`: its own thread, chunks
+of many requests decoded in one batch), which emits the audio and completes requests.
 Does not own device math: `omni_tts.runner.Runner` holds the batched device state and the step
 functions (and their compile modes / CUDA graphs). Knows nothing about Gradio.
 """
@@ -9,33 +11,21 @@ functions (and their compile modes / CUDA graphs). Knows nothing about Gradio.
 from __future__ import annotations
 
 import itertools
-from contextlib import nullcontext as _nullcontext
 import queue
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
-import torch
 
 from omni_tts.clone import decoder_prefix
+from omni_tts.code2wav import AudioChunk, Code2Wav
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.errors import EngineError, OmniTTSError
 from omni_tts.metrics import EngineStats, RequestMetrics, gpu_memory, now
 
+__all__ = ["AudioChunk", "Engine", "RequestHandle", "SynthesisResult"]
 _DONE = object()
-
-
-@dataclass
-class AudioChunk:
-    """A piece of one request's audio, in order. `samples`: float32 mono at `sample_rate`."""
-
-    request_id: int
-    index: int
-    samples: np.ndarray
-    sample_rate: int
-    first_frame: int
-    frames: int
 
 
 @dataclass
@@ -128,10 +118,8 @@ class Engine:
         self._wake = threading.Event()
         self._stop = threading.Event()
         # code-to-wave stage: its own thread (and CUDA stream), so decoding audio chunks overlaps the
-        # next frames' talker/predictor work instead of stalling every request in the batch
-        self._c2w: "queue.Queue[tuple]" = queue.Queue()
-        self._c2w_thread = threading.Thread(target=self._code2wav_loop, name="omni-tts-code2wav", daemon=True)
-        self._c2w_thread.start()
+        # next frames' talker/predictor work; it decodes the chunks of many requests in one batch
+        self._c2w = Code2Wav(runner.device, self.stats)
         self._thread = threading.Thread(target=self._loop, name="omni-tts-scheduler", daemon=True)
         self._thread.start()
 
@@ -200,6 +188,8 @@ class Engine:
             "max_num_seqs": self.config.max_num_seqs,
             "steps_per_s": self.stats.steps_per_s(),
             "mean_occupancy": self.stats.mean_occupancy(),
+            "chunk_decodes": self.stats.chunk_decodes,  # audio chunk windows decoded...
+            "decode_calls": self.stats.decode_calls,  # ...in this many (batched) codec calls
             "memory": gpu_memory(self.runner.device, self.runner.pool_bytes()),
             "capture": dict(self.stats.capture),
             "model": self.model.describe(),
@@ -209,8 +199,7 @@ class Engine:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=30)
-        self._c2w.put(("stop",))
-        self._c2w_thread.join(timeout=30)
+        self._c2w.stop(timeout=30)
 
     # ------------------------------------------------------------------ scheduler thread
     def _call_on_loop(self, fn: Callable[[], Any]) -> Any:
@@ -284,17 +273,18 @@ class Engine:
         codes, eos = self.runner.step(n)  # codes: [n, 16] int64 numpy (frame just completed); eos: [n] bool (next)
         self.stats.on_step(n)
         finished: list[int] = []
+        jobs: list[tuple] = []  # this step's code-to-wave jobs, queued as one item (decoded as one batch)
         for i, a in enumerate(self._active):
             a.codes.append(codes[i])
-            self._c2w.put(("push", a, codes[i:i + 1]))
+            jobs.append(("push", a, codes[i:i + 1]))
             frames = len(a.codes)
             if a.handle.cancel_requested.is_set():
-                self._finish(a, "cancelled")
+                jobs.append(("finish", a, "cancelled", None))
                 finished.append(i)
             elif frames >= a.max_frames or (eos[i] and not a.fixed):
-                self._c2w.put(("flush", a))
-                self._finish(a, "done")
+                jobs += [("flush", a), ("finish", a, "done", None)]
                 finished.append(i)
+        self._c2w.put(jobs)
         for i in sorted(finished, reverse=True):
             last = len(self._active) - 1
             if i != last:
@@ -302,66 +292,6 @@ class Engine:
                 self._active[i] = self._active[last]
             self._active.pop()
 
-    # ------------------------------------------------------------------ code-to-wave thread
-    def _code2wav_loop(self) -> None:
-        """Jobs in order: ("push", a, codes), ("flush", a), ("finish", a, status, error), ("stop",)."""
-        cuda = self.runner.device.type == "cuda"
-        stream = torch.cuda.Stream(self.runner.device) if cuda else None
-        with torch.cuda.stream(stream) if cuda else _nullcontext():
-            while True:
-                job = self._c2w.get()
-                if job[0] == "stop":
-                    return
-                a = job[1]
-                if a.failed:  # a decode error already finished this request
-                    continue
-                try:
-                    if job[0] == "push":
-                        self._push_audio(a, job[2])
-                    elif job[0] == "flush":
-                        self._flush_audio(a)
-                    else:
-                        self._complete(a, job[2], job[3])
-                except Exception as e:
-                    a.failed = True
-                    self._complete(a, "error", e if isinstance(e, OmniTTSError) else
-                                   EngineError(f"audio decoding failed: {e}"))
-
-    def _push_audio(self, a: _Active, codes: np.ndarray) -> None:
-        start = a.decoder.emitted_frames
-        wav = a.decoder.push(torch.from_numpy(codes))
-        if wav is not None:
-            self._emit(a, wav, start)
-
-    def _flush_audio(self, a: _Active) -> None:
-        start = a.decoder.emitted_frames
-        wav = a.decoder.flush()
-        if wav is not None:
-            self._emit(a, wav, start)
-
-    def _emit(self, a: _Active, wav: Any, start: int) -> None:
-        """`start`: the decoder's emitted frame count before this chunk (includes any voice-clone prefix)."""
-        samples = np.asarray(wav.detach().float().cpu().numpy() if torch.is_tensor(wav) else wav,
-                             dtype=np.float32).reshape(-1)
-        if samples.size == 0:
-            return
-        m = a.handle.metrics
-        if m.first_audio_at is None:
-            m.first_audio_at = now()
-        m.audio_samples += samples.size
-        first = start - getattr(a.decoder, "prefix_frames", 0)  # frame index within this request's audio
-        a.handle._emit(AudioChunk(a.handle.id, a.chunks, samples, m.sample_rate, first,
-                                  a.decoder.emitted_frames - start))
-        a.chunks += 1
-
     def _finish(self, a: _Active, status: str, error: OmniTTSError | None = None) -> None:
         """Scheduler side: the request leaves its slot; it completes after its audio is decoded."""
-        self._c2w.put(("finish", a, status, error))
-
-    def _complete(self, a: _Active, status: str, error: OmniTTSError | None = None) -> None:
-        m = a.handle.metrics
-        m.status, m.finished_at, m.frames = status, now(), len(a.codes)
-        m.error = str(error) if error else None
-        if status == "done":
-            self.stats.on_finish(m)
-        a.handle._finish(a.codes, error)
+        self._c2w.put([("finish", a, status, error)])

@@ -77,11 +77,13 @@ def gpu_memory(device: torch.device | str | None, pool_bytes: int = 0) -> dict[s
 
 @dataclass
 class EngineStats:
-    """Engine-wide counters, updated by the scheduler thread, read by anyone."""
+    """Engine-wide counters, updated by the scheduler and code-to-wave threads, read by anyone."""
 
     history: int = 200
     steps: int = 0
     busy_slots_sum: int = 0
+    chunk_decodes: int = 0  # audio chunk windows decoded by the code-to-wave stage...
+    decode_calls: int = 0  # ...in this many codec calls (fewer when chunks of several requests batch)
     started_at: float = field(default_factory=now)
     capture: dict[str, dict[str, float]] = field(default_factory=dict)  # mode -> {seconds, pool_bytes}
     recent: deque = field(default_factory=deque)
@@ -93,6 +95,11 @@ class EngineStats:
             self.steps += 1
             self.busy_slots_sum += batch
             self._step_times.append(now())
+
+    def on_decode(self, chunks: int, calls: int) -> None:
+        with self._lock:
+            self.chunk_decodes += chunks
+            self.decode_calls += calls
 
     def on_finish(self, m: RequestMetrics) -> None:
         with self._lock:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from omni_tts.checkpoint import load_checkpoint, load_weights
-from omni_tts.codec import CodecDecoder, StreamingDecoder
+from omni_tts.codec import CodecDecoder, StreamingDecoder, decode_plans
 from omni_tts.errors import CheckpointError, InputError
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared/fixtures/qwen3_tts_tiny"
@@ -181,6 +181,83 @@ def test_left_context_is_the_receptive_field() -> None:
     bumped = lat.clone()
     bumped[..., 30 - dec.vocoder_context_frames - 1] += 1.0
     assert torch.equal(d64._vocode(bumped)[:, 30 * upf:], d64._vocode(lat)[:, 30 * upf:])
+
+
+def test_batched_window_rows_equal_their_single_decodes() -> None:
+    """The codec is row-independent: rows with different histories, decoded together, equal each alone."""
+    dec = decoder("custom_voice")
+    ctx, n = dec.receptive_field_frames, 9
+    rows = torch.stack([random_codes(ctx + n, seed=40 + i) for i in range(4)])  # rows: [4, C+N, 16]
+    batched = dec.decode_window(rows, ctx)  # [4, N*upsample]
+    assert batched.shape == (4, n * dec.decode_upsample_rate)
+    for i in range(4):
+        assert float((batched[i] - dec.decode_window(rows[i: i + 1], ctx)[0]).abs().max()) <= 1e-5
+
+
+def _lockstep(decs: list[StreamingDecoder], codes: list[torch.Tensor]) -> tuple[list[list[np.ndarray]], int, int]:
+    """Push one frame per decoder per step, decode each step's due plans (and the flushes) together."""
+    chunks: list[list[np.ndarray]] = [[] for _ in decs]
+    windows = calls = 0
+
+    def run(plans: list) -> None:
+        nonlocal windows, calls
+        wavs, n = decode_plans([p for _, p in plans])
+        windows, calls = windows + sum(len(p.windows) for _, p in plans), calls + n
+        for (i, plan), wav in zip(plans, wavs):
+            chunks[i].append(plan.decoder.account(plan, wav))
+
+    for t in range(max(c.shape[0] for c in codes)):
+        run([(i, p) for i, (d, c) in enumerate(zip(decs, codes)) if t < c.shape[0]
+             for p in [d.plan_push(c[t: t + 1])] if p is not None])
+    run([(i, p) for i, d in enumerate(decs) for p in [d.plan_flush()] if p is not None])
+    return chunks, windows, calls
+
+
+@pytest.mark.parametrize("segments", [False, True])
+def test_batched_chunks_of_several_decoders_equal_their_unbatched_chunks(segments: bool) -> None:
+    """Different lengths, histories and voice-clone prefixes; with `segments`, chunks cross the official
+    segment boundaries (shrunk to 40 frames / 5 of context) so plans have several windows."""
+    dec = decoder("custom_voice")
+    if segments:
+        dec = CodecDecoder.from_checkpoint(load_checkpoint(FIXTURES / "custom_voice"))
+        dec.segment_frames, dec.segment_context = 40, 5
+    prefixes = [None, random_codes(10, seed=90), None, random_codes(150, seed=91), None]  # 150: capped context
+    lengths = [60, 45, 60, 30, 12]
+    codes = [random_codes(n, seed=80 + i) for i, n in enumerate(lengths)]
+
+    def make(i: int) -> StreamingDecoder:
+        return StreamingDecoder(dec, initial_chunk_frames=2, chunk_frames=7, prefix_codes=prefixes[i])
+
+    batched, windows, calls = _lockstep([make(i) for i in range(5)], codes)
+    assert calls < windows  # chunks of several decoders really shared decode calls
+    upf = dec.decode_upsample_rate
+    for i, c in enumerate(codes):
+        alone = make(i)
+        solo = [w for w in [*(alone.push(c[t: t + 1]) for t in range(c.shape[0])), alone.flush()] if w is not None]
+        assert [len(w) for w in batched[i]] == [len(w) for w in solo]
+        assert max(float(np.abs(b - s).max()) for b, s in zip(batched[i], solo)) <= 1e-5
+        full = c if prefixes[i] is None else torch.cat([prefixes[i], c])
+        one_shot = dec.decode(full)[(full.shape[0] - c.shape[0]) * upf:].numpy()
+        assert float(np.abs(np.concatenate(batched[i]) - one_shot).max()) <= STREAM_TOL
+
+
+def test_a_bad_row_fails_only_its_own_plan() -> None:
+    dec = decoder("custom_voice")
+    bad = random_codes(5, seed=5)
+    bad[1, 3] = 4096  # outside the codebook
+    decs = [StreamingDecoder(dec, 2, 7), StreamingDecoder(dec, 2, 7, prefix_codes=bad), StreamingDecoder(dec, 2, 7)]
+    plans = [d.plan_push(random_codes(2, seed=i)) for i, d in enumerate(decs)]
+    wavs, calls = decode_plans(plans)
+    assert isinstance(wavs[1], InputError) and "outside the codebook" in str(wavs[1])
+    for i in (0, 2):
+        assert torch.is_tensor(wavs[i]) and wavs[i].shape == (2 * dec.decode_upsample_rate,)
+        decs[i].account(plans[i], wavs[i])
+    with pytest.raises(ValueError, match="out of order"):
+        decs[0].account(plans[0], wavs[0])
+    alone = StreamingDecoder(dec, 2, 7, prefix_codes=bad)
+    with pytest.raises(InputError):  # the standalone path raises, and the frames stay owed
+        alone.push(random_codes(2, seed=1))
+    assert alone.emitted_frames == alone.planned_frames == alone.prefix_frames == 5 and alone.total_frames == 7
 
 
 def test_batch_padding_and_dtype() -> None:

@@ -1,0 +1,147 @@
+"""The engine's code-to-wave stage: per-request streaming decoders' chunks, batched across requests.
+
+Owns: the code-to-wave thread (and its CUDA stream, so decoding audio overlaps the next frames'
+talker / predictor work), its job queue, turning codec codes into `AudioChunk`s on request handles,
+and completing requests once their audio is out. Each pass drains every job queued at that moment,
+plans the chunks that became due (`StreamingDecoder.plan_push` / `plan_flush`), decodes all of them
+with one batched `decode_window` per distinct window shape (`codec.decode_plans`; chunks of requests
+that started together share a shape), then emits chunks and completions in job order, so each
+request's chunks and its completion stay in order. Split out of engine.py (which keeps admission,
+the frame loop and the public API) to keep both files small.
+Does not know: the runner, slots, sampling, or how the codec computes a window.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_tts.codec import ChunkPlan, decode_plans
+from omni_tts.errors import EngineError, OmniTTSError
+from omni_tts.metrics import EngineStats, now
+
+
+@dataclass
+class AudioChunk:
+    """A piece of one request's audio, in order. `samples`: float32 mono at `sample_rate`."""
+
+    request_id: int
+    index: int
+    samples: np.ndarray
+    sample_rate: int
+    first_frame: int
+    frames: int
+
+
+def _error(e: Exception) -> OmniTTSError:
+    return e if isinstance(e, OmniTTSError) else EngineError(f"audio decoding failed: {e}")
+
+
+class Code2Wav:
+    """Jobs, each a tuple about one request record `a` (engine._Active: handle, decoder, codes, chunks,
+    failed): ("push", a, codes [n, 16]), ("flush", a), ("finish", a, status, error).
+
+    `put(jobs)` queues a list of jobs as one item (the scheduler puts one step's jobs at once, so the
+    chunks that step made due are always decoded together)."""
+
+    def __init__(self, device: torch.device, stats: EngineStats) -> None:
+        self.device, self.stats = device, stats
+        self._jobs: "queue.Queue[list[tuple] | None]" = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="omni-tts-code2wav", daemon=True)
+        self._thread.start()
+
+    def put(self, jobs: list[tuple]) -> None:
+        if jobs:
+            self._jobs.put(jobs)
+
+    def stop(self, timeout: float = 30) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=timeout)
+
+    # ------------------------------------------------------------------ the thread
+    def _loop(self) -> None:
+        cuda = self.device.type == "cuda"
+        with torch.cuda.stream(torch.cuda.Stream(self.device)) if cuda else nullcontext():
+            while True:
+                batch = [self._jobs.get()]
+                while batch[-1] is not None and not self._jobs.empty():  # drain what is queued now
+                    batch.append(self._jobs.get_nowait())
+                jobs = [job for item in batch if item is not None for job in item]
+                try:
+                    self._run(jobs)
+                except Exception as e:  # a bug here must not leave these requests hanging
+                    for a in {id(job[1]): job[1] for job in jobs}.values():
+                        if not a.failed and not a.handle.done:
+                            a.failed = True
+                            self._complete(a, "error", _error(e))
+                if batch[-1] is None:
+                    return
+
+    def _run(self, jobs: list[tuple]) -> None:
+        """Plan every job's chunk in order, decode all the plans batched, then emit in order."""
+        steps: list[tuple] = []  # ("chunk", a, plan) | ("fail", a, error) | ("finish", a, status, error)
+        broken: set[int] = set()  # requests whose planning failed in this pass: skip their later jobs
+        for job in jobs:
+            a = job[1]
+            if a.failed or id(a) in broken:
+                continue
+            if job[0] == "finish":
+                steps.append(job)
+                continue
+            try:
+                plan = a.decoder.plan_push(torch.from_numpy(job[2])) if job[0] == "push" else a.decoder.plan_flush()
+            except Exception as e:
+                broken.add(id(a))
+                steps.append(("fail", a, _error(e)))
+                continue
+            if plan is not None:
+                steps.append(("chunk", a, plan))
+        plans = [s[2] for s in steps if s[0] == "chunk"]
+        wavs, calls = decode_plans(plans) if plans else ([], 0)
+        self.stats.on_decode(sum(len(p.windows) for p in plans), calls)
+        results = iter(wavs)
+        for step in steps:
+            self._apply(step, next(results) if step[0] == "chunk" else None)
+
+    def _apply(self, step: tuple, wav: Any) -> None:
+        a = step[1]
+        if a.failed:  # a decode error already finished this request
+            return
+        if step[0] == "finish":
+            self._complete(a, step[2], step[3])
+        elif step[0] == "fail" or isinstance(wav, Exception):
+            a.failed = True
+            self._complete(a, "error", step[2] if step[0] == "fail" else _error(wav))
+        else:
+            try:
+                self._emit(a, step[2], a.decoder.account(step[2], wav))
+            except Exception as e:
+                a.failed = True
+                self._complete(a, "error", _error(e))
+
+    def _emit(self, a: Any, plan: ChunkPlan, wav: np.ndarray) -> None:
+        """`plan.start` / `plan.end`: decoder frame counts, which include any voice-clone prefix."""
+        samples = np.asarray(wav, dtype=np.float32).reshape(-1)
+        if samples.size == 0:
+            return
+        m = a.handle.metrics
+        if m.first_audio_at is None:
+            m.first_audio_at = now()
+        m.audio_samples += samples.size
+        first = plan.start - a.decoder.prefix_frames  # frame index within this request's audio
+        a.handle._emit(AudioChunk(a.handle.id, a.chunks, samples, m.sample_rate, first, plan.end - plan.start))
+        a.chunks += 1
+
+    def _complete(self, a: Any, status: str, error: OmniTTSError | None = None) -> None:
+        m = a.handle.metrics
+        m.status, m.finished_at, m.frames = status, now(), len(a.codes)
+        m.error = str(error) if error else None
+        if status == "done":
+            self.stats.on_finish(m)
+        a.handle._finish(a.codes, error)
