@@ -14,19 +14,13 @@ from pathlib import Path
 import pytest
 
 from omni_tts import bench
+from _fixtures import fixture_dir
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "qwen3_tts_tiny"
 LABELS = ["Med TTFP (ms)", "p90 TTFP (ms)", "Med E2E (ms)", "Mean RTF", "Req/s", "Audio tput (s/s)"]
 KEYS = ["requests", "med_ttfp_ms", "p90_ttfp_ms", "med_e2e_ms", "mean_rtf", "req_per_s", "audio_s_per_s",
         "audio_s", "wall_s"]
 
-
-def fixture_dir(name: str) -> Path:
-    d = FIXTURES / name
-    if not (d / "config.json").is_file():
-        pytest.skip(f"tiny Qwen3-TTS fixtures not found: expected {d} (../shared/fixtures beside the repo)")
-    return d
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess:

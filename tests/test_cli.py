@@ -12,16 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from _fixtures import fixture_dir
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO.parent / "shared" / "fixtures" / "qwen3_tts_tiny"
 
-
-def fixture_dir(name: str) -> Path:
-    d = FIXTURES / name
-    if not (d / "config.json").is_file():
-        pytest.skip(f"tiny Qwen3-TTS fixtures not found: expected them at {FIXTURES} (../shared beside the repo)")
-    return d
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -23,18 +23,12 @@ import torch
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.engine import Engine, RequestHandle
 from omni_tts.errors import CheckpointError, InputError, OmniTTSError
+from _fixtures import FIXTURES, fixture_dir
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "qwen3_tts_tiny"
 SR = 24000
 SPF = 1920  # samples per 12.5 Hz frame at 24 kHz (0.08 s)
 TIMEOUT = 120.0  # a hang fails the test instead of the suite
 
-
-def fixture_dir(name: str) -> Path:
-    d = FIXTURES / name
-    if not (d / "config.json").is_file():
-        pytest.skip(f"tiny Qwen3-TTS fixtures not found: expected {d} (../shared/fixtures beside the repo)")
-    return d
 
 
 def make_engine(model: Path | str, **kw) -> Engine:
@@ -43,14 +37,6 @@ def make_engine(model: Path | str, **kw) -> Engine:
     cfg.update(kw)
     return Engine.from_config(EngineConfig(model=str(model), **cfg))
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices: one thread is several times faster than contended OpenMP threads."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ the modules, equal greedy golden codes, equal sampled codes and hidden states wi
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,16 +15,10 @@ from omni_tts.checkpoint import load_checkpoint
 from omni_tts.config import SynthesisParams
 from omni_tts.fastpath import FastPath, fuse_layer, mlp_fused, qkv_fused
 from omni_tts.model import TTSModel
+from _fixtures import FIXTURES, fixture_dir
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "qwen3_tts_tiny"
 _CACHE: dict[str, tuple[TTSModel, FastPath]] = {}
 
-
-def fixture_dir(name: str) -> Path:
-    d = FIXTURES / name
-    if not (d / "config.json").is_file():
-        pytest.skip(f"tiny Qwen3-TTS fixtures not found: expected them at {FIXTURES} (../shared beside the repo)")
-    return d
 
 
 def model_and_fast(name: str = "custom_voice") -> tuple[TTSModel, FastPath]:
@@ -34,13 +27,6 @@ def model_and_fast(name: str = "custom_voice") -> tuple[TTSModel, FastPath]:
         _CACHE[name] = (m, FastPath(m, None))
     return _CACHE[name]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def golden_cases(name: str) -> list[dict]:

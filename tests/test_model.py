@@ -17,16 +17,10 @@ from omni_tts.checkpoint import load_checkpoint
 from omni_tts.config import SynthesisParams
 from omni_tts.errors import CheckpointError, InputError
 from omni_tts.model import TTSModel
+from _fixtures import FIXTURES, fixture_dir
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "qwen3_tts_tiny"
 _MODELS: dict[str, TTSModel] = {}
 
-
-def fixture_dir(name: str) -> Path:
-    d = FIXTURES / name
-    if not (d / "config.json").is_file():
-        pytest.skip(f"tiny Qwen3-TTS fixtures not found: expected them at {FIXTURES} (../shared beside the repo)")
-    return d
 
 
 def model(name: str) -> TTSModel:
@@ -34,14 +28,6 @@ def model(name: str) -> TTSModel:
         _MODELS[name] = TTSModel.from_checkpoint(load_checkpoint(fixture_dir(name)))
     return _MODELS[name]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices: one thread is several times faster than contended OpenMP threads."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def golden_cases(name: str) -> list[tuple[str, dict]]:

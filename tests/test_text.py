@@ -14,15 +14,9 @@ import pytest
 
 from omni_tts.errors import CheckpointError, InputError
 from omni_tts.text import PromptBuilder, TextTokenizer, assistant_template
+from _fixtures import fixture_dir
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "qwen3_tts_tiny"
 
-
-def fixture_dir(name: str) -> Path:
-    d = FIXTURES / name
-    if not (d / "config.json").is_file():
-        pytest.skip(f"tiny Qwen3-TTS fixtures not found: expected them at {FIXTURES} (../shared beside the repo)")
-    return d
 
 
 def builder(name: str = "custom_voice") -> PromptBuilder:

@@ -23,19 +23,14 @@ from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.errors import InputError
 from omni_tts.model import TTSModel
 from omni_tts.speaker import VoicePrompt
+from _fixtures import FIXTURES, fixture_dir
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).resolve().parents[2] / "shared/fixtures/qwen3_tts_tiny"
 BASE = FIXTURES / "base"
 GOLDEN = BASE / "golden"
 SR, UP = 24000, 1920  # output rate, samples per codec frame
 REF_TEXT_B = "a second speaker talks here"
 
-
-def need(d: Path) -> Path:
-    if not (d / "config.json").is_file():
-        pytest.skip(f"tiny Qwen3-TTS fixture not found: expected it at {d} (../shared beside the repo)")
-    return d
 
 
 def golden_cases() -> list:
@@ -45,23 +40,15 @@ def golden_cases() -> list:
     return [pytest.param(c, id=f"case{c['case']}") for c in json.loads(f.read_text())["cases"]]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices: one thread is several times faster than contended OpenMP threads."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.fixture(scope="module")
 def model() -> TTSModel:
-    return TTSModel.from_checkpoint(load_checkpoint(need(BASE)))
+    return TTSModel.from_checkpoint(load_checkpoint(fixture_dir("base")))
 
 
 @pytest.fixture(scope="module")
 def ref_audio() -> np.ndarray:
-    return np.load(need(BASE) / "golden_ref_audio.npy")  # [48000] float32 at 24 kHz
+    return np.load(fixture_dir("base") / "golden_ref_audio.npy")  # [48000] float32 at 24 kHz
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +61,7 @@ def other_audio(ref_audio) -> np.ndarray:
 def engine():
     from omni_tts.engine import Engine
 
-    eng = Engine.from_config(EngineConfig(model=str(need(BASE)), device="cpu", max_num_seqs=4, max_seq_len=256,
+    eng = Engine.from_config(EngineConfig(model=str(fixture_dir("base")), device="cpu", max_num_seqs=4, max_seq_len=256,
                                           mode="eager", initial_chunk_frames=2, chunk_frames=5))
     yield eng
     eng.shutdown()
@@ -149,7 +136,7 @@ def test_voice_prompt_errors(model, ref_audio) -> None:
     short = VoicePrompt(None, good.x_vector[:10], x_vector_only=True)
     with pytest.raises(InputError, match="x-vector has 10 values"):
         model.check_request(clone_params(short, "hi"))
-    cv = TTSModel.from_checkpoint(load_checkpoint(need(FIXTURES / "custom_voice")))
+    cv = TTSModel.from_checkpoint(load_checkpoint(fixture_dir("custom_voice")))
     with pytest.raises(InputError, match="Base checkpoint"):
         cv.voice_prompt((ref_audio, SR), "the reference words")
     with pytest.raises(InputError, match="cannot do task 'voice_clone'"):
@@ -237,7 +224,7 @@ def test_clone_engine_and_custom_voice_engine_run_at_once_without_cross_talk(eng
     requests submitted interleaved from several threads to both at once each get exactly their solo output."""
     from omni_tts.engine import Engine
 
-    cv = Engine.from_config(EngineConfig(model=str(need(FIXTURES / "custom_voice")), device="cpu", max_num_seqs=2,
+    cv = Engine.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), device="cpu", max_num_seqs=2,
                                          max_seq_len=256, mode="eager", initial_chunk_frames=1, chunk_frames=4))
     try:
         voices = [engine.voice_prompt((ref_audio, SR), "the reference words"),
@@ -299,7 +286,7 @@ def test_icl_prompt_too_long_names_the_reference_audio(engine, model, ref_audio)
     """The tiny ICL prompt is 34 rows (25 reference frames) whatever the short text; an x-vector prompt is 9."""
     from omni_tts.engine import Engine
 
-    small = Engine.from_config(EngineConfig(model=str(need(BASE)), device="cpu", max_num_seqs=2, max_seq_len=34,
+    small = Engine.from_config(EngineConfig(model=str(fixture_dir("base")), device="cpu", max_num_seqs=2, max_seq_len=34,
                                             mode="eager"))
     try:
         icl = engine.voice_prompt((ref_audio, SR), "the reference words")
@@ -385,7 +372,7 @@ def test_cli_bad_reference_audio_is_one_line(tmp_path, ref_audio, capsys) -> Non
     (the reference audio is checked before the model loads, so these take milliseconds)."""
     from omni_tts.__main__ import main
 
-    d = str(need(BASE))
+    d = str(fixture_dir("base"))
     (tmp_path / "empty.wav").write_bytes(b"")
     (tmp_path / "text.wav").write_text("this is not audio\n" * 50)
     sf.write(tmp_path / "silent.wav", np.zeros(48000, np.float32), SR)
@@ -406,7 +393,7 @@ def test_cli_bad_reference_audio_is_one_line(tmp_path, ref_audio, capsys) -> Non
         "no reference": ([], ["voice_clone needs --ref-audio"]),
         "voice not a prompt": (["--voice", ok], ["ok.wav", "not a safetensors file"]),
         "both": (["--voice", ok, "--ref-audio", ok], ["either --voice"]),
-        "custom_voice": (["--ref-audio", ok, xv, "--model", str(need(FIXTURES / "custom_voice"))],
+        "custom_voice": (["--ref-audio", ok, xv, "--model", str(fixture_dir("custom_voice"))],
                          ["--task voice_clone", "custom_voice"]),
     }
     (tmp_path / "out").mkdir()
