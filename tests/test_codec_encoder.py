@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from _fixtures import FIXTURES, fixture_dir
 from omni_tts.checkpoint import load_checkpoint
 from omni_tts.codec_encoder import CodecEncoder
 from omni_tts.errors import CheckpointError, InputError
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared/fixtures/qwen3_tts_tiny"
 BASE = FIXTURES / "base"
 
 
 @pytest.fixture(scope="module")
 def ckpt():
-    if not (BASE / "config.json").is_file():
-        pytest.skip(f"tiny Base fixture checkpoint not found; expected it at {BASE}")
-    return load_checkpoint(BASE)
+    return load_checkpoint(fixture_dir("base"))
 
 
 @pytest.fixture(scope="module")
