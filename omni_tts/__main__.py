@@ -68,13 +68,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _checkpoint(model: str | None):  # -> Checkpoint
-    from omni_tts import checkpoint
+    """--model, else OMNI_TTS_MODEL, the HF cache, the Hub, or the embedded demo (said on stderr)."""
+    from omni_tts.checkpoint import open_checkpoint
 
-    if model:
-        return checkpoint.load_checkpoint(model)
-    if hasattr(checkpoint, "default_checkpoint"):
-        return checkpoint.default_checkpoint()
-    raise OmniTTSError("no --model given and this build has no embedded default checkpoint; pass --model DIR")
+    ckpt = open_checkpoint(model, progress=lambda s: print(s, file=sys.stderr))
+    if not model and not ckpt.is_embedded_demo:  # the embedded demo gets its own note below
+        print(f"model: {ckpt.describe()} ({ckpt.notes[-1]})", file=sys.stderr)
+    return ckpt
 
 
 def _device(name: str):

@@ -265,3 +265,15 @@ def select_model(explicit: str | None, hub_timeout_s: float = 3.0,
 
     return (str(embedded_checkpoint_dir()),
             f"no --model, no Qwen3-TTS in the local HF cache, Hub unavailable ({why}): embedded demo checkpoint")
+
+
+def open_checkpoint(model: str | None, progress: Callable[[str], None] | None = None) -> Checkpoint:
+    """`select_model` then `load_checkpoint`, with the reason for the choice in `notes` and the
+    embedded demo recognised by its directory name (no demo is built unless it is the one chosen)."""
+    from omni_tts.checkpoint_maker import EMBEDDED_VERSION
+
+    path, reason = select_model(model, progress=progress)
+    embedded = Path(path).name == f"embedded-tiny-custom_voice-v{EMBEDDED_VERSION}"
+    ckpt = load_checkpoint(path, embedded=embedded)
+    ckpt.notes.append(reason)
+    return ckpt

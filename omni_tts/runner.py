@@ -11,7 +11,6 @@ Does not own requests, streaming or timing (engine.py), nor graph capture mechan
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -63,18 +62,12 @@ class Runner:
 
     @classmethod
     def from_config(cls, config: EngineConfig, progress: Callable[[str], None] | None = None) -> "Runner":
-        from omni_tts.checkpoint import load_checkpoint, select_model
-        from omni_tts.checkpoint_maker import EMBEDDED_VERSION
+        from omni_tts.checkpoint import open_checkpoint
 
         config.validate()
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
-        path, reason = select_model(config.model, progress=progress)
-        # by name: calling embedded_checkpoint_dir() here would build the demo checkpoint in the cache
-        # (seconds, and an OSError on a read-only home) whatever model was asked for
-        embedded = Path(path).name == f"embedded-tiny-custom_voice-v{EMBEDDED_VERSION}"
-        ckpt = load_checkpoint(path, embedded=embedded)
-        ckpt.notes.append(reason)
+        ckpt = open_checkpoint(config.model, progress=progress)
         model = TTSModel.from_checkpoint(ckpt, device=device, dtype=dtype)
         mode = config.mode
         if mode == "auto":

@@ -84,3 +84,19 @@ def test_not_a_checkpoint_and_corrupt_weights(tmp_path: Path) -> None:
     assert_one_line_error(r, "model.safetensors", "corrupt")
     r = cli("speakers", "--model", str(d))
     assert_one_line_error(r, "model.safetensors")
+
+
+def test_synth_with_only_text_uses_the_embedded_demo_on_a_fresh_machine(tmp_path):
+    """No --model, an empty HF cache and no Hub here: the embedded tiny checkpoint is made and used,
+    and the output says it is noise."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HOME=str(tmp_path),
+               HF_HOME=str(tmp_path / "hf"), OMNI_TTS_CACHE=str(tmp_path / "omni"))
+    env.pop("OMNI_TTS_MODEL", None)
+    out = tmp_path / "x.wav"
+    r = subprocess.run([sys.executable, "-m", "omni_tts", "synth", "--text", "Hello there.", "--out", str(out),
+                        "--max-new-tokens", "6", "--greedy"], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "noise" in r.stderr and "embedded" in r.stderr
+    wav, sr = sf.read(out)
+    assert sr == 24000 and wav.shape[0] == 5 * 1920  # max_new_tokens 6 -> 5 frames
+    assert (tmp_path / "omni").is_dir()
