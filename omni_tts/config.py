@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -111,11 +111,10 @@ class EngineConfig:
     initial_chunk_frames: int = 2
     chunk_frames: int = 25
     left_context_frames: int = 72
-    gpu_memory_limit_gb: float | None = None
+    gpu_memory_limit_gb: float | None = None  # CUDA: cap this process's allocator (set_per_process_memory_fraction)
     use_vllm_pool: bool = True
     name: str = ""
     description: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def resolved_buckets(self) -> list[int]:
         if self.buckets:
@@ -135,11 +134,37 @@ class EngineConfig:
             raise OmniTTSError(f"dtype must be auto, float32, bfloat16 or float16 (got '{self.dtype}')")
         if self.max_num_seqs < 1:
             raise OmniTTSError(f"max_num_seqs must be >= 1 (got {self.max_num_seqs})")
+        if self.max_seq_len < 16:
+            raise OmniTTSError(f"max_seq_len must be >= 16 (got {self.max_seq_len})")
+        if self.gpu_memory_limit_gb is not None and self.gpu_memory_limit_gb <= 0:
+            raise OmniTTSError(f"gpu_memory_limit_gb must be > 0 (got {self.gpu_memory_limit_gb})")
         if self.initial_chunk_frames < 1 or self.chunk_frames < 1:
             raise OmniTTSError("initial_chunk_frames and chunk_frames must be >= 1")
 
 
-_PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)} - {"extra"}
+_PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)}
+_INT_KEYS = {"max_num_seqs", "max_seq_len", "initial_chunk_frames", "chunk_frames", "left_context_frames"}
+
+
+def _check_types(data: dict[str, Any], path: Path) -> None:
+    """Each preset value has its field's type (bool is not an int here), else one line naming the key."""
+    for key, v in data.items():
+        if v is None and key in ("model", "buckets", "gpu_memory_limit_gb"):
+            continue
+        if key in _INT_KEYS:
+            ok = isinstance(v, int) and not isinstance(v, bool)
+            want = "an integer"
+        elif key == "gpu_memory_limit_gb":
+            ok, want = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
+        elif key == "use_vllm_pool":
+            ok, want = isinstance(v, bool), "true or false"
+        elif key == "buckets":
+            ok = isinstance(v, list) and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in v)
+            want = "a list of positive integers"
+        else:
+            ok, want = isinstance(v, str), "a string"
+        if not ok:
+            raise OmniTTSError(f"{path}: preset key '{key}' must be {want} (got {v!r})")
 
 
 def preset_names() -> list[str]:
@@ -163,6 +188,7 @@ def load_preset(name_or_path: str | Path, **overrides: Any) -> EngineConfig:
     if unknown:
         raise OmniTTSError(f"{path}: unknown preset key(s): {', '.join(unknown)}; "
                            f"valid: {', '.join(sorted(_PRESET_KEYS))}")
+    _check_types(data, path)
     data.setdefault("name", path.stem)
     data.update({k: v for k, v in overrides.items() if v is not None})
     cfg = EngineConfig(**data)

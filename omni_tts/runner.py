@@ -67,6 +67,10 @@ class Runner:
         config.validate()
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
+        if config.gpu_memory_limit_gb and device.type == "cuda":  # before anything is allocated
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, config.gpu_memory_limit_gb * (1 << 30) / total),
+                                                       device)
         ckpt = open_checkpoint(config.model, progress=progress)
         model = TTSModel.from_checkpoint(ckpt, device=device, dtype=dtype)
         mode = config.mode

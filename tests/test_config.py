@@ -75,13 +75,15 @@ def test_bad_preset_values_are_one_line_errors(tmp_path: Path, text: str, match:
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.xfail(strict=True, reason="config.py does not check value types: a quoted number reaches "
-                                       "validate() and raises a bare TypeError instead of an OmniTTSError")
-def test_a_preset_value_of_the_wrong_type_is_an_omnitts_error(tmp_path: Path):
+@pytest.mark.parametrize("line,key", [('max_num_seqs: "eight"', "max_num_seqs"), ("buckets: 3", "buckets"),
+                                      ("use_vllm_pool: 1", "use_vllm_pool"), ("max_seq_len: true", "max_seq_len"),
+                                      ("mode: 7", "mode"), ("gpu_memory_limit_gb: big", "gpu_memory_limit_gb")])
+def test_a_preset_value_of_the_wrong_type_is_an_omnitts_error(tmp_path: Path, line: str, key: str):
     f = tmp_path / "typed.yaml"
-    f.write_text('max_num_seqs: "eight"\n')
-    with pytest.raises(OmniTTSError, match="max_num_seqs"):
+    f.write_text(line + "\n")
+    with pytest.raises(OmniTTSError, match=f"preset key '{key}' must be") as e:
         load_preset(f)
+    assert "\n" not in str(e.value)
 
 
 def test_a_missing_preset_lists_the_available_ones():
@@ -146,3 +148,12 @@ def test_synthesis_params_validate():
                                                       "voice_clone")]:
         with pytest.raises(InputError, match=match):
             SynthesisParams(**kw).validate()
+
+
+@pytest.mark.parametrize("line,fragment", [("max_seq_len: 0", "max_seq_len must be >= 16"),
+                                           ("gpu_memory_limit_gb: -1", "gpu_memory_limit_gb must be > 0")])
+def test_out_of_range_preset_values_are_one_line_errors(tmp_path: Path, line: str, fragment: str):
+    f = tmp_path / "range.yaml"
+    f.write_text(line + "\n")
+    with pytest.raises(OmniTTSError, match=fragment):
+        load_preset(f)
