@@ -254,9 +254,8 @@ class Runner:
         self.allow_eos[slot] = not settings.fixed
         logits = m.talker.logits(h)
         sample = self.fast.sample_talker if self.fast else sampling.sample_talker
-        self.code0[s] = sample(logits, self.talker_sp.rows_at(slot), self.seen[s],
-                                               self.frame[s], self.allow_eos[s], self.seed[s],
-                                               m.sampling_constants)
+        self.code0[s] = sample(logits, self.talker_sp.rows_at(slot), self.seen[s], self.frame[s],
+                               self.allow_eos[s], self.seed[s], m.sampling_constants)  # code0: [1]
         self.seen[slot, self.code0[slot]] = True
         self.h[s] = h
         return max_frames, settings.fixed
@@ -264,28 +263,25 @@ class Runner:
     def step(self, n: int) -> tuple[Any, Any]:
         """One frame for rows [:n]: returns (codes [n,16] of the frame just completed, eos [n] of the
         next frame's code 0) as numpy (the one host sync per step)."""
-        use_graph = bool(self.graphs) and pick_bucket(n, self.buckets) is not None
-        if use_graph:
-            codes, nxt = self.graphs[0].run(n)
-        else:
-            b = pick_bucket(n, self.buckets) if self.mode.compiled else None
-            codes, nxt = self._cp_fn(b or n)()
-            codes, nxt = codes[:n], nxt[:n]
+        codes, nxt = self._run(0, self._cp_fn, n)  # codes: [n, 16], nxt: [n, D]
         self.codes[:n] = codes
         self.x[:n] = nxt
         self.frame[:n] += 1
-        if use_graph:
-            h, code0 = self.graphs[1].run(n)
-        else:
-            b = pick_bucket(n, self.buckets) if self.mode.compiled else None
-            h, code0 = self._talker_fn(b or n)()
-            h, code0 = h[:n], code0[:n]
+        h, code0 = self._run(1, self._talker_fn, n)  # h: [n, D], code0: [n]
         self.h[:n] = h
         self.code0[:n] = code0
         self.pos[:n] += 1
         self.seen[torch.arange(n, device=self.device), code0] = True
         out = torch.cat([self.codes[:n], self.code0[:n, None]], dim=1).cpu().numpy()  # the host sync
         return out[:, :16], out[:, 16] == self.model.eos_id
+
+    def _run(self, which: int, make: Callable[[int], Callable[[], tuple]], n: int) -> tuple:
+        """Step `which` (0: predictor, 1: talker) for rows [:n]: the captured graph of n's bucket, else
+        the callable at the bucket size (compiled modes: one shape per bucket) or at n (eager)."""
+        b = pick_bucket(n, self.buckets)
+        if self.graphs and b is not None:
+            return self.graphs[which].run(n)
+        return tuple(t[:n] for t in make(b if (b and self.mode.compiled) else n)())
 
     def move_slot(self, src: int, dst: int) -> None:
         """Move a request's whole state from slot src to slot dst (compaction after a finish)."""
