@@ -42,7 +42,15 @@ class GraphPool:
         self.handle = None
         self.source = ""
         self.generation = 0
+        self.used = False  # graphs were captured into the current handle
         self.renew(first=True)
+
+    def begin_capture(self) -> None:
+        """Call before a mode's captures: a pool that already held graphs (released by now) is
+        replaced by a fresh one, so nothing is ever captured into a pool whose graphs were freed."""
+        if self.used:
+            self.renew()
+        self.used = True
 
     def renew(self, first: bool = False) -> None:
         """Take a fresh pool. Capturing into a pool whose graphs were all freed hit an INTERNAL
@@ -59,7 +67,6 @@ class GraphPool:
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
-    inputs: Tensors
     outputs: Tensors
 
 
@@ -105,7 +112,7 @@ class BucketedGraph:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool.handle, stream=stream):
                 outputs = fn()
-            self.graphs[b] = _Captured(g, (), tuple(outputs))
+            self.graphs[b] = _Captured(g, tuple(outputs))
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         return CaptureReport(list(self.buckets), time.perf_counter() - t0,

@@ -158,7 +158,7 @@ class Runner:
         """mode -> one line on what it runs and what it costs (for the UI / CLI beside `available_modes`)."""
         notes = dict(MODE_NOTES)
         if self.device.type != "cuda":
-            fallback = CompileMode.DEFAULT if _compile_works() else CompileMode.EAGER
+            fallback = _cpu_fallback()
             for m in CompileMode:
                 if m.needs_cuda:
                     notes[m.value] += f"; needs CUDA: on {self.device.type} it runs {fallback.value} instead"
@@ -169,7 +169,7 @@ class Runner:
         say = progress or (lambda s: None)
         notice = ""
         if mode.needs_cuda and self.device.type != "cuda":
-            fallback = CompileMode.DEFAULT if _compile_works() else CompileMode.EAGER
+            fallback = _cpu_fallback()
             notice = f"{mode.value} needs CUDA; running {fallback.value} on {self.device.type} instead"
             say(notice)
             mode = fallback
@@ -180,18 +180,16 @@ class Runner:
         t0 = time.perf_counter()
         self.fast = self._fast_path(mode)
         if mode is CompileMode.DEFAULT_CUDAGRAPH:
-            self.pool = GraphPool(self.config.use_vllm_pool) if self.pool is None else self.pool
-            if self.pool.generation > 1 or self.graphs_were_captured:
-                self.pool.renew()
+            self.pool = self.pool or GraphPool(self.config.use_vllm_pool)
+            self.pool.begin_capture()
             self.pre_slot.fill_(self.S)
             self.graphs = [BucketedGraph("code_predictor", self._cp_fn, self.buckets, self.pool),
                            BucketedGraph("talker", self._talker_fn, self.buckets, self.pool),
                            BucketedGraph("prefill", lambda L: (lambda: self._prefill_body(L)),
                                          self.prefill_buckets, self.pool)]
             for g in self.graphs:
-                say(f"capturing {g.name} graphs for buckets {self.buckets} into {self.pool.source}")
+                say(f"capturing {g.name} graphs for buckets {g.buckets} into {self.pool.source}")
                 self.pool_bytes_ += g.capture().pool_bytes
-            self.graphs_were_captured = True
         elif mode.compiled:
             say(f"compiling ({mode.value}) for buckets {self.buckets}")
             for b in self.buckets:  # warm every bucket shape now, not on the first request
@@ -202,8 +200,6 @@ class Runner:
         say(f"{mode.value} ready in {seconds:.1f} s")
         return {"mode": mode.value, "seconds": seconds, "pool_bytes": self.pool_bytes_, "notice": notice,
                 "pool": self.pool.source if self.graphs else ""}
-
-    graphs_were_captured = False
 
     def _fast_path(self, mode: CompileMode) -> FastPath | None:
         if mode is CompileMode.EAGER:
@@ -317,10 +313,10 @@ def _too_long(T: int, max_len: int, ref_codes: Any) -> str:
             f"reference frames, max_seq_len {max_len}); shorten the text or the reference clip, or raise max_seq_len")
 
 
-def _compile_works() -> bool:
+def _cpu_fallback() -> CompileMode:
+    """What a CUDA-graph mode runs as without CUDA: default when Inductor imports, else eager."""
     try:
         import torch._inductor  # noqa: F401
-
-        return True
     except Exception:
-        return False
+        return CompileMode.EAGER
+    return CompileMode.DEFAULT

@@ -74,9 +74,11 @@ def test_graph_pool_renews_after_release_and_recaptures():
     first = pool.handle
     assert pool.generation == 1 and pool.source == "engine pool #1"
     g = BucketedGraph("t", lambda b: (lambda: (x[:b] * 2,)), [2, 4], pool)
+    pool.begin_capture()  # an unused pool is kept
+    assert pool.generation == 1 and pool.handle == first
     g.capture()
     g.release()
-    pool.renew()
+    pool.begin_capture()  # it held graphs: a fresh pool
     assert pool.generation == 2 and pool.handle != first and pool.source == "engine pool #2"
     g.capture()
     (y,) = g.run(3)
