@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from omni_tts.codec import ChunkPlan, decode_plans
-from omni_tts.errors import EngineError, OmniTTSError
+from omni_tts.errors import OmniTTSError, as_engine_error
 from omni_tts.metrics import EngineStats, now
 
 
@@ -40,7 +40,7 @@ class AudioChunk:
 
 
 def _error(e: Exception) -> OmniTTSError:
-    return e if isinstance(e, OmniTTSError) else EngineError(f"audio decoding failed: {e}")
+    return as_engine_error(e, "audio decoding failed")
 
 
 class Code2Wav:

@@ -21,7 +21,7 @@ import numpy as np
 from omni_tts.clone import decoder_prefix
 from omni_tts.code2wav import AudioChunk, Code2Wav
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
-from omni_tts.errors import EngineError, OmniTTSError
+from omni_tts.errors import EngineError, OmniTTSError, as_engine_error
 from omni_tts.metrics import EngineStats, RequestMetrics, gpu_memory, now
 
 __all__ = ["AudioChunk", "Engine", "RequestHandle", "SynthesisResult"]
@@ -61,6 +61,12 @@ class RequestHandle:
         self._error = error
         self._finished.set()
         self._events.put(_DONE)
+
+    def _end_unstarted(self, status: str, error: OmniTTSError | None = None) -> None:
+        """A request that never got a slot (cancelled in the queue, refused at admission, shut down)."""
+        m = self.metrics
+        m.status, m.finished_at, m.error = status, now(), str(error) if error else None
+        self._finish([], error)
 
     # --- called by users ---
     def stream(self, timeout: float | None = None) -> Iterator[AudioChunk]:
@@ -222,16 +228,14 @@ class Engine:
             try:
                 self._step()
             except Exception as e:  # a device error: fail the active requests, keep serving
-                err = e if isinstance(e, OmniTTSError) else EngineError(f"generation failed: {e}")
+                err = as_engine_error(e, "generation failed")
                 for a in list(self._active):
                     self._finish(a, "error", err)
                 self._active.clear()
         for a in self._active:
             self._finish(a, "cancelled", EngineError("the engine shut down"))
         while not self._waiting.empty():
-            h = self._waiting.get()
-            h.metrics.status = "cancelled"
-            h._finish([], EngineError("the engine shut down"))
+            self._waiting.get()._end_unstarted("cancelled", EngineError("the engine shut down"))
 
     def _run_control(self) -> None:
         while not self._control.empty():
@@ -243,15 +247,13 @@ class Engine:
                                                          if k in value}
                 reply.put((True, value))
             except Exception as e:
-                reply.put((False, e if isinstance(e, OmniTTSError) else EngineError(str(e))))
+                reply.put((False, as_engine_error(e, "")))
 
     def _admit(self) -> None:
         while len(self._active) < self.config.max_num_seqs and not self._waiting.empty():
             h = self._waiting.get()
             if h.cancel_requested.is_set():
-                h.metrics.status = "cancelled"
-                h.metrics.finished_at = now()
-                h._finish([])
+                h._end_unstarted("cancelled")
                 continue
             slot = len(self._active)
             h.metrics.mode = self.runner.mode.value
@@ -262,9 +264,7 @@ class Engine:
                                                    self.config.left_context_frames,
                                                    prefix_codes=decoder_prefix(h.params))
             except Exception as e:
-                err = e if isinstance(e, OmniTTSError) else EngineError(f"could not start the request: {e}")
-                h.metrics.status, h.metrics.error, h.metrics.finished_at = "error", str(err), now()
-                h._finish([], err)
+                h._end_unstarted("error", as_engine_error(e, "could not start the request"))
                 continue
             self._active.append(_Active(h, dec, max_frames, fixed))
 

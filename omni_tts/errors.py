@@ -20,3 +20,8 @@ class InputError(OmniTTSError):
 
 class EngineError(OmniTTSError):
     """The engine refused or lost a request (shutdown, cancelled, mode switch failure)."""
+
+
+def as_engine_error(e: BaseException, what: str) -> OmniTTSError:
+    """`e` itself when it is already a user-facing error, else an EngineError saying what failed."""
+    return e if isinstance(e, OmniTTSError) else EngineError(f"{what}: {e}" if what else str(e))
