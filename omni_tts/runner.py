@@ -252,7 +252,7 @@ class Runner:
         sample = self.fast.sample_talker if self.fast else sampling.sample_talker
         self.code0[s] = sample(logits, self.talker_sp.rows_at(slot), self.seen[s], self.frame[s],
                                self.allow_eos[s], self.seed[s], m.sampling_constants)  # code0: [1]
-        self.seen[slot, self.code0[slot]] = True
+        sampling.mark_seen(self.seen[s], self.code0[s])
         self.h[s] = h
         return max_frames, settings.fixed
 
@@ -267,7 +267,7 @@ class Runner:
         self.h[:n] = h
         self.code0[:n] = code0
         self.pos[:n] += 1
-        self.seen[torch.arange(n, device=self.device), code0] = True
+        sampling.mark_seen(self.seen[:n], code0)
         out = torch.cat([self.codes[:n], self.code0[:n, None]], dim=1).cpu().numpy()  # the host sync
         return out[:, :16], out[:, 16] == self.model.eos_id
 

@@ -62,11 +62,6 @@ def streaming_playback_supported() -> bool:
 
 
 # ------------------------------------------------------------------ model view
-def model_checkpoint(engine: Any) -> Any:
-    """The loaded omni_tts.checkpoint.Checkpoint."""
-    return engine.model.checkpoint
-
-
 def model_info(engine: Any) -> dict[str, Any]:
     """Speakers, languages, tasks, instruct support, banner and sampling defaults of the loaded model."""
     m, ckpt = engine.model, engine.model.checkpoint
@@ -81,14 +76,6 @@ def instruct_visible(info: Mapping[str, Any], task_label: str) -> bool:
     """Whether the instruct box applies to a task (label or id): voice_design, or custom_voice if supported."""
     task = TASK_IDS.get(task_label, task_label)
     return task == "voice_design" or (task == "custom_voice" and info["instruct"])
-
-
-def voice_clone_available() -> bool:
-    try:
-        from omni_tts.speaker import VoicePrompt, create_voice_prompt  # noqa: F401
-    except Exception:
-        return False
-    return True
 
 
 def banner_markdown(info: Mapping[str, Any], reason: str = "") -> str:
@@ -123,23 +110,16 @@ def mode_notes(available: Mapping[str, str | None], zero: bool = False, streamin
 
 
 # ------------------------------------------------------------------ requests
-_ENCODERS: dict[int, Any] = {}  # id(engine) -> (SpeakerEncoder, CodecEncoder), built on first use
-
-
 def voice_prompt(engine: Any, ref_audio: Any, ref_text: str, xvec_only: bool, voice_file: str | None) -> Any:
-    """The VoicePrompt for a voice-clone request: a saved voice file, or one made from reference audio."""
+    """The VoicePrompt for a voice-clone request: a saved voice file, or one made from reference audio
+    with the engine's own encoders (built once per model, float32)."""
     from omni_tts import speaker
-    from omni_tts.codec_encoder import CodecEncoder
 
     if voice_file:
         return speaker.VoicePrompt.load(voice_file)
     if ref_audio is None:
         raise InputError("voice clone needs reference audio (upload or record), or a saved voice file")
-    if id(engine) not in _ENCODERS:
-        ckpt = model_checkpoint(engine)
-        _ENCODERS[id(engine)] = (speaker.SpeakerEncoder.from_checkpoint(ckpt), CodecEncoder.from_checkpoint(ckpt))
-    return speaker.create_voice_prompt(_ENCODERS[id(engine)], ref_audio, ref_text=(ref_text or "").strip() or None,
-                                       x_vector_only=bool(xvec_only))
+    return engine.voice_prompt(ref_audio, (ref_text or "").strip() or None, bool(xvec_only))
 
 
 def make_params(engine: Any, text: str, seed: float | None, task: str, speaker: str | None, language: str | None,

@@ -24,8 +24,6 @@ def synthesis_inputs(info: dict[str, Any], max_len: int) -> dict[str, Any]:
     gen, c = info["generation"], {}
     c["text"] = gr.Textbox(label="Text", lines=3, value="Hello! This is omni-tts speaking.", elem_id="text")
     tasks = [ui.TASK_LABELS[t] for t in ui.TASK_LABELS if t in info["tasks"]]
-    if "voice_clone" in info["tasks"] and not ui.voice_clone_available():
-        tasks.remove(ui.TASK_LABELS["voice_clone"])
     with gr.Row():
         c["task"] = gr.Radio(tasks, value=tasks[0] if tasks else None, label="Task")
         c["speaker"] = gr.Dropdown(info["speakers"], value=(info["speakers"] or [None])[0], label="Speaker",
