@@ -291,13 +291,13 @@ def _wire(engine: Any, s: dict, p: dict, lt: dict, ld: dict, session: Any, info:
     settings = [s[k] for k in ("task", "speaker", "language", "instruct", "temperature", "top_k", "top_p", "rep",
                                "max_len", "ref_audio", "ref_text", "xvec_only", "voice_file")]
 
-    def on_generate(sess, text, seed, *rest):
-        yield from synthesize(engine, sess, text, seed, *rest, streaming=streaming)
-
     if zero:  # ZeroGPU: the GPU exists only inside @spaces.GPU calls: synthesize whole clips in one
         import spaces  # type: ignore[import-not-found]
 
         on_generate = spaces.GPU(lambda sess, text, seed, *rest: synthesize_in_call(engine, sess, text, seed, *rest))
+    else:
+        def on_generate(sess, text, seed, *rest):
+            yield from synthesize(engine, sess, text, seed, *rest, streaming=streaming)
     go = s["go"].click(on_generate, [session, s["text"], s["seed"], *settings], [s["audio"], s["file"], p["live"]],
                        concurrency_id="synthesis")
     s["stop"].click(lambda sess: gr.Info(stop(sess)), [session], None, cancels=[go], queue=False)
