@@ -61,18 +61,61 @@ def step_callables(runner: Any, b: int) -> tuple[Callable[[], Any], Callable[[],
 
 
 def codec_costs(model: Any) -> dict[str, float]:
-    """ms per decode_window call: the first chunk (no context, 1 frame) and a steady chunk (50 context
-    + 25 new frames), batch 1 and 8, in float32 (as served) and bfloat16 (a candidate)."""
+    """ms per decode_window call: the first chunk (no context, 1 frame), the second of a 75-frame
+    benchmark request (1 context + 25 new) and a steady chunk (full receptive field + 25 new), batch 1,
+    8 and 32, in float32 (as served) and bfloat16 (a candidate)."""
     import copy
 
     out: dict[str, float] = {}
+    shapes = {"first": (0, 1), "second": (1, 25), "steady": (model.codec.receptive_field_frames, 25)}
     for dt in (torch.float32, torch.bfloat16):
         codec = model.codec if dt == torch.float32 else copy.deepcopy(model.codec).to(dt)
-        for b in (1, 8):
-            for name, (c, n) in {"first": (0, 1), "steady": (50, 25)}.items():
+        for b in (1, 8, 32):
+            for name, (c, n) in shapes.items():
                 codes = torch.randint(0, 2048, (b, c + n, 16), device=model.device)
                 key = f"{str(dt).replace('torch.', '')}_b{b}_{name}_ms"
                 out[key] = time_ms(lambda: codec.decode_window(codes, c), iters=10)
+    return out
+
+
+def profile_steps(runner: Any, buckets: Sequence[int], out_dir: str) -> dict[str, Any]:
+    """Kernels of one code-predictor step and one talker step per bucket, graph replay and the same
+    compiled callables launched one by one: count, summed kernel time and span (first start -> last end)
+    from the profiler's trace; chrome traces and top-kernel tables are written to out_dir."""
+    import os
+
+    from torch.profiler import ProfilerActivity, profile
+
+    out: dict[str, Any] = {}
+    for b in buckets:
+        graph_cp, graph_talker = step_callables(runner, b)
+        codes = torch.randint(0, 2048, (b, 26, 16), device=runner.device)
+        variants = {"cp_graph": graph_cp, "talker_graph": graph_talker,
+                    "cp_launched": runner._cp_fn(b), "talker_launched": runner._talker_fn(b),
+                    "codec_second_chunk": lambda: runner.model.codec.decode_window(codes, 1)}
+        for name, fn in variants.items():
+            fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            path = os.path.join(out_dir, f"trace_{name}_b{b}.json")
+            prof.export_chrome_trace(path)
+            with open(path) as f:
+                events = json.load(f)["traceEvents"]
+            kern = [e for e in events if e.get("cat") == "kernel"]
+            stat: dict[str, Any] = {"kernels": len(kern)}
+            if kern:
+                stat["kernel_ms"] = sum(e["dur"] for e in kern) / 1000
+                stat["span_ms"] = (max(e["ts"] + e["dur"] for e in kern) - min(e["ts"] for e in kern)) / 1000
+                by: dict[str, list[float]] = {}
+                for e in kern:
+                    by.setdefault(e["name"][:90], []).append(e["dur"])
+                top = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:25]
+                stat["top"] = [[k, len(v), round(sum(v) / 1000, 4)] for k, v in top]
+            if not name.endswith("graph") or b != buckets[0] or not runner.graphs:
+                os.remove(path)  # keep few traces (files back from the device are limited)
+            out[f"{name}_b{b}"] = stat
     return out
 
 
@@ -129,8 +172,8 @@ def load_test(runner: Any, mode: str, concurrency: Sequence[int], fixed_frames: 
 
 
 def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, dtype: str,
-        say: Callable[[str], None], load: dict[str, Any] | None = None, out_json: str | None = None
-        ) -> dict[str, Any]:
+        say: Callable[[str], None], load: dict[str, Any] | None = None, out_json: str | None = None,
+        profile_dir: str | None = None, profile_buckets: Sequence[int] = (1,)) -> dict[str, Any]:
     from omni_tts.runner import Runner
 
     cfg = EngineConfig(model=model, mode="eager", max_num_seqs=max(buckets), buckets=list(buckets),
@@ -165,10 +208,15 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
             if load and load["concurrency"] and mode in load.get("modes", [mode]):
                 row["load"] = load_test(runner, mode, load["concurrency"], load["fixed_frames"],
                                         load["num_prompts"], say)
-            if load and load.get("stress_slots") and mode in load.get("modes", [mode]):
+            if load and load.get("stress_slots") and mode in load.get("stress_modes", [mode]):
                 n = len(load["stress_slots"])
                 row["stress"] = load_test(runner, mode, [load["stress_clients"]] * n, load["fixed_frames"],
                                           load["stress_clients"], say, slots=load["stress_slots"])
+            if profile_dir and runner.graphs:
+                try:
+                    row["profile"] = profile_steps(runner, profile_buckets, profile_dir)
+                except Exception as e:
+                    row["profile"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         except Exception as e:  # a mode that fails is a result
             row = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             say(f"{mode} FAILED: {row['error']}")
@@ -195,6 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="then --stress-clients concurrent requests with max_num_seqs = each of these")
     ap.add_argument("--stress-clients", type=int, default=64)
     ap.add_argument("--load-modes", default=None, help="modes that get the load/stress runs (default: all)")
+    ap.add_argument("--stress-modes", default=None, help="modes that get the stress runs (default: all)")
+    ap.add_argument("--profile-dir", default=None, help="CUDA only: profile one step per --profile-buckets here")
+    ap.add_argument("--profile-buckets", type=int, nargs="*", default=[1, 32])
     args = ap.parse_args(argv)
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     load = {"concurrency": args.load_concurrency, "fixed_frames": args.fixed_frames,
@@ -202,8 +253,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "stress_clients": args.stress_clients}
     if args.load_modes:
         load["modes"] = args.load_modes.split(",")
+    if args.stress_modes:
+        load["stress_modes"] = args.stress_modes.split(",")
     res = run(args.model, [m for m in args.modes.split(",") if m], args.buckets, args.frames, args.dtype, say,
-              load, args.json)
+              load, args.json, args.profile_dir, args.profile_buckets)
     print(json.dumps(res, indent=1))
     return 0
 
