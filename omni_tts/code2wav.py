@@ -103,8 +103,9 @@ class Code2Wav:
             if plan is not None:
                 steps.append(("chunk", a, plan))
         plans = [s[2] for s in steps if s[0] == "chunk"]
+        t0 = now()
         wavs, calls = decode_plans(plans) if plans else ([], 0)
-        self.stats.on_decode(sum(len(p.windows) for p in plans), calls)
+        self.stats.on_decode(sum(len(p.windows) for p in plans), calls, now() - t0)
         results = iter(wavs)
         for step in steps:
             self._apply(step, next(results) if step[0] == "chunk" else None)

@@ -162,13 +162,17 @@ class CodecDecoder(nn.Module):
 
     # ------------------------------------------------------------------ decoding
     def _prepare(self, codes: torch.Tensor) -> torch.Tensor:
+        """Validate where the codes are (host codes: no device sync) and move them to the codec's device
+        (from host through pinned memory, asynchronously)."""
         if codes.dim() != 3 or codes.shape[-1] != self.num_quantizers:
             raise ValueError(f"codes must be [B, T, {self.num_quantizers}], got {tuple(codes.shape)}")
         tables = self.quantizer["rvq_first"].tables
-        codes = codes.to(device=tables.device, dtype=torch.long).clamp(min=0)
+        codes = codes.long().clamp(min=0)
         if codes.numel() and int(codes.max()) >= tables.shape[1]:
             raise InputError(f"codec code {int(codes.max())} is outside the codebook (size {tables.shape[1]})")
-        return codes
+        if codes.device != tables.device and tables.device.type == "cuda":
+            codes = codes.pin_memory()
+        return codes.to(tables.device, non_blocking=True)
 
     def _front(self, codes: torch.Tensor) -> torch.Tensor:  # codes: [B, T, Q] -> latent [B, latent, T]
         lat = self.quantizer["rvq_first"](codes[..., :1]) + self.quantizer["rvq_rest"](codes[..., 1:])
@@ -256,6 +260,19 @@ class CodecDecoder(nn.Module):
         return wav[0] if single else wav
 
 
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of `t` made through pinned memory and an event wait (a pageable .cpu() waits inside
+    the driver, where it held up the scheduler thread's launches)."""
+    if t.device.type != "cuda":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    return host
+
+
 @dataclass
 class ChunkPlan:
     """A chunk a StreamingDecoder owes: frames [start, end) of its stream (prefix included), not decoded yet.
@@ -289,7 +306,7 @@ def decode_plans(plans: list[ChunkPlan]) -> tuple[list[torch.Tensor | Exception]
         rows = [plans[i].windows[j][0] for i, j in members]  # each [C+N, Q]
         try:
             calls += 1
-            wavs: list[Any] = list(codec.decode_window(torch.stack(rows), ctx).cpu())  # B x [N*upsample]
+            wavs: list[Any] = list(to_host(codec.decode_window(torch.stack(rows), ctx)))  # B x [N*upsample]
         except Exception as e:
             if len(rows) == 1:
                 wavs = [e]
@@ -298,7 +315,7 @@ def decode_plans(plans: list[ChunkPlan]) -> tuple[list[torch.Tensor | Exception]
                 for row in rows:  # find the row(s) at fault
                     calls += 1
                     try:
-                        wavs.append(codec.decode_window(row[None], ctx)[0].cpu())
+                        wavs.append(to_host(codec.decode_window(row[None], ctx))[0])
                     except Exception as err:
                         wavs.append(err)
         for (i, j), wav in zip(members, wavs):

@@ -196,6 +196,8 @@ class Engine:
             "mean_occupancy": self.stats.mean_occupancy(),
             "chunk_decodes": self.stats.chunk_decodes,  # audio chunk windows decoded...
             "decode_calls": self.stats.decode_calls,  # ...in this many (batched) codec calls
+            "decode_seconds": self.stats.decode_seconds,  # ...taking this long in all
+            "steps": self.stats.steps,
             "memory": gpu_memory(self.runner.device, self.runner.pool_bytes()),
             "capture": dict(self.stats.capture),
             "model": self.model.describe(),

@@ -84,6 +84,7 @@ class EngineStats:
     busy_slots_sum: int = 0
     chunk_decodes: int = 0  # audio chunk windows decoded by the code-to-wave stage...
     decode_calls: int = 0  # ...in this many codec calls (fewer when chunks of several requests batch)
+    decode_seconds: float = 0.0  # wall time of the code-to-wave stage's decode passes
     started_at: float = field(default_factory=now)
     capture: dict[str, dict[str, float]] = field(default_factory=dict)  # mode -> {seconds, pool_bytes}
     recent: deque = field(default_factory=deque)
@@ -96,10 +97,11 @@ class EngineStats:
             self.busy_slots_sum += batch
             self._step_times.append(now())
 
-    def on_decode(self, chunks: int, calls: int) -> None:
+    def on_decode(self, chunks: int, calls: int, seconds: float = 0.0) -> None:
         with self._lock:
             self.chunk_decodes += chunks
             self.decode_calls += calls
+            self.decode_seconds += seconds
 
     def on_finish(self, m: RequestMetrics) -> None:
         with self._lock:

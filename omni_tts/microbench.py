@@ -162,6 +162,8 @@ def load_test(runner: Any, mode: str, concurrency: Sequence[int], fixed_frames: 
             records, wall = run_load(engine, c, max(num_prompts, c), make)
             key = str(c) if not slots else f"{c}@{s}slots"
             out[key] = summarize(records, wall)
+            snap = engine.snapshot()
+            out[key].update({k: snap[k] for k in ("steps", "chunk_decodes", "decode_calls", "decode_seconds")})
             say(f"{mode} concurrency {key}: {out[key]}")
         except Exception as e:
             out[str(c)] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}

@@ -102,6 +102,11 @@ class Runner:
         self.seed = torch.zeros(S, dtype=torch.long, **f)
         self.allow_eos = torch.ones(S, dtype=torch.bool, **f)  # False: fixed-frames benchmark rows
         self.codes = torch.zeros(S, 16, dtype=torch.long, **f)
+        # step results come back through a pinned buffer and an event wait, never a pageable .cpu():
+        # a pageable device->host copy waits inside the driver and stalled the code-to-wave thread's
+        # kernel launches on the H200 (TTFP ~590 ms at concurrency 1, 2026-11-30)
+        self._host = torch.zeros(S, 17, dtype=torch.long, pin_memory=dev.type == "cuda")
+        self._step_done = torch.cuda.Event() if dev.type == "cuda" else None
 
     def pool_bytes(self) -> int:
         return self.pool_bytes_
@@ -268,7 +273,12 @@ class Runner:
         self.code0[:n] = code0
         self.pos[:n] += 1
         sampling.mark_seen(self.seen[:n], code0)
-        out = torch.cat([self.codes[:n], self.code0[:n, None]], dim=1).cpu().numpy()  # the host sync
+        host = self._host[:n]
+        host.copy_(torch.cat([self.codes[:n], self.code0[:n, None]], dim=1), non_blocking=True)  # [n, 17]
+        if self._step_done is not None:  # the one host sync per step
+            self._step_done.record()
+            self._step_done.synchronize()
+        out = host.numpy().copy()
         return out[:, :16], out[:, 16] == self.model.eos_id
 
     def _run(self, which: int, make: Callable[[int], Callable[[], tuple]], n: int) -> tuple:
