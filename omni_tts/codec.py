@@ -46,10 +46,14 @@ SEGMENT_FRAMES = 300  # the official decode splits long code matrices into 300-f
 SEGMENT_CONTEXT = 25  # ...each decoded with 25 frames of left context (not enough to be exact)
 
 
+PRECISIONS = ("float32", "tf32", "bfloat16")
+
+
 @contextlib.contextmanager
-def _ieee_fp32_convs(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
-    """cuDNN runs float32 convs in TF32 by default (~5e-5 off here); exact float32 decode needs it off."""
-    if device.type != "cuda" or dtype != torch.float32 or not torch.backends.cudnn.allow_tf32:
+def _conv_precision(device: torch.device, precision: str) -> Iterator[None]:
+    """cuDNN runs float32 convs in TF32 by default (~5e-5 off here): 'float32' (exact) turns it off for
+    the call, 'tf32' keeps it on; 'bfloat16' weights don't care. CPUs have no TF32."""
+    if device.type != "cuda" or precision != "float32" or not torch.backends.cudnn.allow_tf32:
         yield
         return
     torch.backends.cudnn.allow_tf32 = False
@@ -116,6 +120,19 @@ class CodecDecoder(nn.Module):
         self.vocoder_context_frames = probe - chain_lookback(vocoder_layers, probe * self.samples_per_frame)
         front = self.pre_conv.lookback(self.pre_transformer.lookback(probe))
         self.receptive_field_frames = probe - front + self.vocoder_context_frames
+        self.precision = "float32"
+
+    def set_precision(self, precision: str) -> "CodecDecoder":
+        """'float32' (IEEE, exact: what the tests and the golden waveforms use), 'tf32' (float32 weights,
+        cuDNN TF32 convs on CUDA: ~5e-5 off, several times faster) or 'bfloat16' (weights and activations;
+        one way: the rounded weights cannot go back to float32)."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"codec precision must be one of {', '.join(PRECISIONS)} (got '{precision}')")
+        if self.precision == "bfloat16" and precision != "bfloat16":
+            raise ValueError("a bfloat16 codec cannot go back to float32 (its weights were rounded); load it again")
+        self.to(torch.bfloat16 if precision == "bfloat16" else torch.float32)
+        self.precision = precision
+        return self
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint) -> CodecDecoder:
@@ -200,7 +217,7 @@ class CodecDecoder(nn.Module):
         if n == 0:
             return torch.zeros(codes.shape[0], 0, dtype=torch.float32, device=codes.device)
         keep = min(total, n + self.vocoder_context_frames)  # the vocoder only needs this many frames
-        with _ieee_fp32_convs(codes.device, self.pre_conv.conv.weight.dtype):
+        with _conv_precision(codes.device, self.precision):
             lat = self._front(codes)  # lat: [B, latent, C+N]
             wav = self._vocode(lat[..., total - keep:])  # wav: [B, keep*upsample]
         return wav[:, (keep - n) * self.samples_per_frame:].float()

@@ -105,6 +105,7 @@ class EngineConfig:
     mode: str = "auto"  # a CompileMode value, or auto (default+cudagraph on CUDA, eager on CPU)
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16
+    codec_precision: str = "auto"  # code-to-wave: auto (tf32 on CUDA, float32 on CPU) | float32 | tf32 | bfloat16
     max_num_seqs: int = 8
     buckets: list[int] | None = None  # None: powers of two up to max_num_seqs, plus max_num_seqs
     max_seq_len: int = 1024  # talker KV cache length per slot (prompt + frames)
@@ -132,6 +133,8 @@ class EngineConfig:
             raise OmniTTSError(f"device must be auto, cpu or cuda (got '{self.device}')")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise OmniTTSError(f"dtype must be auto, float32, bfloat16 or float16 (got '{self.dtype}')")
+        if self.codec_precision not in ("auto", "float32", "tf32", "bfloat16"):
+            raise OmniTTSError(f"codec_precision must be auto, float32, tf32 or bfloat16 (got '{self.codec_precision}')")
         if self.max_num_seqs < 1:
             raise OmniTTSError(f"max_num_seqs must be >= 1 (got {self.max_num_seqs})")
         if self.max_seq_len < 16:

@@ -63,18 +63,24 @@ def step_callables(runner: Any, b: int) -> tuple[Callable[[], Any], Callable[[],
 def codec_costs(model: Any) -> dict[str, float]:
     """ms per decode_window call: the first chunk (no context, 1 frame), the second of a 75-frame
     benchmark request (1 context + 25 new) and a steady chunk (full receptive field + 25 new), batch 1,
-    8 and 32, in float32 (as served) and bfloat16 (a candidate)."""
+    8 and 32, in each codec precision; plus each precision's max abs difference from float32 on one
+    steady window."""
     import copy
 
     out: dict[str, float] = {}
     shapes = {"first": (0, 1), "second": (1, 25), "steady": (model.codec.receptive_field_frames, 25)}
-    for dt in (torch.float32, torch.bfloat16):
-        codec = model.codec if dt == torch.float32 else copy.deepcopy(model.codec).to(dt)
+    probe = torch.randint(0, 2048, (1, sum(shapes["steady"]), 16), device=model.device)
+    ref = None
+    for precision in ("float32", "tf32", "bfloat16"):
+        codec = copy.deepcopy(model.codec).set_precision(precision)
+        wav = codec.decode_window(probe, shapes["steady"][0])
+        ref = wav if ref is None else ref
+        out[f"{precision}_max_abs_diff_vs_float32"] = float((wav - ref).abs().max())
         for b in (1, 8, 32):
             for name, (c, n) in shapes.items():
                 codes = torch.randint(0, 2048, (b, c + n, 16), device=model.device)
-                key = f"{str(dt).replace('torch.', '')}_b{b}_{name}_ms"
-                out[key] = time_ms(lambda: codec.decode_window(codes, c), iters=10)
+                out[f"{precision}_b{b}_{name}_ms"] = time_ms(lambda: codec.decode_window(codes, c), iters=10)
+        del codec
     return out
 
 

@@ -66,6 +66,7 @@ class TTSModel:
         self.eos_id = int(tc["codec_eos_token_id"])
         self.sampling_constants = sampling.SamplingConstants.for_talker(self.vocab_size, self.eos_id, device)
         self._codec: Any = None
+        self.codec_precision = "float32"  # see CodecDecoder.set_precision
         self._encoders = clone.VoiceEncoders(self)  # voice-clone encoders, built on first voice_prompt
 
     @classmethod
@@ -284,8 +285,15 @@ class TTSModel:
                 from omni_tts.codec import CodecDecoder
             except ImportError as e:
                 raise OmniTTSError(f"the codec decoder is not available ({e})") from None
-            self._codec = CodecDecoder.from_checkpoint(self.ckpt).to(self.device).eval()
+            codec = CodecDecoder.from_checkpoint(self.ckpt).to(self.device).eval()
+            self._codec = codec.set_precision(self.codec_precision)
         return self._codec
+
+    def set_codec_precision(self, precision: str) -> None:
+        """'float32' (exact), 'tf32' or 'bfloat16' for code-to-wave (CodecDecoder.set_precision)."""
+        if self._codec is not None:
+            self._codec.set_precision(precision)
+        self.codec_precision = precision
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor) -> np.ndarray:

@@ -45,6 +45,8 @@ class Runner:
                  progress: Callable[[str], None] | None = None) -> None:
         self.model, self.config = model, config
         self.device, self.dtype = model.device, model.dtype
+        model.set_codec_precision(config.codec_precision if config.codec_precision != "auto" else
+                                  "tf32" if self.device.type == "cuda" else "float32")
         self.S = config.max_num_seqs
         self.buckets = config.resolved_buckets()
         self.max_len = config.max_seq_len

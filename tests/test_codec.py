@@ -310,3 +310,20 @@ def test_weight_errors_name_the_key(tmp_path: Path) -> None:
     (corrupt / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="model.safetensors"):
         CodecDecoder.from_config(cfg, load_weights(corrupt))
+
+
+def test_precisions() -> None:
+    """tf32 is float32 off CUDA (same audio); bfloat16 decodes close to float32 and is one way; an unknown
+    precision is refused."""
+    _need_fixtures()
+    dec = CodecDecoder.from_checkpoint(load_checkpoint(FIXTURES / "custom_voice"))
+    codes = random_codes(30, seed=7)[None]  # [1, 30, 16]
+    ref = dec.decode_window(codes, 5)
+    assert torch.equal(dec.set_precision("tf32").decode_window(codes, 5), ref)
+    low = dec.set_precision("bfloat16").decode_window(codes, 5)
+    assert low.dtype == torch.float32 and low.shape == ref.shape
+    assert 0 < float((low - ref).abs().max()) < 0.1 * float(ref.abs().max()) + 1e-3
+    with pytest.raises(ValueError, match="cannot go back"):
+        dec.set_precision("float32")
+    with pytest.raises(ValueError, match="codec precision"):
+        dec.set_precision("fp8")
