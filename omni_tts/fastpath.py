@@ -1,10 +1,12 @@
 """The compiled decode path: small compile units reused across layers and steps.
 
-Owns: one decoder-layer function for the talker (one new token per row, per-row positions, KV
-written into the slot cache), one for the code predictor (positions shared by the batch, a
-16-position scratch cache per frame), and the two sampling calls, each wrapped by torch.compile
-once per CompileMode and re-used for all 28 talker layers, all 5 predictor layers and all 15
-codebook steps. So a bucket costs five small compiles instead of one huge one (an unrolled frame
+Owns: the talker's decoder layer as two functions around its attention (one new token per row,
+per-row positions, KV written into the slot cache; the attention between them is left uncompiled so
+it can read only the first kv_len cache positions, chosen per step, without a recompile), one
+decoder-layer function for the code predictor (positions shared by the batch, a 16-position scratch
+cache per frame), and the two sampling calls, each wrapped by torch.compile once per CompileMode and
+re-used for all 28 talker layers, all 5 predictor layers and all 15 codebook steps. So a bucket
+costs six small compiles instead of one huge one (an unrolled frame
 took ~200 s to compile on the H200 with torch 2.11, dynamo does not recompile for another layer
 instance of the same class). The ops inside are those of omni_tts.talker / code_predictor /
 sampling, except that each layer runs q|k|v as one matmul (q and k normed and rotated in one pass)
@@ -87,16 +89,22 @@ def mlp_fused(mlp: Any, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------- layer units
-def talker_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_gu: torch.Tensor,
-                 x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                 kc: torch.Tensor, vc: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """x: [B, 1, D]; w_*: fuse_layer(layer); kc/vc: this layer's cache rows [B, Hkv, M, hd] (written at
-    (row, pos)); mask: [B, 1, 1, M]; pos, rows: [B]. -> [B, 1, D]"""
+def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.Tensor,
+                   cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rows: torch.Tensor,
+                   pos: torch.Tensor) -> torch.Tensor:
+    """First half of a talker layer: norm, q|k|v, rope, K/V written into the slot cache at (row, pos).
+    x: [B, 1, D]; w_*: fuse_layer(layer); kc/vc: this layer's cache rows [B, Hkv, M, hd]; pos, rows: [B].
+    -> q [B, H, 1, hd]"""
     h = layer.input_layernorm(x)
     q, k, v = qkv_fused(layer.self_attn, w_qkv, b_qkv, h, cos, sin)  # q: [B, H, 1, hd], k/v: [B, Hkv, 1, hd]
     kc[rows, :, pos] = k[:, :, 0]  # kc: [B, Hkv, M, hd]
     vc[rows, :, pos] = v[:, :, 0]
-    x = x + layer.self_attn.out(gqa_attention(q, kc, vc, mask))  # [B, 1, D]
+    return q
+
+
+def talker_attn_out(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Second half: output projection + residual, then the MLP block. x: [B, 1, D], a: [B, H, 1, hd]."""
+    x = x + layer.self_attn.out(a)  # [B, 1, D]
     return x + mlp_fused(layer.mlp, w_gu, layer.post_attention_layernorm(x))
 
 
@@ -131,7 +139,10 @@ class FastPath:
         if inductor_mode == "reduce-overhead":  # its graphs' outputs are overwritten by the next replay
             inner = wrap
             wrap = lambda f: _cloned(inner(f))  # noqa: E731
-        self.talker_layer = wrap(talker_layer)
+        # the talker layer is two units around an uncompiled attention call, so the attention can read
+        # only the first L cache positions (L chosen per step) without a recompile per L
+        self.talker_attn_in = wrap(talker_attn_in)
+        self.talker_attn_out = wrap(talker_attn_out)
         self.predictor_layer = wrap(predictor_layer)
         self.sample_talker = wrap(sampling.sample_talker)
         self.sample_codebook = wrap(sampling.sample_codebook)
@@ -150,16 +161,22 @@ class FastPath:
         self.cos, self.sin = cos, sin
         self.codebook = [torch.tensor(j, device=dev) for j in range(self.n_pos)]
 
-    def talker_step(self, x: torch.Tensor, pos: torch.Tensor, cache: Any, b: int) -> torch.Tensor:
-        """x: [b, D] next inputs of rows [:b] at positions pos [b] -> final-normed hidden [b, D]."""
+    def talker_step(self, x: torch.Tensor, pos: torch.Tensor, cache: Any, b: int, kv_len: int | None = None
+                    ) -> torch.Tensor:
+        """x: [b, D] next inputs of rows [:b] at positions pos [b] -> final-normed hidden [b, D]. Attention
+        reads cache positions [0, kv_len) (default: all): every row's pos must be < kv_len."""
         talker = self.model.talker
+        L = cache.max_len if kv_len is None else kv_len
         cos, sin = talker.rope(pos[:, None], x.dtype)  # [b, 1, hd]
-        key = torch.arange(cache.max_len, device=x.device)
-        mask = (key[None, :] <= pos[:, None])[:, None, None]  # [b, 1, 1, M]
+        key = torch.arange(L, device=x.device)
+        mask = (key[None, :] <= pos[:, None])[:, None, None]  # [b, 1, 1, L]
         rows = torch.arange(b, device=x.device)
         h = x[:, None]  # [b, 1, D]
-        for i, (layer, w) in enumerate(zip(talker.layers, self.talker_w)):
-            h = self.talker_layer(layer, *w, h, cos, sin, mask, cache.k[i, :b], cache.v[i, :b], rows, pos)
+        for i, (layer, (w_qkv, b_qkv, w_gu)) in enumerate(zip(talker.layers, self.talker_w)):
+            kc, vc = cache.k[i, :b], cache.v[i, :b]  # [b, Hkv, M, hd]
+            q = self.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, rows, pos)  # [b, H, 1, hd]
+            a = gqa_attention(q, kc[:, :, :L], vc[:, :, :L], mask)  # [b, H, 1, hd]
+            h = self.talker_attn_out(layer, w_gu, h, a)
         return talker.norm(h)[:, 0]
 
     def predict_frame(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,

@@ -53,11 +53,14 @@ def fill_slots(runner: Any, n: int, speaker: str | None) -> None:
                                           language="English", fixed_frames=300))
 
 
-def step_callables(runner: Any, b: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
+def step_callables(runner: Any, b: int, kv_len: int | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(code predictor step, talker step) for rows [:b] as the runner would run them; the talker's attention
+    over kv_len cache positions (default: what the rows' positions need)."""
+    L = kv_len or runner.kv_len(b)
     if runner.graphs:
-        cp_g, talker_g = runner.graphs[:2]
+        cp_g, talker_g = runner.cp_graph, runner.talker_graphs[L]
         return (lambda: cp_g.run(b)), (lambda: talker_g.run(b))
-    return runner._cp_fn(b), runner._talker_fn(b)
+    return runner._cp_fn(b), runner._make_talker_fn(L)(b)
 
 
 def codec_costs(model: Any) -> dict[str, float]:
@@ -97,7 +100,7 @@ def profile_steps(runner: Any, buckets: Sequence[int], out_dir: str) -> dict[str
         graph_cp, graph_talker = step_callables(runner, b)
         codes = torch.randint(0, 2048, (b, 26, 16), device=runner.device)
         variants = {"cp_graph": graph_cp, "talker_graph": graph_talker,
-                    "cp_launched": runner._cp_fn(b), "talker_launched": runner._talker_fn(b),
+                    "cp_launched": runner._cp_fn(b), "talker_launched": runner._make_talker_fn(runner.kv_len(b))(b),
                     "codec_second_chunk": lambda: runner.model.codec.decode_window(codes, 1)}
         for name, fn in variants.items():
             fn()
@@ -203,7 +206,10 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
             row: dict[str, Any] = {"setup_s": report["seconds"], "actual_mode": report["mode"], "per_bucket": {}}
             for b in buckets:
                 cp, talker = step_callables(runner, b)
-                row["per_bucket"][b] = {"cp_ms": time_ms(cp), "talker_ms": time_ms(talker)}
+                row["per_bucket"][b] = {"cp_ms": time_ms(cp), "talker_ms": time_ms(talker), "kv_len": runner.kv_len(b)}
+                if runner.graphs:  # the talker step's cost against the attention length it reads
+                    row["per_bucket"][b]["talker_ms_by_kv_len"] = {
+                        L: time_ms(step_callables(runner, b, L)[1]) for L in runner.kv_buckets}
                 say(f"{mode} b={b}: {row['per_bucket'][b]}")
             row["prefill"] = prefill_costs(runner, speaker)
             codes = greedy_codes(runner, agree_n, frames, speaker)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from omni_tts.clone import decoder_prefix
@@ -53,13 +54,15 @@ class Runner:
         self.scratch_pos = self.max_len  # one spare KV column: padded rows and captures write here
         self._alloc_state()
         self.pool: GraphPool | None = None
-        self.graphs: list[BucketedGraph] = []
+        self.graphs: list[BucketedGraph] = []  # all of them (release, pool accounting)
+        self.cp_graph: BucketedGraph | None = None
+        self.talker_graphs: dict[int, BucketedGraph] = {}  # kv_len -> talker graphs
+        self.prefill_graph: BucketedGraph | None = None
         self.pool_bytes_ = 0
         self.mode = CompileMode.EAGER
         self.fast: FastPath | None = None  # None: eager, the reference modules as they are
         self._fast_by_mode: dict[str, FastPath] = {}  # compiled units kept across mode switches
         self._cp_fn = self._make_cp_fn()
-        self._talker_fn = self._make_talker_fn()
         self.set_mode(mode, progress=progress)
 
     @classmethod
@@ -96,6 +99,10 @@ class Runner:
         self.h = torch.zeros(S, D, dtype=self.dtype, **f)  # talker hidden of the last position
         self.code0 = torch.zeros(S, dtype=torch.long, **f)  # sampled code 0 of the current frame
         self.pos = torch.full((S,), self.scratch_pos, dtype=torch.long, **f)  # next talker position
+        self.pos_host = np.full(S, self.scratch_pos, dtype=np.int64)  # its host mirror (picks kv_len)
+        # talker attention reads only the first L cache positions, L the smallest of these >= every
+        # active row's position + 1 (one talker graph per L and batch bucket; M = whole cache)
+        self.kv_buckets = [L for L in (64, 128, 256, 512, 1024, 2048, 4096) if L < self.max_len] + [self.max_len + 1]
         self.frame = torch.zeros(S, dtype=torch.long, **f)  # frames completed so far
         self.trail = torch.zeros(S, self.max_len, D, dtype=self.dtype, **f)  # trailing text, then pad
         self.seen = torch.zeros(S, m.vocab_size, dtype=torch.bool, **f)  # code-0 ids generated
@@ -124,11 +131,12 @@ class Runner:
         trail = self.trail[:b].gather(1, idx[:, None, None].expand(-1, 1, self.trail.shape[-1]))[:, 0]
         return codes, fb + trail  # next input: [b, D]
 
-    def _talker_body(self, b: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One talker decode step for rows [:b] from input x [b, D], then sampling of code 0."""
+    def _talker_body(self, b: int, x: torch.Tensor, kv_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One talker decode step for rows [:b] from input x [b, D] (attention over the first kv_len cache
+        positions, fast path only), then sampling of code 0."""
         m = self.model
         if self.fast:
-            h = self.fast.talker_step(x, self.pos[:b], self.cache, b)  # h: [b, D]
+            h = self.fast.talker_step(x, self.pos[:b], self.cache, b, kv_len)  # h: [b, D]
             sample = self.fast.sample_talker
         else:
             h = m.talker(x[:, None, :], self.pos[:b, None], self.cache, None)[:, 0]  # h: [b, D]
@@ -146,8 +154,12 @@ class Runner:
     def _make_cp_fn(self) -> Callable[[int], Callable[[], tuple]]:
         return lambda b: (lambda: self._cp_body(b))
 
-    def _make_talker_fn(self) -> Callable[[int], Callable[[], tuple]]:
-        return lambda b: (lambda: self._talker_body(b, self.x[:b]))
+    def _make_talker_fn(self, kv_len: int | None = None) -> Callable[[int], Callable[[], tuple]]:
+        return lambda b: (lambda: self._talker_body(b, self.x[:b], kv_len))
+
+    def kv_len(self, n: int) -> int:
+        """The smallest kv bucket covering the positions of rows [:n] (the whole cache if none does)."""
+        return pick_bucket(int(self.pos_host[:n].max()) + 1, self.kv_buckets) or self.kv_buckets[-1]
 
     # ------------------------------------------------------------------ modes
     def available_modes(self) -> dict[str, str | None]:
@@ -182,7 +194,7 @@ class Runner:
             mode = fallback
         for g in self.graphs:
             g.release()
-        self.graphs = []
+        self.graphs, self.cp_graph, self.talker_graphs, self.prefill_graph = [], None, {}, None
         self.pool_bytes_ = 0
         t0 = time.perf_counter()
         self.fast = self._fast_path(mode)
@@ -190,10 +202,12 @@ class Runner:
             self.pool = self.pool or GraphPool(self.config.use_vllm_pool)
             self.pool.begin_capture()
             self.pre_slot.fill_(self.S)
-            self.graphs = [BucketedGraph("code_predictor", self._cp_fn, self.buckets, self.pool),
-                           BucketedGraph("talker", self._talker_fn, self.buckets, self.pool),
-                           BucketedGraph("prefill", lambda L: (lambda: self._prefill_body(L)),
-                                         self.prefill_buckets, self.pool)]
+            self.cp_graph = BucketedGraph("code_predictor", self._cp_fn, self.buckets, self.pool)
+            self.talker_graphs = {L: BucketedGraph(f"talker (kv {L})", self._make_talker_fn(L), self.buckets,
+                                                   self.pool) for L in self.kv_buckets}
+            self.prefill_graph = BucketedGraph("prefill", lambda L: (lambda: self._prefill_body(L)),
+                                               self.prefill_buckets, self.pool)
+            self.graphs = [self.cp_graph, *self.talker_graphs.values(), self.prefill_graph]
             for g in self.graphs:
                 say(f"capturing {g.name} graphs for buckets {g.buckets} into {self.pool.source}")
                 self.pool_bytes_ += g.capture().pool_bytes
@@ -201,7 +215,7 @@ class Runner:
             say(f"compiling ({mode.value}) for buckets {self.buckets}")
             for b in self.buckets:  # warm every bucket shape now, not on the first request
                 self._cp_fn(b)()
-                self._talker_fn(b)()
+                self._make_talker_fn(self.kv_buckets[0])(b)()
         self.mode = mode
         seconds = time.perf_counter() - t0
         say(f"{mode.value} ready in {seconds:.1f} s")
@@ -240,7 +254,7 @@ class Runner:
             self.pre_x[:T] = pre.embeds
             self.pre_slot.fill_(slot)
             self.pre_last.fill_(T - 1)
-            (h,) = self.graphs[2].run(T)  # h: [1, D]
+            (h,) = self.prefill_graph.run(T)  # h: [1, D]
         else:
             pos = torch.arange(T, device=self.device)[None]  # pos: [1, T]
             h = m.talker(pre.embeds[None].to(self.dtype), pos, self.cache,
@@ -249,6 +263,7 @@ class Runner:
         self.trail[slot, :N] = pre.trailing[:N]
         self.trail[slot, N:] = pre.pad
         self.pos[slot] = T
+        self.pos_host[slot] = T
         self.frame[slot] = 0
         self.seen[slot] = False
         self.talker_sp.set(slot, settings.talker)
@@ -266,14 +281,16 @@ class Runner:
     def step(self, n: int) -> tuple[Any, Any]:
         """One frame for rows [:n]: returns (codes [n,16] of the frame just completed, eos [n] of the
         next frame's code 0) as numpy (the one host sync per step)."""
-        codes, nxt = self._run(0, self._cp_fn, n)  # codes: [n, 16], nxt: [n, D]
+        codes, nxt = self._run(self.cp_graph, self._cp_fn, n)  # codes: [n, 16], nxt: [n, D]
         self.codes[:n] = codes
         self.x[:n] = nxt
         self.frame[:n] += 1
-        h, code0 = self._run(1, self._talker_fn, n)  # h: [n, D], code0: [n]
+        L = self.kv_len(n)
+        h, code0 = self._run(self.talker_graphs.get(L), self._make_talker_fn(L), n)  # h: [n, D], code0: [n]
         self.h[:n] = h
         self.code0[:n] = code0
         self.pos[:n] += 1
+        self.pos_host[:n] += 1
         sampling.mark_seen(self.seen[:n], code0)
         host = self._host[:n]
         host.copy_(torch.cat([self.codes[:n], self.code0[:n, None]], dim=1), non_blocking=True)  # [n, 17]
@@ -283,12 +300,12 @@ class Runner:
         out = host.numpy().copy()
         return out[:, :16], out[:, 16] == self.model.eos_id
 
-    def _run(self, which: int, make: Callable[[int], Callable[[], tuple]], n: int) -> tuple:
-        """Step `which` (0: predictor, 1: talker) for rows [:n]: the captured graph of n's bucket, else
-        the callable at the bucket size (compiled modes: one shape per bucket) or at n (eager)."""
+    def _run(self, graph: BucketedGraph | None, make: Callable[[int], Callable[[], tuple]], n: int) -> tuple:
+        """One step for rows [:n]: the captured graph of n's bucket, else the callable at the bucket size
+        (compiled modes: one shape per bucket) or at n (eager)."""
         b = pick_bucket(n, self.buckets)
-        if self.graphs and b is not None:
-            return self.graphs[which].run(n)
+        if self.graphs and graph is not None and b is not None:
+            return graph.run(n)
         return tuple(t[:n] for t in make(b if (b and self.mode.compiled) else n)())
 
     def move_slot(self, src: int, dst: int) -> None:
@@ -300,6 +317,8 @@ class Runner:
         self.talker_sp.move(src, dst)
         self.cp_sp.move(src, dst)
         self.pos[src] = self.scratch_pos
+        self.pos_host[dst] = self.pos_host[src]
+        self.pos_host[src] = self.scratch_pos
 
 
 # One line per mode: what it runs and what it costs (Runner.mode_notes; the keys are CompileMode values).

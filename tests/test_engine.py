@@ -212,6 +212,27 @@ def test_eight_concurrent_sampled_requests_with_three_slots_get_exactly_their_so
     assert engine.snapshot()["active"] == 0 and engine.snapshot()["waiting"] == 0
 
 
+def test_fast_path_engine_with_kv_length_buckets_equals_the_plain_path(_one_thread):
+    """The engine's fast path (uncompiled here: the compiled one is the same functions) reads only the first
+    kv_len cache positions per step; requests of different lengths crossing the 64-position bucket, moved
+    between slots as others finish, still get the plain path's greedy codes."""
+    from omni_tts.fastpath import FastPath
+
+    eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=2)
+    try:
+        eng._call_on_loop(lambda: setattr(eng.runner, "fast", FastPath(eng.model, None)))
+        assert eng.runner.kv_buckets == [64, 128, 257]
+        ps = [greedy(t, fixed_frames=n) for t, n in (("One.", 70), ("Second request here.", 30),
+                                                       ("A third, a bit longer, text.", 50))]
+        handles = [eng.submit(p) for p in ps]
+        for p, h in zip(ps, handles):
+            r = h.result(TIMEOUT)
+            assert r.codes.shape[0] == p.fixed_frames
+            assert_same_as_plain(eng, p, r.codes, r.wav)
+    finally:
+        eng.shutdown()
+
+
 # ------------------------------------------------------------------------------------------ cancel
 def test_cancel_mid_stream_frees_the_slot_and_the_others_finish_unchanged():
     eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=2, initial_chunk_frames=1, chunk_frames=2,

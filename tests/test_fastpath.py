@@ -136,3 +136,23 @@ def test_fast_path_equals_reference_when_sampling(seed: int) -> None:
     ref_codes, ref_hid = run_loop(m, None, p)
     assert torch.equal(codes, ref_codes) and len(hid) > 3
     torch.testing.assert_close(torch.cat(hid), torch.cat(ref_hid), rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_talker_step_reading_a_kv_prefix_equals_reading_the_whole_cache() -> None:
+    """The talker attention over the first kv_len cache positions (kv_len > every row's position) gives the
+    same hidden states as over the whole cache, and the K/V it writes are the same."""
+    m, fast = model_and_fast()
+    g = torch.Generator().manual_seed(3)
+    caches = [m.talker.new_cache(3, 200) for _ in range(2)]
+    for c in caches:  # the same random history in both
+        c.k.copy_(torch.randn(c.k.shape, generator=g) if c is caches[0] else caches[0].k)
+        c.v.copy_(torch.randn(c.v.shape, generator=g) if c is caches[0] else caches[0].v)
+    pos = torch.tensor([5, 40, 17])
+    for _ in range(3):
+        x = torch.randn(3, m.hidden_size, generator=g)
+        full = fast.talker_step(x, pos, caches[0], 3)
+        short = fast.talker_step(x, pos, caches[1], 3, kv_len=64)
+        torch.testing.assert_close(short, full, rtol=1e-5, atol=1e-5)
+        pos = pos + 1
+    assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
