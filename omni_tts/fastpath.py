@@ -19,6 +19,7 @@ modules as they are). Knows nothing about requests, buckets or graphs.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import torch
@@ -27,6 +28,42 @@ from torch import nn
 
 from omni_tts import sampling
 from omni_tts.talker import apply_rope, gqa_attention, rms_norm
+
+
+# Rows (batch x tokens) up to which a projection runs as multiply-and-sum: Inductor makes it one reduction
+# kernel that reads the weight once and can fuse its neighbours, where cuBLAS's batch-1 GEMV reached
+# ~1 TB/s on the H200 (2026-11-30). Decided when a unit is traced (per bucket); 0 = always F.linear.
+GEMV_MAX_ROWS = int(os.environ.get("OMNI_TTS_GEMV_ROWS", "0"))
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, w, b); for at most GEMV_MAX_ROWS rows as a float32-accumulated multiply-and-sum."""
+    rows = x.numel() // x.shape[-1]
+    if 0 < rows <= GEMV_MAX_ROWS:
+        y = (x[..., None, :].float() * w.float()).sum(-1)  # [..., N]
+        return (y if b is None else y + b.float()).to(x.dtype)
+    return F.linear(x, w, b)
+
+
+def out_proj(attn: Any, a: torch.Tensor) -> torch.Tensor:
+    """Attention.out through `linear`. a: [B, H, T, hd] -> [B, T, D]."""
+    B, _, T, _ = a.shape
+    return linear(a.transpose(1, 2).reshape(B, T, attn.heads * attn.head_dim), attn.o_proj.weight, attn.o_proj.bias)
+
+
+def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """gqa_attention for a short cache (the predictor's 16 positions) in plain float32 ops, which Inductor
+    fuses into a few kernels (SDPA was a cuDNN call plus a mask copy per layer and step).
+    q: [B, H, T, hd]; k, v: [B, Hkv, M, hd]; mask: bool [1, 1, T, M] (True = attend). -> [B, H, T, hd]"""
+    B, H, T, hd = q.shape
+    Hkv, M = k.shape[1], k.shape[2]
+    rep = H // Hkv
+    qg = q.reshape(B, Hkv, rep * T, hd).float()  # [B, Hkv, rep*T, hd]: heads sharing a KV head
+    s = (qg[:, :, :, None, :] * k[:, :, None, :, :].float()).sum(-1) * hd ** -0.5  # [B, Hkv, rep*T, M]
+    m = mask.expand(1, 1, T, M)[:, :, None].expand(1, 1, rep, T, M).reshape(1, 1, rep * T, M)
+    p = s.masked_fill(~m, float("-inf")).softmax(-1)  # [B, Hkv, rep*T, M]
+    o = (p[..., None] * v[:, :, None, :, :].float()).sum(-2)  # [B, Hkv, rep*T, hd]
+    return o.to(q.dtype).reshape(B, H, T, hd)
 
 
 # ---------------------------------------------------------------------------------------- fused weights
@@ -75,7 +112,7 @@ def qkv_fused(attn: Any, w: torch.Tensor, b: torch.Tensor | None, x: torch.Tenso
     x: [B, T, D] -> q [B, H, T, hd], k/v [B, Hkv, T, hd]."""
     B, T, _ = x.shape
     H, Hkv, hd = attn.heads, attn.kv_heads, attn.head_dim
-    y = F.linear(x, w, b).view(B, T, H + 2 * Hkv, hd)  # [B, T, H + 2 Hkv, hd]
+    y = linear(x, w, b).view(B, T, H + 2 * Hkv, hd)  # [B, T, H + 2 Hkv, hd]
     norm_w = torch.cat([attn.q_norm.weight.expand(H, hd), attn.k_norm.weight.expand(Hkv, hd)])  # [H + Hkv, hd]
     qk = rms_norm(y[:, :, :H + Hkv], norm_w, attn.q_norm.eps).transpose(1, 2)  # [B, H + Hkv, T, hd]
     qk = apply_rope(qk, cos, sin)
@@ -84,8 +121,8 @@ def qkv_fused(attn: Any, w: torch.Tensor, b: torch.Tensor | None, x: torch.Tenso
 
 def mlp_fused(mlp: Any, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """MLP with gate|up in one matmul. x: [B, T, D], w: [2 I, D] -> [B, T, D]."""
-    gate, up = F.linear(x, w).chunk(2, dim=-1)  # [B, T, I] each
-    return mlp.down_proj(mlp.act(gate) * up)
+    gate, up = linear(x, w).chunk(2, dim=-1)  # [B, T, I] each
+    return linear(mlp.act(gate) * up, mlp.down_proj.weight)
 
 
 # ---------------------------------------------------------------------------------------- layer units
@@ -104,7 +141,7 @@ def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, 
 
 def talker_attn_out(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     """Second half: output projection + residual, then the MLP block. x: [B, 1, D], a: [B, H, 1, hd]."""
-    x = x + layer.self_attn.out(a)  # [B, 1, D]
+    x = x + out_proj(layer.self_attn, a)  # [B, 1, D]
     return x + mlp_fused(layer.mlp, w_gu, layer.post_attention_layernorm(x))
 
 
@@ -117,8 +154,21 @@ def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
     q, k, v = qkv_fused(layer.self_attn, w_qkv, b_qkv, h, cos, sin)  # q: [B, H, T, hd]
     kc.index_copy_(2, pos, k)
     vc.index_copy_(2, pos, v)
-    x = x + layer.self_attn.out(gqa_attention(q, kc, vc, mask))  # [B, T, d]
+    x = x + out_proj(layer.self_attn, small_attention(q, kc, vc, mask))  # [B, T, d]
     return x + mlp_fused(layer.mlp, w_gu, layer.post_attention_layernorm(x))
+
+
+def predictor_head(norm: Any, head: Any, x: torch.Tensor, sp: sampling.SlotParams, seed: torch.Tensor,
+                   frame: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
+    """Final norm + this codebook's head on the last position, then its sampling. x: [B, T, d] -> [B]"""
+    return sampling.sample_codebook(linear(norm(x[:, -1]), head.weight), sp, seed, frame, codebook)
+
+
+def predictor_feed(embedding: Any, proj: Any, code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sampled code's embedding (talker width) and the predictor's next input. code: [B] -> [B, D], [B, 1, d]"""
+    e = embedding(code)  # [B, D]
+    x = linear(e[:, None], proj.weight, proj.bias) if isinstance(proj, nn.Linear) else proj(e[:, None])
+    return e, x
 
 
 def _cloned(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -145,7 +195,8 @@ class FastPath:
         self.talker_attn_out = wrap(talker_attn_out)
         self.predictor_layer = wrap(predictor_layer)
         self.sample_talker = wrap(sampling.sample_talker)
-        self.sample_codebook = wrap(sampling.sample_codebook)
+        self.predictor_head = wrap(predictor_head)
+        self.predictor_feed = wrap(predictor_feed)
         cp = model.code_predictor
         dev = model.device
         # packed q|k|v and gate|up weights per layer; the modules' own weights become views into them
@@ -193,13 +244,14 @@ class FastPath:
         for j in range(self.n_pos - 1):
             for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
                 x = self.predictor_layer(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
-            logits = cp.lm_head[j](cp.norm(x[:, -1]))  # [B, V]
-            code = self.sample_codebook(logits, sp, seed, frame, self.codebook[j + 1])  # [B]
+            code = self.predictor_head(cp.norm, cp.lm_head[j], x, sp, seed, frame, self.codebook[j + 1])  # [B]
             codes.append(code)
-            embeds.append(cp.codec_embedding[j](code))  # [B, D]
             t = j + 2
             if t < self.n_pos:
-                x = cp.small_to_mtp_projection(embeds[-1][:, None])  # [B, 1, d]
+                e, x = self.predictor_feed(cp.codec_embedding[j], cp.small_to_mtp_projection, code)  # [B, D], [B, 1, d]
+                embeds.append(e)
                 cos, sin = self.cos[:, t:t + 1], self.sin[:, t:t + 1]
                 mask, pos = self.mask1[t], self.pos[t]
+            else:
+                embeds.append(cp.codec_embedding[j](code))  # [B, D]
         return torch.stack(codes, dim=1), torch.stack(embeds, dim=1).sum(1)  # [B, 15], [B, D]

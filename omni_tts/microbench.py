@@ -188,7 +188,7 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
     from omni_tts.runner import Runner
 
     cfg = EngineConfig(model=model, mode="eager", max_num_seqs=max(buckets), buckets=list(buckets),
-                       max_seq_len=512, dtype=dtype)
+                       max_seq_len=512, dtype=dtype, initial_chunk_frames=1)
     t0 = time.perf_counter()
     runner = Runner.from_config(cfg, progress=say)
     say(f"loaded in {time.perf_counter() - t0:.1f} s")
