@@ -119,9 +119,9 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
 
             def tick(_m: RequestMetrics, c: int = c) -> None:
                 done[0] += 1
-                say(f"  [{mode}] concurrency {c}: {done[0]}/{num_prompts} requests")
+                say(f"  [{mode}] concurrency {c}: {done[0]}/{max(num_prompts, c)} requests")
 
-            records, wall = run_load(engine, c, num_prompts, make, on_done=tick)
+            records, wall = run_load(engine, c, max(num_prompts, c), make, on_done=tick)
             results[c] = summarize(records, wall)
         except OmniTTSError as e:
             results[c] = {"error": f"failed: {str(e)[:80]}"}
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--preset", default="default")
     ap.add_argument("--modes", default=",".join(m.value for m in CompileMode))
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--num-prompts", type=int, default=None, help="requests per concurrency (default 2x conc, >= 12)")
+    ap.add_argument("--num-prompts", type=int, default=None, help="requests per concurrency, at least one per client (default 2x the largest conc, >= 12)")
     ap.add_argument("--fixed-frames", type=int, default=None, help="every request makes exactly N frames")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--speaker", default=None)

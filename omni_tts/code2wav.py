@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from omni_tts.codec import ChunkPlan, decode_plans
+from omni_tts.graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.errors import OmniTTSError, as_engine_error
 from omni_tts.metrics import EngineStats, now
 
@@ -43,6 +44,32 @@ def _error(e: Exception) -> OmniTTSError:
     return as_engine_error(e, "audio decoding failed")
 
 
+class FirstChunkGraphs:
+    """CUDA graphs of the codec's first-chunk decode (`frames` frames, no left context: the window every
+    plain request starts with, so it decides TTFP) per batch bucket; ~900 eager kernel launches become
+    one replay. Their own pool, not the engine's shared one: they replay on the code-to-wave stream
+    while the step graphs replay on the scheduler's, and graphs sharing a pool must never run at the
+    same time. Other window shapes (they vary with history length) decode eagerly."""
+
+    def __init__(self, codec: Any, frames: int, buckets: list[int]) -> None:
+        self.codec, self.frames = codec, frames
+        device = codec.quantizer["rvq_first"].tables.device
+        self.codes = torch.zeros(max(buckets), frames, codec.num_quantizers, dtype=torch.long, device=device)
+        self.graph = BucketedGraph("codec first chunk", lambda b: (lambda: (codec.window(self.codes[:b], 0),)),
+                                   buckets, GraphPool(use_vllm=False))
+        self.graph.capture()
+
+    def __call__(self, codec: Any, rows: torch.Tensor, context: int) -> torch.Tensor | None:
+        """rows [n, C+N, Q] host codes -> wav [n, N*upsample] (a view: copy it before the next call), or None
+        when this shape has no graph."""
+        n = rows.shape[0]
+        if (codec is not self.codec or context != 0 or rows.shape[1] != self.frames
+                or pick_bucket(n, self.graph.buckets) is None):
+            return None
+        self.codes[:n].copy_(codec.prepare(rows))
+        return self.graph.run(n)[0]
+
+
 class Code2Wav:
     """Jobs, each a tuple about one request record `a` (engine._Active: handle, decoder, codes, chunks,
     failed): ("push", a, codes [n, 16]), ("flush", a), ("finish", a, status, error).
@@ -50,8 +77,13 @@ class Code2Wav:
     `put(jobs)` queues a list of jobs as one item (the scheduler puts one step's jobs at once, so the
     chunks that step made due are always decoded together)."""
 
-    def __init__(self, device: torch.device, stats: EngineStats) -> None:
+    def __init__(self, device: torch.device, stats: EngineStats,
+                 first_chunk: tuple[Any, int, list[int]] | None = None) -> None:
+        """first_chunk: (codec, initial_chunk_frames, batch buckets) to graph the first chunks (CUDA only)."""
         self.device, self.stats = device, stats
+        self._first_spec = first_chunk if device.type == "cuda" else None
+        self.first: FirstChunkGraphs | None = None
+        self.first_error = ""
         self._jobs: "queue.Queue[list[tuple] | None]" = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="omni-tts-code2wav", daemon=True)
         self._thread.start()
@@ -68,6 +100,11 @@ class Code2Wav:
     def _loop(self) -> None:
         cuda = self.device.type == "cuda"
         with torch.cuda.stream(torch.cuda.Stream(self.device)) if cuda else nullcontext():
+            if self._first_spec is not None:  # captured on this thread and stream, where they replay
+                try:
+                    self.first = FirstChunkGraphs(*self._first_spec)
+                except Exception as e:  # never fatal: first chunks then decode eagerly
+                    self.first_error = f"{type(e).__name__}: {str(e)[:200]}"
             while True:
                 batch = [self._jobs.get()]
                 while batch[-1] is not None and not self._jobs.empty():  # drain what is queued now
@@ -104,7 +141,7 @@ class Code2Wav:
                 steps.append(("chunk", a, plan))
         plans = [s[2] for s in steps if s[0] == "chunk"]
         t0 = now()
-        wavs, calls = decode_plans(plans) if plans else ([], 0)
+        wavs, calls = decode_plans(plans, self.first) if plans else ([], 0)
         self.stats.on_decode(sum(len(p.windows) for p in plans), calls, now() - t0)
         results = iter(wavs)
         for step in steps:

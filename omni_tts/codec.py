@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -178,7 +178,7 @@ class CodecDecoder(nn.Module):
                     self.quantizer[group_name].tables[i].copy_(table)
 
     # ------------------------------------------------------------------ decoding
-    def _prepare(self, codes: torch.Tensor) -> torch.Tensor:
+    def prepare(self, codes: torch.Tensor) -> torch.Tensor:
         """Validate where the codes are (host codes: no device sync) and move them to the codec's device
         (from host through pinned memory, asynchronously)."""
         if codes.dim() != 3 or codes.shape[-1] != self.num_quantizers:
@@ -207,9 +207,10 @@ class CodecDecoder(nn.Module):
     @torch.inference_mode()
     def decode_window(self, codes: torch.Tensor, context_frames: int) -> torch.Tensor:
         """Decode a [B, C+N, Q] window as one pass and return float32 [B, N*upsample]: the last N frames."""
-        return self._window(self._prepare(codes), context_frames)
+        return self.window(self.prepare(codes), context_frames)
 
-    def _window(self, codes: torch.Tensor, context_frames: int) -> torch.Tensor:  # codes: prepared [B, C+N, Q]
+    def window(self, codes: torch.Tensor, context_frames: int) -> torch.Tensor:  # codes: prepared [B, C+N, Q]
+        """decode_window on codes already `prepare`d (device, validated): graph-capturable."""
         total = codes.shape[1]
         if not 0 <= context_frames <= total:
             raise ValueError(f"context_frames={context_frames} outside [0, {total}]")
@@ -254,8 +255,8 @@ class CodecDecoder(nn.Module):
     @torch.inference_mode()
     def decode_frames(self, codes: torch.Tensor, start: int, end: int, left_context: int | None = None) -> torch.Tensor:
         """Audio of frames [start, end) of the full matrix `codes` [B, T, Q], equal to that slice of `decode`."""
-        codes = self._prepare(codes)
-        out = [self._window(w, c) for w, c in self.windows(codes, start, end, left_context)]  # [B, N_i*upsample]
+        codes = self.prepare(codes)
+        out = [self.window(w, c) for w, c in self.windows(codes, start, end, left_context)]  # [B, N_i*upsample]
         if not out:
             return torch.zeros(codes.shape[0], 0, dtype=torch.float32, device=codes.device)
         return torch.cat(out, dim=-1)
@@ -305,8 +306,10 @@ class ChunkPlan:
     windows: list[tuple[torch.Tensor, int]]
 
 
-def decode_plans(plans: list[ChunkPlan]) -> tuple[list[torch.Tensor | Exception], int]:
+def decode_plans(plans: list[ChunkPlan], fast: Callable[[Any, torch.Tensor, int], torch.Tensor | None] | None = None
+                 ) -> tuple[list[torch.Tensor | Exception], int]:
     """Decode every plan's windows with one batched `decode_window` per distinct (codec, C+N, C).
+    `fast(codec, rows [B, C+N, Q], C)`, when given, is tried first (e.g. graphed shapes; None: no).
 
     The decoder is row-independent, so a row decoded in a batch equals its decode alone. Returns, per
     plan, its float32 CPU audio [N*upsample] or the exception its decode raised (a failing batch is
@@ -323,7 +326,9 @@ def decode_plans(plans: list[ChunkPlan]) -> tuple[list[torch.Tensor | Exception]
         rows = [plans[i].windows[j][0] for i, j in members]  # each [C+N, Q]
         try:
             calls += 1
-            wavs: list[Any] = list(to_host(codec.decode_window(torch.stack(rows), ctx)))  # B x [N*upsample]
+            batch = torch.stack(rows)  # [B, C+N, Q]
+            wav = fast(codec, batch, ctx) if fast is not None else None
+            wavs: list[Any] = list(to_host(wav if wav is not None else codec.decode_window(batch, ctx)))  # B x [N*upsample]
         except Exception as e:
             if len(rows) == 1:
                 wavs = [e]

@@ -125,7 +125,10 @@ class Engine:
         self._stop = threading.Event()
         # code-to-wave stage: its own thread (and CUDA stream), so decoding audio chunks overlaps the
         # next frames' talker/predictor work; it decodes the chunks of many requests in one batch
-        self._c2w = Code2Wav(runner.device, self.stats)
+        # (on CUDA its first chunks, the TTFP path, replay as CUDA graphs)
+        first = ((self.model.codec, config.initial_chunk_frames, config.resolved_buckets())
+                 if runner.device.type == "cuda" else None)
+        self._c2w = Code2Wav(runner.device, self.stats, first)
         self._thread = threading.Thread(target=self._loop, name="omni-tts-scheduler", daemon=True)
         self._thread.start()
 
@@ -197,6 +200,8 @@ class Engine:
             "chunk_decodes": self.stats.chunk_decodes,  # audio chunk windows decoded...
             "decode_calls": self.stats.decode_calls,  # ...in this many (batched) codec calls
             "decode_seconds": self.stats.decode_seconds,  # ...taking this long in all
+            "first_chunk_graphs": ("on" if self._c2w.first is not None else
+                                   f"failed: {self._c2w.first_error}" if self._c2w.first_error else "off"),
             "steps": self.stats.steps,
             "memory": gpu_memory(self.runner.device, self.runner.pool_bytes()),
             "capture": dict(self.stats.capture),

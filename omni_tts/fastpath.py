@@ -32,8 +32,9 @@ from omni_tts.talker import apply_rope, gqa_attention, rms_norm
 
 # Rows (batch x tokens) up to which a projection runs as multiply-and-sum: Inductor makes it one reduction
 # kernel that reads the weight once and can fuse its neighbours, where cuBLAS's batch-1 GEMV reached
-# ~1 TB/s on the H200 (2026-11-30). Decided when a unit is traced (per bucket); 0 = always F.linear.
-GEMV_MAX_ROWS = int(os.environ.get("OMNI_TTS_GEMV_ROWS", "0"))
+# ~1 TB/s on the H200 (2026-11-30: predictor 3.5 ms instead of 5.1 at batch 1). At 2 rows it was slower
+# than cuBLAS there (4.8 vs ~4.0 ms), so 1 by default. Decided when a unit is traced (per bucket); 0 = off.
+GEMV_MAX_ROWS = int(os.environ.get("OMNI_TTS_GEMV_ROWS", "1"))
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

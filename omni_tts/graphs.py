@@ -110,7 +110,9 @@ class BucketedGraph:
                     fn()
             stream.synchronize()
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool.handle, stream=stream):
+            # thread_local: another thread's CUDA calls meanwhile (the code-to-wave thread decoding, or
+            # the scheduler stepping while it captures) must not invalidate this capture
+            with torch.cuda.graph(g, pool=self.pool.handle, stream=stream, capture_error_mode="thread_local"):
                 outputs = fn()
             self.graphs[b] = _Captured(g, tuple(outputs))
         torch.cuda.current_stream().wait_stream(stream)

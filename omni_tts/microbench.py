@@ -84,6 +84,14 @@ def codec_costs(model: Any) -> dict[str, float]:
                 codes = torch.randint(0, 2048, (b, c + n, 16), device=model.device)
                 out[f"{precision}_b{b}_{name}_ms"] = time_ms(lambda: codec.decode_window(codes, c), iters=10)
         del codec
+    from omni_tts.code2wav import FirstChunkGraphs
+
+    first = FirstChunkGraphs(model.codec, 1, [1, 8, 32])  # the engine's first-chunk graphs (as served)
+    for b in (1, 8, 32):
+        codes = torch.randint(0, 2048, (b, 1, 16))  # host codes, as the engine hands them over
+        out[f"graph_{model.codec.precision}_b{b}_first_ms"] = time_ms(lambda: first(model.codec, codes, 0), iters=10)
+        eager = model.codec.decode_window(codes, 0)
+        out[f"graph_b{b}_first_max_abs_diff_vs_eager"] = float((first(model.codec, codes, 0) - eager).abs().max())
     return out
 
 
@@ -99,7 +107,10 @@ def profile_steps(runner: Any, buckets: Sequence[int], out_dir: str) -> dict[str
     for b in buckets:
         graph_cp, graph_talker = step_callables(runner, b)
         codes = torch.randint(0, 2048, (b, 26, 16), device=runner.device)
+        params = SynthesisParams(text=PROMPTS[0], speaker=(runner.model.speakers() or [None])[0], greedy=True,
+                                 language="English", fixed_frames=8)
         variants = {"cp_graph": graph_cp, "talker_graph": graph_talker,
+                    "prefill": lambda: runner.prefill(runner.S - 1, params),
                     "cp_launched": runner._cp_fn(b), "talker_launched": runner._make_talker_fn(runner.kv_len(b))(b),
                     "codec_second_chunk": lambda: runner.model.codec.decode_window(codes, 1)}
         for name, fn in variants.items():

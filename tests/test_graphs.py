@@ -95,3 +95,19 @@ def test_batch_above_the_largest_bucket_runs_ungraphed_and_correct():
     (y,) = g.run(5)
     torch.testing.assert_close(y, x[:5] + 1)
     g.release()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_first_chunk_graphs_equal_the_eager_decode():
+    from omni_tts.checkpoint import load_checkpoint
+    from omni_tts.code2wav import FirstChunkGraphs
+    from omni_tts.codec import CodecDecoder
+    from _fixtures import fixture_dir
+
+    codec = CodecDecoder.from_checkpoint(load_checkpoint(fixture_dir("custom_voice"))).cuda().set_precision("tf32")
+    first = FirstChunkGraphs(codec, 1, [1, 4])
+    for n in (1, 3, 4):
+        codes = torch.randint(0, 2048, (n, 1, 16))
+        assert torch.equal(first(codec, codes, 0), codec.decode_window(codes, 0))
+    assert first(codec, torch.zeros(5, 1, 16, dtype=torch.long), 0) is None  # above the largest bucket
+    assert first(codec, torch.zeros(1, 2, 16, dtype=torch.long), 0) is None  # another window shape
