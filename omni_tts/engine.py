@@ -257,15 +257,17 @@ class Engine:
                 reply.put((False, as_engine_error(e, "")))
 
     def _admit(self) -> None:
-        while len(self._active) < self.config.max_num_seqs and not self._waiting.empty():
+        """Take waiting requests into free slots; their prompts are prefilled together (one talker pass
+        for up to 8), so a burst of arrivals costs about one prefill, not one each."""
+        batch: list[tuple[RequestHandle, Any, Any]] = []  # (handle, runner.Admission, streaming decoder)
+        while len(self._active) + len(batch) < self.config.max_num_seqs and not self._waiting.empty():
             h = self._waiting.get()
             if h.cancel_requested.is_set():
                 h._end_unstarted("cancelled")
                 continue
-            slot = len(self._active)
             h.metrics.mode = self.runner.mode.value
             try:  # any failure here is this request's, never the scheduler thread's (it would hang everyone)
-                max_frames, fixed = self.runner.prefill(slot, h.params)
+                adm = self.runner.prepare(h.params)
                 # voice-clone ICL: the reference codes prime the decoder (left context, never emitted)
                 dec = self.model.streaming_decoder(self.config.initial_chunk_frames, self.config.chunk_frames,
                                                    self.config.left_context_frames,
@@ -273,7 +275,18 @@ class Engine:
             except Exception as e:
                 h._end_unstarted("error", as_engine_error(e, "could not start the request"))
                 continue
-            self._active.append(_Active(h, dec, max_frames, fixed))
+            batch.append((h, adm, dec))
+        if not batch:
+            return
+        first = len(self._active)
+        try:
+            self.runner.prefill_batch(first, [adm for _, adm, _ in batch])
+        except Exception as e:  # a device error here: these requests fail, the engine keeps serving
+            for h, _, _ in batch:
+                h._end_unstarted("error", as_engine_error(e, "could not start the request"))
+            return
+        for h, adm, dec in batch:
+            self._active.append(_Active(h, dec, adm.max_frames, adm.settings.fixed))
 
     def _step(self) -> None:
         n = len(self._active)

@@ -11,6 +11,7 @@ Does not own requests, streaming or timing (engine.py), nor graph capture mechan
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -57,7 +58,7 @@ class Runner:
         self.graphs: list[BucketedGraph] = []  # all of them (release, pool accounting)
         self.cp_graph: BucketedGraph | None = None
         self.talker_graphs: dict[int, BucketedGraph] = {}  # kv_len -> talker graphs
-        self.prefill_graph: BucketedGraph | None = None
+        self.prefill_graphs: dict[int, BucketedGraph] = {}  # prompts per call -> graphs per length bucket
         self.pool_bytes_ = 0
         self.mode = CompileMode.EAGER
         self.fast: FastPath | None = None  # None: eager, the reference modules as they are
@@ -89,10 +90,13 @@ class Runner:
         D = m.hidden_size
         # one spare slot (index S): graph warm-up/capture of the prefill writes there, never into a live slot
         self.cache = m.talker.new_cache(S + 1, self.max_len + 1, device=dev, dtype=self.dtype)
-        self.pre_x = torch.zeros(self.max_len, D, dtype=self.dtype, device=dev)  # prompt, right-padded
+        # prefill: up to P prompts at once (one weight pass for all), each right-padded to a length bucket
+        P = min(8, S)
+        self.prefill_batches = [b for b in (1, 2, 4, 8) if b < P] + [P]
+        self.pre_x = torch.zeros(P, self.max_len, D, dtype=self.dtype, device=dev)  # prompts, right-padded
         self.pre_pos = torch.arange(self.max_len, device=dev)
-        self.pre_slot = torch.full((1,), S, dtype=torch.long, device=dev)
-        self.pre_last = torch.zeros(1, dtype=torch.long, device=dev)  # index of the prompt's last token
+        self.pre_slot = torch.full((P,), S, dtype=torch.long, device=dev)  # padded rows write the spare slot
+        self.pre_last = torch.zeros(P, dtype=torch.long, device=dev)  # index of each prompt's last token
         self.prefill_buckets = [L for L in (16, 32, 64, 128, 256, 512) if L <= self.max_len]
         f = dict(device=dev)
         self.x = torch.zeros(S, D, dtype=self.dtype, **f)  # next talker input embedding per slot
@@ -145,17 +149,22 @@ class Runner:
                        self.allow_eos[:b], self.seed[:b], m.sampling_constants)  # code0: [b]
         return h, code0
 
-    def _prefill_body(self, L: int) -> tuple[torch.Tensor]:
-        """Talker over the first L rows of pre_x (a prompt right-padded to L) into slot pre_slot.
-        Padded positions after the prompt write KV the decode steps overwrite before reading."""
-        h = self.model.talker(self.pre_x[None, :L], self.pre_pos[None, :L], self.cache, self.pre_slot)  # [1, L, D]
-        return (h[0].index_select(0, self.pre_last),)  # [1, D]
+    def _prefill_body(self, nb: int, L: int) -> tuple[torch.Tensor]:
+        """Talker over pre_x[:nb, :L] (prompts right-padded to L) into slots pre_slot[:nb]; -> hidden of each
+        prompt's last token [nb, D]. Padded positions after a prompt write KV that the decode steps
+        overwrite before reading; causal attention keeps them out of the prompt's own rows."""
+        pos = self.pre_pos[None, :L].expand(nb, L)  # [nb, L]
+        h = self.model.talker(self.pre_x[:nb, :L], pos, self.cache, self.pre_slot[:nb], kv_len=L)  # [nb, L, D]
+        return (h[torch.arange(nb, device=h.device), self.pre_last[:nb]],)  # [nb, D]
 
     def _make_cp_fn(self) -> Callable[[int], Callable[[], tuple]]:
         return lambda b: (lambda: self._cp_body(b))
 
     def _make_talker_fn(self, kv_len: int | None = None) -> Callable[[int], Callable[[], tuple]]:
         return lambda b: (lambda: self._talker_body(b, self.x[:b], kv_len))
+
+    def _make_prefill_fn(self, nb: int) -> Callable[[int], Callable[[], tuple]]:
+        return lambda L: (lambda: self._prefill_body(nb, L))
 
     def kv_len(self, n: int) -> int:
         """The smallest kv bucket covering the positions of rows [:n] (the whole cache if none does)."""
@@ -194,7 +203,7 @@ class Runner:
             mode = fallback
         for g in self.graphs:
             g.release()
-        self.graphs, self.cp_graph, self.talker_graphs, self.prefill_graph = [], None, {}, None
+        self.graphs, self.cp_graph, self.talker_graphs, self.prefill_graphs = [], None, {}, {}
         self.pool_bytes_ = 0
         t0 = time.perf_counter()
         self.fast = self._fast_path(mode)
@@ -205,9 +214,9 @@ class Runner:
             self.cp_graph = BucketedGraph("code_predictor", self._cp_fn, self.buckets, self.pool)
             self.talker_graphs = {L: BucketedGraph(f"talker (kv {L})", self._make_talker_fn(L), self.buckets,
                                                    self.pool) for L in self.kv_buckets}
-            self.prefill_graph = BucketedGraph("prefill", lambda L: (lambda: self._prefill_body(L)),
-                                               self.prefill_buckets, self.pool)
-            self.graphs = [self.cp_graph, *self.talker_graphs.values(), self.prefill_graph]
+            self.prefill_graphs = {nb: BucketedGraph(f"prefill x{nb}", self._make_prefill_fn(nb), self.prefill_buckets,
+                                                     self.pool) for nb in self.prefill_batches}
+            self.graphs = [self.cp_graph, *self.talker_graphs.values(), *self.prefill_graphs.values()]
             for g in self.graphs:
                 say(f"capturing {g.name} graphs for buckets {g.buckets} into {self.pool.source}")
                 self.pool_bytes_ += g.capture().pool_bytes
@@ -235,8 +244,8 @@ class Runner:
         return self._fast_by_mode[inductor_mode]
 
     # ------------------------------------------------------------------ requests
-    def prefill(self, slot: int, params: SynthesisParams) -> tuple[int, bool]:
-        """Write a request's prompt into `slot` and sample its first code 0. Returns (max frames, fixed)."""
+    def prepare(self, params: SynthesisParams) -> Admission:
+        """A request's prompt embeddings and settings, checked against this engine (InputError if not)."""
         m = self.model
         pre = m.build_prefill(params)  # embeds: [T, D], trailing: [N, D], pad: [D]
         T = pre.embeds.shape[0]
@@ -249,34 +258,54 @@ class Runner:
             max_frames = self.max_len - T - 1
             if max_frames < 2:
                 raise InputError(_too_long(T, self.max_len, decoder_prefix(params)))
-        s = slice(slot, slot + 1)
-        if self.graphs and pick_bucket(T, self.prefill_buckets) is not None:
-            self.pre_x[:T] = pre.embeds
-            self.pre_slot.fill_(slot)
-            self.pre_last.fill_(T - 1)
-            (h,) = self.prefill_graph.run(T)  # h: [1, D]
+        return Admission(pre, settings, max_frames)
+
+    def prefill(self, slot: int, params: SynthesisParams) -> tuple[int, bool]:
+        """Write a request's prompt into `slot` and sample its first code 0. Returns (max frames, fixed)."""
+        a = self.prepare(params)
+        self.prefill_batch(slot, [a])
+        return a.max_frames, a.settings.fixed
+
+    def prefill_batch(self, first: int, items: list[Admission]) -> None:
+        """Prefill prepared requests into slots first, first+1, ... (up to P per talker pass) and sample
+        each one's first code 0."""
+        for c0 in range(0, len(items), len(self.pre_slot)):
+            self._prefill_rows(first + c0, items[c0:c0 + len(self.pre_slot)])
+
+    def _prefill_rows(self, first: int, items: list[Admission]) -> None:
+        m, k = self.model, len(items)
+        T = [a.pre.embeds.shape[0] for a in items]
+        L = pick_bucket(max(T), self.prefill_buckets)
+        nb = pick_bucket(k, self.prefill_batches)
+        for i, a in enumerate(items):
+            self.pre_x[i, :T[i]] = a.pre.embeds
+        self.pre_slot[:nb] = torch.tensor([first + i for i in range(k)] + [self.S] * (nb - k))  # [nb]
+        self.pre_last[:nb] = torch.tensor([t - 1 for t in T] + [0] * (nb - k))  # [nb]
+        if self.graphs and L is not None:
+            (h,) = self.prefill_graphs[nb].run(L)  # h: [nb, D]
+            h = h[:k]
         else:
-            pos = torch.arange(T, device=self.device)[None]  # pos: [1, T]
-            h = m.talker(pre.embeds[None].to(self.dtype), pos, self.cache,
-                         torch.tensor([slot], device=self.device))[:, -1]  # h: [1, D]
-        N = min(pre.trailing.shape[0], self.max_len - 1)
-        self.trail[slot, :N] = pre.trailing[:N]
-        self.trail[slot, N:] = pre.pad
-        self.pos[slot] = T
-        self.pos_host[slot] = T
-        self.frame[slot] = 0
-        self.seen[slot] = False
-        self.talker_sp.set(slot, settings.talker)
-        self.cp_sp.set(slot, settings.subtalker)
-        self.seed[slot] = settings.seed
-        self.allow_eos[slot] = not settings.fixed
-        logits = m.talker.logits(h)
-        sample = self.fast.sample_talker if self.fast else sampling.sample_talker
-        self.code0[s] = sample(logits, self.talker_sp.rows_at(slot), self.seen[s], self.frame[s],
-                               self.allow_eos[s], self.seed[s], m.sampling_constants)  # code0: [1]
+            (h,) = self._prefill_body(k, L or max(T))  # h: [k, D]
+        for i, a in enumerate(items):
+            slot = first + i
+            N = min(a.pre.trailing.shape[0], self.max_len - 1)
+            self.trail[slot, :N] = a.pre.trailing[:N]
+            self.trail[slot, N:] = a.pre.pad
+            self.talker_sp.set(slot, a.settings.talker)
+            self.cp_sp.set(slot, a.settings.subtalker)
+            self.seed[slot] = a.settings.seed
+            self.allow_eos[slot] = not a.settings.fixed
+        s = slice(first, first + k)
+        self.pos[s] = torch.tensor(T)
+        self.pos_host[s] = T
+        self.frame[s] = 0
+        self.seen[s] = False
+        greedy = all(a.settings.talker.greedy or a.settings.talker.temperature <= 0 for a in items)
+        sp = sampling.SlotParams(*(t[s] for t in self.talker_sp._fields()), all_greedy=greedy)
+        self.code0[s] = sampling.sample_talker(m.talker.logits(h), sp, self.seen[s], self.frame[s],
+                                               self.allow_eos[s], self.seed[s], m.sampling_constants)  # [k]
         sampling.mark_seen(self.seen[s], self.code0[s])
         self.h[s] = h
-        return max_frames, settings.fixed
 
     def step(self, n: int) -> tuple[Any, Any]:
         """One frame for rows [:n]: returns (codes [n,16] of the frame just completed, eos [n] of the
@@ -333,6 +362,15 @@ MODE_NOTES: dict[str, str] = {
     CompileMode.DEFAULT_CUDAGRAPH.value: "compiled units + our per-bucket CUDA graphs in one shared pool (code "
                                          "predictor, talker decode and prefill graphs): the fast mode on a GPU",
 }
+
+
+@dataclass
+class Admission:
+    """A request checked and embedded, ready for `Runner.prefill_batch`."""
+
+    pre: Any  # model.Prefill: embeds [T, D], trailing [N, D], pad [D]
+    settings: Any  # model.Settings
+    max_frames: int
 
 
 def _too_long(T: int, max_len: int, ref_codes: Any) -> str:

@@ -188,8 +188,9 @@ class KVCache:
         self.v[:, dst] = self.v[:, src]
 
     def write_and_read(self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-                       slots: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k/v ([B, Hkv, T, hd]) at (slot, pos) and return the rows' whole caches [B, Hkv, M, hd].
+                       slots: torch.Tensor | None, kv_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k/v ([B, Hkv, T, hd]) at (slot, pos) and return the rows' caches [B, Hkv, kv_len, hd]
+        (kv_len: the first positions only; default all M).
 
         slots=None means rows 0..B-1 (views, no gather)."""
         B, Hkv, _, _ = k.shape
@@ -203,9 +204,10 @@ class KVCache:
         index = (rows[:, None, None], heads[None, :, None], pos[:, None, :])  # each broadcasts to [B, Hkv, T]
         kl.index_put_(index, k)
         vl.index_put_(index, v)
+        L = kl.shape[2] if kv_len is None else kv_len
         if slots is None:
-            return kl, vl
-        return kl.index_select(0, slots), vl.index_select(0, slots)  # [B, Hkv, M, hd]
+            return kl[:, :, :L], vl[:, :, :L]
+        return kl[:, :, :L].index_select(0, slots), vl[:, :, :L].index_select(0, slots)  # [B, Hkv, L, hd]
 
 
 class Talker(nn.Module):
@@ -246,15 +248,17 @@ class Talker(nn.Module):
         return KVCache(self.num_layers, num_slots, self.num_kv_heads, max_len, self.head_dim,
                        device or p.device, dtype or p.dtype)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, slots: torch.Tensor | None) -> torch.Tensor:
-        """x: [B, T, D], pos: [B, T] (absolute positions), slots: [B] or None (rows 0..B-1) -> [B, T, D]."""
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, slots: torch.Tensor | None,
+                kv_len: int | None = None) -> torch.Tensor:
+        """x: [B, T, D], pos: [B, T] (absolute positions), slots: [B] or None (rows 0..B-1) -> [B, T, D].
+        kv_len: attend over the first kv_len cache positions only (every pos must be below it)."""
         cos, sin = self.rope(pos, x.dtype)  # [B, T, hd]
-        key_pos = torch.arange(cache.max_len, device=x.device)  # [M]
+        key_pos = torch.arange(cache.max_len if kv_len is None else kv_len, device=x.device)  # [M]
         mask = (key_pos[None, None, :] <= pos[:, :, None])[:, None]  # [B, 1, T, M]
         for i, layer in enumerate(self.layers):
             h = layer.input_layernorm(x)  # [B, T, D]
             q, k, v = layer.self_attn.qkv(h, cos, sin)  # q: [B, H, T, hd], k/v: [B, Hkv, T, hd]
-            kc, vc = cache.write_and_read(i, k, v, pos, slots)  # [B, Hkv, M, hd]
+            kc, vc = cache.write_and_read(i, k, v, pos, slots, kv_len)  # [B, Hkv, M, hd]
             a = gqa_attention(q, kc, vc, mask)  # [B, H, T, hd]
             x = x + layer.self_attn.out(a)  # [B, T, D]
             x = x + layer.mlp(layer.post_attention_layernorm(x))  # [B, T, D]

@@ -1,0 +1,37 @@
+"""The batched runner (omni_tts.runner) on the tiny checkpoint, CPU float32: batched prefill of prompts of
+different lengths equals prefilling each alone (hidden state, first code, KV cache of the prompt)."""
+
+from __future__ import annotations
+
+import torch
+
+from omni_tts.config import EngineConfig, SynthesisParams
+from omni_tts.runner import Runner
+from _fixtures import fixture_dir
+
+
+def test_batched_prefill_equals_one_prompt_at_a_time(_one_thread):
+    runner = Runner.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), mode="eager", device="cpu",
+                                             max_num_seqs=4, max_seq_len=128))
+    texts = ["Hi.", "A somewhat longer sentence for the second slot.", "Third, with sampling on."]
+    ps = [SynthesisParams(text=t, speaker=sp, language="English", greedy=i != 2, seed=5 + i)
+          for i, (t, sp) in enumerate(zip(texts, ["ryan", "vivian", "eric"]))]
+    items = [runner.prepare(p) for p in ps]
+    T = [a.pre.embeds.shape[0] for a in items]
+    assert len(set(T)) == 3  # really different lengths (right padding exercised)
+
+    def state(i: int) -> tuple:
+        return (runner.h[i].clone(), int(runner.code0[i]), int(runner.pos[i]), runner.trail[i].clone(),
+                runner.cache.k[:, i, :, :T[i]].clone(), runner.seen[i].clone())
+
+    runner.prefill_batch(0, items)
+    batched = [state(i) for i in range(3)]
+    runner.cache.k.zero_()
+    for i, p in enumerate(ps):  # the same prompts, one prefill each, into the same slots
+        runner.prefill(i, p)
+    for i in range(3):
+        alone = state(i)
+        torch.testing.assert_close(batched[i][0], alone[0], rtol=1e-5, atol=1e-5)
+        assert batched[i][1:3] == alone[1:3] and alone[2] == T[i]
+        assert torch.equal(batched[i][3], alone[3]) and torch.equal(batched[i][5], alone[5])
+        torch.testing.assert_close(batched[i][4], alone[4], rtol=1e-5, atol=1e-5)
