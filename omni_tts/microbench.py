@@ -140,13 +140,17 @@ def profile_steps(runner: Any, buckets: Sequence[int], out_dir: str) -> dict[str
 
 
 def prefill_costs(runner: Any, speaker: str | None) -> dict[str, float]:
-    """ms to prefill one prompt of ~T tokens into a slot (graph replay in default+cudagraph)."""
+    """ms to prefill one prompt of ~T tokens into a slot (graph replay in default+cudagraph), and 8 prompts
+    admitted together (one batched prefill)."""
     out = {}
     for words in (3, 12, 40):
         params = SynthesisParams(text=" ".join(["word"] * words), speaker=speaker, greedy=True, language="English",
                                  fixed_frames=8)
         t = runner.model.build_prefill(params).embeds.shape[0]
         out[f"T{t}_ms"] = time_ms(lambda: runner.prefill(0, params), iters=10)
+    if runner.S >= 8:
+        ps = [SynthesisParams(text=PROMPTS[i], speaker=speaker, language="English", fixed_frames=8) for i in range(8)]
+        out["x8_prompts_ms"] = time_ms(lambda: runner.prefill_batch(0, [runner.prepare(p) for p in ps]), iters=10)
     return out
 
 
