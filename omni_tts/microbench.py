@@ -84,6 +84,8 @@ def codec_costs(model: Any) -> dict[str, float]:
                 codes = torch.randint(0, 2048, (b, c + n, 16), device=model.device)
                 out[f"{precision}_b{b}_{name}_ms"] = time_ms(lambda: codec.decode_window(codes, c), iters=10)
         del codec
+    if not torch.cuda.is_available():
+        return out
     from omni_tts.code2wav import FirstChunkGraphs
 
     first = FirstChunkGraphs(model.codec, 1, [1, 8, 32])  # the engine's first-chunk graphs (as served)
