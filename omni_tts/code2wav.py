@@ -79,11 +79,18 @@ class Code2Wav:
 
     def __init__(self, device: torch.device, stats: EngineStats,
                  first_chunk: tuple[Any, int, list[int]] | None = None) -> None:
-        """first_chunk: (codec, initial_chunk_frames, batch buckets) to graph the first chunks (CUDA only)."""
+        """first_chunk: (codec, initial_chunk_frames, batch buckets) to graph the first chunks (CUDA only).
+        They are captured here, on the caller's thread before this stage's thread starts: two captures at
+        once (this one and a step-graph capture on the scheduler thread) failed on the H200 with
+        'operation not permitted when stream is capturing'."""
         self.device, self.stats = device, stats
-        self._first_spec = first_chunk if device.type == "cuda" else None
         self.first: FirstChunkGraphs | None = None
         self.first_error = ""
+        if first_chunk is not None and device.type == "cuda":
+            try:
+                self.first = FirstChunkGraphs(*first_chunk)
+            except Exception as e:  # never fatal: first chunks then decode eagerly
+                self.first_error = f"{type(e).__name__}: {str(e)[:200]}"
         self._jobs: "queue.Queue[list[tuple] | None]" = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="omni-tts-code2wav", daemon=True)
         self._thread.start()
@@ -91,6 +98,12 @@ class Code2Wav:
     def put(self, jobs: list[tuple]) -> None:
         if jobs:
             self._jobs.put(jobs)
+
+    def drain(self, timeout: float = 60) -> None:
+        """Wait until every job queued so far is decoded (before a graph capture on another thread)."""
+        done = threading.Event()
+        self._jobs.put([("barrier", done)])
+        done.wait(timeout)
 
     def stop(self, timeout: float = 30) -> None:
         self._jobs.put(None)
@@ -100,16 +113,12 @@ class Code2Wav:
     def _loop(self) -> None:
         cuda = self.device.type == "cuda"
         with torch.cuda.stream(torch.cuda.Stream(self.device)) if cuda else nullcontext():
-            if self._first_spec is not None:  # captured on this thread and stream, where they replay
-                try:
-                    self.first = FirstChunkGraphs(*self._first_spec)
-                except Exception as e:  # never fatal: first chunks then decode eagerly
-                    self.first_error = f"{type(e).__name__}: {str(e)[:200]}"
             while True:
                 batch = [self._jobs.get()]
                 while batch[-1] is not None and not self._jobs.empty():  # drain what is queued now
                     batch.append(self._jobs.get_nowait())
-                jobs = [job for item in batch if item is not None for job in item]
+                jobs = [job for item in batch if item is not None for job in item if job[0] != "barrier"]
+                barriers = [job[1] for item in batch if item is not None for job in item if job[0] == "barrier"]
                 try:
                     self._run(jobs)
                 except Exception as e:  # a bug here must not leave these requests hanging
@@ -117,6 +126,8 @@ class Code2Wav:
                         if not a.failed and not a.handle.done:
                             a.failed = True
                             self._complete(a, "error", _error(e))
+                for done in barriers:
+                    done.set()
                 if batch[-1] is None:
                     return
 

@@ -175,7 +175,10 @@ class Engine:
         """Switch modes between steps: in-flight requests pause, graphs are released, a fresh pool
         is taken, the new mode is compiled/captured, and the same requests resume (nothing lost)."""
         mode = CompileMode.parse(mode)
-        return self._call_on_loop(lambda: self.runner.set_mode(mode, progress=progress))
+        def switch() -> dict[str, Any]:
+            self._c2w.drain()  # no audio decoding on the code-to-wave thread while graphs are captured
+            return self.runner.set_mode(mode, progress=progress)
+        return self._call_on_loop(switch)
 
     def available_modes(self) -> dict[str, str | None]:
         """mode -> None when usable here, else the reason it is not."""

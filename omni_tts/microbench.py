@@ -201,7 +201,8 @@ def load_test(runner: Any, mode: str, concurrency: Sequence[int], fixed_frames: 
 
 def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, dtype: str,
         say: Callable[[str], None], load: dict[str, Any] | None = None, out_json: str | None = None,
-        profile_dir: str | None = None, profile_buckets: Sequence[int] = (1,)) -> dict[str, Any]:
+        profile_dir: str | None = None, profile_buckets: Sequence[int] = (1,), skip_codec: bool = False
+        ) -> dict[str, Any]:
     from omni_tts.runner import Runner
 
     cfg = EngineConfig(model=model, mode="eager", max_num_seqs=max(buckets), buckets=list(buckets),
@@ -210,7 +211,8 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
     runner = Runner.from_config(cfg, progress=say)
     say(f"loaded in {time.perf_counter() - t0:.1f} s")
     speaker = (runner.model.speakers() or [None])[0]
-    result: dict[str, Any] = {"buckets": list(buckets), "modes": {}, "codec": codec_costs(runner.model)}
+    result: dict[str, Any] = {"buckets": list(buckets), "modes": {},
+                              "codec": {} if skip_codec else codec_costs(runner.model)}
     say(f"codec decode_window costs (ms): {result['codec']}")
     ref: list[torch.Tensor] | None = None
     agree_n = min(4, max(buckets))
@@ -274,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="then --stress-clients concurrent requests with max_num_seqs = each of these")
     ap.add_argument("--stress-clients", type=int, default=64)
     ap.add_argument("--load-modes", default=None, help="modes that get the load/stress runs (default: all)")
+    ap.add_argument("--skip-codec", action="store_true", help="do not time the codec's decode windows")
     ap.add_argument("--stress-modes", default=None, help="modes that get the stress runs (default: all)")
     ap.add_argument("--profile-dir", default=None, help="CUDA only: profile one step per --profile-buckets here")
     ap.add_argument("--profile-buckets", type=int, nargs="*", default=[1, 32])
@@ -287,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.stress_modes:
         load["stress_modes"] = args.stress_modes.split(",")
     res = run(args.model, [m for m in args.modes.split(",") if m], args.buckets, args.frames, args.dtype, say,
-              load, args.json, args.profile_dir, args.profile_buckets)
+              load, args.json, args.profile_dir, args.profile_buckets, args.skip_codec)
     print(json.dumps(res, indent=1))
     return 0
 

@@ -210,7 +210,8 @@ class Runner:
         if mode is CompileMode.DEFAULT_CUDAGRAPH:
             self.pool = self.pool or GraphPool(self.config.use_vllm_pool)
             self.pool.begin_capture()
-            self.pre_slot.fill_(self.S)
+            self.pre_slot.fill_(self.S)  # capture warm-ups write the spare slot...
+            self.pre_last.zero_()  # ...and read inside the smallest length bucket (stale indices asserted, H200)
             self.cp_graph = BucketedGraph("code_predictor", self._cp_fn, self.buckets, self.pool)
             self.talker_graphs = {L: BucketedGraph(f"talker (kv {L})", self._make_talker_fn(L), self.buckets,
                                                    self.pool) for L in self.kv_buckets}
@@ -228,8 +229,9 @@ class Runner:
         self.mode = mode
         seconds = time.perf_counter() - t0
         say(f"{mode.value} ready in {seconds:.1f} s")
-        return {"mode": mode.value, "seconds": seconds, "pool_bytes": self.pool_bytes_, "notice": notice,
-                "pool": self.pool.source if self.graphs else ""}
+        self.last_report = {"mode": mode.value, "seconds": seconds, "pool_bytes": self.pool_bytes_, "notice": notice,
+                            "pool": self.pool.source if self.graphs else ""}
+        return dict(self.last_report)
 
     def _fast_path(self, mode: CompileMode) -> FastPath | None:
         if mode is CompileMode.EAGER:
