@@ -57,7 +57,8 @@ class FirstChunkGraphs:
         self.codes = torch.zeros(max(buckets), frames, codec.num_quantizers, dtype=torch.long, device=device)
         self.graph = BucketedGraph("codec first chunk", lambda b: (lambda: (codec.window(self.codes[:b], 0),)),
                                    buckets, GraphPool(use_vllm=False))
-        self.graph.capture()
+        with torch.no_grad():  # outputs must not require grad (the codec's parameters do)
+            self.graph.capture()
 
     def __call__(self, codec: Any, rows: torch.Tensor, context: int) -> torch.Tensor | None:
         """rows [n, C+N, Q] host codes -> wav [n, N*upsample] (a view: copy it before the next call), or None

@@ -231,6 +231,8 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
                         L: time_ms(step_callables(runner, b, L)[1]) for L in runner.kv_buckets}
                 say(f"{mode} b={b}: {row['per_bucket'][b]}")
             row["prefill"] = prefill_costs(runner, speaker)
+            result["modes"][mode] = row
+            _save(result, out_json)  # what is measured so far survives a run cut short
             codes = greedy_codes(runner, agree_n, frames, speaker)
             if ref is None:
                 ref = codes
@@ -241,6 +243,7 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
             if load and load["concurrency"] and mode in load.get("modes", [mode]):
                 row["load"] = load_test(runner, mode, load["concurrency"], load["fixed_frames"],
                                         load["num_prompts"], say)
+                _save(result, out_json)
             if load and load.get("stress_slots") and mode in load.get("stress_modes", [mode]):
                 n = len(load["stress_slots"])
                 row["stress"] = load_test(runner, mode, [load["stress_clients"]] * n, load["fixed_frames"],
@@ -254,10 +257,14 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
             row = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             say(f"{mode} FAILED: {row['error']}")
         result["modes"][mode] = row
-        if out_json:  # after every mode, so a run cut short still leaves its results
-            with open(out_json, "w") as f:
-                json.dump(result, f, indent=1)
+        _save(result, out_json)
     return result
+
+
+def _save(result: dict[str, Any], out_json: str | None) -> None:
+    if out_json:
+        with open(out_json, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
