@@ -15,6 +15,7 @@ Knows nothing about the peers' internals.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import statistics
 import sys
@@ -77,6 +78,7 @@ def ours(model: str, device: str, frames: int, speaker: str) -> Callable[[str], 
 
     mode = None if device.startswith("cuda") else "eager"  # graph modes need CUDA (CPU: compile takes minutes)
     engine = Engine.from_config(load_preset("graph-bs1", model=model, device=device, mode=mode))
+    atexit.register(engine.shutdown)  # its threads must stop before the interpreter tears down
 
     def one(text: str) -> Clip:
         r = engine.synthesize(SynthesisParams(text=text, speaker=speaker, language="English", fixed_frames=frames))
