@@ -2,19 +2,20 @@
 
 Owns: the talker's decoder layer as two functions around its attention (one new token per row,
 per-row positions, KV written into the slot cache; the attention between them is left uncompiled so
-it can read only the first kv_len cache positions, chosen per step, without a recompile), one
-decoder-layer function for the code predictor (positions shared by the batch, a 16-position scratch
-cache per frame), and the two sampling calls, each wrapped by torch.compile once per CompileMode and
-re-used for all 28 talker layers, all 5 predictor layers and all 15 codebook steps. So a bucket
-costs six small compiles instead of one huge one (an unrolled frame
-took ~200 s to compile on the H200 with torch 2.11, dynamo does not recompile for another layer
-instance of the same class). The ops inside are those of omni_tts.talker / code_predictor /
-sampling, except that each layer runs q|k|v as one matmul (q and k normed and rotated in one pass)
-and gate|up as one: fewer, bigger kernels per step, the lever for a launch-bound decode. The packed
-weights are not copies: at FastPath build the modules' q/k/v and gate/up weights are re-pointed at
-row blocks of the packed tensors (`fuse_rows`), so eager and fast share storage and checkpoints,
-parameter names and values are unchanged. Eager mode does not use this file (it runs the reference
-modules as they are). Knows nothing about requests, buckets or graphs.
+it can read only the first kv_len cache positions, chosen per step, without a recompile); the code
+predictor's decoder layer (positions shared by the batch, a 16-position scratch cache per frame,
+attention in plain ops Inductor fuses), its head (final norm + codebook head + sampling) and feed
+(code embedding + input projection); and the talker's sampling call. Each is wrapped by torch.compile
+once per CompileMode and reused for all 28 talker layers, all 5 predictor layers and all 15 codebook
+steps, so a batch bucket costs a few small compiles instead of one huge one (an unrolled frame took
+~200 s to compile on the H200 with torch 2.11; dynamo does not recompile for another layer instance
+of the same class). The ops are those of omni_tts.talker / code_predictor / sampling, except that q|k|v
+and gate|up run as one matmul each (q and k normed and rotated in one pass) and single-row projections
+run as multiply-and-sum reductions (`linear`): fewer, bigger kernels per step, the lever for a
+launch-bound decode. The packed weights are not copies: at FastPath build the modules' q/k/v and
+gate/up weights are re-pointed at row blocks of the packed tensors (`fuse_rows`), so eager and fast
+share storage and checkpoints, parameter names and values are unchanged. Eager mode does not use this
+file (it runs the reference modules as they are). Knows nothing about requests, buckets or graphs.
 """
 
 from __future__ import annotations
