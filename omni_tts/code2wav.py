@@ -6,7 +6,9 @@ and completing requests once their audio is out. Each pass drains every job queu
 plans the chunks that became due (`StreamingDecoder.plan_push` / `plan_flush`), decodes all of them
 with one batched `decode_window` per distinct window shape (`codec.decode_plans`; chunks of requests
 that started together share a shape), then emits chunks and completions in job order, so each
-request's chunks and its completion stay in order. Split out of engine.py (which keeps admission,
+request's chunks and its completion stay in order. On CUDA the first chunk of a plain request (the
+TTFP path) replays a CUDA graph per batch bucket (`FirstChunkGraphs`); `drain()` lets the scheduler
+wait for an idle stage before it captures graphs. Split out of engine.py (which keeps admission,
 the frame loop and the public API) to keep both files small.
 Does not know: the runner, slots, sampling, or how the codec computes a window.
 """
