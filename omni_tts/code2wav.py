@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from omni_tts.codec import ChunkPlan, decode_plans
-from omni_tts.graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.errors import OmniTTSError, as_engine_error
+from omni_tts.graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.metrics import EngineStats, now
 
 

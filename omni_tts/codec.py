@@ -280,7 +280,7 @@ class CodecDecoder(nn.Module):
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
     """A CPU copy of `t` made through pinned memory and an event wait (a pageable .cpu() waits inside
-    the driver, where it held up the scheduler thread's launches)."""
+    the driver, where it stalled the other engine thread's kernel launches on the H200)."""
     if t.device.type != "cuda":
         return t
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
