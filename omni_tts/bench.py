@@ -118,13 +118,13 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
     for c in concurrency:
         try:
             run_load(engine, c, max(warmup, c), make)  # warm-up, excluded
-            done = [0]
+            done, n = [0], max(num_prompts, c)
 
-            def tick(_m: RequestMetrics, c: int = c) -> None:
+            def tick(_m: RequestMetrics, c: int = c, n: int = n) -> None:
                 done[0] += 1
-                say(f"  [{mode}] concurrency {c}: {done[0]}/{max(num_prompts, c)} requests")
+                say(f"  [{mode}] concurrency {c}: {done[0]}/{n} requests")
 
-            records, wall = run_load(engine, c, max(num_prompts, c), make, on_done=tick)
+            records, wall = run_load(engine, c, n, make, on_done=tick)
             results[c] = summarize(records, wall)
         except OmniTTSError as e:
             results[c] = {"error": f"failed: {str(e)[:80]}"}

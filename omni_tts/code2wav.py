@@ -82,14 +82,14 @@ class Code2Wav:
 
     def __init__(self, device: torch.device, stats: EngineStats,
                  first_chunk: tuple[Any, int, list[int]] | None = None) -> None:
-        """first_chunk: (codec, initial_chunk_frames, batch buckets) to graph the first chunks (CUDA only).
+        """first_chunk: (codec, initial_chunk_frames, batch buckets) to graph the first chunks (CUDA only: callers pass None elsewhere).
         They are captured here, on the caller's thread before this stage's thread starts: two captures at
         once (this one and a step-graph capture on the scheduler thread) failed on the H200 with
         'operation not permitted when stream is capturing'."""
         self.device, self.stats = device, stats
         self.first: FirstChunkGraphs | None = None
         self.first_error = ""
-        if first_chunk is not None and device.type == "cuda":
+        if first_chunk is not None:
             try:
                 self.first = FirstChunkGraphs(*first_chunk)
             except Exception as e:  # never fatal: first chunks then decode eagerly

@@ -278,12 +278,13 @@ class CodecDecoder(nn.Module):
         return wav[0] if single else wav
 
 
-def to_host(t: torch.Tensor) -> torch.Tensor:
-    """A CPU copy of `t` made through pinned memory and an event wait (a pageable .cpu() waits inside
-    the driver, where it stalled the other engine thread's kernel launches on the H200)."""
+def to_host(t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`t` on the host, copied (into `out` when given, else a new pinned tensor; a CPU `t` without `out`
+    is returned as is) with an event wait: a pageable .cpu() waits inside the driver, where it stalled
+    the other engine thread's kernel launches on the H200."""
     if t.device.type != "cuda":
-        return t
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        return t if out is None else out.copy_(t)
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True) if out is None else out
     host.copy_(t, non_blocking=True)
     done = torch.cuda.Event()
     done.record()

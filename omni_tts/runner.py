@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from omni_tts.clone import decoder_prefix
+from omni_tts.codec import to_host
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.errors import InputError, OmniTTSError
 from omni_tts.fastpath import FastPath
@@ -115,11 +116,10 @@ class Runner:
         self.seed = torch.zeros(S, dtype=torch.long, **f)
         self.allow_eos = torch.ones(S, dtype=torch.bool, **f)  # False: fixed-frames benchmark rows
         self.codes = torch.zeros(S, 16, dtype=torch.long, **f)
-        # step results come back through a pinned buffer and an event wait, never a pageable .cpu():
-        # a pageable device->host copy waits inside the driver and stalled the code-to-wave thread's
-        # kernel launches on the H200 (TTFP ~590 ms at concurrency 1, 2026-11-30)
+        # step results come back through this pinned buffer (codec.to_host), never a pageable .cpu():
+        # that waits inside the driver and stalled the code-to-wave thread's kernel launches on the
+        # H200 (TTFP ~590 ms at concurrency 1, 2026-11-30)
         self._host = torch.zeros(S, 17, dtype=torch.long, pin_memory=dev.type == "cuda")
-        self._step_done = torch.cuda.Event() if dev.type == "cuda" else None
 
     def pool_bytes(self) -> int:
         return self.pool_bytes_
@@ -303,7 +303,8 @@ class Runner:
         self.frame[s] = 0
         self.seen[s] = False
         greedy = all(a.settings.talker.greedy or a.settings.talker.temperature <= 0 for a in items)
-        sp = sampling.SlotParams(*(t[s] for t in self.talker_sp._fields()), all_greedy=greedy)
+        sp = self.talker_sp.span(first, k)
+        sp.all_greedy = greedy
         self.code0[s] = sampling.sample_talker(m.talker.logits(h), sp, self.seen[s], self.frame[s],
                                                self.allow_eos[s], self.seed[s], m.sampling_constants)  # [k]
         sampling.mark_seen(self.seen[s], self.code0[s])
@@ -323,12 +324,8 @@ class Runner:
         self.pos[:n] += 1
         self.pos_host[:n] += 1
         sampling.mark_seen(self.seen[:n], code0)
-        host = self._host[:n]
-        host.copy_(torch.cat([self.codes[:n], self.code0[:n, None]], dim=1), non_blocking=True)  # [n, 17]
-        if self._step_done is not None:  # the one host sync per step
-            self._step_done.record()
-            self._step_done.synchronize()
-        out = host.numpy().copy()
+        out = to_host(torch.cat([self.codes[:n], self.code0[:n, None]], dim=1),  # [n, 17], the host sync
+                      self._host[:n]).numpy().copy()
         return out[:, :16], out[:, 16] == self.model.eos_id
 
     def _run(self, graph: BucketedGraph | None, make: Callable[[int], Callable[[], tuple]], n: int) -> tuple:

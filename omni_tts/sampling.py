@@ -52,7 +52,7 @@ class SamplingConstants:
 
 
 class SlotParams:
-    """Per-row sampling settings as device tensors; `rows(b)` / `rows_at(i)` are views (no copies).
+    """Per-row sampling settings as device tensors; `span(start, n)` and `rows(b)` are views (no copies).
 
     `all_greedy` is a host-side hint (never read from the tensors): True only when every row is known
     to be greedy, which lets `choose` skip the sampling branch. `set` clears it."""
@@ -79,11 +79,12 @@ class SlotParams:
     def _fields(self) -> tuple[torch.Tensor, ...]:
         return self.greedy, self.temperature, self.top_k, self.top_p, self.penalty
 
-    def rows(self, b: int) -> "SlotParams":
-        return SlotParams(*(t[:b] for t in self._fields()), all_greedy=self.all_greedy)
+    def span(self, start: int, n: int) -> "SlotParams":
+        """Rows [start, start + n) as views."""
+        return SlotParams(*(t[start:start + n] for t in self._fields()), all_greedy=self.all_greedy)
 
-    def rows_at(self, i: int) -> "SlotParams":
-        return SlotParams(*(t[i:i + 1] for t in self._fields()), all_greedy=self.all_greedy)
+    def rows(self, b: int) -> "SlotParams":
+        return self.span(0, b)
 
     def set(self, i: int, r: RowSettings) -> None:
         greedy = bool(r.greedy) or r.temperature <= 0

@@ -132,7 +132,7 @@ def test_slot_params_views_and_moves() -> None:
     sp.set(2, RowSettings(greedy=False, temperature=0.8, top_k=7, top_p=0.5, repetition_penalty=1.1))
     assert not sp.all_greedy and sp.rows(3).top_k.tolist() == [0, 0, 7]
     sp.move(2, 0)
-    assert sp.rows_at(0).temperature.item() == sp.temperature[2].item() and not bool(sp.greedy[0])
+    assert sp.span(0, 1).temperature.item() == sp.temperature[2].item() and not bool(sp.greedy[0])
     sp.rows(2).top_k[1] = 9  # rows() are views of the slot tensors
     assert sp.top_k[1].item() == 9
     assert SlotParams.from_settings([RowSettings(greedy=False, temperature=0.0)]).all_greedy  # T=0 means greedy
