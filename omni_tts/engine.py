@@ -96,7 +96,7 @@ class RequestHandle:
         return SynthesisResult(wav.astype(np.float32, copy=False), codes, self.sample_rate, self.metrics)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: slots are found with `is`-equality
 class _Active:
     """Host-side record of a request in a slot."""
 
@@ -107,6 +107,7 @@ class _Active:
     codes: list[np.ndarray] = field(default_factory=list)
     chunks: int = 0
     failed: bool = False
+    left: bool = False  # out of its slot (finished, cancelled or failed): later step results are ignored
 
 
 class Engine:
@@ -121,6 +122,9 @@ class Engine:
         self._waiting: "queue.Queue[RequestHandle]" = queue.Queue()
         self._control: "queue.Queue[tuple[Callable[[], Any], queue.Queue]]" = queue.Queue()
         self._active: list[_Active] = []  # index == slot (kept compact: slots 0..n-1)
+        # one frame of lookahead: the step launched last and the requests in its rows, read after the
+        # next step is launched, so the device never waits for the host's bookkeeping
+        self._pending: tuple[Any, list[_Active]] | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         # code-to-wave stage: its own thread (and CUDA stream), so decoding audio chunks overlaps the
@@ -229,23 +233,32 @@ class Engine:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            if not self._control.empty():
+                self._guard(self._settle)  # a mode switch acts on a settled state
             self._run_control()
             self._admit()
             if not self._active:
+                self._guard(self._settle)
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
-            try:
-                self._step()
-            except Exception as e:  # a device error: fail the active requests, keep serving
-                err = as_engine_error(e, "generation failed")
-                for a in list(self._active):
-                    self._finish(a, "error", err)
-                self._active.clear()
+            self._guard(self._step)
+        self._pending = None
         for a in self._active:
             self._finish(a, "cancelled", EngineError("the engine shut down"))
         while not self._waiting.empty():
             self._waiting.get()._end_unstarted("cancelled", EngineError("the engine shut down"))
+
+    def _guard(self, fn: Callable[[], None]) -> None:
+        """Run a step-loop action; a device error fails the active requests and the engine keeps serving."""
+        try:
+            fn()
+        except Exception as e:
+            err = as_engine_error(e, "generation failed")
+            self._pending = None
+            for a in list(self._active):
+                self._finish(a, "error", err)
+            self._active.clear()
 
     def _run_control(self) -> None:
         while not self._control.empty():
@@ -292,29 +305,48 @@ class Engine:
             self._active.append(_Active(h, dec, adm.max_frames, adm.settings.fixed))
 
     def _step(self) -> None:
-        n = len(self._active)
-        codes, eos = self.runner.step(n)  # codes: [n, 16] int64 numpy (frame just completed); eos: [n] bool (next)
-        self.stats.on_step(n)
-        finished: list[int] = []
+        """Launch the next frame of every active request, then take in the frame launched before it."""
+        ticket = self.runner.launch(len(self._active))
+        done, self._pending = self._pending, (ticket, list(self._active))
+        if done is not None:
+            self._take(*done)
+
+    def _settle(self) -> None:
+        """Take in the frame still in flight, if any (before a mode switch, and when the engine idles)."""
+        done, self._pending = self._pending, None
+        if done is not None:
+            self._take(*done)
+
+    def _take(self, ticket: Any, rows: list[_Active]) -> None:
+        """A launched frame's results: codes to each request (rows[i] held slot i at launch), finished
+        requests out of their slots. A request that left after the launch ignores its row: that frame
+        (one past its end, or after a cancel) is computed but never used."""
+        codes, eos = self.runner.collect(ticket)  # codes: [n, 16] int64 (frame just completed); eos: [n] bool (next)
+        self.stats.on_step(sum(not a.left for a in rows))  # rows that count (the lookahead's spares don't)
         jobs: list[tuple] = []  # this step's code-to-wave jobs, queued as one item (decoded as one batch)
-        for i, a in enumerate(self._active):
+        for i, a in enumerate(rows):
+            if a.left:
+                continue
             a.codes.append(codes[i])
             jobs.append(("push", a, codes[i:i + 1]))
-            frames = len(a.codes)
             if a.handle.cancel_requested.is_set():
                 jobs.append(("finish", a, "cancelled", None))
-                finished.append(i)
-            elif frames >= a.max_frames or (eos[i] and not a.fixed):
+                self._leave(a)
+            elif len(a.codes) >= a.max_frames or (eos[i] and not a.fixed):
                 jobs += [("flush", a), ("finish", a, "done", None)]
-                finished.append(i)
+                self._leave(a)
         self._c2w.put(jobs)
-        for i in sorted(finished, reverse=True):
-            last = len(self._active) - 1
-            if i != last:
-                self.runner.move_slot(last, i)
-                self._active[i] = self._active[last]
-            self._active.pop()
+
+    def _leave(self, a: _Active) -> None:
+        """Free a's slot: the last active request moves into it (slots stay 0..n-1)."""
+        a.left = True
+        i, last = next(j for j, x in enumerate(self._active) if x is a), len(self._active) - 1
+        if i != last:
+            self.runner.move_slot(last, i)
+            self._active[i] = self._active[last]
+        self._active.pop()
 
     def _finish(self, a: _Active, status: str, error: OmniTTSError | None = None) -> None:
         """Scheduler side: the request leaves its slot; it completes after its audio is decoded."""
+        a.left = True
         self._c2w.put([("finish", a, status, error)])

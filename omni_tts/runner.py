@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from omni_tts.clone import decoder_prefix
-from omni_tts.codec import to_host
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.errors import InputError, OmniTTSError
 from omni_tts.fastpath import FastPath
@@ -116,10 +115,14 @@ class Runner:
         self.seed = torch.zeros(S, dtype=torch.long, **f)
         self.allow_eos = torch.ones(S, dtype=torch.bool, **f)  # False: fixed-frames benchmark rows
         self.codes = torch.zeros(S, 16, dtype=torch.long, **f)
-        # step results come back through this pinned buffer (codec.to_host), never a pageable .cpu():
-        # that waits inside the driver and stalled the code-to-wave thread's kernel launches on the
-        # H200 (TTFP ~590 ms at concurrency 1, 2026-11-30)
-        self._host = torch.zeros(S, 17, dtype=torch.long, pin_memory=dev.type == "cuda")
+        # step results come back through these pinned buffers (codec.to_host-style event waits), never a
+        # pageable .cpu(): that waits inside the driver and stalled the code-to-wave thread's kernel
+        # launches on the H200 (TTFP ~590 ms at concurrency 1, 2026-11-30). Two of them, used in turn:
+        # the engine launches step t+1 before it reads step t's results (one frame of lookahead).
+        pin = dev.type == "cuda"
+        self._host = [torch.zeros(S, 17, dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self._ready = [torch.cuda.Event() if pin else None for _ in range(2)]
+        self._turn = 0
 
     def pool_bytes(self) -> int:
         return self.pool_bytes_
@@ -311,8 +314,13 @@ class Runner:
         self.h[s] = h
 
     def step(self, n: int) -> tuple[Any, Any]:
-        """One frame for rows [:n]: returns (codes [n,16] of the frame just completed, eos [n] of the
-        next frame's code 0) as numpy (the one host sync per step)."""
+        """One frame for rows [:n], waited for: `collect(launch(n))`."""
+        return self.collect(self.launch(n))
+
+    def launch(self, n: int) -> tuple[int, int]:
+        """Queue one frame for rows [:n] on the device and the copy of its results to the host; returns a
+        ticket for `collect`. Nothing here waits for the device, so the caller can do host work (or launch
+        the next frame: at most two tickets may be outstanding) while it runs."""
         codes, nxt = self._run(self.cp_graph, self._cp_fn, n)  # codes: [n, 16], nxt: [n, D]
         self.codes[:n] = codes
         self.x[:n] = nxt
@@ -324,8 +332,21 @@ class Runner:
         self.pos[:n] += 1
         self.pos_host[:n] += 1
         sampling.mark_seen(self.seen[:n], code0)
-        out = to_host(torch.cat([self.codes[:n], self.code0[:n, None]], dim=1),  # [n, 17], the host sync
-                      self._host[:n]).numpy().copy()
+        k = self._turn
+        self._turn ^= 1
+        out = torch.cat([self.codes[:n], self.code0[:n, None]], dim=1)  # out: [n, 17]
+        self._host[k][:n].copy_(out, non_blocking=True)
+        if self._ready[k] is not None:
+            self._ready[k].record()
+        return k, n
+
+    def collect(self, ticket: tuple[int, int]) -> tuple[Any, Any]:
+        """Wait for a launched frame: (codes [n, 16] of the frame it completed, eos [n]: the next frame's
+        code 0 is EOS) as numpy arrays."""
+        k, n = ticket
+        if self._ready[k] is not None:
+            self._ready[k].synchronize()
+        out = self._host[k][:n].numpy().copy()
         return out[:, :16], out[:, 16] == self.model.eos_id
 
     def _run(self, graph: BucketedGraph | None, make: Callable[[int], Callable[[], tuple]], n: int) -> tuple:
