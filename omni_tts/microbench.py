@@ -56,11 +56,7 @@ def fill_slots(runner: Any, n: int, speaker: str | None) -> None:
 def step_callables(runner: Any, b: int, kv_len: int | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(code predictor step, talker step) for rows [:b] as the runner would run them; the talker's attention
     over kv_len cache positions (default: what the rows' positions need)."""
-    L = kv_len or runner.kv_len(b)
-    if runner.graphs:
-        cp_g, talker_g = runner.cp_graph, runner.talker_graphs[L]
-        return (lambda: cp_g.run(b)), (lambda: talker_g.run(b))
-    return runner._cp_fn(b), runner._make_talker_fn(L)(b)
+    return runner.step_fns(b, kv_len)
 
 
 def codec_costs(model: Any) -> dict[str, float]:
@@ -113,7 +109,8 @@ def profile_steps(runner: Any, buckets: Sequence[int], out_dir: str) -> dict[str
                                  language="English", fixed_frames=8)
         variants = {"cp_graph": graph_cp, "talker_graph": graph_talker,
                     "prefill": lambda: runner.prefill(runner.S - 1, params),
-                    "cp_launched": runner._cp_fn(b), "talker_launched": runner._make_talker_fn(runner.kv_len(b))(b),
+                    "cp_launched": runner._make_cp_fn(runner.variant(b))(b),
+                    "talker_launched": runner._make_talker_fn(runner.kv_len(b), runner.variant(b))(b),
                     "codec_second_chunk": lambda: runner.model.codec.decode_window(codes, 1)}
         for name, fn in variants.items():
             fn()
@@ -225,7 +222,10 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
             row: dict[str, Any] = {"setup_s": report["seconds"], "actual_mode": report["mode"], "per_bucket": {}}
             for b in buckets:
                 cp, talker = step_callables(runner, b)
-                row["per_bucket"][b] = {"cp_ms": time_ms(cp), "talker_ms": time_ms(talker), "kv_len": runner.kv_len(b)}
+                row["per_bucket"][b] = {"cp_ms": time_ms(cp), "talker_ms": time_ms(talker), "kv_len": runner.kv_len(b),
+                                        "variant": "full sort" if runner.variant(b) else "top-k selection"}
+                cp_s, talker_s = runner.step_fns(b, sort=True)  # the full-sort variant (top-p without top-k)
+                row["per_bucket"][b].update(cp_ms_full_sort=time_ms(cp_s), talker_ms_full_sort=time_ms(talker_s))
                 if runner.graphs:  # the talker step's cost against the attention length it reads
                     row["per_bucket"][b]["talker_ms_by_kv_len"] = {
                         L: time_ms(step_callables(runner, b, L)[1]) for L in runner.kv_buckets}

@@ -56,14 +56,14 @@ class Runner:
         self._alloc_state()
         self.pool: GraphPool | None = None
         self.graphs: list[BucketedGraph] = []  # all of them (release, pool accounting)
-        self.cp_graph: BucketedGraph | None = None
-        self.talker_graphs: dict[int, BucketedGraph] = {}  # kv_len -> talker graphs
+        # graphs per sampling variant (`sort`: True = full-sort warp, any settings; False = top-k selection)
+        self.cp_graphs: dict[bool, BucketedGraph] = {}
+        self.talker_graphs: dict[tuple[int, bool], BucketedGraph] = {}  # (kv_len, sort) -> talker graphs
         self.prefill_graphs: dict[int, BucketedGraph] = {}  # prompts per call -> graphs per length bucket
         self.pool_bytes_ = 0
         self.mode = CompileMode.EAGER
         self.fast: FastPath | None = None  # None: eager, the reference modules as they are
         self._fast_by_mode: dict[str, FastPath] = {}  # compiled units kept across mode switches
-        self._cp_fn = self._make_cp_fn()
         self.set_mode(mode, progress=progress)
 
     @classmethod
@@ -113,6 +113,9 @@ class Runner:
         self.talker_sp = sampling.SlotParams.zeros(S, device=dev)
         self.cp_sp = sampling.SlotParams.zeros(S, device=dev)
         self.seed = torch.zeros(S, dtype=torch.long, **f)
+        # per slot: its settings need the full-sort warp (sampling.fits_topk is False for a stage); a step
+        # runs the top-k-selection variant when no active row does
+        self.needs_sort = np.zeros(S, dtype=bool)
         self.allow_eos = torch.ones(S, dtype=torch.bool, **f)  # False: fixed-frames benchmark rows
         self.codes = torch.zeros(S, 16, dtype=torch.long, **f)
         # step results come back through these pinned buffers (codec.to_host-style event waits), never a
@@ -128,17 +131,22 @@ class Runner:
         return self.pool_bytes_
 
     # ------------------------------------------------------------------ step functions
-    def _cp_body(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cap(self, sort: bool) -> int:
+        """The SlotParams.topk_cap hint of a variant (eager mode always runs the reference full sort)."""
+        return 0 if sort or not self.fast else sampling.TOPK_CAP
+
+    def _cp_body(self, b: int, sort: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Code predictor for the current frame of rows [:b], then the next talker input."""
         predict = self.fast.predict_frame if self.fast else self.model.code_predictor.predict_frame
-        rest, fb = predict(self.h[:b], self.code0[:b], self.cp_sp.rows(b), self.seed[:b],
+        rest, fb = predict(self.h[:b], self.code0[:b], self.cp_sp.rows(b, self._cap(sort)), self.seed[:b],
                            self.frame[:b])  # rest: [b, 15], fb: [b, D]
         codes = torch.cat([self.code0[:b, None], rest], dim=1)  # codes: [b, 16]
         idx = torch.clamp(self.frame[:b], max=self.max_len - 1)  # trailing text index per row
         trail = self.trail[:b].gather(1, idx[:, None, None].expand(-1, 1, self.trail.shape[-1]))[:, 0]
         return codes, fb + trail  # next input: [b, D]
 
-    def _talker_body(self, b: int, x: torch.Tensor, kv_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _talker_body(self, b: int, x: torch.Tensor, kv_len: int | None = None, sort: bool = True
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One talker decode step for rows [:b] from input x [b, D] (attention over the first kv_len cache
         positions, fast path only), then sampling of code 0."""
         m = self.model
@@ -148,7 +156,7 @@ class Runner:
         else:
             h = m.talker(x[:, None, :], self.pos[:b, None], self.cache, None)[:, 0]  # h: [b, D]
             sample = sampling.sample_talker
-        code0 = sample(m.talker.logits(h), self.talker_sp.rows(b), self.seen[:b], self.frame[:b],
+        code0 = sample(m.talker.logits(h), self.talker_sp.rows(b, self._cap(sort)), self.seen[:b], self.frame[:b],
                        self.allow_eos[:b], self.seed[:b], m.sampling_constants)  # code0: [b]
         return h, code0
 
@@ -160,14 +168,27 @@ class Runner:
         h = self.model.talker(self.pre_x[:nb, :L], pos, self.cache, self.pre_slot[:nb], kv_len=L)  # [nb, L, D]
         return (h[torch.arange(nb, device=h.device), self.pre_last[:nb]],)  # [nb, D]
 
-    def _make_cp_fn(self) -> Callable[[int], Callable[[], tuple]]:
-        return lambda b: (lambda: self._cp_body(b))
+    def _make_cp_fn(self, sort: bool = True) -> Callable[[int], Callable[[], tuple]]:
+        return lambda b: (lambda: self._cp_body(b, sort))
 
-    def _make_talker_fn(self, kv_len: int | None = None) -> Callable[[int], Callable[[], tuple]]:
-        return lambda b: (lambda: self._talker_body(b, self.x[:b], kv_len))
+    def _make_talker_fn(self, kv_len: int | None = None, sort: bool = True) -> Callable[[int], Callable[[], tuple]]:
+        return lambda b: (lambda: self._talker_body(b, self.x[:b], kv_len, sort))
 
     def _make_prefill_fn(self, nb: int) -> Callable[[int], Callable[[], tuple]]:
         return lambda L: (lambda: self._prefill_body(nb, L))
+
+    def variant(self, n: int) -> bool:
+        """The sampling variant a step of rows [:n] runs: True (full sort) when any row's settings need it."""
+        return bool(self.needs_sort[:n].any())
+
+    def step_fns(self, n: int, kv_len: int | None = None, sort: bool | None = None
+                 ) -> tuple[Callable[[], tuple], Callable[[], tuple]]:
+        """(code predictor step, talker step) for rows [:n] as `launch` runs them (graph replays in
+        default+cudagraph), attention over kv_len positions (default: what the rows need)."""
+        L = kv_len or self.kv_len(n)
+        sort = self.variant(n) if sort is None else sort
+        return (lambda: self._run(self.cp_graphs.get(sort), self._make_cp_fn(sort), n),
+                lambda: self._run(self.talker_graphs.get((L, sort)), self._make_talker_fn(L, sort), n))
 
     def kv_len(self, n: int) -> int:
         """The smallest kv bucket covering the positions of rows [:n] (the whole cache if none does)."""
@@ -206,7 +227,7 @@ class Runner:
             mode = fallback
         for g in self.graphs:
             g.release()
-        self.graphs, self.cp_graph, self.talker_graphs, self.prefill_graphs = [], None, {}, {}
+        self.graphs, self.cp_graphs, self.talker_graphs, self.prefill_graphs = [], {}, {}, {}
         self.pool_bytes_ = 0
         t0 = time.perf_counter()
         self.fast = self._fast_path(mode)
@@ -215,20 +236,24 @@ class Runner:
             self.pool.begin_capture()
             self.pre_slot.fill_(self.S)  # capture warm-ups write the spare slot...
             self.pre_last.zero_()  # ...and read inside the smallest length bucket (stale indices asserted, H200)
-            self.cp_graph = BucketedGraph("code_predictor", self._cp_fn, self.buckets, self.pool)
-            self.talker_graphs = {L: BucketedGraph(f"talker (kv {L})", self._make_talker_fn(L), self.buckets,
-                                                   self.pool) for L in self.kv_buckets}
+            variants = (False, True)
+            self.cp_graphs = {v: BucketedGraph(f"code_predictor ({_VARIANT[v]})", self._make_cp_fn(v), self.buckets,
+                                               self.pool) for v in variants}
+            self.talker_graphs = {(L, v): BucketedGraph(f"talker (kv {L}, {_VARIANT[v]})", self._make_talker_fn(L, v),
+                                                        self.buckets, self.pool)
+                                  for v in variants for L in self.kv_buckets}
             self.prefill_graphs = {nb: BucketedGraph(f"prefill x{nb}", self._make_prefill_fn(nb), self.prefill_buckets,
                                                      self.pool) for nb in self.prefill_batches}
-            self.graphs = [self.cp_graph, *self.talker_graphs.values(), *self.prefill_graphs.values()]
+            self.graphs = [*self.cp_graphs.values(), *self.talker_graphs.values(), *self.prefill_graphs.values()]
             for g in self.graphs:
                 say(f"capturing {g.name} graphs for buckets {g.buckets} into {self.pool.source}")
                 self.pool_bytes_ += g.capture().pool_bytes
         elif mode.compiled:
             say(f"compiling ({mode.value}) for buckets {self.buckets}")
-            for b in self.buckets:  # warm every bucket shape now, not on the first request
-                self._cp_fn(b)()
-                self._make_talker_fn(self.kv_buckets[0])(b)()
+            for b in self.buckets:  # warm every bucket shape and sampling variant now, not on the first request
+                for v in (False, True):
+                    self._make_cp_fn(v)(b)()
+                    self._make_talker_fn(self.kv_buckets[0], v)(b)()
         self.mode = mode
         seconds = time.perf_counter() - t0
         say(f"{mode.value} ready in {seconds:.1f} s")
@@ -241,8 +266,8 @@ class Runner:
             return None
         import torch._dynamo
 
-        # per bucket: 2 layer units (+1 for the predictor's 2-token start) and 2 sampling units
-        torch._dynamo.config.recompile_limit = max(64, 4 * len(self.buckets) + 8)
+        # per bucket: 2 layer units (+1 for the predictor's 2-token start) and 2 sampling units x 2 variants
+        torch._dynamo.config.recompile_limit = max(64, 6 * len(self.buckets) + 8)
         inductor_mode = "reduce-overhead" if mode is CompileMode.REDUCE_OVERHEAD else "default"
         if inductor_mode not in self._fast_by_mode:
             self._fast_by_mode[inductor_mode] = FastPath(self.model, inductor_mode)
@@ -300,6 +325,7 @@ class Runner:
             self.cp_sp.set(slot, a.settings.subtalker)
             self.seed[slot] = a.settings.seed
             self.allow_eos[slot] = not a.settings.fixed
+            self.needs_sort[slot] = not (sampling.fits_topk(a.settings.talker) and sampling.fits_topk(a.settings.subtalker))
         s = slice(first, first + k)
         self.pos[s] = torch.tensor(T)
         self.pos_host[s] = T
@@ -321,12 +347,12 @@ class Runner:
         """Queue one frame for rows [:n] on the device and the copy of its results to the host; returns a
         ticket for `collect`. Nothing here waits for the device, so the caller can do host work (or launch
         the next frame: at most two tickets may be outstanding) while it runs."""
-        codes, nxt = self._run(self.cp_graph, self._cp_fn, n)  # codes: [n, 16], nxt: [n, D]
+        cp_step, talker_step = self.step_fns(n)
+        codes, nxt = cp_step()  # codes: [n, 16], nxt: [n, D]
         self.codes[:n] = codes
         self.x[:n] = nxt
         self.frame[:n] += 1
-        L = self.kv_len(n)
-        h, code0 = self._run(self.talker_graphs.get(L), self._make_talker_fn(L), n)  # h: [n, D], code0: [n]
+        h, code0 = talker_step()  # h: [n, D], code0: [n]
         self.h[:n] = h
         self.code0[:n] = code0
         self.pos[:n] += 1
@@ -363,12 +389,15 @@ class Runner:
         for t in (self.x, self.h, self.code0, self.pos, self.frame, self.trail, self.seen, self.seed,
                   self.allow_eos, self.codes):
             t[dst] = t[src]
+        self.needs_sort[dst] = self.needs_sort[src]
         self.talker_sp.move(src, dst)
         self.cp_sp.move(src, dst)
         self.pos[src] = self.scratch_pos
         self.pos_host[dst] = self.pos_host[src]
         self.pos_host[src] = self.scratch_pos
 
+
+_VARIANT = {True: "full sort", False: f"top-{sampling.TOPK_CAP} selection"}
 
 # One line per mode: what it runs and what it costs (Runner.mode_notes; the keys are CompileMode values).
 MODE_NOTES: dict[str, str] = {

@@ -19,6 +19,10 @@ import torch
 
 NEG_INF = float("-inf")
 _M32 = 0xFFFFFFFF
+# Rows whose top-k is 1..TOPK_CAP (or off with top-p 1) can be warped from one top-TOPK_CAP selection
+# instead of a sort of the whole vocabulary (`warp_topk`); the engine picks that path per step when every
+# row allows it (`fits_topk`). 64 covers the checkpoints' default top-k (50).
+TOPK_CAP = 64
 
 
 @dataclass
@@ -55,12 +59,15 @@ class SlotParams:
     """Per-row sampling settings as device tensors; `span(start, n)` and `rows(b)` are views (no copies).
 
     `all_greedy` is a host-side hint (never read from the tensors): True only when every row is known
-    to be greedy, which lets `choose` skip the sampling branch. `set` clears it."""
+    to be greedy, which lets `choose` skip the sampling branch. `set` clears it. `topk_cap`, also a host
+    hint: 0 warps with a full sort (any settings); K > 0 promises every row `fits_topk(row, K)`, so `choose`
+    warps from a top-K selection (`warp_topk`)."""
 
     def __init__(self, greedy: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                 top_p: torch.Tensor, penalty: torch.Tensor, all_greedy: bool = False) -> None:
+                 top_p: torch.Tensor, penalty: torch.Tensor, all_greedy: bool = False, topk_cap: int = 0) -> None:
         self.greedy, self.temperature, self.top_k, self.top_p, self.penalty = greedy, temperature, top_k, top_p, penalty
         self.all_greedy = all_greedy
+        self.topk_cap = topk_cap
 
     @classmethod
     def zeros(cls, n: int, device: torch.device | str = "cpu") -> "SlotParams":
@@ -79,12 +86,13 @@ class SlotParams:
     def _fields(self) -> tuple[torch.Tensor, ...]:
         return self.greedy, self.temperature, self.top_k, self.top_p, self.penalty
 
-    def span(self, start: int, n: int) -> "SlotParams":
-        """Rows [start, start + n) as views."""
-        return SlotParams(*(t[start:start + n] for t in self._fields()), all_greedy=self.all_greedy)
+    def span(self, start: int, n: int, topk_cap: int = 0) -> "SlotParams":
+        """Rows [start, start + n) as views (with that `topk_cap` hint)."""
+        return SlotParams(*(t[start:start + n] for t in self._fields()), all_greedy=self.all_greedy,
+                          topk_cap=topk_cap)
 
-    def rows(self, b: int) -> "SlotParams":
-        return self.span(0, b)
+    def rows(self, b: int, topk_cap: int = 0) -> "SlotParams":
+        return self.span(0, b, topk_cap)
 
     def set(self, i: int, r: RowSettings) -> None:
         greedy = bool(r.greedy) or r.temperature <= 0
@@ -158,6 +166,35 @@ def warp(logits: torch.Tensor, sp: SlotParams) -> torch.Tensor:
     return x.masked_fill(drop.scatter(1, order, drop), NEG_INF)
 
 
+def fits_topk(r: RowSettings, cap: int = TOPK_CAP) -> bool:
+    """True when `warp_topk` with this cap warps a row of these settings exactly as `warp` does."""
+    greedy = bool(r.greedy) or r.temperature <= 0
+    k, p = int(r.top_k or 0), 1.0 if r.top_p is None else float(r.top_p)
+    return greedy or 1 <= k <= cap or (k == 0 and p >= 1.0)
+
+
+def warp_topk(logits: torch.Tensor, sp: SlotParams, cap: int) -> torch.Tensor:
+    """`warp` without the sort, for rows that `fits_topk(row, cap)`: the top-k threshold and the top-p cut
+    come from the `cap` largest values (descending), since nothing outside them survives the top-k cut.
+    logits: [B, V] float32 -> [B, V].
+
+    top-p in descending order: HF drops a value when the probability of all values up to it in
+    ascending order is <= 1 - top_p, i.e. when the probability strictly above it is >= top_p; the kept
+    values are a prefix, cut below its last value. Same sets as `warp` (the sums run in another order,
+    so a value exactly on the edge could differ in the last bit; a tie at the top-p edge keeps all its
+    values, where `warp` drops the lower ids)."""
+    x = logits / sp.temperature[:, None]  # [B, V]
+    K = min(cap, x.shape[-1])
+    top = torch.topk(x, K, dim=-1).values  # [B, K] descending
+    kth = top.gather(1, (sp.top_k.clamp(min=1, max=K) - 1)[:, None])  # [B, 1] k-th largest
+    kth = kth.masked_fill((sp.top_k <= 0)[:, None], NEG_INF)  # top-k off: no cut
+    prob = top.masked_fill(top < kth, NEG_INF).softmax(-1)  # [B, K] over the top-k set
+    above = prob.cumsum(-1) - prob  # [B, K] probability strictly above each value
+    keep = (above < sp.top_p[:, None]).sum(-1, keepdim=True).clamp(min=1)  # [B, 1] kept prefix length
+    edge = top.gather(1, keep - 1).masked_fill((sp.top_p >= 1)[:, None], NEG_INF)  # [B, 1]
+    return x.masked_fill(x < torch.maximum(kth, edge), NEG_INF)
+
+
 def choose(logits: torch.Tensor, sp: SlotParams, seed: torch.Tensor, frame: torch.Tensor, codebook: int
            ) -> torch.Tensor:
     """Greedy rows: argmax of `logits`; sampled rows: Gumbel-max over the warped logits. -> [B] int64."""
@@ -165,7 +202,8 @@ def choose(logits: torch.Tensor, sp: SlotParams, seed: torch.Tensor, frame: torc
     if sp.all_greedy:
         return greedy_pick
     g = -torch.log(-torch.log(uniform_noise(seed, frame, codebook, logits.shape[-1])))  # [B, V] Gumbel(0,1)
-    sampled_pick = torch.argmax(warp(logits, sp) + g, dim=-1)  # [B]
+    warped = warp_topk(logits, sp, sp.topk_cap) if sp.topk_cap > 0 else warp(logits, sp)  # [B, V]
+    sampled_pick = torch.argmax(warped + g, dim=-1)  # [B]
     return torch.where(sp.greedy, greedy_pick, sampled_pick)
 
 

@@ -22,6 +22,7 @@ import torch
 
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.engine import Engine, RequestHandle
+from omni_tts import sampling
 from omni_tts.errors import CheckpointError, InputError, OmniTTSError
 from _fixtures import FIXTURES, fixture_dir
 
@@ -212,7 +213,7 @@ def test_eight_concurrent_sampled_requests_with_three_slots_get_exactly_their_so
     assert engine.snapshot()["active"] == 0 and engine.snapshot()["waiting"] == 0
 
 
-def test_fast_path_engine_with_kv_length_buckets_equals_the_plain_path(_one_thread):
+def test_fast_path_engine_with_kv_length_buckets_equals_the_plain_path(_one_thread, monkeypatch):
     """The engine's fast path (uncompiled here: the compiled one is the same functions) reads only the first
     kv_len cache positions per step; requests of different lengths crossing the 64-position bucket, moved
     between slots as others finish, still get the plain path's greedy codes."""
@@ -229,6 +230,21 @@ def test_fast_path_engine_with_kv_length_buckets_equals_the_plain_path(_one_thre
             r = h.result(TIMEOUT)
             assert r.codes.shape[0] == p.fixed_frames
             assert_same_as_plain(eng, p, r.codes, r.wav)
+        # sampled: top-k rows run the top-k-selection warp, a top-p-only row switches its steps to the full sort
+        sampled = [SynthesisParams(text=t, speaker="ryan", language="English", do_sample=True, temperature=0.9,
+                                   top_k=k, top_p=tp, subtalker_top_k=sk, seed=s, fixed_frames=12)
+                   for t, k, tp, sk, s in (("Sampled one.", 50, 0.8, 50, 3), ("Sampled two.", 5, 1.0, 20, 4),
+                                           ("Top-p only.", 0, 0.9, 50, 5))]
+        sampled[2].fixed_frames = 20  # outlives sampled[0] (submitted after it): every step has a full-sort row
+        picks: list[int] = []  # warp_topk calls (spied, not replaced): the fast path really took that variant
+        monkeypatch.setattr(sampling, "warp_topk", lambda *a, f=sampling.warp_topk: picks.append(1) or f(*a))
+        for batch, selection in ((sampled[:2], True), ([sampled[2], sampled[0]], False)):
+            picks.clear()
+            handles = [eng.submit(p) for p in batch]
+            for p, h in zip(batch, handles):
+                r = h.result(TIMEOUT)
+                assert_same_as_plain(eng, p, r.codes, r.wav)  # the plain path warps with the full sort
+            assert bool(picks) == selection
     finally:
         eng.shutdown()
 

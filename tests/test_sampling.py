@@ -212,3 +212,32 @@ def test_one_sort_warp_top_p_edge_and_tie_rules() -> None:
     # four equal tokens, p=0.5: cumulative .25 .5 .75 1 -> the first two in sorted order go; lower ids first
     w = sampling.warp(torch.zeros(1, 4), sp_of(RowSettings(greedy=False, top_p=0.5)))
     assert torch.isfinite(w[0]).tolist() == [False, False, True, True]
+
+
+def test_topk_warp_equals_the_sort_warp_for_the_rows_it_is_for_and_picks_the_same_tokens() -> None:
+    gen = torch.Generator().manual_seed(1)
+    for V, cap in ((2048, 64), (3072, 64), (40, 64)):  # 40 < cap: the selection is the whole row
+        rows = [r for r in _grid_rows(V, 12) if sampling.fits_topk(r, cap)]
+        assert {r.top_k for r in rows} == {k for k in (0, 1, 5, 50, V) if k <= cap}  # top-k 0 only with top-p 1
+        sp = SlotParams.from_settings(rows)
+        n = len(rows)
+        seeds, frames = torch.arange(n), torch.full((n,), 5)
+        logits = _random_logits(n, V, False, gen)
+        full = sampling.warp(logits, sp)
+        fast = sampling.warp_topk(logits, sp, cap)
+        assert torch.equal(fast, full), V  # same kept set and values
+        sp.topk_cap = cap
+        fast_picks = sampling.choose(logits, sp, seeds, frames, 2)
+        sp.topk_cap = 0
+        assert torch.equal(fast_picks, sampling.choose(logits, sp, seeds, frames, 2))
+    # what it is not for: top-k off with top-p < 1, top-k above the cap
+    assert not sampling.fits_topk(RowSettings(greedy=False, top_k=0, top_p=0.9), 64)
+    assert not sampling.fits_topk(RowSettings(greedy=False, top_k=65), 64)
+    assert sampling.fits_topk(RowSettings(greedy=True, top_k=0, top_p=0.5), 64)  # greedy rows never warp
+    # the edge rules: top-k keeps the k-th largest's ties; top-p keeps {.5, .3} at p=.7 and .75, adds .15 at .85
+    w = sampling.warp_topk(torch.tensor([[1.0, 3.0, 2.0, 2.0, 0.0]]), sp_of(RowSettings(greedy=False, top_k=2)), 4)
+    assert torch.isfinite(w[0]).tolist() == [False, True, True, True, False]
+    probs = torch.tensor([[0.15, 0.5, 0.05, 0.3]])
+    for p, keep in ((0.7, [1, 3]), (0.75, [1, 3]), (0.85, [0, 1, 3]), (0.01, [1]), (1.0, [0, 1, 2, 3])):
+        w = sampling.warp_topk(probs.log(), sp_of(RowSettings(greedy=False, top_k=4, top_p=p)), 64)
+        assert torch.isfinite(w[0]).nonzero()[:, 0].tolist() == keep, p
