@@ -46,6 +46,20 @@ def _error(e: Exception) -> OmniTTSError:
     return as_engine_error(e, "audio decoding failed")
 
 
+def fuse_codec(codec: Any) -> str:
+    """Turn on the codec's fused activations (`CodecDecoder.set_fused`) and compile them now for both
+    batch-size classes (1 row, more rows), so no request pays the compile. On any failure (no Triton, a
+    compile error) the codec goes back to eager ops. -> '' or why it is off."""
+    try:
+        codec.set_fused(True)
+        for b in (1, 2):
+            codec.decode_window(torch.zeros(b, 3, codec.num_quantizers, dtype=torch.long), 1)
+        return ""
+    except Exception as e:
+        codec.set_fused(False)
+        return f"{type(e).__name__}: {str(e)[:200]}"
+
+
 class FirstChunkGraphs:
     """CUDA graphs of the codec's first-chunk decode (`frames` frames, no left context: the window every
     plain request starts with, so it decides TTFP) per batch bucket; ~900 eager kernel launches become

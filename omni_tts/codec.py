@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from omni_tts.codec_layers import (ACTIVATIONS, CausalConv1d, CausalUpConv1d, CodebookGroup, ConvNeXtBlock,
-                                   SnakeBeta, VocoderStage, WindowTransformer, chain_lookback)
+                                   SnakeBeta, VocoderStage, WindowTransformer, chain_lookback, fused_snake, snake)
 from omni_tts.errors import CheckpointError, InputError
 
 if TYPE_CHECKING:
@@ -121,6 +121,7 @@ class CodecDecoder(nn.Module):
         front = self.pre_conv.lookback(self.pre_transformer.lookback(probe))
         self.receptive_field_frames = probe - front + self.vocoder_context_frames
         self.precision = "float32"
+        self.fused = False  # set_fused
 
     def set_precision(self, precision: str) -> "CodecDecoder":
         """'float32' (IEEE, exact: what the tests and the golden waveforms use), 'tf32' (float32 weights,
@@ -132,6 +133,17 @@ class CodecDecoder(nn.Module):
             raise ValueError("a bfloat16 codec cannot go back to float32 (its weights were rounded); load it again")
         self.to(torch.bfloat16 if precision == "bfloat16" else torch.float32)
         self.precision = precision
+        return self
+
+    def set_fused(self, on: bool) -> "CodecDecoder":
+        """Run the vocoder's SnakeBeta activations as one compiled kernel each (`fused_snake`) or as eager
+        ops. Same math; the compiled sin may differ in the last bit. The first decode of a new batch
+        size class (1, or more) compiles (seconds): warm it before serving."""
+        impl = fused_snake() if on else snake
+        for m in self.modules():
+            if isinstance(m, SnakeBeta):
+                m.impl = impl
+        self.fused = on
         return self
 
     @classmethod

@@ -106,6 +106,7 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16
     codec_precision: str = "auto"  # code-to-wave: auto (tf32 on CUDA, float32 on CPU) | float32 | tf32 | bfloat16
+    codec_fused: bool = True  # CUDA: the codec's SnakeBeta activations as compiled kernels (falls back to eager)
     max_num_seqs: int = 8
     buckets: list[int] | None = None  # None: powers of two up to max_num_seqs, plus max_num_seqs
     max_seq_len: int = 1024  # talker KV cache length per slot (prompt + frames)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from omni_tts.clone import decoder_prefix
-from omni_tts.code2wav import AudioChunk, Code2Wav
+from omni_tts.code2wav import AudioChunk, Code2Wav, fuse_codec
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.errors import EngineError, OmniTTSError, as_engine_error
 from omni_tts.metrics import EngineStats, RequestMetrics, gpu_memory, now
@@ -136,8 +136,9 @@ class Engine:
         # code-to-wave stage: its own thread (and CUDA stream), so decoding audio chunks overlaps the
         # next frames' talker/predictor work; it decodes the chunks of many requests in one batch
         # (on CUDA its first chunks, the TTFP path, replay as CUDA graphs)
-        first = ((self.model.codec, config.initial_chunk_frames, config.resolved_buckets())
-                 if runner.device.type == "cuda" else None)
+        cuda = runner.device.type == "cuda"
+        self.codec_fused_error = fuse_codec(self.model.codec) if cuda and config.codec_fused else ""
+        first = (self.model.codec, config.initial_chunk_frames, config.resolved_buckets()) if cuda else None
         self._c2w = Code2Wav(runner.device, self.stats, first)
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._loop, name="omni-tts-scheduler", daemon=True)
@@ -214,6 +215,8 @@ class Engine:
             "chunk_decodes": self.stats.chunk_decodes,  # audio chunk windows decoded...
             "decode_calls": self.stats.decode_calls,  # ...in this many (batched) codec calls
             "decode_seconds": self.stats.decode_seconds,  # ...taking this long in all
+            "codec_fused": ("on" if getattr(self.model.codec, "fused", False) else
+                            f"failed: {self.codec_fused_error}" if self.codec_fused_error else "off"),
             "first_chunk_graphs": ("on" if self._c2w.first is not None else
                                    f"failed: {self._c2w.first_error}" if self._c2w.first_error else "off"),
             "steps": self.stats.steps,

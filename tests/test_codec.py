@@ -327,3 +327,23 @@ def test_precisions() -> None:
         dec.set_precision("float32")
     with pytest.raises(ValueError, match="codec precision"):
         dec.set_precision("fp8")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() and __import__("os").environ.get("OMNI_TTS_TEST_COMPILE") != "1",
+                    reason="compiles the activation (CPU: ~30 s with a C++ compiler); set OMNI_TTS_TEST_COMPILE=1")
+def test_fused_activations_decode_as_the_eager_ops() -> None:
+    """set_fused(True) runs each SnakeBeta through one compiled function for any window and batch size;
+    the audio equals the eager ops' to float rounding, and set_fused(False) is the eager path again."""
+    from omni_tts.code2wav import fuse_codec
+
+    _need_fixtures()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dec = CodecDecoder.from_checkpoint(load_checkpoint(FIXTURES / "custom_voice")).to(dev)
+    windows = [(random_codes(30, seed=9)[None], 5), (torch.stack([random_codes(12, seed=s) for s in (1, 2, 3)]), 0)]
+    refs = [dec.decode_window(c, ctx) for c, ctx in windows]
+    assert fuse_codec(dec) == "" and dec.fused
+    for (codes, ctx), ref in zip(windows, refs):
+        got = dec.decode_window(codes, ctx)
+        assert got.shape == ref.shape and float((got - ref).abs().max()) <= 1e-5
+    assert not dec.set_fused(False).fused
+    assert torch.equal(dec.decode_window(*windows[0]), refs[0])
