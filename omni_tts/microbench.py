@@ -62,24 +62,31 @@ def step_callables(runner: Any, b: int, kv_len: int | None = None) -> tuple[Call
 def codec_costs(model: Any) -> dict[str, float]:
     """ms per decode_window call: the first chunk (no context, 1 frame), the second of a 75-frame
     benchmark request (1 context + 25 new) and a steady chunk (full receptive field + 25 new), batch 1,
-    8 and 32, in each codec precision; plus each precision's max abs difference from float32 on one
-    steady window."""
+    8 and 32, in the tf32 and bfloat16 precisions with eager and fused (compiled) activations; plus each
+    variant's max abs difference from float32 eager on one steady window."""
     import copy
+
+    from omni_tts.code2wav import fuse_codec
 
     out: dict[str, float] = {}
     shapes = {"first": (0, 1), "second": (1, 25), "steady": (model.codec.receptive_field_frames, 25)}
     probe = torch.randint(0, 2048, (1, sum(shapes["steady"]), 16), device=model.device)
-    ref = None
-    for precision in ("float32", "tf32", "bfloat16"):
-        codec = copy.deepcopy(model.codec).set_precision(precision)
-        wav = codec.decode_window(probe, shapes["steady"][0])
-        ref = wav if ref is None else ref
-        out[f"{precision}_max_abs_diff_vs_float32"] = float((wav - ref).abs().max())
-        for b in (1, 8, 32):
-            for name, (c, n) in shapes.items():
-                codes = torch.randint(0, 2048, (b, c + n, 16), device=model.device)
-                out[f"{precision}_b{b}_{name}_ms"] = time_ms(lambda: codec.decode_window(codes, c), iters=10)
-        del codec
+    ref = copy.deepcopy(model.codec).set_precision("float32").set_fused(False).decode_window(probe, shapes["steady"][0])
+    for precision in ("tf32", "bfloat16"):
+        for fused in (False, True):
+            codec = copy.deepcopy(model.codec).set_precision(precision).set_fused(False)
+            name = precision + ("_fused" if fused else "")
+            err = fuse_codec(codec) if fused else ""
+            if err:
+                out[f"{name}_error"] = err
+                continue
+            wav = codec.decode_window(probe, shapes["steady"][0])
+            out[f"{name}_max_abs_diff_vs_float32"] = float((wav - ref).abs().max())
+            for b in (1, 8, 32):
+                for shape, (c, n) in shapes.items():
+                    codes = torch.randint(0, 2048, (b, c + n, 16), device=model.device)
+                    out[f"{name}_b{b}_{shape}_ms"] = time_ms(lambda: codec.decode_window(codes, c), iters=5)
+            del codec
     if not torch.cuda.is_available():
         return out
     from omni_tts.code2wav import FirstChunkGraphs

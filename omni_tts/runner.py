@@ -10,6 +10,8 @@ Does not own requests, streaming or timing (engine.py), nor graph capture mechan
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -231,6 +233,17 @@ class Runner:
         self.pool_bytes_ = 0
         t0 = time.perf_counter()
         self.fast = self._fast_path(mode)
+        with _kernel_tuning():
+            self._build(mode, say)
+        self.mode = mode
+        seconds = time.perf_counter() - t0
+        say(f"{mode.value} ready in {seconds:.1f} s")
+        self.last_report = {"mode": mode.value, "seconds": seconds, "pool_bytes": self.pool_bytes_, "notice": notice,
+                            "pool": self.pool.source if self.graphs else ""}
+        return dict(self.last_report)
+
+    def _build(self, mode: CompileMode, say: Callable[[str], None]) -> None:
+        """Capture the graphs (default+cudagraph) or warm the compiled shapes (default, reduce-overhead)."""
         if mode is CompileMode.DEFAULT_CUDAGRAPH:
             self.pool = self.pool or GraphPool(self.config.use_vllm_pool)
             self.pool.begin_capture()
@@ -254,12 +267,6 @@ class Runner:
                 for v in (False, True):
                     self._make_cp_fn(v)(b)()
                     self._make_talker_fn(self.kv_buckets[0], v)(b)()
-        self.mode = mode
-        seconds = time.perf_counter() - t0
-        say(f"{mode.value} ready in {seconds:.1f} s")
-        self.last_report = {"mode": mode.value, "seconds": seconds, "pool_bytes": self.pool_bytes_, "notice": notice,
-                            "pool": self.pool.source if self.graphs else ""}
-        return dict(self.last_report)
 
     def _fast_path(self, mode: CompileMode) -> FastPath | None:
         if mode is CompileMode.EAGER:
@@ -429,6 +436,16 @@ def _too_long(T: int, max_len: int, ref_codes: Any) -> str:
                 f"shorten it or raise max_seq_len")
     return (f"text + reference audio is too long for this engine (prompt {T} tokens incl. {ref_codes.shape[0]} "
             f"reference frames, max_seq_len {max_len}); shorten the text or the reference clip, or raise max_seq_len")
+
+
+def _kernel_tuning() -> Any:
+    """OMNI_TTS_KERNEL_TUNING=1: Inductor's coordinate-descent tuning of its kernels' block sizes while the
+    units compile (benchmarks candidate configs on the GPU: slower compiles; for measuring)."""
+    if os.environ.get("OMNI_TTS_KERNEL_TUNING") != "1":
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(coordinate_descent_tuning=True)
 
 
 def _cpu_fallback() -> CompileMode:
