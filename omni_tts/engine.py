@@ -10,7 +10,6 @@ functions (and their compile modes / CUDA graphs). Knows nothing about Gradio.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import queue
 import sys
@@ -19,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
-import torch
 
 from omni_tts.clone import decoder_prefix
 from omni_tts.code2wav import AudioChunk, Code2Wav, fuse_codec
@@ -244,10 +242,6 @@ class Engine:
         return value
 
     def _loop(self) -> None:
-        with _step_stream(self.runner.device):
-            self._serve()
-
-    def _serve(self) -> None:
         while not self._stop.is_set():
             if not self._control.empty():
                 self._guard(self._settle)  # a mode switch acts on a settled state
@@ -367,14 +361,3 @@ class Engine:
         a.left = True
         self._c2w.put([("finish", a, status, error)])
 
-
-def _step_stream(device: Any) -> Any:
-    """CUDA: the scheduler's work (steps, prefills) on a stream of the highest priority, so the GPU's block
-    scheduler runs a step's small latency-bound kernels first and the code-to-wave thread's large ones
-    (default priority) fill the SMs they leave idle; elsewhere nothing. It first waits for the work
-    queued so far on the current stream (the engine's setup)."""
-    if getattr(device, "type", None) != "cuda":
-        return contextlib.nullcontext()
-    stream = torch.cuda.Stream(device, priority=-100)  # out of range: mapped to the highest there is
-    stream.wait_stream(torch.cuda.current_stream(device))
-    return torch.cuda.stream(stream)

@@ -173,11 +173,15 @@ def predictor_feed(embedding: Any, proj: Any, code: torch.Tensor) -> tuple[torch
     return e, x
 
 
-def _cloned(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _cloned(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Copy a cudagraph-tree output out of Inductor's private pool before the next call reuses it
     (without this, torch 2.11 raised 'accessing tensor output of CUDAGraphs that has been
     overwritten by a subsequent run' on the H200, 2026-11-30)."""
-    return lambda *args: fn(*args).clone()
+    def call(*args: Any) -> Any:
+        out = fn(*args)
+        return tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()
+
+    return call
 
 
 class FastPath:

@@ -156,3 +156,16 @@ def test_talker_step_reading_a_kv_prefix_equals_reading_the_whole_cache() -> Non
         torch.testing.assert_close(short, full, rtol=1e-5, atol=1e-5)
         pos = pos + 1
     assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+
+
+def test_reduce_overhead_outputs_are_copied_out_single_or_tuple() -> None:
+    """reduce-overhead's units hand back copies (the next replay overwrites Inductor's outputs); units that
+    return a tuple (the predictor feed) get each tensor copied (a tuple has no .clone: H200, 2026-11-30)."""
+    from omni_tts.fastpath import _cloned
+
+    a, b = torch.arange(3.0), torch.ones(2)
+    one = _cloned(lambda x: x)(a)
+    pair = _cloned(lambda x, y: (x, y))(a, b)
+    assert torch.equal(one, a) and one.data_ptr() != a.data_ptr()
+    assert isinstance(pair, tuple) and [torch.equal(p, q) for p, q in zip(pair, (a, b))] == [True, True]
+    assert pair[0].data_ptr() != a.data_ptr() and pair[1].data_ptr() != b.data_ptr()
