@@ -414,7 +414,10 @@ MODE_NOTES: dict[str, str] = {
     CompileMode.REDUCE_OVERHEAD.value: "comparison mode, slow: Inductor's own CUDA graphs are skipped for the layer "
                                        "units (they mutate the KV cache inputs: 'skipping cudagraphs due to "
                                        "mutated inputs'), so it is no faster than default on the H200 (code "
-                                       "predictor step ~60-80 ms vs ~7 ms graphed); use default+cudagraph",
+                                       "predictor step ~48 ms vs ~3.4 ms graphed), and on the H200 it crashed "
+                                       "the process with cudaErrorIllegalAddress at 8 concurrent requests "
+                                       "(2026-11-30): for listening comparisons at low load only; serve with "
+                                       "default+cudagraph",
     CompileMode.DEFAULT_CUDAGRAPH.value: "compiled units + our per-bucket CUDA graphs in one shared pool (code "
                                          "predictor, talker decode and prefill graphs): the fast mode on a GPU",
 }

@@ -378,6 +378,7 @@ def test_mode_notes_say_what_each_mode_runs_and_that_reduce_overhead_is_the_slow
     assert Runner.available_modes(on_cuda)["reduce-overhead"] is None
     ro = Runner.mode_notes(on_cuda)["reduce-overhead"]
     assert "comparison mode" in ro and "slow" in ro and "mutated inputs" in ro and "needs CUDA" not in ro
+    assert "IllegalAddress" in ro and "default+cudagraph" in ro  # it says it crashed, and what to use
 
 
 def test_unknown_mode_is_refused_and_the_engine_keeps_its_mode(engine):
