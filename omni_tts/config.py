@@ -49,6 +49,23 @@ class CompileMode(str, enum.Enum):
 TASKS = ("custom_voice", "voice_design", "voice_clone")
 
 
+
+# One line per mode: what it runs and what it costs (Runner.mode_notes shows them; the keys are CompileMode values).
+MODE_NOTES: dict[str, str] = {
+    CompileMode.EAGER.value: "reference modules as they are, no compile: slowest steps, no warm-up",
+    CompileMode.DEFAULT.value: "torch.compile (Inductor default) per layer unit and sampling unit, no CUDA graphs: "
+                               "fused kernels, but Python launch and dynamo guard cost on every call",
+    CompileMode.REDUCE_OVERHEAD.value: "comparison mode, slow: Inductor's own CUDA graphs are skipped for the layer "
+                                       "units (they mutate the KV cache inputs: 'skipping cudagraphs due to "
+                                       "mutated inputs'), so it is no faster than default on the H200 (code "
+                                       "predictor step ~48 ms vs ~3.4 ms graphed), and on the H200 it crashed "
+                                       "the process with cudaErrorIllegalAddress at 8 concurrent requests "
+                                       "(2026-11-30): for listening comparisons at low load only; serve with "
+                                       "default+cudagraph",
+    CompileMode.DEFAULT_CUDAGRAPH.value: "compiled units + our per-bucket CUDA graphs in one shared pool (code "
+                                         "predictor, talker decode and prefill graphs): the fast mode on a GPU",
+}
+
 @dataclass
 class SynthesisParams:
     """One request. `None` sampling fields take the checkpoint's generation_config.json values."""

@@ -360,4 +360,3 @@ class Engine:
         """Scheduler side: the request leaves its slot; it completes after its audio is decoded."""
         a.left = True
         self._c2w.put([("finish", a, status, error)])
-

@@ -15,11 +15,14 @@ run as multiply-and-sum reductions (`linear`): fewer, bigger kernels per step, t
 launch-bound decode. The packed weights are not copies: at FastPath build the modules' q/k/v and
 gate/up weights are re-pointed at row blocks of the packed tensors (`fuse_rows`), so eager and fast
 share storage and checkpoints, parameter names and values are unchanged. Eager mode does not use this
-file (it runs the reference modules as they are). Knows nothing about requests, buckets or graphs.
+file (it runs the reference modules as they are). Also the compile-time switches: `kernel_tuning`
+(opt-in Inductor autotuning) and `cpu_fallback_mode` (what a CUDA-graph mode runs as on a CPU).
+Knows nothing about requests, buckets or graphs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Callable
 
@@ -28,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_tts import sampling
+from omni_tts.config import CompileMode
 from omni_tts.talker import apply_rope, gqa_attention, rms_norm
 
 
@@ -261,3 +265,22 @@ class FastPath:
             else:
                 embeds.append(cp.codec_embedding[j](code))  # [B, D]
         return torch.stack(codes, dim=1), torch.stack(embeds, dim=1).sum(1)  # [B, 15], [B, D]
+
+
+def kernel_tuning() -> Any:
+    """OMNI_TTS_KERNEL_TUNING=1: Inductor's coordinate-descent tuning of its kernels' block sizes while the
+    units compile (benchmarks candidate configs on the GPU: slower compiles; for measuring)."""
+    if os.environ.get("OMNI_TTS_KERNEL_TUNING") != "1":
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(coordinate_descent_tuning=True)
+
+
+def cpu_fallback_mode() -> CompileMode:
+    """What a CUDA-graph mode runs as without CUDA: default when Inductor imports, else eager."""
+    try:
+        import torch._inductor  # noqa: F401
+    except Exception:
+        return CompileMode.EAGER
+    return CompileMode.DEFAULT

@@ -2,16 +2,16 @@
 
 Owns: the static per-slot buffers (talker KV cache, next input embedding, positions, frame
 counters, trailing text, sampling settings, seeds, repetition "seen" sets), the two step
-functions of a frame (code predictor + feedback embedding; talker decode + code-0 sampling), how
-each runs in the four CompileModes, and slot moves (active requests always occupy slots 0..n-1,
-so a batch of n reads rows [:n] of every buffer without a gather).
+functions of a frame (code predictor + feedback embedding; talker decode + code-0 sampling) in two
+sampling variants (top-64 selection, or a full sort when some row's settings need it), how each runs
+in the four CompileModes, launching a frame without waiting for it (`launch` / `collect`, two pinned
+result buffers), and slot moves (active requests always occupy slots 0..n-1, so a batch of n reads
+rows [:n] of every buffer without a gather).
 Does not own requests, streaming or timing (engine.py), nor graph capture mechanics (graphs.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from omni_tts.clone import decoder_prefix
-from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
+from omni_tts.config import MODE_NOTES, CompileMode, EngineConfig, SynthesisParams
 from omni_tts.errors import InputError, OmniTTSError
-from omni_tts.fastpath import FastPath
+from omni_tts.fastpath import FastPath, cpu_fallback_mode, kernel_tuning
 from omni_tts.graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.model import TTSModel
 from omni_tts import sampling
@@ -212,7 +212,7 @@ class Runner:
         """mode -> one line on what it runs and what it costs (for the UI / CLI beside `available_modes`)."""
         notes = dict(MODE_NOTES)
         if self.device.type != "cuda":
-            fallback = _cpu_fallback()
+            fallback = cpu_fallback_mode()
             for m in CompileMode:
                 if m.needs_cuda:
                     notes[m.value] += f"; needs CUDA: on {self.device.type} it runs {fallback.value} instead"
@@ -223,7 +223,7 @@ class Runner:
         say = progress or (lambda s: None)
         notice = ""
         if mode.needs_cuda and self.device.type != "cuda":
-            fallback = _cpu_fallback()
+            fallback = cpu_fallback_mode()
             notice = f"{mode.value} needs CUDA; running {fallback.value} on {self.device.type} instead"
             say(notice)
             mode = fallback
@@ -233,7 +233,7 @@ class Runner:
         self.pool_bytes_ = 0
         t0 = time.perf_counter()
         self.fast = self._fast_path(mode)
-        with _kernel_tuning():
+        with kernel_tuning():
             self._build(mode, say)
         self.mode = mode
         seconds = time.perf_counter() - t0
@@ -406,23 +406,6 @@ class Runner:
 
 _VARIANT = {True: "full sort", False: f"top-{sampling.TOPK_CAP} selection"}
 
-# One line per mode: what it runs and what it costs (Runner.mode_notes; the keys are CompileMode values).
-MODE_NOTES: dict[str, str] = {
-    CompileMode.EAGER.value: "reference modules as they are, no compile: slowest steps, no warm-up",
-    CompileMode.DEFAULT.value: "torch.compile (Inductor default) per layer unit and sampling unit, no CUDA graphs: "
-                               "fused kernels, but Python launch and dynamo guard cost on every call",
-    CompileMode.REDUCE_OVERHEAD.value: "comparison mode, slow: Inductor's own CUDA graphs are skipped for the layer "
-                                       "units (they mutate the KV cache inputs: 'skipping cudagraphs due to "
-                                       "mutated inputs'), so it is no faster than default on the H200 (code "
-                                       "predictor step ~48 ms vs ~3.4 ms graphed), and on the H200 it crashed "
-                                       "the process with cudaErrorIllegalAddress at 8 concurrent requests "
-                                       "(2026-11-30): for listening comparisons at low load only; serve with "
-                                       "default+cudagraph",
-    CompileMode.DEFAULT_CUDAGRAPH.value: "compiled units + our per-bucket CUDA graphs in one shared pool (code "
-                                         "predictor, talker decode and prefill graphs): the fast mode on a GPU",
-}
-
-
 @dataclass
 class Admission:
     """A request checked and embedded, ready for `Runner.prefill_batch`."""
@@ -439,22 +422,3 @@ def _too_long(T: int, max_len: int, ref_codes: Any) -> str:
                 f"shorten it or raise max_seq_len")
     return (f"text + reference audio is too long for this engine (prompt {T} tokens incl. {ref_codes.shape[0]} "
             f"reference frames, max_seq_len {max_len}); shorten the text or the reference clip, or raise max_seq_len")
-
-
-def _kernel_tuning() -> Any:
-    """OMNI_TTS_KERNEL_TUNING=1: Inductor's coordinate-descent tuning of its kernels' block sizes while the
-    units compile (benchmarks candidate configs on the GPU: slower compiles; for measuring)."""
-    if os.environ.get("OMNI_TTS_KERNEL_TUNING") != "1":
-        return contextlib.nullcontext()
-    import torch._inductor.config as inductor_config
-
-    return inductor_config.patch(coordinate_descent_tuning=True)
-
-
-def _cpu_fallback() -> CompileMode:
-    """What a CUDA-graph mode runs as without CUDA: default when Inductor imports, else eager."""
-    try:
-        import torch._inductor  # noqa: F401
-    except Exception:
-        return CompileMode.EAGER
-    return CompileMode.DEFAULT
