@@ -35,3 +35,30 @@ def test_batched_prefill_equals_one_prompt_at_a_time(_one_thread):
         assert batched[i][1:3] == alone[1:3] and alone[2] == T[i]
         assert torch.equal(batched[i][3], alone[3]) and torch.equal(batched[i][5], alone[5])
         torch.testing.assert_close(batched[i][4], alone[4], rtol=1e-5, atol=1e-5)
+
+
+def test_two_frames_in_flight_give_the_codes_of_two_waited_steps(_one_thread):
+    """launch(t), launch(t+1), then collect both (the engine's lookahead) == step, step: the two pinned
+    result buffers never overwrite a frame that is not read yet, and each ticket reads its own frame."""
+    cfg = EngineConfig(model=str(fixture_dir("custom_voice")), mode="eager", device="cpu", max_num_seqs=2,
+                       max_seq_len=128)
+    ps = [SynthesisParams(text=t, speaker="ryan", language="English", do_sample=True, seed=s, fixed_frames=6)
+          for t, s in (("One.", 1), ("Two, a little longer.", 2))]
+    runs = []
+    for overlapped in (False, True):
+        runner = Runner.from_config(cfg)
+        runner.prefill_batch(0, [runner.prepare(p) for p in ps])
+        frames = []
+        if overlapped:
+            pending = runner.launch(2)
+            for _ in range(3):
+                nxt = runner.launch(2)
+                frames.append(runner.collect(pending))
+                pending = nxt
+            frames.append(runner.collect(pending))
+        else:
+            frames = [runner.step(2) for _ in range(4)]
+        runs.append(frames)
+    for (c0, e0), (c1, e1) in zip(*runs):
+        assert c0.shape == (2, 16) and (c0 == c1).all() and (e0 == e1).all()
+    assert len({c.tobytes() for c, _ in runs[0]}) == 4  # four different frames
