@@ -71,7 +71,9 @@ def fused_snake() -> Callable[..., torch.Tensor]:
     rows are the vocoder's memory traffic."""
     global _fused_snake
     if _fused_snake is None:
-        _fused_snake = torch.compile(snake, dynamic=True, fullgraph=True)
+        # not fullgraph: should a long-running server hit dynamo's recompile limit (a new size class, e.g.
+        # batch == time steps, compiles once more), the call runs as eager ops instead of failing the decode
+        _fused_snake = torch.compile(snake, dynamic=True)
     return _fused_snake
 
 
