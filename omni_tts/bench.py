@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from omni_tts.config import CompileMode, SynthesisParams, load_preset
+from omni_tts.config import CompileMode, SynthesisParams, load_preset, parse_sets
 from omni_tts.errors import OmniTTSError
 from omni_tts.metrics import RequestMetrics, gpu_memory, summarize
 
@@ -155,14 +155,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--json", default=None, help="write results as JSON here")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a preset key (repeatable), e.g. --set lookahead=false --set codec_fused=false")
     args = ap.parse_args(argv)
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     try:
         from omni_tts.engine import Engine
 
         modes = [CompileMode.parse(m).value for m in args.modes.split(",") if m.strip()]
-        cfg = load_preset(args.preset, model=args.model, device=args.device, dtype=args.dtype,
-                          max_num_seqs=None)
+        overrides = parse_sets(args.set)
+        overrides.update({k: v for k, v in (("model", args.model), ("device", args.device), ("dtype", args.dtype))
+                          if v is not None})
+        cfg = load_preset(args.preset, **overrides)
         cfg.max_num_seqs = max(cfg.max_num_seqs, max(args.concurrency))
         cfg.mode = modes[0]
         engine = Engine.from_config(cfg, progress=say)

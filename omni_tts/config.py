@@ -124,6 +124,8 @@ class EngineConfig:
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16
     codec_precision: str = "auto"  # code-to-wave: auto (tf32 on CUDA, float32 on CPU) | float32 | tf32 | bfloat16
     codec_fused: bool = True  # CUDA: the codec's SnakeBeta activations as compiled kernels (falls back to eager)
+    first_chunk_graphs: bool = True  # CUDA: the codec's first-chunk decode as CUDA graphs (the TTFP path)
+    lookahead: bool = True  # launch frame t+1 before reading frame t (false: wait for every frame)
     max_num_seqs: int = 8
     buckets: list[int] | None = None  # None: powers of two up to max_num_seqs, plus max_num_seqs
     max_seq_len: int = 1024  # talker KV cache length per slot (prompt + frames)
@@ -165,6 +167,7 @@ class EngineConfig:
 
 _PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)}
 _INT_KEYS = {"max_num_seqs", "max_seq_len", "initial_chunk_frames", "chunk_frames", "left_context_frames"}
+_BOOL_KEYS = {"use_vllm_pool", "codec_fused", "first_chunk_graphs", "lookahead"}
 
 
 def _check_types(data: dict[str, Any], path: Path) -> None:
@@ -177,7 +180,7 @@ def _check_types(data: dict[str, Any], path: Path) -> None:
             want = "an integer"
         elif key == "gpu_memory_limit_gb":
             ok, want = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
-        elif key == "use_vllm_pool":
+        elif key in _BOOL_KEYS:
             ok, want = isinstance(v, bool), "true or false"
         elif key == "buckets":
             ok = isinstance(v, list) and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in v)
@@ -186,6 +189,25 @@ def _check_types(data: dict[str, Any], path: Path) -> None:
             ok, want = isinstance(v, str), "a string"
         if not ok:
             raise OmniTTSError(f"{path}: preset key '{key}' must be {want} (got {v!r})")
+
+
+def parse_sets(pairs: list[str] | None) -> dict[str, Any]:
+    """KEY=VALUE strings (a CLI's --set) -> preset overrides, each VALUE read as YAML (true, 16, [1, 8]) and
+    checked like a preset's keys and types."""
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise OmniTTSError(f"--set wants KEY=VALUE (got '{pair}')")
+        if key not in _PRESET_KEYS:
+            raise OmniTTSError(f"--set: unknown key '{key}'; valid: {', '.join(sorted(_PRESET_KEYS))}")
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise OmniTTSError(f"--set {key}: cannot read '{value}'") from None
+    _check_types(out, Path("--set"))
+    return out
 
 
 def preset_names() -> list[str]:

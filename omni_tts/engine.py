@@ -138,7 +138,8 @@ class Engine:
         # (on CUDA its first chunks, the TTFP path, replay as CUDA graphs)
         cuda = runner.device.type == "cuda"
         self.codec_fused_error = fuse_codec(self.model.codec) if cuda and config.codec_fused else ""
-        first = (self.model.codec, config.initial_chunk_frames, config.resolved_buckets()) if cuda else None
+        first = ((self.model.codec, config.initial_chunk_frames, config.resolved_buckets())
+                 if cuda and config.first_chunk_graphs else None)
         self._c2w = Code2Wav(runner.device, self.stats, first)
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._loop, name="omni-tts-scheduler", daemon=True)
@@ -320,6 +321,8 @@ class Engine:
         done, self._pending = self._pending, (ticket, list(self._active))
         if done is not None:
             self._take(*done)
+        if not self.config.lookahead:
+            self._settle()
 
     def _settle(self) -> None:
         """Take in the frame still in flight, if any (before a mode switch, and when the engine idles)."""

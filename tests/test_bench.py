@@ -89,6 +89,12 @@ def test_bench_reports_a_bad_preset_as_one_line_and_exit_2(capsys):
     assert "eager-bs1" in err and err.count("\n") == 1
 
 
+def test_bench_set_overrides_are_checked_before_loading_anything(capsys):
+    assert bench.main(["--preset", "eager-bs1", "--modes", "eager", "--set", "lookahead=maybe"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "error: --set: preset key 'lookahead' must be true or false (got 'maybe')\n"
+
+
 def test_bench_refuses_an_unknown_mode_before_loading_anything(capsys):
     assert bench.main(["--modes", "eager,turbo", "--model", "/nonexistent"]) == 2
     assert capsys.readouterr().err.startswith("error: unknown compile mode 'turbo'")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from omni_tts.config import (PRESET_DIR, CompileMode, EngineConfig, SynthesisParams, load_preset,
+from omni_tts.config import (PRESET_DIR, CompileMode, EngineConfig, SynthesisParams, load_preset, parse_sets,
                              preset_names)
 from omni_tts.errors import InputError, OmniTTSError
 
@@ -77,7 +77,8 @@ def test_bad_preset_values_are_one_line_errors(tmp_path: Path, text: str, match:
 
 @pytest.mark.parametrize("line,key", [('max_num_seqs: "eight"', "max_num_seqs"), ("buckets: 3", "buckets"),
                                       ("use_vllm_pool: 1", "use_vllm_pool"), ("max_seq_len: true", "max_seq_len"),
-                                      ("mode: 7", "mode"), ("gpu_memory_limit_gb: big", "gpu_memory_limit_gb")])
+                                      ("mode: 7", "mode"), ("gpu_memory_limit_gb: big", "gpu_memory_limit_gb"),
+                                      ("codec_fused: 1", "codec_fused"), ('lookahead: "sometimes"', "lookahead")])
 def test_a_preset_value_of_the_wrong_type_is_an_omnitts_error(tmp_path: Path, line: str, key: str):
     f = tmp_path / "typed.yaml"
     f.write_text(line + "\n")
@@ -157,3 +158,23 @@ def test_out_of_range_preset_values_are_one_line_errors(tmp_path: Path, line: st
     f.write_text(line + "\n")
     with pytest.raises(OmniTTSError, match=fragment):
         load_preset(f)
+
+
+def test_switches_load_from_a_preset_and_from_set_pairs(tmp_path: Path):
+    f = tmp_path / "switches.yaml"
+    f.write_text("codec_fused: false\nlookahead: false\nfirst_chunk_graphs: false\n")
+    cfg = load_preset(f)
+    assert (cfg.codec_fused, cfg.lookahead, cfg.first_chunk_graphs) == (False, False, False)
+    assert (EngineConfig().codec_fused, EngineConfig().lookahead, EngineConfig().first_chunk_graphs) == (True,) * 3
+    sets = parse_sets(["lookahead=false", "max_num_seqs=16", "buckets=[1, 4, 16]", "mode=default"])
+    assert sets == {"lookahead": False, "max_num_seqs": 16, "buckets": [1, 4, 16], "mode": "default"}
+    cfg = load_preset("graph-bs32", **sets)
+    assert (cfg.lookahead, cfg.max_num_seqs, cfg.buckets, cfg.mode) == (False, 16, [1, 4, 16], "default")
+    assert parse_sets(None) == {} and parse_sets([]) == {}
+    for bad, match in (("turbo=1", "unknown key 'turbo'"), ("lookahead", "KEY=VALUE"), ("=3", "KEY=VALUE"),
+                       ("max_num_seqs=many", "'max_num_seqs' must be an integer"),
+                       ("buckets=[1, 2", "cannot read")):
+        with pytest.raises(OmniTTSError, match=match) as e:
+            parse_sets([bad])
+        assert "\n" not in str(e.value)
+

@@ -111,6 +111,25 @@ def test_one_request_equals_the_plain_path_and_the_golden_codes(engine):
     assert res.sample_rate == SR and res.metrics.status == "done"
 
 
+def test_with_and_without_lookahead_the_engine_gives_the_same_audio_and_codes(_one_thread):
+    """lookahead (the default) launches a frame while the one before it is still unread; lookahead: false
+    (the switch to isolate GPU issues) never does. Both give the plain path's codes and audio for requests
+    that end at different frames."""
+    for lookahead in (True, False):
+        eng = make_engine(fixture_dir("custom_voice"), lookahead=lookahead)
+        overlapped: list[bool] = []  # per launch: was a launched frame still unread?
+        launch = eng.runner.launch
+        eng.runner.launch = lambda n: overlapped.append(eng._pending is not None) or launch(n)
+        try:
+            ps = [greedy("Short.", max_new_tokens=6), greedy("A longer request here.", fixed_frames=9)]
+            for p, h in zip(ps, [eng.submit(p) for p in ps]):
+                r = h.result(TIMEOUT)
+                assert_same_as_plain(eng, p, r.codes, r.wav)
+            assert len(overlapped) >= 9 and any(overlapped) == lookahead
+        finally:
+            eng.shutdown()
+
+
 def test_voice_design_checkpoint_matches_its_golden_and_needs_an_instruct():
     eng = make_engine(fixture_dir("voice_design"), max_num_seqs=1)
     try:
