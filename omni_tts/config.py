@@ -48,8 +48,6 @@ class CompileMode(str, enum.Enum):
 
 TASKS = ("custom_voice", "voice_design", "voice_clone")
 
-
-
 # One line per mode: what it runs and what it costs (Runner.mode_notes shows them; the keys are CompileMode values).
 MODE_NOTES: dict[str, str] = {
     CompileMode.EAGER.value: "reference modules as they are, no compile: slowest steps, no warm-up",
@@ -65,6 +63,7 @@ MODE_NOTES: dict[str, str] = {
     CompileMode.DEFAULT_CUDAGRAPH.value: "compiled units + our per-bucket CUDA graphs in one shared pool (code "
                                          "predictor, talker decode and prefill graphs): the fast mode on a GPU",
 }
+
 
 @dataclass
 class SynthesisParams:

@@ -86,7 +86,6 @@ def codec_costs(model: Any) -> dict[str, float]:
                 for shape, (c, n) in shapes.items():
                     codes = torch.randint(0, 2048, (b, c + n, 16), device=model.device)
                     out[f"{name}_b{b}_{shape}_ms"] = time_ms(lambda: codec.decode_window(codes, c), iters=5)
-            del codec
     if not torch.cuda.is_available():
         return out
     from omni_tts.code2wav import FirstChunkGraphs
