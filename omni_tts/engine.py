@@ -216,7 +216,8 @@ class Engine:
             "chunk_decodes": self.stats.chunk_decodes,  # audio chunk windows decoded...
             "decode_calls": self.stats.decode_calls,  # ...in this many (batched) codec calls
             "decode_seconds": self.stats.decode_seconds,  # ...taking this long in all
-            "codec_fused": ("on" if getattr(self.model.codec, "fused", False) else
+            "codec_precision": getattr(self.model.codec_if_built, "precision", "not built"),
+            "codec_fused": ("on" if getattr(self.model.codec_if_built, "fused", False) else
                             f"failed: {self.codec_fused_error}" if self.codec_fused_error else "off"),
             "first_chunk_graphs": ("on" if self._c2w.first is not None else
                                    f"failed: {self._c2w.first_error}" if self._c2w.first_error else "off"),

@@ -289,6 +289,11 @@ class TTSModel:
             self._codec = codec.set_precision(self.codec_precision)
         return self._codec
 
+    @property
+    def codec_if_built(self) -> Any:
+        """The codec decoder when it has been built, else None (never builds it)."""
+        return self._codec
+
     def set_codec_precision(self, precision: str) -> None:
         """'float32' (exact), 'tf32' or 'bfloat16' for code-to-wave (CodecDecoder.set_precision)."""
         if self._codec is not None:

@@ -177,7 +177,16 @@ def engine_markdown(snap: Mapping[str, Any]) -> str:
     return (f"**mode** `{snap['mode']}` on {snap['device']} ({snap['dtype']}) · **batch** {snap['active']} active / "
             f"{snap['max_num_seqs']} slots, {snap['waiting']} waiting · mean occupancy "
             f"{snap['mean_occupancy']:.2f} · {snap['steps_per_s']:.1f} steps/s\n\n**GPU memory:** {memory}"
-            + (f"\n\n**compile/capture cost:** {costs}" if costs else ""))
+            + (f"\n\n**compile/capture cost:** {costs}" if costs else "") + "\n\n" + _codec_line(snap))
+
+
+def _codec_line(snap: Mapping[str, Any]) -> str:
+    """What the code-to-wave stage runs and what it has cost so far."""
+    calls = snap.get("decode_calls", 0)
+    return (f"**code-to-wave:** `{snap.get('codec_precision', '?')}` · fused activations "
+            f"{snap.get('codec_fused', '?')} · first-chunk graphs {snap.get('first_chunk_graphs', '?')} · "
+            f"{snap.get('chunk_decodes', 0)} chunks in {calls} batched calls, "
+            f"{1000 * snap.get('decode_seconds', 0.0) / max(calls, 1):.1f} ms per call")
 
 
 def load_row(mode: str, n: int, s: Mapping[str, float]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import soundfile as sf
 
 import app
 from omni_tts import ui_support as ui
-from omni_tts.config import EngineConfig
+from omni_tts.config import EngineConfig, SynthesisParams
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared/fixtures/qwen3_tts_tiny"
 MAX_LEN = 20  # frames: keeps every synthesis well under a second on CPU
@@ -139,6 +139,14 @@ def test_mode_switch_updates_the_panel_and_reports_cost(engine):
         status, panel = outs[-1]
         assert f"now `{target}`" in status and re.search(r"took \d+\.\d s", status)
         assert f"mode** `{target}`" in panel
+        # on CPU the codec runs exact float32, eager ops, no graphs; a clip adds to its decode counts
+        line = panel.split("**code-to-wave:** ")[1]
+        assert line.startswith("`float32` · fused activations off · first-chunk graphs off · ")
+        calls = engine.snapshot()["decode_calls"]
+        engine.synthesize(SynthesisParams(text="Hi.", speaker=engine.model.speakers()[0], max_new_tokens=3))
+        line = ui.engine_markdown(engine.snapshot()).split("**code-to-wave:** ")[1]
+        got = re.search(r"(\d+) chunks in (\d+) batched calls, \d+\.\d ms per call", line)
+        assert got and int(got[2]) > calls and int(got[1]) >= int(got[2])
         assert target in engine.snapshot()["capture"]  # the engine recorded what the switch cost
         live, panel2, ttfp_plot, rtf_plot, plotted = app.refresh_panel(engine, {})
         assert f"`{target}`" in panel2 and len(ttfp_plot["value"]) >= 1 and plotted[1] == 1
