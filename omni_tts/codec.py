@@ -366,7 +366,7 @@ class StreamingDecoder:
     """Per-request incremental decode: `push` frames as they arrive, `flush` at the end.
 
     The first chunk is emitted once `initial_chunk_frames` frames are in, then one every
-    `chunk_frames`; each chunk is decoded with max(left_context_frames, the decoder's receptive field)
+    `chunk_frames` (with `grow`, chunk sizes double from the first up to `chunk_frames`); each chunk is decoded with max(left_context_frames, the decoder's receptive field)
     frames of left context, so the concatenated chunks equal `CodecDecoder.decode` of all frames.
     Chunks are 1-D float32 numpy arrays of frames * decode_upsample_rate samples.
     `prefix_codes` [P, Q] (voice-clone reference codes) prime the decoder: they are left context of the
@@ -380,11 +380,14 @@ class StreamingDecoder:
     """
 
     def __init__(self, codec: CodecDecoder, initial_chunk_frames: int = 2, chunk_frames: int = 12,
-                 left_context_frames: int | None = None, prefix_codes: torch.Tensor | np.ndarray | None = None):
+                 left_context_frames: int | None = None, prefix_codes: torch.Tensor | np.ndarray | None = None,
+                 grow: bool = False):
         if initial_chunk_frames < 1 or chunk_frames < 1:
             raise ValueError("initial_chunk_frames and chunk_frames must be >= 1")
         self.codec = codec
         self.initial_chunk_frames, self.chunk_frames = initial_chunk_frames, chunk_frames
+        self.grow = grow  # chunks after the first double in size up to chunk_frames
+        self._last_chunk = 0  # frames in the last planned chunk
         wanted = codec.sliding_window if left_context_frames is None else left_context_frames
         self.left_context_frames = max(wanted, codec.receptive_field_frames)
         self._codes: list[torch.Tensor] = []
@@ -403,8 +406,15 @@ class StreamingDecoder:
         if new.shape[0]:
             self._codes.append(new)
             self.total_frames += new.shape[0]
-        due = self.initial_chunk_frames if self.planned_frames == self.prefix_frames else self.chunk_frames
-        return self._plan() if self.total_frames - self.planned_frames >= due else None
+        return self._plan() if self.total_frames - self.planned_frames >= self.next_chunk_frames() else None
+
+    def next_chunk_frames(self) -> int:
+        """Frames the next chunk waits for: initial_chunk_frames first, then chunk_frames; with `grow`,
+        twice the last chunk until chunk_frames (1, 2, 4, 8, ...: each chunk's audio lasts longer than
+        making the next one takes, so a stream that starts after one frame plays without a gap)."""
+        if self.planned_frames == self.prefix_frames:
+            return self.initial_chunk_frames
+        return min(self.chunk_frames, 2 * self._last_chunk) if self.grow else self.chunk_frames
 
     def plan_flush(self) -> ChunkPlan | None:
         """The plan of every frame not planned yet (None if there is none)."""
@@ -415,6 +425,7 @@ class StreamingDecoder:
         self._codes = [codes]
         windows = self.codec.windows(codes, self.planned_frames, self.total_frames, self.left_context_frames)
         plan = ChunkPlan(self, self.planned_frames, self.total_frames, windows)
+        self._last_chunk = self.total_frames - self.planned_frames
         self.planned_frames = self.total_frames
         return plan
 

@@ -130,6 +130,7 @@ class EngineConfig:
     max_seq_len: int = 1024  # talker KV cache length per slot (prompt + frames)
     initial_chunk_frames: int = 2
     chunk_frames: int = 25
+    chunk_growth: bool = False  # chunks after the first double in size up to chunk_frames (gap-free playback)
     left_context_frames: int = 72
     gpu_memory_limit_gb: float | None = None  # CUDA: cap this process's allocator (set_per_process_memory_fraction)
     use_vllm_pool: bool = True
@@ -166,7 +167,7 @@ class EngineConfig:
 
 _PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)}
 _INT_KEYS = {"max_num_seqs", "max_seq_len", "initial_chunk_frames", "chunk_frames", "left_context_frames"}
-_BOOL_KEYS = {"use_vllm_pool", "codec_fused", "first_chunk_graphs", "lookahead"}
+_BOOL_KEYS = {"use_vllm_pool", "codec_fused", "first_chunk_graphs", "lookahead", "chunk_growth"}
 
 
 def _check_types(data: dict[str, Any], path: Path) -> None:

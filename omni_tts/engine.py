@@ -299,7 +299,8 @@ class Engine:
                 # voice-clone ICL: the reference codes prime the decoder (left context, never emitted)
                 dec = self.model.streaming_decoder(self.config.initial_chunk_frames, self.config.chunk_frames,
                                                    self.config.left_context_frames,
-                                                   prefix_codes=decoder_prefix(h.params))
+                                                   prefix_codes=decoder_prefix(h.params),
+                                                   grow=self.config.chunk_growth)
             except Exception as e:
                 h._end_unstarted("error", as_engine_error(e, "could not start the request"))
                 continue

@@ -58,9 +58,10 @@ def long_case() -> tuple[torch.Tensor, torch.Tensor]:
     return _LONG["codes"], _LONG["wav"]
 
 
-def stream(dec: CodecDecoder, codes: torch.Tensor, initial: int, chunk: int, sizes: list[int] | None = None):
+def stream(dec: CodecDecoder, codes: torch.Tensor, initial: int, chunk: int, sizes: list[int] | None = None,
+           grow: bool = False):
     """Push `codes` in pieces of `sizes` (default one frame at a time); return the emitted chunks."""
-    sd = StreamingDecoder(dec, initial_chunk_frames=initial, chunk_frames=chunk)
+    sd = StreamingDecoder(dec, initial_chunk_frames=initial, chunk_frames=chunk, grow=grow)
     chunks, at = [], 0
     for n in sizes or [1] * codes.shape[0]:
         out = sd.push(codes[at: at + n])
@@ -115,6 +116,19 @@ def test_streaming_equals_one_shot(frames: int, initial: int, chunk: int) -> Non
     assert all(c.dtype == np.float32 and len(c) % upf == 0 for c in chunks)
     diff = float(np.abs(np.concatenate(chunks) - one_shot.numpy()).max())
     assert diff <= STREAM_TOL, diff
+
+
+@pytest.mark.parametrize("frames,initial,chunk,sizes", [
+    (200, 1, 25, [1, 2, 4, 8, 16] + [25] * 6 + [19]), (61, 1, 7, [1, 2, 4, 7, 7, 7, 7, 7, 7, 7, 5]),
+    (12, 3, 25, [3, 6, 3])])
+def test_growing_chunks_double_up_to_chunk_frames_and_join_to_the_one_shot(frames: int, initial: int, chunk: int,
+                                                                            sizes: list[int]) -> None:
+    dec = decoder("custom_voice")
+    codes, one_shot = long_case() if frames == 200 else (random_codes(frames, seed=frames), None)
+    one_shot = dec.decode(codes) if one_shot is None else one_shot
+    chunks = stream(dec, codes, initial, chunk, grow=True)
+    assert [len(c) // dec.decode_upsample_rate for c in chunks] == sizes
+    assert float(np.abs(np.concatenate(chunks) - one_shot.numpy()).max()) <= STREAM_TOL
 
 
 def test_streaming_irregular_pushes() -> None:
