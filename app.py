@@ -166,21 +166,32 @@ def refresh_panel(engine: Any, session: dict, plotted: tuple[int, int] = (-1, 0)
 
 
 # ------------------------------------------------------------------ listening test
+@contextlib.contextmanager
+def mode_restored(engine: Any) -> Iterator[str]:
+    """Yields the engine's mode; whatever `switch_to` does inside, the engine ends in that mode again."""
+    original = engine.snapshot()["mode"]
+    try:
+        yield original
+    finally:
+        switch_to(engine, original)
+
+
+def switch_to(engine: Any, mode: str) -> None:
+    """Put the engine in `mode` unless it already is (a switch recompiles / recaptures)."""
+    if engine.snapshot()["mode"] != mode:
+        engine.set_compile_mode(mode)
+
+
 def run_modes(engine: Any, modes: list[str], params: SynthesisParams) -> list[dict[str, Any]]:
     """Synthesize `params` once per mode (switching the engine), then restore the original mode."""
-    original = engine.snapshot()["mode"]
     clips: list[dict[str, Any]] = []
-    try:
+    with mode_restored(engine):
         for mode in modes:
-            if engine.snapshot()["mode"] != mode:
-                engine.set_compile_mode(mode)
+            switch_to(engine, mode)
             result = engine.synthesize(dataclasses.replace(params))
             path = ui.write_wav(result.wav, result.sample_rate, f"clip-{mode.replace('+', '-')}")
             clips.append({"mode": mode, "ran_as": result.metrics.mode, "path": path, "codes": result.codes,
                           "metrics": result.metrics})
-    finally:
-        if engine.snapshot()["mode"] != original:
-            engine.set_compile_mode(original)
     return clips
 
 
@@ -235,19 +246,14 @@ def load_test(engine: Any, n: float, mode: str, prompts: str, seed: float, *sett
     with user_errors():
         template = ui.make_params(engine, texts[0], seed, *settings)
         template.validate()
-        original = engine.snapshot()["mode"]
-        if mode and mode != original:
-            engine.set_compile_mode(mode)
-        try:
+        with mode_restored(engine) as original:
+            switch_to(engine, mode or original)
             t0 = time.perf_counter()
             handles = [engine.submit(dataclasses.replace(template, text=texts[i % len(texts)]))
                        for i in range(n)]
             for h in handles:
                 h.result()
             wall = time.perf_counter() - t0
-        finally:
-            if engine.snapshot()["mode"] != original:
-                engine.set_compile_mode(original)
     s = summarize([h.metrics for h in handles], wall)
     table = pd.DataFrame([ui.load_row(mode or original, n, s)])
     per = pd.DataFrame([ui.metrics_row(h.metrics) for h in handles])

@@ -294,14 +294,25 @@ def to_host(t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """`t` on the host, copied (into `out` when given, else a new pinned tensor; a CPU `t` without `out`
     is returned as is) with an event wait: a pageable .cpu() waits inside the driver, where it stalled
     the other engine thread's kernel launches on the H200."""
-    if t.device.type != "cuda":
-        return t if out is None else out.copy_(t)
+    if t.device.type != "cuda" and out is None:
+        return t
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True) if out is None else out
-    host.copy_(t, non_blocking=True)
+    done = to_host_async(t, host)
+    if done is not None:
+        done.synchronize()
+    return host
+
+
+def to_host_async(t: torch.Tensor, out: torch.Tensor) -> Any:
+    """Queue the copy of `t` into the host tensor `out` (pinned for a CUDA `t`) without waiting; returns
+    the CUDA event to `synchronize()` before reading `out`, or None when the copy is already done (CPU)."""
+    if t.device.type != "cuda":
+        out.copy_(t)
+        return None
+    out.copy_(t, non_blocking=True)
     done = torch.cuda.Event()
     done.record()
-    done.synchronize()
-    return host
+    return done
 
 
 @dataclass

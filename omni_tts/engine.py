@@ -217,10 +217,8 @@ class Engine:
             "decode_calls": self.stats.decode_calls,  # ...in this many (batched) codec calls
             "decode_seconds": self.stats.decode_seconds,  # ...taking this long in all
             "codec_precision": getattr(self.model.codec_if_built, "precision", "not built"),
-            "codec_fused": ("on" if getattr(self.model.codec_if_built, "fused", False) else
-                            f"failed: {self.codec_fused_error}" if self.codec_fused_error else "off"),
-            "first_chunk_graphs": ("on" if self._c2w.first is not None else
-                                   f"failed: {self._c2w.first_error}" if self._c2w.first_error else "off"),
+            "codec_fused": _state(getattr(self.model.codec_if_built, "fused", False), self.codec_fused_error),
+            "first_chunk_graphs": _state(self._c2w.first is not None, self._c2w.first_error),
             "steps": self.stats.steps,
             "memory": gpu_memory(self.runner.device, self.runner.pool_bytes()),
             "capture": dict(self.stats.capture),
@@ -365,3 +363,8 @@ class Engine:
         """Scheduler side: the request leaves its slot; it completes after its audio is decoded."""
         a.left = True
         self._c2w.put([("finish", a, status, error)])
+
+
+def _state(on: bool, error: str) -> str:
+    """A code-to-wave option for the snapshot: on, failed (why: it fell back), or off (not asked for)."""
+    return "on" if on else f"failed: {error}" if error else "off"

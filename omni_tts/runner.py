@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from omni_tts.clone import decoder_prefix
+from omni_tts.codec import to_host_async
 from omni_tts.config import MODE_NOTES, CompileMode, EngineConfig, SynthesisParams
 from omni_tts.errors import InputError, OmniTTSError
 from omni_tts.fastpath import FastPath, cpu_fallback_mode, kernel_tuning
@@ -120,13 +121,11 @@ class Runner:
         self.needs_sort = np.zeros(S, dtype=bool)
         self.allow_eos = torch.ones(S, dtype=torch.bool, **f)  # False: fixed-frames benchmark rows
         self.codes = torch.zeros(S, 16, dtype=torch.long, **f)
-        # step results come back through these pinned buffers (codec.to_host-style event waits), never a
-        # pageable .cpu(): that waits inside the driver and stalled the code-to-wave thread's kernel
+        # step results come back through these pinned buffers (codec.to_host_async + an event wait), never
+        # a pageable .cpu(): that waits inside the driver and stalled the code-to-wave thread's kernel
         # launches on the H200 (TTFP ~590 ms at concurrency 1, 2026-11-30). Two of them, used in turn:
         # the engine launches step t+1 before it reads step t's results (one frame of lookahead).
-        pin = dev.type == "cuda"
-        self._host = [torch.zeros(S, 17, dtype=torch.long, pin_memory=pin) for _ in range(2)]
-        self._ready = [torch.cuda.Event() if pin else None for _ in range(2)]
+        self._host = [torch.zeros(S, 17, dtype=torch.long, pin_memory=dev.type == "cuda") for _ in range(2)]
         self._turn = 0
 
     def pool_bytes(self) -> int:
@@ -338,9 +337,8 @@ class Runner:
         self.pos_host[s] = T
         self.frame[s] = 0
         self.seen[s] = False
-        greedy = all(a.settings.talker.greedy or a.settings.talker.temperature <= 0 for a in items)
         sp = self.talker_sp.span(first, k)
-        sp.all_greedy = greedy
+        sp.all_greedy = all(a.settings.talker.is_greedy for a in items)
         self.code0[s] = sampling.sample_talker(m.talker.logits(h), sp, self.seen[s], self.frame[s],
                                                self.allow_eos[s], self.seed[s], m.sampling_constants)  # [k]
         sampling.mark_seen(self.seen[s], self.code0[s])
@@ -350,7 +348,7 @@ class Runner:
         """One frame for rows [:n], waited for: `collect(launch(n))`."""
         return self.collect(self.launch(n))
 
-    def launch(self, n: int) -> tuple[int, int]:
+    def launch(self, n: int) -> tuple[int, int, Any]:
         """Queue one frame for rows [:n] on the device and the copy of its results to the host; returns a
         ticket for `collect`. Nothing here waits for the device, so the caller can do host work (or launch
         the next frame: at most two tickets may be outstanding) while it runs."""
@@ -368,17 +366,14 @@ class Runner:
         k = self._turn
         self._turn ^= 1
         out = torch.cat([self.codes[:n], self.code0[:n, None]], dim=1)  # out: [n, 17]
-        self._host[k][:n].copy_(out, non_blocking=True)
-        if self._ready[k] is not None:
-            self._ready[k].record()
-        return k, n
+        return k, n, to_host_async(out, self._host[k][:n])
 
-    def collect(self, ticket: tuple[int, int]) -> tuple[Any, Any]:
+    def collect(self, ticket: tuple[int, int, Any]) -> tuple[Any, Any]:
         """Wait for a launched frame: (codes [n, 16] of the frame it completed, eos [n]: the next frame's
         code 0 is EOS) as numpy arrays."""
-        k, n = ticket
-        if self._ready[k] is not None:
-            self._ready[k].synchronize()
+        k, n, done = ticket
+        if done is not None:
+            done.synchronize()
         out = self._host[k][:n].numpy().copy()
         return out[:, :16], out[:, 16] == self.model.eos_id
 

@@ -35,6 +35,11 @@ class RowSettings:
     top_p: float = 1.0
     repetition_penalty: float = 1.0  # talker only
 
+    @property
+    def is_greedy(self) -> bool:
+        """Greedy, or a temperature that rounds to greedy (<= 0)."""
+        return bool(self.greedy) or self.temperature <= 0
+
 
 @dataclass
 class SamplingConstants:
@@ -80,7 +85,7 @@ class SlotParams:
         sp = cls.zeros(len(rows), device)
         for i, r in enumerate(rows):
             sp.set(i, r)
-        sp.all_greedy = all(r.greedy or r.temperature <= 0 for r in rows)
+        sp.all_greedy = all(r.is_greedy for r in rows)
         return sp
 
     def _fields(self) -> tuple[torch.Tensor, ...]:
@@ -95,9 +100,8 @@ class SlotParams:
         return self.span(0, b, topk_cap)
 
     def set(self, i: int, r: RowSettings) -> None:
-        greedy = bool(r.greedy) or r.temperature <= 0
         self.all_greedy = False
-        self.greedy[i] = greedy
+        self.greedy[i] = r.is_greedy
         self.temperature[i] = float(r.temperature) if r.temperature > 0 else 1.0
         self.top_k[i] = int(r.top_k or 0)
         self.top_p[i] = float(r.top_p if r.top_p is not None else 1.0)
@@ -168,9 +172,8 @@ def warp(logits: torch.Tensor, sp: SlotParams) -> torch.Tensor:
 
 def fits_topk(r: RowSettings, cap: int = TOPK_CAP) -> bool:
     """True when `warp_topk` with this cap warps a row of these settings exactly as `warp` does."""
-    greedy = bool(r.greedy) or r.temperature <= 0
     k, p = int(r.top_k or 0), 1.0 if r.top_p is None else float(r.top_p)
-    return greedy or 1 <= k <= cap or (k == 0 and p >= 1.0)
+    return r.is_greedy or 1 <= k <= cap or (k == 0 and p >= 1.0)
 
 
 def warp_topk(logits: torch.Tensor, sp: SlotParams, cap: int) -> torch.Tensor:
