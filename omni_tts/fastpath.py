@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_tts import sampling
+from omni_tts import kernels, sampling
 from omni_tts.config import CompileMode
 from omni_tts.talker import apply_rope, gqa_attention, rms_norm
 
@@ -221,6 +221,22 @@ class FastPath:
         cos, sin = cp.rope(key[None], model.dtype)  # [1, 16, hd]
         self.cos, self.sin = cos, sin
         self.codebook = [torch.tensor(j, device=dev) for j in range(self.n_pos)]
+        self.kernel_rows = 0  # predictor steps of at most this many rows run omni_tts.kernels (set per mode)
+
+    def _predictor_layers(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int
+                          ) -> torch.Tensor:
+        """All predictor layers for x: [B, T, d] at positions pos0..pos0+T-1 (Triton kernels or Inductor's)."""
+        cp = self.model.code_predictor
+        B, T = x.shape[:2]
+        if B * T <= self.kernel_rows and all(kernels.supports(layer, B * T) for layer in cp.layers):
+            for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
+                x = kernels.predictor_layer(layer, *w, x, self.cos, self.sin, kc[i], vc[i], pos0)
+            return x
+        cos, sin = self.cos[:, pos0:pos0 + T], self.sin[:, pos0:pos0 + T]
+        mask, pos = (self.mask01, self.pos01) if T == 2 else (self.mask1[pos0], self.pos[pos0])
+        for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
+            x = self.predictor_layer(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
+        return x
 
     def talker_step(self, x: torch.Tensor, pos: torch.Tensor, cache: Any, b: int, kv_len: int | None = None
                     ) -> torch.Tensor:
@@ -249,19 +265,16 @@ class FastPath:
         x = cp.small_to_mtp_projection(torch.stack([hidden, e0.to(hidden.dtype)], dim=1))  # [B, 2, d]
         kc = [x.new_zeros(B, cp.num_kv_heads, self.n_pos, cp.head_dim) for _ in cp.layers]
         vc = [x.new_zeros(B, cp.num_kv_heads, self.n_pos, cp.head_dim) for _ in cp.layers]
-        cos, sin, mask, pos = self.cos[:, :2], self.sin[:, :2], self.mask01, self.pos01
         codes, embeds = [], [e0.to(hidden.dtype)]
+        pos0 = 0  # x holds positions pos0.. (the first step: talker hidden and code 0 at 0 and 1)
         for j in range(self.n_pos - 1):
-            for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
-                x = self.predictor_layer(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
+            x = self._predictor_layers(x, kc, vc, pos0)  # [B, T, d]
+            pos0 = j + 2  # the next input's position
             code = self.predictor_head(cp.norm, cp.lm_head[j], x, sp, seed, frame, self.codebook[j + 1])  # [B]
             codes.append(code)
-            t = j + 2
-            if t < self.n_pos:
+            if pos0 < self.n_pos:
                 e, x = self.predictor_feed(cp.codec_embedding[j], cp.small_to_mtp_projection, code)  # [B, D], [B, 1, d]
                 embeds.append(e)
-                cos, sin = self.cos[:, t:t + 1], self.sin[:, t:t + 1]
-                mask, pos = self.mask1[t], self.pos[t]
             else:
                 embeds.append(cp.codec_embedding[j](code))  # [B, D]
         return torch.stack(codes, dim=1), torch.stack(embeds, dim=1).sum(1)  # [B, 15], [B, D]

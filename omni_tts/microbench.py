@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from omni_tts.bench import PROMPTS
-from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
+from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, parse_sets
 from omni_tts.metrics import gpu_memory
 
 
@@ -204,12 +204,14 @@ def load_test(runner: Any, mode: str, concurrency: Sequence[int], fixed_frames: 
 
 def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, dtype: str,
         say: Callable[[str], None], load: dict[str, Any] | None = None, out_json: str | None = None,
-        profile_dir: str | None = None, profile_buckets: Sequence[int] = (1,), skip_codec: bool = False
-        ) -> dict[str, Any]:
+        profile_dir: str | None = None, profile_buckets: Sequence[int] = (1,), skip_codec: bool = False,
+        overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     from omni_tts.runner import Runner
 
     cfg = EngineConfig(model=model, mode="eager", max_num_seqs=max(buckets), buckets=list(buckets),
                        max_seq_len=512, dtype=dtype, initial_chunk_frames=1)
+    for key, value in (overrides or {}).items():
+        setattr(cfg, key, value)
     t0 = time.perf_counter()
     runner = Runner.from_config(cfg, progress=say)
     say(f"loaded in {time.perf_counter() - t0:.1f} s")
@@ -225,7 +227,8 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
                 torch.cuda.reset_peak_memory_stats()
             report = runner.set_mode(CompileMode.parse(mode), progress=say)
             fill_slots(runner, max(buckets), speaker)
-            row: dict[str, Any] = {"setup_s": report["seconds"], "actual_mode": report["mode"], "per_bucket": {}}
+            row: dict[str, Any] = {"setup_s": report["seconds"], "actual_mode": report["mode"], "per_bucket": {},
+                                   "predictor_kernel_rows": runner.fast.kernel_rows if runner.fast else 0}
             for b in buckets:
                 cp, talker = step_callables(runner, b)
                 row["per_bucket"][b] = {"cp_ms": time_ms(cp), "talker_ms": time_ms(talker), "kv_len": runner.kv_len(b),
@@ -293,6 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--stress-modes", default=None, help="modes that get the stress runs (default: all)")
     ap.add_argument("--profile-dir", default=None, help="CUDA only: profile one step per --profile-buckets here")
     ap.add_argument("--profile-buckets", type=int, nargs="*", default=[1, 32])
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override an engine key (repeatable), e.g. --set predictor_kernel_rows=0")
     args = ap.parse_args(argv)
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     load = {"concurrency": args.load_concurrency, "fixed_frames": args.fixed_frames,
@@ -303,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.stress_modes:
         load["stress_modes"] = args.stress_modes.split(",")
     res = run(args.model, [m for m in args.modes.split(",") if m], args.buckets, args.frames, args.dtype, say,
-              load, args.json, args.profile_dir, args.profile_buckets, args.skip_codec)
+              load, args.json, args.profile_dir, args.profile_buckets, args.skip_codec, parse_sets(args.set))
     print(json.dumps(res, indent=1))
     return 0
 

@@ -26,7 +26,7 @@ from omni_tts.errors import InputError, OmniTTSError
 from omni_tts.fastpath import FastPath, cpu_fallback_mode, kernel_tuning
 from omni_tts.graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.model import TTSModel
-from omni_tts import sampling
+from omni_tts import kernels, sampling
 
 
 def resolve_device(name: str) -> torch.device:
@@ -277,7 +277,10 @@ class Runner:
         inductor_mode = "reduce-overhead" if mode is CompileMode.REDUCE_OVERHEAD else "default"
         if inductor_mode not in self._fast_by_mode:
             self._fast_by_mode[inductor_mode] = FastPath(self.model, inductor_mode)
-        return self._fast_by_mode[inductor_mode]
+        fast = self._fast_by_mode[inductor_mode]
+        graphed = mode is CompileMode.DEFAULT_CUDAGRAPH and self.device.type == "cuda"
+        fast.kernel_rows = self.config.predictor_kernel_rows if graphed and kernels.available() else 0
+        return fast
 
     # ------------------------------------------------------------------ requests
     def prepare(self, params: SynthesisParams) -> Admission:

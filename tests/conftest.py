@@ -1,10 +1,16 @@
 """Shared test set-up: one intra-op thread per test module (tiny matrices run several times faster
-on one thread than on contended OpenMP threads on a 2-core machine)."""
+on one thread than on contended OpenMP threads on a 2-core machine); without CUDA, Triton in its
+interpreter (set before anything imports triton)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():  # omni_tts.kernels' Triton kernels run in Triton's CPU interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True, scope="module")

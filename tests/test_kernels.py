@@ -1,0 +1,100 @@
+"""omni_tts.kernels (the hand-written Triton predictor layer) in Triton's CPU interpreter against the
+Inductor-path layer it replaces (omni_tts.fastpath.predictor_layer, run uncompiled) on the tiny
+checkpoint's real predictor layers: output and cache rows, float32 and bfloat16, the 2-position first
+step and a later 1-position step; and a FastPath whose predictor runs these kernels reproducing the
+official golden greedy codes. Skips where triton is not installed (requirements-dev.txt has it)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")  # conftest.py sets TRITON_INTERPRET=1 without CUDA
+
+from omni_tts import kernels  # noqa: E402
+from omni_tts.fastpath import FastPath, fuse_layer, predictor_layer  # noqa: E402
+from test_fastpath import golden_cases, model_and_fast, params_of, run_loop  # noqa: E402
+from _fixtures import FIXTURES  # noqa: E402
+
+
+def _layer_pair(dtype: torch.dtype, B: int, T: int, pos0: int) -> tuple[torch.Tensor, ...]:
+    m, _ = model_and_fast()
+    cp = m.code_predictor
+    layer = copy.deepcopy(cp.layers[-1]).to(dtype)
+    w = fuse_layer(layer)
+    P, hd = cp.num_groups, cp.head_dim
+    torch.manual_seed(pos0)
+    x = torch.randn(B, T, cp.hidden_size).to(dtype)
+    cos, sin = cp.rope(torch.arange(P)[None], dtype)  # [1, P, hd]
+    kc0 = torch.randn(B, cp.num_kv_heads, P, hd).to(dtype)  # earlier positions hold keys, later ones junk
+    vc0 = torch.randn_like(kc0)
+    pos = torch.arange(pos0, pos0 + T)
+    mask = (torch.arange(P)[None, :] <= pos[:, None])[None, None]  # [1, 1, T, P]
+    kc1, vc1, kc2, vc2 = kc0.clone(), vc0.clone(), kc0.clone(), vc0.clone()
+    ref = predictor_layer(layer, *w, x, cos[:, pos0:pos0 + T], sin[:, pos0:pos0 + T], mask, kc1, vc1, pos)
+    got = kernels.predictor_layer(layer, *w, x, cos, sin, kc2, vc2, pos0)
+    return got, ref, kc2, kc1, vc2, vc1
+
+
+@pytest.mark.parametrize("B,T,pos0", [(1, 2, 0), (3, 1, 7), (5, 1, 15)])
+def test_kernel_layer_equals_the_inductor_path_layer_in_float32(B: int, T: int, pos0: int) -> None:
+    got, ref, kc2, kc1, vc2, vc1 = _layer_pair(torch.float32, B, T, pos0)
+    assert got.shape == ref.shape == (B, T, ref.shape[-1])
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kc2, kc1, rtol=1e-5, atol=1e-5)  # the new rows written, the others untouched
+    torch.testing.assert_close(vc2, vc1, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("B,T,pos0", [(2, 2, 0), (3, 1, 9)])
+def test_kernel_layer_agrees_to_bfloat16_rounding(B: int, T: int, pos0: int) -> None:
+    got, ref, kc2, kc1, vc2, vc1 = _layer_pair(torch.bfloat16, B, T, pos0)
+    # Triton 3.6's interpreter rounds float32 -> bfloat16 differently from torch in about half the cases
+    # (the GPU rounds to nearest even), so this bounds the error loosely: a few bf16 ulps; an indexing or
+    # math error would be off by the values' own size
+    scale = ref.float().abs().max().item()
+    assert (got.float() - ref.float()).abs().max().item() <= 0.03 * scale
+    assert (got.float() - ref.float()).abs().mean().item() <= 0.005 * scale
+    torch.testing.assert_close(kc2.float(), kc1.float(), rtol=0.03, atol=0.05)
+    torch.testing.assert_close(vc2.float(), vc1.float(), rtol=0.03, atol=0.05)
+
+
+def test_supports_only_small_steps_of_silu_layers() -> None:
+    m, _ = model_and_fast()
+    layer = m.code_predictor.layers[0]
+    assert kernels.supports(layer, 1) and kernels.supports(layer, kernels.MAX_ROWS)
+    assert not kernels.supports(layer, kernels.MAX_ROWS + 1)
+
+
+def test_predict_frame_with_kernels_equals_without() -> None:
+    m, _ = model_and_fast()
+    fast = FastPath(m, None)
+    torch.manual_seed(3)
+    hidden = torch.randn(3, m.hidden_size)
+    code0 = torch.randint(0, 64, (3,))
+    st = m.resolve_settings(params_of({"text": "hi", "task": "custom_voice", "speaker": "ryan",
+                                       "language": "English"}))
+    from omni_tts import sampling
+
+    sp = sampling.SlotParams.from_settings([st.subtalker] * 3)
+    seed, frame = torch.tensor([5, 6, 7]), torch.zeros(3, dtype=torch.long)
+    ref_codes, ref_sum = fast.predict_frame(hidden, code0, sp, seed, frame)
+    fast.kernel_rows = kernels.MAX_ROWS
+    codes, emb_sum = fast.predict_frame(hidden, code0, sp, seed, frame)
+    assert torch.equal(codes, ref_codes)
+    torch.testing.assert_close(emb_sum, ref_sum, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", golden_cases("custom_voice")[:1])
+def test_kernel_predictor_reproduces_the_golden_greedy_codes(case: dict) -> None:
+    m, _ = model_and_fast()
+    fast = FastPath(m, None)
+    fast.kernel_rows = kernels.MAX_ROWS
+    gold = np.load(FIXTURES / "custom_voice" / "golden" / f"case{case['case']}_codes.npy")
+    p = params_of(case)
+    p.max_new_tokens = 3  # the interpreter runs ~75 layer calls per frame at ~50 ms each
+    codes, _ = run_loop(m, fast, p)
+    assert len(codes) >= 2
+    np.testing.assert_array_equal(codes.numpy(), gold[:len(codes)])
