@@ -55,10 +55,18 @@ if triton is not None:
         return tl.dot(a, b)
 
     @triton.jit
+    def _mac(xk, wk, IEEE: tl.constexpr, VEC: tl.constexpr):
+        """xk [BM, BK] times wk [BN, BK]^T -> [BM, BN] float32: a multiply-and-sum for one row (VEC: a GEMV
+        whose weight tile can be narrow), else tensor cores (BM, BN >= 16)."""
+        if VEC:
+            return tl.sum(wk.to(tl.float32) * xk.to(tl.float32), axis=1)[None, :]
+        return _dot(xk, tl.trans(wk), IEEE)
+
+    @triton.jit
     def _proj_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, res_ptr, out_ptr, eps, M: tl.constexpr, N: tl.constexpr,
                      K: tl.constexpr,
                      NORM: tl.constexpr, BIAS: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr,
-                     IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                     IEEE: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         """out[M, N] = epilogue(prologue(x[M, K]) @ w[N, K]^T). NORM: x is RMS-normed with nw first;
         GLU: w has 2N rows (gate then up) and out = silu(gate) * up; RES: out += res[M, N]."""
         dt = out_ptr.dtype.element_ty
@@ -86,10 +94,10 @@ if triton is not None:
                 xk = (nw[None, :] * h).to(dt)
             wmask = nmask[:, None] & kmask[None, :]
             wk = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=wmask, other=0.0)  # [BN, BK]
-            acc += _dot(xk, tl.trans(wk), IEEE)  # [BM, BN]
+            acc += _mac(xk, wk, IEEE, VEC)  # [BM, BN]
             if GLU:
                 wu = tl.load(w_ptr + (rn[:, None] + N) * K + kk[None, :], mask=wmask, other=0.0)
-                acc2 += _dot(xk, tl.trans(wu), IEEE)
+                acc2 += _mac(xk, wu, IEEE, VEC)
         if BIAS:
             acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
         y = acc.to(dt)
@@ -163,20 +171,34 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+# Launch configs (BN rows of the weight per program, BK columns per loop step, pipeline stages, warps) by
+# (one row or more, output width, input width); see `config`. Measured on the H200 (docs/benchmarks.md).
+TUNED: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {}
+
+
+def config(M: int, n: int, K: int) -> tuple[int, int, int, int]:
+    """(BN, BK, stages, warps) for an [M, K] x [n, K]^T projection: the tuned entry, else a default that
+    keeps 64 KB+ of weight per program in flight."""
+    if _INTERPRET:  # fewer, larger programs: the interpreter's cost is per program
+        return max(16, min(128, _next_pow2(n))), 128, 1, 4
+    return TUNED.get((M == 1, n, K), (8 if M == 1 else 16, 512 if M == 1 else 256, 3, 4))
+
+
 def _proj(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None = None,
-          norm: Any = None, res: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
+          norm: Any = None, res: torch.Tensor | None = None, glu: bool = False,
+          cfg: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """x: [M, K] -> [M, n] (see _proj_kernel); w: [n, K], or [2n, K] with glu."""
     M, K = x.shape
     out = torch.empty(M, n, device=x.device, dtype=x.dtype)
-    BN = 32 if n >= 32 * 96 else 16
-    if _INTERPRET:  # fewer, larger programs: the interpreter's cost is per program
-        BN = max(16, min(128, _next_pow2(n)))
+    BN, BK, stages, warps = cfg or config(M, n, K)
+    vec = M == 1
     dummy = x
     _proj_kernel[(triton.cdiv(n, BN),)](
         x, norm.weight if norm is not None else dummy, w, bias if bias is not None else dummy,
         res if res is not None else dummy, out, float(norm.eps) if norm is not None else 0.0, M=M, N=n, K=K,
         NORM=norm is not None, BIAS=bias is not None, RES=res is not None, GLU=glu,
-        IEEE=x.dtype == torch.float32 or _INTERPRET, BM=max(16, _next_pow2(M)), BN=BN, BK=128, num_warps=4, num_stages=3)
+        IEEE=x.dtype == torch.float32 or _INTERPRET, VEC=vec, BM=1 if vec else max(16, _next_pow2(M)), BN=BN, BK=BK,
+        num_warps=warps, num_stages=stages)
     return out
 
 
