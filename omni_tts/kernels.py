@@ -19,6 +19,7 @@ choice (`supports`). Runs on CUDA; tests run it in Triton's CPU interpreter (TRI
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -56,10 +57,10 @@ if triton is not None:
 
     @triton.jit
     def _mac(xk, wk, IEEE: tl.constexpr, VEC: tl.constexpr):
-        """xk [BM, BK] times wk [BN, BK]^T -> [BM, BN] float32: a multiply-and-sum for one row (VEC: a GEMV
-        whose weight tile can be narrow), else tensor cores (BM, BN >= 16)."""
+        """xk [BM, BK] times wk [BN, BK]^T -> [BM, BN] float32: a multiply-and-sum for a few rows (VEC: the
+        weight tile can be narrow, so more programs share the weight reads), else tensor cores (BM, BN >= 16)."""
         if VEC:
-            return tl.sum(wk.to(tl.float32) * xk.to(tl.float32), axis=1)[None, :]
+            return tl.sum(wk[None, :, :].to(tl.float32) * xk[:, None, :].to(tl.float32), axis=2)
         return _dot(xk, tl.trans(wk), IEEE)
 
     @triton.jit
@@ -171,34 +172,48 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-# Launch configs (BN rows of the weight per program, BK columns per loop step, pipeline stages, warps) by
-# (one row or more, output width, input width); see `config`. Measured on the H200 (docs/benchmarks.md).
-TUNED: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {}
+# Launch configs: (BN rows of the weight per program, BK columns per loop step, pipeline stages, warps,
+# multiply-and-sum instead of tensor cores) by (rows rounded up to a power of two, output width, input
+# width), measured on the H200 for the 1.7B / 0.6B predictor's shapes (docs/benchmarks.md); other shapes
+# take `config`'s default. OMNI_TTS_KERNEL_CONFIGS names a JSON of more entries ("rows,n,K": [...]).
+Config = tuple[int, int, int, int, bool]
+TUNED: dict[tuple[int, int, int], Config] = {
+    (1, 4096, 1024): (8, 512, 4, 4, True), (1, 1024, 2048): (4, 512, 3, 4, True),
+    (1, 3072, 1024): (8, 512, 3, 4, True), (1, 1024, 3072): (4, 512, 4, 4, True),
+}
 
 
-def config(M: int, n: int, K: int) -> tuple[int, int, int, int]:
-    """(BN, BK, stages, warps) for an [M, K] x [n, K]^T projection: the tuned entry, else a default that
-    keeps 64 KB+ of weight per program in flight."""
+def _load_configs() -> None:
+    path = os.environ.get("OMNI_TTS_KERNEL_CONFIGS")
+    if path:
+        with open(path) as f:
+            for key, value in json.load(f).items():
+                m, n, k = (int(v) for v in key.split(","))
+                TUNED[(m, n, k)] = (int(value[0]), int(value[1]), int(value[2]), int(value[3]), bool(value[4]))
+
+
+def config(M: int, n: int, K: int) -> Config:
+    """Launch config for an [M, K] x [n, K]^T projection: the tuned entry, else a default."""
     if _INTERPRET:  # fewer, larger programs: the interpreter's cost is per program
-        return max(16, min(128, _next_pow2(n))), 128, 1, 4
-    return TUNED.get((M == 1, n, K), (8 if M == 1 else 16, 512 if M == 1 else 256, 3, 4))
+        return max(16, min(128, _next_pow2(n))), 128, 1, 4, M <= 2
+    rows = _next_pow2(M)
+    return TUNED.get((rows, n, K), (8, 512, 3, 4, True) if rows == 1 else (16, 256, 3, 4, False))
 
 
 def _proj(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None = None,
-          norm: Any = None, res: torch.Tensor | None = None, glu: bool = False,
-          cfg: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+          norm: Any = None, res: torch.Tensor | None = None, glu: bool = False, cfg: Config | None = None
+          ) -> torch.Tensor:
     """x: [M, K] -> [M, n] (see _proj_kernel); w: [n, K], or [2n, K] with glu."""
     M, K = x.shape
     out = torch.empty(M, n, device=x.device, dtype=x.dtype)
-    BN, BK, stages, warps = cfg or config(M, n, K)
-    vec = M == 1
+    BN, BK, stages, warps, vec = cfg or config(M, n, K)
     dummy = x
     _proj_kernel[(triton.cdiv(n, BN),)](
         x, norm.weight if norm is not None else dummy, w, bias if bias is not None else dummy,
         res if res is not None else dummy, out, float(norm.eps) if norm is not None else 0.0, M=M, N=n, K=K,
         NORM=norm is not None, BIAS=bias is not None, RES=res is not None, GLU=glu,
-        IEEE=x.dtype == torch.float32 or _INTERPRET, VEC=vec, BM=1 if vec else max(16, _next_pow2(M)), BN=BN, BK=BK,
-        num_warps=warps, num_stages=stages)
+        IEEE=x.dtype == torch.float32 or _INTERPRET, VEC=vec, BM=_next_pow2(M) if vec else max(16, _next_pow2(M)),
+        BN=BN, BK=BK, num_warps=warps, num_stages=stages)
     return out
 
 
@@ -215,7 +230,10 @@ def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
     a = torch.empty(B * T, H * hd, device=x.device, dtype=x.dtype)  # [M, H hd]
     _attn_kernel[(B, Hkv)](y, attn.q_norm.weight, attn.k_norm.weight, cos.reshape(-1, hd), sin.reshape(-1, hd),
                            kc, vc, a, pos0, float(attn.q_norm.eps), hd ** -0.5, T=T, H=H, HKV=Hkv, HD=hd, P=P,
-                           BD=_next_pow2(hd), BP=_next_pow2(P), num_warps=4)
+                           BD=_next_pow2(hd), BP=_next_pow2(P), num_warps=1)  # 1 warp: fastest on the H200
     x1 = _proj(a, attn.o_proj.weight, n=D, bias=attn.o_proj.bias, res=x2)  # [M, d]
     m = _proj(x1, w_gu, n=w_gu.shape[0] // 2, norm=layer.post_attention_layernorm, glu=True)  # [M, I]
     return _proj(m, mlp.down_proj.weight, n=D, res=x1).view(B, T, D)  # [B, T, d]
+
+
+_load_configs()
