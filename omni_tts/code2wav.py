@@ -103,6 +103,9 @@ class Code2Wav:
         self.device, self.stats = device, stats
         self.first: FirstChunkGraphs | None = None
         self.first_error = ""
+        # False while the engine runs reduce-overhead: replaying these graphs on this thread beside Inductor's
+        # cudagraph trees crashed the process at 8 concurrent requests (H200, 2026-11-30; fine without them)
+        self.graphs_on = True
         if first_chunk is not None:
             try:
                 self.first = FirstChunkGraphs(*first_chunk)
@@ -169,7 +172,7 @@ class Code2Wav:
                 steps.append(("chunk", a, plan))
         plans = [s[2] for s in steps if s[0] == "chunk"]
         t0 = now()
-        wavs, calls = decode_plans(plans, self.first) if plans else ([], 0)
+        wavs, calls = decode_plans(plans, self.first if self.graphs_on else None) if plans else ([], 0)
         self.stats.on_decode(sum(len(p.windows) for p in plans), calls, now() - t0)
         results = iter(wavs)
         for step in steps:

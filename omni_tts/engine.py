@@ -141,6 +141,7 @@ class Engine:
         first = ((self.model.codec, config.initial_chunk_frames, config.resolved_buckets())
                  if cuda and config.first_chunk_graphs else None)
         self._c2w = Code2Wav(runner.device, self.stats, first)
+        self._c2w.graphs_on = runner.mode is not CompileMode.REDUCE_OVERHEAD
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._loop, name="omni-tts-scheduler", daemon=True)
         self._thread.start()
@@ -190,7 +191,9 @@ class Engine:
         mode = CompileMode.parse(mode)
         def switch() -> dict[str, Any]:
             self._c2w.drain()  # no audio decoding on the code-to-wave thread while graphs are captured
-            return self.runner.set_mode(mode, progress=progress)
+            report = self.runner.set_mode(mode, progress=progress)
+            self._c2w.graphs_on = self.runner.mode is not CompileMode.REDUCE_OVERHEAD  # see Code2Wav.graphs_on
+            return report
         return self._call_on_loop(switch)
 
     def available_modes(self) -> dict[str, str | None]:
@@ -218,7 +221,8 @@ class Engine:
             "decode_seconds": self.stats.decode_seconds,  # ...taking this long in all
             "codec_precision": getattr(self.model.codec_if_built, "precision", "not built"),
             "codec_fused": _state(getattr(self.model.codec_if_built, "fused", False), self.codec_fused_error),
-            "first_chunk_graphs": _state(self._c2w.first is not None, self._c2w.first_error),
+            "first_chunk_graphs": (_state(self._c2w.first is not None, self._c2w.first_error) if self._c2w.graphs_on
+                                   else "paused (reduce-overhead: decoded eagerly)"),
             "steps": self.stats.steps,
             "memory": gpu_memory(self.runner.device, self.runner.pool_bytes()),
             "capture": dict(self.stats.capture),
