@@ -56,12 +56,13 @@ MODE_NOTES: dict[str, str] = {
     CompileMode.REDUCE_OVERHEAD.value: "comparison mode, slow: Inductor's own CUDA graphs are skipped for the layer "
                                        "units (they mutate the KV cache inputs: 'skipping cudagraphs due to "
                                        "mutated inputs'), so it is no faster than default on the H200 (code "
-                                       "predictor step ~48 ms vs ~3.4 ms graphed), and on the H200 it crashed "
-                                       "the process with cudaErrorIllegalAddress at 8 concurrent requests "
-                                       "(2026-11-30): for listening comparisons at low load only; serve with "
-                                       "default+cudagraph",
+                                       "predictor step ~48 ms vs ~3 ms graphed; 12 vs 92 audio s/s at 8 "
+                                       "requests); its cudagraph trees crashed beside the engine's first-chunk "
+                                       "codec graphs (H200, 2026-11-30), so those pause while it runs: for "
+                                       "listening comparisons; serve with default+cudagraph",
     CompileMode.DEFAULT_CUDAGRAPH.value: "compiled units + our per-bucket CUDA graphs in one shared pool (code "
-                                         "predictor, talker decode and prefill graphs): the fast mode on a GPU",
+                                         "predictor, talker decode and prefill graphs; the predictor's layers as "
+                                         "hand-written Triton kernels up to 32 rows): the fast mode on a GPU",
 }
 
 

@@ -152,7 +152,9 @@ def test_synthesis_params_validate():
 
 
 @pytest.mark.parametrize("line,fragment", [("max_seq_len: 0", "max_seq_len must be >= 16"),
-                                           ("gpu_memory_limit_gb: -1", "gpu_memory_limit_gb must be > 0")])
+                                           ("gpu_memory_limit_gb: -1", "gpu_memory_limit_gb must be > 0"),
+                                           ("predictor_kernel_rows: 64", "predictor_kernel_rows must be 0..32"),
+                                           ("predictor_kernel_rows: true", "must be an integer")])
 def test_out_of_range_preset_values_are_one_line_errors(tmp_path: Path, line: str, fragment: str):
     f = tmp_path / "range.yaml"
     f.write_text(line + "\n")

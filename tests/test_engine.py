@@ -397,7 +397,34 @@ def test_mode_notes_say_what_each_mode_runs_and_that_reduce_overhead_is_the_slow
     assert Runner.available_modes(on_cuda)["reduce-overhead"] is None
     ro = Runner.mode_notes(on_cuda)["reduce-overhead"]
     assert "comparison mode" in ro and "slow" in ro and "mutated inputs" in ro and "needs CUDA" not in ro
-    assert "IllegalAddress" in ro and "default+cudagraph" in ro  # it says it crashed, and what to use
+    assert "crashed" in ro and "pause" in ro and "default+cudagraph" in ro  # why the first-chunk graphs pause
+    assert "Triton" in Runner.mode_notes(on_cuda)["default+cudagraph"]
+
+
+def test_first_chunk_graphs_are_skipped_while_paused(engine):
+    """The audio stage asks its first-chunk graphs (CUDA only; a recording stand-in here that declines, so
+    the chunk decodes eagerly) only while graphs_on; reduce-overhead turns it off (Engine.set_compile_mode)."""
+    calls: list[tuple[int, int]] = []
+
+    def first(codec, rows, context):
+        calls.append((rows.shape[0], context))
+        return None
+
+    c2w = engine._c2w
+    assert c2w.graphs_on  # eager on CPU
+    old = c2w.first
+    c2w.first = first
+    try:
+        p = SynthesisParams(text="hello there", speaker="ryan", language="English", greedy=True, fixed_frames=3)
+        engine.submit(p).result(TIMEOUT)
+        assert calls and calls[0] == (1, 0)  # the first chunk: one row, no left context
+        calls.clear()
+        c2w.graphs_on = False
+        assert engine.snapshot()["first_chunk_graphs"].startswith("paused")
+        r = engine.submit(p).result(TIMEOUT)
+        assert calls == [] and r.wav.size == 3 * SPF  # still decoded, eagerly
+    finally:
+        c2w.first, c2w.graphs_on = old, True
 
 
 def test_unknown_mode_is_refused_and_the_engine_keeps_its_mode(engine):
