@@ -1,0 +1,138 @@
+"""Launch-config sweep of omni_tts.kernels' projection kernel on this GPU, written as a JSON that
+OMNI_TTS_KERNEL_CONFIGS loads (and that kernels.TUNED is updated from).
+
+    python -m omni_tts.kernel_sweep [--size 1.7B] [--rows 1 2 8 16 32] [--out kernel_configs.json]
+
+Owns: the candidate configs per row count, timing each of the code predictor's four projections
+(q|k|v after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual) per
+candidate in a CUDA graph of back-to-back launches whose weights rotate through enough copies to
+overflow the L2 cache (inside a frame 150 MB of predictor weights stream from HBM; a sweep that keeps
+one copy hot in the H200's 50 MB L2 picked configs for the wrong regime, 2026-11-30), and the choice
+of the fastest per (rows, shape). Weights are random at the size's shapes (values don't change speed).
+Knows nothing about the engine, requests or graphs pools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+from typing import Any, Callable, Sequence
+
+import torch
+
+from omni_tts import kernels
+from omni_tts.fastpath import fuse_layer
+
+Config = kernels.Config
+
+
+def candidates(rows: int) -> list[Config]:
+    """(BN, BK, stages, warps, multiply-and-sum) to try for `rows` rows: tensor-core tiles always, narrow
+    multiply-and-sum tiles up to 8 rows."""
+    out = [(bn, bk, st, wp, False) for bn, bk, st, wp in itertools.product((16, 32), (128, 256), (3, 4), (4, 8))]
+    if rows <= 8:
+        out += [(bn, bk, st, wp, True) for bn, bk, st, wp in itertools.product((2, 4, 8), (256, 512), (3, 4), (4, 8))]
+    return out
+
+
+def fastest(timings: dict[Config, float]) -> Config:
+    """The config with the least time (ties: the first listed)."""
+    return min(timings, key=lambda c: timings[c])
+
+
+def configs_json(best: dict[tuple[int, int, int], Config]) -> dict[str, list]:
+    """{(rows, n, K): config} -> the OMNI_TTS_KERNEL_CONFIGS format ({"rows,n,K": [BN, BK, stages, warps, vec]})."""
+    return {f"{m},{n},{k}": list(cfg) for (m, n, k), cfg in sorted(best.items())}
+
+
+def _layer(size: str, device: torch.device, dtype: torch.dtype) -> Any:
+    from omni_tts.checkpoint_maker import make_configs
+    from omni_tts.talker import DecoderLayer
+
+    cfg = make_configs(size)[0]["talker_config"]["code_predictor_config"]
+    layer = DecoderLayer(cfg, "code_predictor_config").to(device=device, dtype=dtype)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    return layer
+
+
+def _graph_us(fns: list[Callable[[], Any]], launches: int = 60, replays: int = 5) -> float:
+    """Microseconds per launch: a CUDA graph of `launches` calls cycling through fns, replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for fn in fns[:2]:
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(launches):
+            fns[i % len(fns)]()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / (replays * launches)
+
+
+def sweep(size: str, rows: Sequence[int], say: Callable[[str], None]) -> dict[tuple[int, int, int], Config]:
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    layer = _layer(size, dev, dt)
+    w_qkv, _, w_gu = fuse_layer(layer)
+    D, I = layer.mlp.down_proj.out_features, layer.mlp.down_proj.in_features
+    A = layer.self_attn.o_proj.in_features
+    shapes = {"qkv": (w_qkv.shape[0], D, w_qkv, dict(norm=layer.input_layernorm)),
+              "o": (D, A, layer.self_attn.o_proj.weight, dict(res=True)),
+              "gate_up": (I, D, w_gu, dict(norm=layer.post_attention_layernorm, glu=True)),
+              "down": (D, I, layer.mlp.down_proj.weight, dict(res=True))}
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    best: dict[tuple[int, int, int], Config] = {}
+    for m in rows:
+        for name, (n, K, w, kw) in shapes.items():
+            copies = max(2, math.ceil(3 * l2 / (w.numel() * w.element_size())))
+            ws = [w] + [w.clone() for _ in range(copies - 1)]  # cold L2, as inside a frame
+            x = torch.randn(m, K, device=dev, dtype=dt)
+            args = dict(kw, res=torch.randn(m, n, device=dev, dtype=dt)) if kw.get("res") else dict(kw)
+            timings: dict[Config, float] = {}
+            for cfg in candidates(m):
+                try:
+                    timings[cfg] = _graph_us([lambda w=w_: kernels._proj(x, w, n=n, cfg=cfg, **args) for w_ in ws])
+                except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
+                    say(f"  {name} rows={m} {cfg}: {type(e).__name__}")
+            pick = fastest(timings)
+            best[(kernels._next_pow2(m), n, K)] = pick
+            default = kernels.config(m, n, K)
+            say(f"rows={m} {name} [{n}x{K}, {copies} weight copies]: {timings[pick]:.2f} us with {pick}; "
+                f"current {default}: {timings.get(default, float('nan')):.2f} us")
+            del ws
+    return best
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m omni_tts.kernel_sweep", description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="1.7B", help="predictor shapes of this size (0.6B and 1.7B share them)")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 16, 32])
+    ap.add_argument("--out", default="kernel_configs.json")
+    args = ap.parse_args(argv)
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if not torch.cuda.is_available() or not kernels.available():
+        say("error: the kernel sweep needs CUDA and triton (it times the kernels on this GPU)")
+        return 2
+    if any(not 1 <= m <= kernels.MAX_ROWS for m in args.rows):
+        say(f"error: --rows must be within 1..{kernels.MAX_ROWS}")
+        return 2
+    best = sweep(args.size, args.rows, say)
+    with open(args.out, "w") as f:
+        json.dump(configs_json(best), f, indent=1)
+    say(f"wrote {args.out}: run with OMNI_TTS_KERNEL_CONFIGS={args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

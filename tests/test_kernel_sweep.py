@@ -1,0 +1,43 @@
+"""omni_tts.kernel_sweep's pure parts on the CPU: the candidate configs, the choice, the JSON it writes
+being what omni_tts.kernels loads from OMNI_TTS_KERNEL_CONFIGS, and its refusal without CUDA."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from omni_tts import kernel_sweep, kernels
+
+
+def test_candidates_offer_multiply_and_sum_tiles_only_up_to_8_rows() -> None:
+    few, many = kernel_sweep.candidates(8), kernel_sweep.candidates(16)
+    assert any(c[4] for c in few) and not any(c[4] for c in many)
+    assert all(c[0] >= 16 for c in many)  # tensor-core tiles need 16 weight rows
+    assert len(set(few)) == len(few) and set(many) < set(few)
+
+
+def test_fastest_picks_the_least_time() -> None:
+    a, b, c = (16, 128, 3, 4, False), (32, 256, 4, 4, False), (8, 512, 3, 4, True)
+    assert kernel_sweep.fastest({a: 5.0, b: 3.5, c: 4.0}) == b
+
+
+def test_written_configs_are_what_the_kernels_load(tmp_path, monkeypatch) -> None:
+    best = {(8, 4096, 1024): (32, 256, 4, 4, False), (1, 1024, 3072): (4, 512, 4, 8, True)}
+    f = tmp_path / "configs.json"
+    f.write_text(json.dumps(kernel_sweep.configs_json(best)))
+    monkeypatch.setattr(kernels, "TUNED", {})
+    monkeypatch.setattr(kernels, "_INTERPRET", False)  # config() answers from the table, as on a GPU
+    monkeypatch.setenv("OMNI_TTS_KERNEL_CONFIGS", str(f))
+    kernels._load_configs()
+    assert kernels.TUNED == best
+    assert kernels.config(5, 4096, 1024) == (32, 256, 4, 4, False)  # 5 rows use the 8-row entry
+    assert kernels.config(1, 1024, 3072) == (4, 512, 4, 8, True)
+    assert kernels.config(1, 64, 32) == (8, 512, 3, 4, True)  # untuned shapes take the default
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_sweep_refuses_without_cuda(capsys) -> None:
+    assert kernel_sweep.main(["--out", "unused.json"]) == 2
+    assert "needs CUDA" in capsys.readouterr().err
