@@ -17,6 +17,8 @@ gate/up weights are re-pointed at row blocks of the packed tensors (`fuse_rows`)
 share storage and checkpoints, parameter names and values are unchanged. Eager mode does not use this
 file (it runs the reference modules as they are). Also the compile-time switches: `kernel_tuning`
 (opt-in Inductor autotuning) and `cpu_fallback_mode` (what a CUDA-graph mode runs as on a CPU).
+In default+cudagraph on CUDA the runner sets `kernel_rows`: predictor steps of at most that many rows
+then run omni_tts.kernels' hand-written Triton layer instead of the compiled `predictor_layer` unit.
 Knows nothing about requests, buckets or graphs.
 """
 

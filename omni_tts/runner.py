@@ -282,6 +282,13 @@ class Runner:
         fast.kernel_rows = self.config.predictor_kernel_rows if graphed and kernels.available() else 0
         return fast
 
+    def predictor_kernels(self) -> str:
+        """What runs the code predictor's layers in this mode (for the engine panel)."""
+        if self.fast is None:
+            return "reference modules"
+        rows = self.fast.kernel_rows
+        return f"Triton kernels up to {rows} rows, Inductor above" if rows else "Inductor kernels"
+
     # ------------------------------------------------------------------ requests
     def prepare(self, params: SynthesisParams) -> Admission:
         """A request's prompt embeddings and settings, checked against this engine (InputError if not)."""
