@@ -227,6 +227,30 @@ def _proj(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None
     return out
 
 
+def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor], cos: torch.Tensor,
+          sin: torch.Tensor, batches: list[int], max_rows: int) -> str:
+    """Run `layer` once for every (batch, 1 or 2 positions) of at most max_rows rows that a capture will use,
+    so every kernel variant compiles now: "" when all ran, else the first error in one line (a GPU whose
+    Triton cannot build them, e.g. too little shared memory or no bfloat16 tensor cores)."""
+    a, dev = layer.self_attn, cos.device
+    width = layer.input_layernorm.weight.shape[0]
+    try:
+        for b in batches:
+            for T in (1, 2):
+                if b * T > max_rows:
+                    continue
+                if not supports(layer, b * T):
+                    return "this layer's activation or norms are not what the kernels implement"
+                x = torch.zeros(b, T, width, device=dev, dtype=cos.dtype)
+                kc = torch.zeros(b, a.kv_heads, cos.shape[1], a.head_dim, device=dev, dtype=cos.dtype)
+                predictor_layer(layer, *w, x, cos, sin, kc, torch.zeros_like(kc), 0)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+    except Exception as e:  # compile or launch failure: the caller falls back to Inductor's kernels
+        return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    return ""
+
+
 def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_gu: torch.Tensor,
                     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
                     pos0: int) -> torch.Tensor:

@@ -67,6 +67,7 @@ class Runner:
         self.mode = CompileMode.EAGER
         self.fast: FastPath | None = None  # None: eager, the reference modules as they are
         self._fast_by_mode: dict[str, FastPath] = {}  # compiled units kept across mode switches
+        self.kernel_notice = ""  # why the Triton predictor kernels are off in this mode, if they could not run
         self.set_mode(mode, progress=progress)
 
     @classmethod
@@ -231,7 +232,11 @@ class Runner:
         self.graphs, self.cp_graphs, self.talker_graphs, self.prefill_graphs = [], {}, {}, {}
         self.pool_bytes_ = 0
         t0 = time.perf_counter()
+        self.kernel_notice = ""
         self.fast = self._fast_path(mode)
+        if self.kernel_notice:
+            say(self.kernel_notice)
+            notice = "; ".join(n for n in (notice, self.kernel_notice) if n)
         with kernel_tuning():
             self._build(mode, say)
         self.mode = mode
@@ -280,6 +285,12 @@ class Runner:
         fast = self._fast_by_mode[inductor_mode]
         graphed = mode is CompileMode.DEFAULT_CUDAGRAPH and self.device.type == "cuda"
         fast.kernel_rows = self.config.predictor_kernel_rows if graphed and kernels.available() else 0
+        if fast.kernel_rows:  # build the Triton layers now; where they cannot run, Inductor's kernels do
+            cp = self.model.code_predictor
+            err = kernels.probe(cp.layers[0], fast.predictor_w[0], fast.cos, fast.sin, self.buckets, fast.kernel_rows)
+            if err:
+                fast.kernel_rows = 0
+                self.kernel_notice = f"Triton predictor kernels unavailable on this GPU ({err}); using Inductor's"
         return fast
 
     def predictor_kernels(self) -> str:

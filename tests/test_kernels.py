@@ -98,3 +98,18 @@ def test_kernel_predictor_reproduces_the_golden_greedy_codes(case: dict) -> None
     codes, _ = run_loop(m, fast, p)
     assert len(codes) >= 2
     np.testing.assert_array_equal(codes.numpy(), gold[:len(codes)])
+
+
+def test_probe_builds_every_variant_or_says_why_not() -> None:
+    m, _ = model_and_fast()
+    cp = m.code_predictor
+    layer = cp.layers[0]
+    w = fuse_layer(layer)
+    cos, sin = cp.rope(torch.arange(cp.num_groups)[None], torch.float32)  # [1, 16, hd]
+    assert kernels.probe(layer, w, cos, sin, [1, 2, 3], max_rows=4) == ""
+    gelu = copy.deepcopy(layer)
+    gelu.mlp.act = torch.nn.functional.gelu
+    assert "activation" in kernels.probe(gelu, w, cos, sin, [1], max_rows=4)
+    err = kernels.probe(layer, w, cos[:, :3, :5], sin[:, :3, :5], [1], max_rows=4)  # a rope table that cannot be
+    # one row per position (15 values for head_dim 16): the launch fails, the probe says so in one line
+    assert err.startswith(("RuntimeError", "ValueError", "IndexError")) and "\n" not in err
