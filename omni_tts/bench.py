@@ -133,7 +133,8 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
     mem = gpu_memory(engine.runner.device, engine.runner.pool_bytes())
     extra = {"actual mode": report.get("mode"), "capture/compile s": f"{report.get('seconds', 0):.1f}",
              "peak GPU mem (GiB)": f"{mem['peak_gib']:.2f}" if mem else "-",
-             "graph pool (GiB)": f"{mem['graph_pool_gib']:.2f}" if mem else "-"}
+             "graph pool (GiB)": f"{mem['graph_pool_gib']:.2f}" if mem else "-",
+             "predictor layers": engine.runner.predictor_kernels()}
     return results, extra
 
 
