@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from omni_tts.codec import ChunkPlan, decode_plans
-from omni_tts.errors import OmniTTSError, as_engine_error
+from omni_tts.errors import OmniTTSError, as_engine_error, one_line
 from omni_tts.graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.metrics import EngineStats, now
 
@@ -57,7 +57,7 @@ def fuse_codec(codec: Any) -> str:
         return ""
     except Exception as e:
         codec.set_fused(False)
-        return f"{type(e).__name__}: {str(e)[:200]}"
+        return one_line(e)
 
 
 class FirstChunkGraphs:
@@ -110,7 +110,7 @@ class Code2Wav:
             try:
                 self.first = FirstChunkGraphs(*first_chunk)
             except Exception as e:  # never fatal: first chunks then decode eagerly
-                self.first_error = f"{type(e).__name__}: {str(e)[:200]}"
+                self.first_error = one_line(e)
         self._jobs: "queue.Queue[list[tuple] | None]" = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="omni-tts-code2wav", daemon=True)
         self._thread.start()

@@ -141,7 +141,7 @@ class Engine:
         first = ((self.model.codec, config.initial_chunk_frames, config.resolved_buckets())
                  if cuda and config.first_chunk_graphs else None)
         self._c2w = Code2Wav(runner.device, self.stats, first)
-        self._c2w.graphs_on = runner.mode is not CompileMode.REDUCE_OVERHEAD
+        self._sync_first_chunk_graphs()
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._loop, name="omni-tts-scheduler", daemon=True)
         self._thread.start()
@@ -192,9 +192,13 @@ class Engine:
         def switch() -> dict[str, Any]:
             self._c2w.drain()  # no audio decoding on the code-to-wave thread while graphs are captured
             report = self.runner.set_mode(mode, progress=progress)
-            self._c2w.graphs_on = self.runner.mode is not CompileMode.REDUCE_OVERHEAD  # see Code2Wav.graphs_on
+            self._sync_first_chunk_graphs()
             return report
         return self._call_on_loop(switch)
+
+    def _sync_first_chunk_graphs(self) -> None:
+        """First-chunk graphs replay in every mode but reduce-overhead (see Code2Wav.graphs_on)."""
+        self._c2w.graphs_on = self.runner.mode is not CompileMode.REDUCE_OVERHEAD
 
     def available_modes(self) -> dict[str, str | None]:
         """mode -> None when usable here, else the reason it is not."""

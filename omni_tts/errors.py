@@ -22,6 +22,12 @@ class EngineError(OmniTTSError):
     """The engine refused or lost a request (shutdown, cancelled, mode switch failure)."""
 
 
+def one_line(e: BaseException, limit: int = 200) -> str:
+    """'Type: message' on one line (whitespace runs collapsed), cut at `limit` characters of message: why an
+    optional accelerator (fused codec activations, first-chunk graphs, Triton kernels) is off."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:limit]}"
+
+
 def as_engine_error(e: BaseException, what: str) -> OmniTTSError:
     """`e` itself when it is already a user-facing error, else an EngineError saying what failed."""
     return e if isinstance(e, OmniTTSError) else EngineError(f"{what}: {e}" if what else str(e))

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from omni_tts.errors import one_line
+
 try:
     import triton
     import triton.language as tl
@@ -247,7 +249,7 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
     except Exception as e:  # compile or launch failure: the caller falls back to Inductor's kernels
-        return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        return one_line(e)
     return ""
 
 

@@ -67,7 +67,6 @@ class Runner:
         self.mode = CompileMode.EAGER
         self.fast: FastPath | None = None  # None: eager, the reference modules as they are
         self._fast_by_mode: dict[str, FastPath] = {}  # compiled units kept across mode switches
-        self.kernel_notice = ""  # why the Triton predictor kernels are off in this mode, if they could not run
         self.set_mode(mode, progress=progress)
 
     @classmethod
@@ -232,11 +231,11 @@ class Runner:
         self.graphs, self.cp_graphs, self.talker_graphs, self.prefill_graphs = [], {}, {}, {}
         self.pool_bytes_ = 0
         t0 = time.perf_counter()
-        self.kernel_notice = ""
         self.fast = self._fast_path(mode)
-        if self.kernel_notice:
-            say(self.kernel_notice)
-            notice = "; ".join(n for n in (notice, self.kernel_notice) if n)
+        kernel_notice = self._use_predictor_kernels(mode)
+        if kernel_notice:
+            say(kernel_notice)
+            notice = "; ".join(n for n in (notice, kernel_notice) if n)
         with kernel_tuning():
             self._build(mode, say)
         self.mode = mode
@@ -282,16 +281,24 @@ class Runner:
         inductor_mode = "reduce-overhead" if mode is CompileMode.REDUCE_OVERHEAD else "default"
         if inductor_mode not in self._fast_by_mode:
             self._fast_by_mode[inductor_mode] = FastPath(self.model, inductor_mode)
-        fast = self._fast_by_mode[inductor_mode]
+        return self._fast_by_mode[inductor_mode]
+
+    def _use_predictor_kernels(self, mode: CompileMode) -> str:
+        """Set how many rows the Triton predictor layers take in `mode` (default+cudagraph on CUDA only),
+        building them now; where they cannot run, Inductor's kernels do. -> '' or a notice saying why."""
+        fast = self.fast
+        if fast is None:
+            return ""
         graphed = mode is CompileMode.DEFAULT_CUDAGRAPH and self.device.type == "cuda"
         fast.kernel_rows = self.config.predictor_kernel_rows if graphed and kernels.available() else 0
-        if fast.kernel_rows:  # build the Triton layers now; where they cannot run, Inductor's kernels do
-            cp = self.model.code_predictor
-            err = kernels.probe(cp.layers[0], fast.predictor_w[0], fast.cos, fast.sin, self.buckets, fast.kernel_rows)
-            if err:
-                fast.kernel_rows = 0
-                self.kernel_notice = f"Triton predictor kernels unavailable on this GPU ({err}); using Inductor's"
-        return fast
+        if not fast.kernel_rows:
+            return ""
+        cp = self.model.code_predictor
+        err = kernels.probe(cp.layers[0], fast.predictor_w[0], fast.cos, fast.sin, self.buckets, fast.kernel_rows)
+        if err:
+            fast.kernel_rows = 0
+            return f"Triton predictor kernels unavailable on this GPU ({err}); using Inductor's"
+        return ""
 
     def predictor_kernels(self) -> str:
         """What runs the code predictor's layers in this mode (for the engine panel)."""

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("triton")  # conftest.py sets TRITON_INTERPRET=1 without CUDA
 
-from omni_tts import kernels  # noqa: E402
+from omni_tts import kernels, sampling  # noqa: E402
 from omni_tts.fastpath import FastPath, fuse_layer, predictor_layer  # noqa: E402
 from test_fastpath import golden_cases, model_and_fast, params_of, run_loop  # noqa: E402
 from _fixtures import FIXTURES  # noqa: E402
@@ -76,8 +76,6 @@ def test_predict_frame_with_kernels_equals_without() -> None:
     code0 = torch.randint(0, 64, (3,))
     st = m.resolve_settings(params_of({"text": "hi", "task": "custom_voice", "speaker": "ryan",
                                        "language": "English"}))
-    from omni_tts import sampling
-
     sp = sampling.SlotParams.from_settings([st.subtalker] * 3)
     seed, frame = torch.tensor([5, 6, 7]), torch.zeros(3, dtype=torch.long)
     ref_codes, ref_sum = fast.predict_frame(hidden, code0, sp, seed, frame)
