@@ -134,7 +134,7 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
     extra = {"actual mode": report.get("mode"), "capture/compile s": f"{report.get('seconds', 0):.1f}",
              "peak GPU mem (GiB)": f"{mem['peak_gib']:.2f}" if mem else "-",
              "graph pool (GiB)": f"{mem['graph_pool_gib']:.2f}" if mem else "-",
-             "predictor layers": engine.runner.predictor_kernels()}
+             "layer kernels": engine.runner.layer_kernels()}
     return results, extra
 
 

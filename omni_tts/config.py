@@ -128,6 +128,8 @@ class EngineConfig:
     lookahead: bool = True  # launch frame t+1 before reading frame t (false: wait for every frame)
     predictor_kernel_rows: int = 32  # default+cudagraph on CUDA: hand-written Triton predictor layers for
     #   steps of at most this many rows (batch x positions); larger steps and 0 use Inductor's kernels
+    talker_kernel_rows: int = 32  # the same for the talker's decode layers (rows = batch)
+    kernel_pdl: bool = True  # those kernels with programmatic dependent launch (Hopper+; ignored elsewhere)
     max_num_seqs: int = 8
     buckets: list[int] | None = None  # None: powers of two up to max_num_seqs, plus max_num_seqs
     max_seq_len: int = 1024  # talker KV cache length per slot (prompt + frames)
@@ -166,14 +168,15 @@ class EngineConfig:
             raise OmniTTSError(f"gpu_memory_limit_gb must be > 0 (got {self.gpu_memory_limit_gb})")
         if self.initial_chunk_frames < 1 or self.chunk_frames < 1:
             raise OmniTTSError("initial_chunk_frames and chunk_frames must be >= 1")
-        if not 0 <= self.predictor_kernel_rows <= 32:
-            raise OmniTTSError(f"predictor_kernel_rows must be 0..32 (got {self.predictor_kernel_rows})")
+        for key in ("predictor_kernel_rows", "talker_kernel_rows"):
+            if not 0 <= getattr(self, key) <= 32:
+                raise OmniTTSError(f"{key} must be 0..32 (got {getattr(self, key)})")
 
 
 _PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)}
 _INT_KEYS = {"max_num_seqs", "max_seq_len", "initial_chunk_frames", "chunk_frames", "left_context_frames",
-             "predictor_kernel_rows"}
-_BOOL_KEYS = {"use_vllm_pool", "codec_fused", "first_chunk_graphs", "lookahead", "chunk_growth"}
+             "predictor_kernel_rows", "talker_kernel_rows"}
+_BOOL_KEYS = {"use_vllm_pool", "codec_fused", "first_chunk_graphs", "lookahead", "chunk_growth", "kernel_pdl"}
 
 
 def _check_types(data: dict[str, Any], path: Path) -> None:

@@ -223,7 +223,7 @@ class Engine:
             "chunk_decodes": self.stats.chunk_decodes,  # audio chunk windows decoded...
             "decode_calls": self.stats.decode_calls,  # ...in this many (batched) codec calls
             "decode_seconds": self.stats.decode_seconds,  # ...taking this long in all
-            "predictor_kernels": self.runner.predictor_kernels(),
+            "layer_kernels": self.runner.layer_kernels(),
             "codec_precision": getattr(self.model.codec_if_built, "precision", "not built"),
             "codec_fused": _state(getattr(self.model.codec_if_built, "fused", False), self.codec_fused_error),
             "first_chunk_graphs": (_state(self._c2w.first is not None, self._c2w.first_error) if self._c2w.graphs_on

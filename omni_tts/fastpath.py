@@ -17,8 +17,9 @@ gate/up weights are re-pointed at row blocks of the packed tensors (`fuse_rows`)
 share storage and checkpoints, parameter names and values are unchanged. Eager mode does not use this
 file (it runs the reference modules as they are). Also the compile-time switches: `kernel_tuning`
 (opt-in Inductor autotuning) and `cpu_fallback_mode` (what a CUDA-graph mode runs as on a CPU).
-In default+cudagraph on CUDA the runner sets `kernel_rows`: predictor steps of at most that many rows
-then run omni_tts.kernels' hand-written Triton layer instead of the compiled `predictor_layer` unit.
+In default+cudagraph on CUDA the runner sets `kernel_rows` / `talker_kernel_rows`: predictor steps
+(talker steps) of at most that many rows then run omni_tts.kernels' hand-written Triton layers instead
+of the compiled layer units (`kernel_pdl`: launched with programmatic dependent launch).
 Knows nothing about requests, buckets or graphs.
 """
 
@@ -224,6 +225,8 @@ class FastPath:
         self.cos, self.sin = cos, sin
         self.codebook = [torch.tensor(j, device=dev) for j in range(self.n_pos)]
         self.kernel_rows = 0  # predictor steps of at most this many rows run omni_tts.kernels (set per mode)
+        self.talker_kernel_rows = 0  # the same for talker steps
+        self.kernel_pdl = False  # those kernels launched with programmatic dependent launch
 
     def _predictor_layers(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int
                           ) -> torch.Tensor:
@@ -232,7 +235,7 @@ class FastPath:
         B, T = x.shape[:2]
         if B * T <= self.kernel_rows and all(kernels.supports(layer, B * T) for layer in cp.layers):
             for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
-                x = kernels.predictor_layer(layer, *w, x, self.cos, self.sin, kc[i], vc[i], pos0)
+                x = kernels.predictor_layer(layer, *w, x, self.cos, self.sin, kc[i], vc[i], pos0, self.kernel_pdl)
             return x
         cos, sin = self.cos[:, pos0:pos0 + T], self.sin[:, pos0:pos0 + T]
         mask, pos = (self.mask01, self.pos01) if T == 2 else (self.mask1[pos0], self.pos[pos0])
@@ -250,12 +253,17 @@ class FastPath:
         key = torch.arange(L, device=x.device)
         mask = (key[None, :] <= pos[:, None])[:, None, None]  # [b, 1, 1, L]
         rows = torch.arange(b, device=x.device)
+        tri = b <= self.talker_kernel_rows and all(kernels.supports(layer, b) for layer in talker.layers)
         h = x[:, None]  # [b, 1, D]
         for i, (layer, (w_qkv, b_qkv, w_gu)) in enumerate(zip(talker.layers, self.talker_w)):
             kc, vc = cache.k[i, :b], cache.v[i, :b]  # [b, Hkv, M, hd]
-            q = self.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, rows, pos)  # [b, H, 1, hd]
+            if tri:
+                q = kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, self.kernel_pdl)
+            else:
+                q = self.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, rows, pos)  # [b, H, 1, hd]
             a = gqa_attention(q, kc[:, :, :L], vc[:, :, :L], mask)  # [b, H, 1, hd]
-            h = self.talker_attn_out(layer, w_gu, h, a)
+            h = (kernels.talker_attn_out(layer, w_gu, h, a, self.kernel_pdl) if tri
+                 else self.talker_attn_out(layer, w_gu, h, a))  # [b, 1, D]
         return talker.norm(h)[:, 0]
 
     def predict_frame(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,

@@ -1,11 +1,13 @@
 """Launch-config sweep of omni_tts.kernels' projection kernel on this GPU, written as a JSON that
 OMNI_TTS_KERNEL_CONFIGS loads (and that kernels.TUNED is updated from).
 
-    python -m omni_tts.kernel_sweep [--size 1.7B] [--rows 1 2 8 16 32] [--out kernel_configs.json]
+    python -m omni_tts.kernel_sweep [--size 1.7B] [--parts predictor talker] [--rows 1 2 8 16 32]
+        [--no-pdl] [--quick] [--out kernel_configs.json]
 
-Owns: the candidate configs per row count, timing each of the code predictor's four projections
-(q|k|v after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual) per
-candidate in a CUDA graph of back-to-back launches whose weights rotate through enough copies to
+Owns: the candidate configs per row count, timing each of a decoder layer's four projections (q|k|v
+after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual; the code
+predictor's and / or the talker's shapes) per candidate, launched as the engine launches them (with
+programmatic dependent launch where the GPU has it), in a CUDA graph of back-to-back launches whose weights rotate through enough copies to
 overflow the L2 cache (inside a frame 150 MB of predictor weights stream from HBM; a sweep that keeps
 one copy hot in the H200's 50 MB L2 picked configs for the wrong regime, 2026-11-30), and the choice
 of the fastest per (rows, shape). Weights are random at the size's shapes (values don't change speed).
@@ -29,12 +31,14 @@ from omni_tts.fastpath import fuse_layer
 Config = kernels.Config
 
 
-def candidates(rows: int) -> list[Config]:
+def candidates(rows: int, quick: bool = False) -> list[Config]:
     """(BN, BK, stages, warps, multiply-and-sum) to try for `rows` rows: tensor-core tiles always, narrow
-    multiply-and-sum tiles up to 8 rows."""
-    out = [(bn, bk, st, wp, False) for bn, bk, st, wp in itertools.product((16, 32), (128, 256), (3, 4), (4, 8))]
-    if rows <= 8:
-        out += [(bn, bk, st, wp, True) for bn, bk, st, wp in itertools.product((2, 4, 8), (256, 512), (3, 4), (4, 8))]
+    multiply-and-sum tiles up to 8 rows (`quick`: 4 warps only and multiply-and-sum up to 2 rows, as every
+    pick on the H200 so far)."""
+    warps = (4,) if quick else (4, 8)
+    out = [(bn, bk, st, wp, False) for bn, bk, st, wp in itertools.product((16, 32), (128, 256), (3, 4), warps)]
+    if rows <= (2 if quick else 8):
+        out += [(bn, bk, st, wp, True) for bn, bk, st, wp in itertools.product((2, 4, 8), (256, 512), (3, 4), warps)]
     return out
 
 
@@ -48,12 +52,13 @@ def configs_json(best: dict[tuple[int, int, int], Config]) -> dict[str, list]:
     return {f"{m},{n},{k}": list(cfg) for (m, n, k), cfg in sorted(best.items())}
 
 
-def _layer(size: str, device: torch.device, dtype: torch.dtype) -> Any:
+def _layer(size: str, part: str, device: torch.device, dtype: torch.dtype) -> Any:
     from omni_tts.checkpoint_maker import make_configs
     from omni_tts.talker import DecoderLayer
 
-    cfg = make_configs(size)[0]["talker_config"]["code_predictor_config"]
-    layer = DecoderLayer(cfg, "code_predictor_config").to(device=device, dtype=dtype)
+    cfg = make_configs(size)[0]["talker_config"]
+    cfg, where = (cfg, "talker_config") if part == "talker" else (cfg["code_predictor_config"], "code_predictor_config")
+    layer = DecoderLayer(cfg, where).to(device=device, dtype=dtype)
     for p in layer.parameters():
         torch.nn.init.normal_(p, std=0.02)
     return layer
@@ -81,9 +86,18 @@ def _graph_us(fns: list[Callable[[], Any]], launches: int = 60, replays: int = 5
     return start.elapsed_time(end) * 1000 / (replays * launches)
 
 
-def sweep(size: str, rows: Sequence[int], say: Callable[[str], None]) -> dict[tuple[int, int, int], Config]:
+def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Sequence[str] = ("predictor",),
+          pdl: bool = True, quick: bool = False) -> dict[tuple[int, int, int], Config]:
+    best: dict[tuple[int, int, int], Config] = {}
+    for part in parts:
+        best.update(_sweep_part(size, part, rows, say, pdl and kernels.pdl_available(torch.device("cuda")), quick))
+    return best
+
+
+def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], None], pdl: bool, quick: bool
+                ) -> dict[tuple[int, int, int], Config]:
     dev, dt = torch.device("cuda"), torch.bfloat16
-    layer = _layer(size, dev, dt)
+    layer = _layer(size, part, dev, dt)
     w_qkv, _, w_gu = fuse_layer(layer)
     D, I = layer.mlp.down_proj.out_features, layer.mlp.down_proj.in_features
     A = layer.self_attn.o_proj.in_features
@@ -100,15 +114,16 @@ def sweep(size: str, rows: Sequence[int], say: Callable[[str], None]) -> dict[tu
             x = torch.randn(m, K, device=dev, dtype=dt)
             args = dict(kw, res=torch.randn(m, n, device=dev, dtype=dt)) if kw.get("res") else dict(kw)
             timings: dict[Config, float] = {}
-            for cfg in candidates(m):
+            for cfg in candidates(m, quick):
                 try:
-                    timings[cfg] = _graph_us([lambda w=w_: kernels._proj(x, w, n=n, cfg=cfg, **args) for w_ in ws])
+                    timings[cfg] = _graph_us([lambda w=w_: kernels._proj(x, w, n=n, cfg=cfg, pdl=pdl, **args)
+                                              for w_ in ws])
                 except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
                     say(f"  {name} rows={m} {cfg}: {type(e).__name__}")
             pick = fastest(timings)
             best[(kernels._next_pow2(m), n, K)] = pick
             default = kernels.config(m, n, K)
-            say(f"rows={m} {name} [{n}x{K}, {copies} weight copies]: {timings[pick]:.2f} us with {pick}; "
+            say(f"{part} rows={m} {name} [{n}x{K}, {copies} weight copies]: {timings[pick]:.2f} us with {pick}; "
                 f"current {default}: {timings.get(default, float('nan')):.2f} us")
             del ws
     return best
@@ -116,8 +131,11 @@ def sweep(size: str, rows: Sequence[int], say: Callable[[str], None]) -> dict[tu
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m omni_tts.kernel_sweep", description=__doc__.splitlines()[0])
-    ap.add_argument("--size", default="1.7B", help="predictor shapes of this size (0.6B and 1.7B share them)")
+    ap.add_argument("--size", default="1.7B", help="layer shapes of this size (0.6B and 1.7B share the predictor's)")
+    ap.add_argument("--parts", nargs="+", choices=("predictor", "talker"), default=["predictor", "talker"])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 16, 32])
+    ap.add_argument("--no-pdl", action="store_true", help="time launches without programmatic dependent launch")
+    ap.add_argument("--quick", action="store_true", help="fewer candidates (4 warps only)")
     ap.add_argument("--out", default="kernel_configs.json")
     args = ap.parse_args(argv)
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
@@ -127,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(not 1 <= m <= kernels.MAX_ROWS for m in args.rows):
         say(f"error: --rows must be within 1..{kernels.MAX_ROWS}")
         return 2
-    best = sweep(args.size, args.rows, say)
+    best = sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick)
     with open(args.out, "w") as f:
         json.dump(configs_json(best), f, indent=1)
     say(f"wrote {args.out}: run with OMNI_TTS_KERNEL_CONFIGS={args.out}")

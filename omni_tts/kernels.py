@@ -34,6 +34,10 @@ try:
     import triton.language as tl
 except ImportError:  # CPU-only installs: the engine uses the Inductor path
     triton = None
+try:  # grid dependency control (programmatic dependent launch), Triton >= 3.4
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:
+    gdc_wait = gdc_launch_dependents = None
 
 # Triton's CPU interpreter (3.6) multiplies bfloat16 dot operands wrongly: upcast them there (the products
 # of bfloat16 values are exact in float32, as in the GPU's bfloat16 MMA with float32 accumulation)
@@ -68,17 +72,46 @@ if triton is not None:
         return _dot(xk, tl.trans(wk), IEEE)
 
     @triton.jit
+    def _w_block(w_ptr, rn, nmask, kk, N: tl.constexpr, K: tl.constexpr, GLU: tl.constexpr):
+        """The weight tile [BN, BK] at columns kk (and its up half's with GLU; else the same tile again)."""
+        wmask = nmask[:, None] & (kk < K)[None, :]
+        wk = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=wmask, other=0.0)
+        wu = wk
+        if GLU:
+            wu = tl.load(w_ptr + (rn[:, None] + N) * K + kk[None, :], mask=wmask, other=0.0)
+        return wk, wu
+
+    @triton.jit
+    def _x_block(x_ptr, nw_ptr, rm, mmask, kk, rstd, K: tl.constexpr, NORM: tl.constexpr, dt: tl.constexpr):
+        """The input tile [BM, BK] at columns kk, RMS-normed (rstd [BM]) and scaled by nw with NORM."""
+        kmask = kk < K
+        xk = tl.load(x_ptr + rm[:, None] * K + kk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+        if NORM:
+            h = (xk.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
+            nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+            xk = (nw[None, :] * h).to(dt)
+        return xk
+
+    @triton.jit
     def _proj_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, res_ptr, out_ptr, eps, M: tl.constexpr, N: tl.constexpr,
                      K: tl.constexpr,
                      NORM: tl.constexpr, BIAS: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr,
-                     IEEE: tl.constexpr, VEC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                     IEEE: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     BK: tl.constexpr):
         """out[M, N] = epilogue(prologue(x[M, K]) @ w[N, K]^T). NORM: x is RMS-normed with nw first;
-        GLU: w has 2N rows (gate then up) and out = silu(gate) * up; RES: out += res[M, N]."""
+        GLU: w has 2N rows (gate then up) and out = silu(gate) * up; RES: out += res[M, N].
+        PDL (programmatic dependent launch, Hopper+): the first weight tile loads while the previous
+        kernel is still running; everything that kernel writes (x, res) is read after gdc_wait."""
         dt = out_ptr.dtype.element_ty
         rm = tl.arange(0, BM)
         rn = tl.program_id(0) * BN + tl.arange(0, BN)
         rk = tl.arange(0, BK)
         mmask, nmask = rm < M, rn < N
+        wk, wu = _w_block(w_ptr, rn, nmask, rk, N, K, GLU)  # [BN, BK]: weights never depend on the last kernel
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+        rstd = tl.zeros([BM], tl.float32)
         if NORM:
             ss = tl.zeros([BM], tl.float32)
             for k0 in range(0, K, BK):
@@ -87,21 +120,17 @@ if triton is not None:
                 xs = xs.to(tl.float32)
                 ss += tl.sum(xs * xs, axis=1)
             rstd = tl.rsqrt(ss / K + eps)  # [BM]
-        acc = tl.zeros([BM, BN], tl.float32)
+        xk = _x_block(x_ptr, nw_ptr, rm, mmask, rk, rstd, K, NORM, dt)  # [BM, BK]
+        acc = _mac(xk, wk, IEEE, VEC)  # [BM, BN]
         acc2 = tl.zeros([BM, BN], tl.float32)
-        for k0 in range(0, K, BK):
+        if GLU:
+            acc2 += _mac(xk, wu, IEEE, VEC)
+        for k0 in range(BK, K, BK):
             kk = k0 + rk
-            kmask = kk < K
-            xk = tl.load(x_ptr + rm[:, None] * K + kk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
-            if NORM:
-                h = (xk.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
-                nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
-                xk = (nw[None, :] * h).to(dt)
-            wmask = nmask[:, None] & kmask[None, :]
-            wk = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=wmask, other=0.0)  # [BN, BK]
-            acc += _mac(xk, wk, IEEE, VEC)  # [BM, BN]
+            wk, wu = _w_block(w_ptr, rn, nmask, kk, N, K, GLU)
+            xk = _x_block(x_ptr, nw_ptr, rm, mmask, kk, rstd, K, NORM, dt)
+            acc += _mac(xk, wk, IEEE, VEC)
             if GLU:
-                wu = tl.load(w_ptr + (rn[:, None] + N) * K + kk[None, :], mask=wmask, other=0.0)
                 acc2 += _mac(xk, wu, IEEE, VEC)
         if BIAS:
             acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
@@ -132,10 +161,13 @@ if triton is not None:
     @triton.jit
     def _attn_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, pos0, eps, scale,
                      T: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, P: tl.constexpr,
-                     BD: tl.constexpr, BP: tl.constexpr):
+                     BD: tl.constexpr, BP: tl.constexpr, PDL: tl.constexpr):
         """Program (row b, KV head g): normed + rotated K/V of positions pos0..pos0+T-1 into the cache
         [B, HKV, P, HD], then causal attention of the REP query heads sharing g. y: [B*T, (H+2HKV)*HD]."""
         dt = out_ptr.dtype.element_ty
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
         b = tl.program_id(0)
         g = tl.program_id(1)
         REP: tl.constexpr = H // HKV
@@ -172,6 +204,39 @@ if triton is not None:
                 tl.store(out_ptr + (b * T + t) * H * HD + h * HD + d, o.to(dt), mask=dm)
 
 
+    @triton.jit
+    def _rope_cache_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, q_ptr, eps,
+                           kc_row, kc_head, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
+                           BD: tl.constexpr, PDL: tl.constexpr):
+        """Program (row b, KV head g) of a one-token talker step: K/V of head g normed + rotated into the
+        cache at the row's own position pos[b]; the query heads sharing g normed + rotated into q [B, H, HD].
+        y: [B, (H+2HKV)*HD]; cos/sin: [B, HD] (each row's position); kc/vc: [B, HKV, M, HD] strided."""
+        dt = q_ptr.dtype.element_ty
+        b = tl.program_id(0)
+        g = tl.program_id(1)
+        REP: tl.constexpr = H // HKV
+        HALF: tl.constexpr = HD // 2
+        W: tl.constexpr = (H + 2 * HKV) * HD
+        d = tl.arange(0, BD)
+        dm = d < HD
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+        cos = tl.load(cos_ptr + b * HD + d, mask=dm, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + b * HD + d, mask=dm, other=0.0).to(tl.float32)
+        pos = tl.load(pos_ptr + b)
+        row = y_ptr + b * W
+        k = _normed_rope(row + (H + g) * HD, d, dm, HALF, HD, kn_ptr, cos, sin, eps, dt)
+        v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
+        at = b * kc_row + g * kc_head + pos * HD + d
+        tl.store(kc_ptr + at, k.to(dt), mask=dm)
+        tl.store(vc_ptr + at, v, mask=dm)
+        for r in tl.static_range(REP):
+            h = g * REP + r
+            q = _normed_rope(row + h * HD, d, dm, HALF, HD, qn_ptr, cos, sin, eps, dt)
+            tl.store(q_ptr + (b * H + h) * HD + d, q.to(dt), mask=dm)
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -181,12 +246,12 @@ def _next_pow2(n: int) -> int:
 # width), measured on the H200 for the 1.7B / 0.6B predictor's shapes (docs/benchmarks.md); other shapes
 # take `config`'s default. OMNI_TTS_KERNEL_CONFIGS names a JSON of more entries ("rows,n,K": [...]).
 Config = tuple[int, int, int, int, bool]
-TUNED: dict[tuple[int, int, int], Config] = {
-    (1, 4096, 1024): (8, 512, 4, 4, True), (1, 1024, 2048): (4, 512, 3, 4, True),
-    (1, 3072, 1024): (8, 512, 3, 4, True), (1, 1024, 3072): (4, 512, 4, 4, True),
+TUNED: dict[tuple[int, int, int], Config] = {  # rows 1 and 8: the L2-cold sweep (H200, 2026-11-30, call 5)
+    (1, 4096, 1024): (32, 256, 4, 4, False), (1, 1024, 2048): (2, 512, 4, 4, True),
+    (1, 3072, 1024): (32, 256, 4, 4, False), (1, 1024, 3072): (2, 512, 4, 4, True),
     (2, 4096, 1024): (32, 256, 4, 4, False), (2, 1024, 2048): (16, 128, 3, 4, False),
     (2, 3072, 1024): (32, 256, 4, 4, False), (2, 1024, 3072): (16, 256, 3, 4, False),
-    (8, 4096, 1024): (32, 256, 4, 4, False), (8, 1024, 2048): (16, 256, 3, 4, False),
+    (8, 4096, 1024): (32, 256, 4, 4, False), (8, 1024, 2048): (16, 256, 4, 4, False),
     (8, 3072, 1024): (32, 256, 4, 4, False), (8, 1024, 3072): (16, 128, 3, 4, False),
     (16, 4096, 1024): (32, 256, 3, 4, False), (16, 1024, 2048): (32, 256, 3, 4, False),
     (16, 3072, 1024): (32, 256, 4, 4, False), (16, 1024, 3072): (16, 256, 3, 4, False),
@@ -212,9 +277,25 @@ def config(M: int, n: int, K: int) -> Config:
     return TUNED.get((rows, n, K), (8, 512, 3, 4, True) if rows == 1 else (16, 256, 3, 4, False))
 
 
+def pdl_available(device: torch.device) -> bool:
+    """True where programmatic dependent launch can run: a Hopper-or-newer CUDA GPU and a Triton with grid
+    dependency control (never in the CPU interpreter)."""
+    return (triton is not None and gdc_wait is not None and not _INTERPRET and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def _launch(pdl: bool, warps: int, stages: int | None = None) -> dict[str, Any]:
+    opts: dict[str, Any] = {"num_warps": warps}
+    if stages is not None:
+        opts["num_stages"] = stages
+    if pdl:
+        opts["launch_pdl"] = True
+    return opts
+
+
 def _proj(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None = None,
-          norm: Any = None, res: torch.Tensor | None = None, glu: bool = False, cfg: Config | None = None
-          ) -> torch.Tensor:
+          norm: Any = None, res: torch.Tensor | None = None, glu: bool = False, cfg: Config | None = None,
+          pdl: bool = False) -> torch.Tensor:
     """x: [M, K] -> [M, n] (see _proj_kernel); w: [n, K], or [2n, K] with glu."""
     M, K = x.shape
     out = torch.empty(M, n, device=x.device, dtype=x.dtype)
@@ -224,16 +305,19 @@ def _proj(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None
         x, norm.weight if norm is not None else dummy, w, bias if bias is not None else dummy,
         res if res is not None else dummy, out, float(norm.eps) if norm is not None else 0.0, M=M, N=n, K=K,
         NORM=norm is not None, BIAS=bias is not None, RES=res is not None, GLU=glu,
-        IEEE=x.dtype == torch.float32 or _INTERPRET, VEC=vec, BM=_next_pow2(M) if vec else max(16, _next_pow2(M)),
-        BN=BN, BK=BK, num_warps=warps, num_stages=stages)
+        IEEE=x.dtype == torch.float32 or _INTERPRET, VEC=vec, PDL=pdl,
+        BM=_next_pow2(M) if vec else max(16, _next_pow2(M)), BN=BN, BK=BK, **_launch(pdl, warps, stages))
     return out
 
 
 def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor], cos: torch.Tensor,
-          sin: torch.Tensor, batches: list[int], max_rows: int) -> str:
-    """Run `layer` once for every (batch, 1 or 2 positions) of at most max_rows rows that a capture will use,
-    so every kernel variant compiles now: "" when all ran, else the first error in one line (a GPU whose
-    Triton cannot build them, e.g. too little shared memory or no bfloat16 tensor cores)."""
+          sin: torch.Tensor, batches: list[int], max_rows: int, pdl: bool = False,
+          talker: tuple[Any, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor], int] | None = None) -> str:
+    """Run the predictor `layer` once for every (batch, 1 or 2 positions) of at most max_rows rows that a
+    capture will use, and with `talker` = (talker layer, its fused weights, talker rows) the talker layer
+    for every batch of at most that many rows, so every kernel variant compiles now: "" when all ran,
+    else the first error in one line (a GPU whose Triton cannot build them, e.g. too little shared
+    memory, no bfloat16 tensor cores, no programmatic dependent launch)."""
     a, dev = layer.self_attn, cos.device
     width = layer.input_layernorm.weight.shape[0]
     try:
@@ -245,7 +329,18 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
                     return "this layer's activation or norms are not what the kernels implement"
                 x = torch.zeros(b, T, width, device=dev, dtype=cos.dtype)
                 kc = torch.zeros(b, a.kv_heads, cos.shape[1], a.head_dim, device=dev, dtype=cos.dtype)
-                predictor_layer(layer, *w, x, cos, sin, kc, torch.zeros_like(kc), 0)
+                predictor_layer(layer, *w, x, cos, sin, kc, torch.zeros_like(kc), 0, pdl)
+            if talker is not None and b <= talker[2]:
+                tl_layer, tw, _ = talker
+                if not supports(tl_layer, b):
+                    return "the talker layer's activation or norms are not what the kernels implement"
+                ta = tl_layer.self_attn
+                x = torch.zeros(b, 1, tl_layer.input_layernorm.weight.shape[0], device=dev, dtype=cos.dtype)
+                kc = torch.zeros(b, ta.kv_heads, 4, ta.head_dim, device=dev, dtype=cos.dtype)
+                rope = torch.zeros(b, 1, ta.head_dim, device=dev, dtype=cos.dtype)
+                pos = torch.zeros(b, dtype=torch.long, device=dev)
+                q = talker_attn_in(tl_layer, tw[0], tw[1], x, rope, rope, kc, torch.zeros_like(kc), pos, pdl)
+                talker_attn_out(tl_layer, tw[2], x, q, pdl)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
     except Exception as e:  # compile or launch failure: the caller falls back to Inductor's kernels
@@ -255,21 +350,54 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
 
 def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_gu: torch.Tensor,
                     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
-                    pos0: int) -> torch.Tensor:
+                    pos0: int, pdl: bool = False) -> torch.Tensor:
     """fastpath.predictor_layer in five kernels. x: [B, T, d] at positions pos0..pos0+T-1; cos/sin: the
-    rope table [1, P, hd] of all P cache positions; kc/vc: [B, Hkv, P, hd] (written). -> [B, T, d]"""
+    rope table [1, P, hd] of all P cache positions; kc/vc: [B, Hkv, P, hd] (written). pdl: launch them
+    with programmatic dependent launch (`pdl_available`). -> [B, T, d]"""
     attn, mlp = layer.self_attn, layer.mlp
     B, T, D = x.shape
     H, Hkv, hd, P = attn.heads, attn.kv_heads, attn.head_dim, kc.shape[2]
     x2 = x.reshape(B * T, D)  # [M, d]
-    y = _proj(x2, w_qkv, n=(H + 2 * Hkv) * hd, bias=b_qkv, norm=layer.input_layernorm)  # [M, (H+2Hkv) hd]
+    y = _proj(x2, w_qkv, n=(H + 2 * Hkv) * hd, bias=b_qkv, norm=layer.input_layernorm, pdl=pdl)  # [M, (H+2Hkv) hd]
     a = torch.empty(B * T, H * hd, device=x.device, dtype=x.dtype)  # [M, H hd]
     _attn_kernel[(B, Hkv)](y, attn.q_norm.weight, attn.k_norm.weight, cos.reshape(-1, hd), sin.reshape(-1, hd),
                            kc, vc, a, pos0, float(attn.q_norm.eps), hd ** -0.5, T=T, H=H, HKV=Hkv, HD=hd, P=P,
-                           BD=_next_pow2(hd), BP=_next_pow2(P), num_warps=1)  # 1 warp: fastest on the H200
-    x1 = _proj(a, attn.o_proj.weight, n=D, bias=attn.o_proj.bias, res=x2)  # [M, d]
-    m = _proj(x1, w_gu, n=w_gu.shape[0] // 2, norm=layer.post_attention_layernorm, glu=True)  # [M, I]
-    return _proj(m, mlp.down_proj.weight, n=D, res=x1).view(B, T, D)  # [B, T, d]
+                           BD=_next_pow2(hd), BP=_next_pow2(P), PDL=pdl,
+                           **_launch(pdl, 1))  # 1 warp: fastest on the H200
+    return _mlp_block(layer, w_gu, x2, a, pdl).view(B, T, D)  # [B, T, d]
 
+
+def _mlp_block(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pdl: bool) -> torch.Tensor:
+    """x [M, D] + o_proj(a [M, H hd]), then + the MLP of its post-attention norm -> [M, D] (three kernels)."""
+    attn, D = layer.self_attn, x.shape[1]
+    x1 = _proj(a, attn.o_proj.weight, n=D, bias=attn.o_proj.bias, res=x, pdl=pdl)  # [M, D]
+    m = _proj(x1, w_gu, n=w_gu.shape[0] // 2, norm=layer.post_attention_layernorm, glu=True, pdl=pdl)  # [M, I]
+    return _proj(m, layer.mlp.down_proj.weight, n=D, res=x1, pdl=pdl)  # [M, D]
+
+
+def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.Tensor,
+                   cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor,
+                   pdl: bool = False) -> torch.Tensor:
+    """fastpath.talker_attn_in (rows 0..B-1) in two kernels: norm + q|k|v, then q/k norm + rope and K/V
+    written at each row's position. x: [B, 1, D]; cos/sin: [B, 1, hd]; kc/vc: [B, Hkv, M, hd] (last two dims
+    contiguous); pos: [B]. -> q [B, H, 1, hd]"""
+    attn = layer.self_attn
+    B, _, D = x.shape
+    H, Hkv, hd = attn.heads, attn.kv_heads, attn.head_dim
+    assert kc.stride() == vc.stride() and kc.stride(3) == 1 and kc.stride(2) == hd
+    y = _proj(x.reshape(B, D), w_qkv, n=(H + 2 * Hkv) * hd, bias=b_qkv, norm=layer.input_layernorm,
+              pdl=pdl)  # y: [B, (H+2Hkv) hd]
+    q = torch.empty(B, H, 1, hd, device=x.device, dtype=x.dtype)  # [B, H, 1, hd]
+    _rope_cache_kernel[(B, Hkv)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(),
+                                 pos, kc, vc, q, float(attn.q_norm.eps), kc.stride(0), kc.stride(1), H=H, HKV=Hkv,
+                                 HD=hd, BD=_next_pow2(hd), PDL=pdl, **_launch(pdl, 1))
+    return q
+
+
+def talker_attn_out(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pdl: bool = False
+                    ) -> torch.Tensor:
+    """fastpath.talker_attn_out in three kernels. x: [B, 1, D], a: [B, H, 1, hd] -> [B, 1, D]"""
+    B, _, D = x.shape
+    return _mlp_block(layer, w_gu, x.reshape(B, D), a.reshape(B, -1), pdl).view(B, 1, D)
 
 _load_configs()

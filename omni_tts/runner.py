@@ -232,7 +232,7 @@ class Runner:
         self.pool_bytes_ = 0
         t0 = time.perf_counter()
         self.fast = self._fast_path(mode)
-        kernel_notice = self._use_predictor_kernels(mode)
+        kernel_notice = self._use_layer_kernels(mode)
         if kernel_notice:
             say(kernel_notice)
             notice = "; ".join(n for n in (notice, kernel_notice) if n)
@@ -283,29 +283,42 @@ class Runner:
             self._fast_by_mode[inductor_mode] = FastPath(self.model, inductor_mode)
         return self._fast_by_mode[inductor_mode]
 
-    def _use_predictor_kernels(self, mode: CompileMode) -> str:
-        """Set how many rows the Triton predictor layers take in `mode` (default+cudagraph on CUDA only),
-        building them now; where they cannot run, Inductor's kernels do. -> '' or a notice saying why."""
+    def _use_layer_kernels(self, mode: CompileMode) -> str:
+        """Set how many rows the Triton predictor and talker layers take in `mode` (default+cudagraph on
+        CUDA only) and whether they launch with programmatic dependent launch, building them now; where
+        they cannot run, Inductor's kernels do. -> '' or a notice saying why."""
         fast = self.fast
         if fast is None:
             return ""
-        graphed = mode is CompileMode.DEFAULT_CUDAGRAPH and self.device.type == "cuda"
-        fast.kernel_rows = self.config.predictor_kernel_rows if graphed and kernels.available() else 0
-        if not fast.kernel_rows:
+        on = mode is CompileMode.DEFAULT_CUDAGRAPH and self.device.type == "cuda" and kernels.available()
+        fast.kernel_rows = self.config.predictor_kernel_rows if on else 0
+        fast.talker_kernel_rows = self.config.talker_kernel_rows if on else 0
+        fast.kernel_pdl = on and self.config.kernel_pdl and kernels.pdl_available(self.device)
+        if not (fast.kernel_rows or fast.talker_kernel_rows):
             return ""
         cp = self.model.code_predictor
-        err = kernels.probe(cp.layers[0], fast.predictor_w[0], fast.cos, fast.sin, self.buckets, fast.kernel_rows)
+        talker = (self.model.talker.layers[0], fast.talker_w[0], fast.talker_kernel_rows)
+        err = kernels.probe(cp.layers[0], fast.predictor_w[0], fast.cos, fast.sin, self.buckets, fast.kernel_rows,
+                            fast.kernel_pdl, talker if fast.talker_kernel_rows else None)
+        if err and fast.kernel_pdl:  # try once more without programmatic dependent launch
+            fast.kernel_pdl = False
+            err = kernels.probe(cp.layers[0], fast.predictor_w[0], fast.cos, fast.sin, self.buckets,
+                                fast.kernel_rows, False, talker if fast.talker_kernel_rows else None)
         if err:
-            fast.kernel_rows = 0
-            return f"Triton predictor kernels unavailable on this GPU ({err}); using Inductor's"
+            fast.kernel_rows = fast.talker_kernel_rows = 0
+            return f"Triton layer kernels unavailable on this GPU ({err}); using Inductor's"
         return ""
 
-    def predictor_kernels(self) -> str:
-        """What runs the code predictor's layers in this mode (for the engine panel)."""
+    def layer_kernels(self) -> str:
+        """What runs the code predictor's and the talker's layers in this mode (for the engine panel)."""
         if self.fast is None:
             return "reference modules"
-        rows = self.fast.kernel_rows
-        return f"Triton kernels up to {rows} rows, Inductor above" if rows else "Inductor kernels"
+        f = self.fast
+        if not (f.kernel_rows or f.talker_kernel_rows):
+            return "Inductor kernels"
+        pdl = ", programmatic dependent launch" if f.kernel_pdl else ""
+        return (f"Triton kernels up to {f.kernel_rows} predictor rows / {f.talker_kernel_rows} talker rows"
+                f"{pdl}, Inductor above")
 
     # ------------------------------------------------------------------ requests
     def prepare(self, params: SynthesisParams) -> Admission:

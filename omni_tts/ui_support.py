@@ -176,8 +176,8 @@ def engine_markdown(snap: Mapping[str, Any]) -> str:
                       for m, c in (snap.get("capture") or {}).items())
     return (f"**mode** `{snap['mode']}` on {snap['device']} ({snap['dtype']}) · **batch** {snap['active']} active / "
             f"{snap['max_num_seqs']} slots, {snap['waiting']} waiting · mean occupancy "
-            f"{snap['mean_occupancy']:.2f} · {snap['steps_per_s']:.1f} steps/s · predictor layers: "
-            f"{snap.get('predictor_kernels', '?')}\n\n**GPU memory:** {memory}"
+            f"{snap['mean_occupancy']:.2f} · {snap['steps_per_s']:.1f} steps/s · layer kernels: "
+            f"{snap.get('layer_kernels', '?')}\n\n**GPU memory:** {memory}"
             + (f"\n\n**compile/capture cost:** {costs}" if costs else "") + "\n\n" + _codec_line(snap))
 
 

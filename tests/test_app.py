@@ -141,7 +141,7 @@ def test_mode_switch_updates_the_panel_and_reports_cost(engine):
         assert f"mode** `{target}`" in panel
         # no Triton layers off CUDA: the reference modules in eager, Inductor's kernels in the compiled modes
         want = "reference modules" if target == "eager" else "Inductor kernels"
-        assert f"predictor layers: {want}" in panel
+        assert f"layer kernels: {want}" in panel
         # on CPU the codec runs exact float32, eager ops, no graphs; a clip adds to its decode counts
         line = panel.split("**code-to-wave:** ")[1]
         assert line.startswith("`float32` · fused activations off · first-chunk graphs off · ")

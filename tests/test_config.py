@@ -154,7 +154,9 @@ def test_synthesis_params_validate():
 @pytest.mark.parametrize("line,fragment", [("max_seq_len: 0", "max_seq_len must be >= 16"),
                                            ("gpu_memory_limit_gb: -1", "gpu_memory_limit_gb must be > 0"),
                                            ("predictor_kernel_rows: 64", "predictor_kernel_rows must be 0..32"),
-                                           ("predictor_kernel_rows: true", "must be an integer")])
+                                           ("predictor_kernel_rows: true", "must be an integer"),
+                                           ("talker_kernel_rows: -1", "talker_kernel_rows must be 0..32"),
+                                           ("kernel_pdl: 1", "'kernel_pdl' must be true or false")])
 def test_out_of_range_preset_values_are_one_line_errors(tmp_path: Path, line: str, fragment: str):
     f = tmp_path / "range.yaml"
     f.write_text(line + "\n")
@@ -164,10 +166,11 @@ def test_out_of_range_preset_values_are_one_line_errors(tmp_path: Path, line: st
 
 def test_switches_load_from_a_preset_and_from_set_pairs(tmp_path: Path):
     f = tmp_path / "switches.yaml"
-    f.write_text("codec_fused: false\nlookahead: false\nfirst_chunk_graphs: false\n")
+    f.write_text("codec_fused: false\nlookahead: false\nfirst_chunk_graphs: false\nkernel_pdl: false\n")
     cfg = load_preset(f)
-    assert (cfg.codec_fused, cfg.lookahead, cfg.first_chunk_graphs) == (False, False, False)
-    assert (EngineConfig().codec_fused, EngineConfig().lookahead, EngineConfig().first_chunk_graphs) == (True,) * 3
+    assert (cfg.codec_fused, cfg.lookahead, cfg.first_chunk_graphs, cfg.kernel_pdl) == (False,) * 4
+    d = EngineConfig()
+    assert (d.codec_fused, d.lookahead, d.first_chunk_graphs, d.kernel_pdl) == (True,) * 4
     sets = parse_sets(["lookahead=false", "max_num_seqs=16", "buckets=[1, 4, 16]", "mode=default"])
     assert sets == {"lookahead": False, "max_num_seqs": 16, "buckets": [1, 4, 16], "mode": "default"}
     cfg = load_preset("graph-bs32", **sets)
