@@ -127,7 +127,8 @@ class EngineConfig:
     first_chunk_graphs: bool = True  # CUDA: the codec's first-chunk decode as CUDA graphs (the TTFP path)
     lookahead: bool = True  # launch frame t+1 before reading frame t (false: wait for every frame)
     predictor_kernel_rows: int = 32  # default+cudagraph on CUDA: hand-written Triton predictor layers for
-    #   steps of at most this many rows (batch x positions); larger steps and 0 use Inductor's kernels
+    #   steps of at most this many rows (batch x positions), and heads + sampling for batches of at most
+    #   that many rows (top-k <= 64 settings); larger steps and 0 use Inductor's kernels
     talker_kernel_rows: int = 32  # the same for the talker's decode layers (rows = batch)
     kernel_pdl: bool = True  # those kernels with programmatic dependent launch (Hopper+; ignored elsewhere)
     max_num_seqs: int = 8

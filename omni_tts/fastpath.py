@@ -17,9 +17,10 @@ gate/up weights are re-pointed at row blocks of the packed tensors (`fuse_rows`)
 share storage and checkpoints, parameter names and values are unchanged. Eager mode does not use this
 file (it runs the reference modules as they are). Also the compile-time switches: `kernel_tuning`
 (opt-in Inductor autotuning) and `cpu_fallback_mode` (what a CUDA-graph mode runs as on a CPU).
-In default+cudagraph on CUDA the runner sets `kernel_rows` / `talker_kernel_rows`: predictor steps
-(talker steps) of at most that many rows then run omni_tts.kernels' hand-written Triton layers instead
-of the compiled layer units (`kernel_pdl`: launched with programmatic dependent launch).
+In default+cudagraph on CUDA the runner sets `kernel_rows` / `talker_kernel_rows` / `head_kernel_rows`:
+predictor steps (talker steps, predictor heads) of at most that many rows then run the hand-written
+Triton kernels of omni_tts.kernels / head_kernels instead of the compiled units (`kernel_pdl`:
+launched with programmatic dependent launch).
 Knows nothing about requests, buckets or graphs.
 """
 
@@ -33,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_tts import kernels, sampling
+from omni_tts import head_kernels, kernels, sampling
 from omni_tts.config import CompileMode
 from omni_tts.talker import apply_rope, gqa_attention, rms_norm
 
@@ -226,6 +227,7 @@ class FastPath:
         self.codebook = [torch.tensor(j, device=dev) for j in range(self.n_pos)]
         self.kernel_rows = 0  # predictor steps of at most this many rows run omni_tts.kernels (set per mode)
         self.talker_kernel_rows = 0  # the same for talker steps
+        self.head_kernel_rows = 0  # and for the predictor's per-codebook head, choice and feed (rows = batch)
         self.kernel_pdl = False  # those kernels launched with programmatic dependent launch
 
     def _predictor_layers(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int
@@ -275,6 +277,8 @@ class FastPath:
         x = cp.small_to_mtp_projection(torch.stack([hidden, e0.to(hidden.dtype)], dim=1))  # [B, 2, d]
         kc = [x.new_zeros(B, cp.num_kv_heads, self.n_pos, cp.head_dim) for _ in cp.layers]
         vc = [x.new_zeros(B, cp.num_kv_heads, self.n_pos, cp.head_dim) for _ in cp.layers]
+        if B <= self.head_kernel_rows and head_kernels.supports(sp, B, cp.vocab_size):
+            return self._predict_with_head_kernels(x, kc, vc, e0.to(hidden.dtype), sp, seed, frame)
         codes, embeds = [], [e0.to(hidden.dtype)]
         pos0 = 0  # x holds positions pos0.. (the first step: talker hidden and code 0 at 0 and 1)
         for j in range(self.n_pos - 1):
@@ -288,6 +292,25 @@ class FastPath:
             else:
                 embeds.append(cp.codec_embedding[j](code))  # [B, D]
         return torch.stack(codes, dim=1), torch.stack(embeds, dim=1).sum(1)  # [B, 15], [B, D]
+
+    def _predict_with_head_kernels(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor],
+                                   e0: torch.Tensor, sp: sampling.SlotParams, seed: torch.Tensor,
+                                   frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """predict_frame's loop with each codebook's head, choice and feed as omni_tts.head_kernels."""
+        cp = self.model.code_predictor
+        proj = cp.small_to_mtp_projection
+        esum = e0.float()  # [B, D] running embedding sum
+        codes = []
+        for j in range(self.n_pos - 1):
+            x = self._predictor_layers(x, kc, vc, 0 if j == 0 else j + 1)  # [B, T, d]
+            table = cp.codec_embedding[j].weight  # [V, D]
+            code = head_kernels.head_choose(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1, table, esum,
+                                            self.kernel_pdl)  # [B]
+            codes.append(code)
+            if j + 2 < self.n_pos:
+                x = (head_kernels.feed(table, proj, code, self.kernel_pdl) if isinstance(proj, nn.Linear)
+                     else proj(F.embedding(code, table)[:, None]))  # [B, 1, d]
+        return torch.stack(codes, dim=1), esum.to(e0.dtype)  # [B, 15], [B, D]
 
 
 def kernel_tuning() -> Any:

@@ -1,5 +1,5 @@
 """Launch-config sweep of omni_tts.kernels' projection kernel on this GPU, written as a JSON that
-OMNI_TTS_KERNEL_CONFIGS loads (and that kernels.TUNED is updated from).
+OMNI_TTS_KERNEL_CONFIGS loads (and that kernel_configs.TUNED is updated from).
 
     python -m omni_tts.kernel_sweep [--size 1.7B] [--parts predictor talker] [--rows 1 2 8 16 32]
         [--no-pdl] [--quick] [--out kernel_configs.json]
@@ -25,10 +25,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from omni_tts import kernels
+from omni_tts import kernel_configs, kernels
 from omni_tts.fastpath import fuse_layer
 
-Config = kernels.Config
+Config = kernel_configs.Config
 
 
 def candidates(rows: int, quick: bool = False) -> list[Config]:
@@ -121,8 +121,8 @@ def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], 
                 except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
                     say(f"  {name} rows={m} {cfg}: {type(e).__name__}")
             pick = fastest(timings)
-            best[(kernels._next_pow2(m), n, K)] = pick
-            default = kernels.config(m, n, K)
+            best[(kernel_configs._next_pow2(m), n, K)] = pick
+            default = kernel_configs.config(m, n, K)
             say(f"{part} rows={m} {name} [{n}x{K}, {copies} weight copies]: {timings[pick]:.2f} us with {pick}; "
                 f"current {default}: {timings.get(default, float('nan')):.2f} us")
             del ws

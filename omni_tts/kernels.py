@@ -9,8 +9,8 @@ Owns: one predictor layer step as five kernels instead of Inductor's ~14 (H200 p
   5. down projection + residual
 The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16
 rows cost about the same); a one-row step runs them as a multiply-and-sum over narrow weight tiles
-(more programs reading the weights at once). Launch configs per (rows, shape) come from `TUNED`
-(measured on the H200) or `python -m omni_tts.kernel_sweep` on the GPU at hand. Numerics follow omni_tts.fastpath.predictor_layer: float32
+(more programs reading the weights at once). Launch configs per (rows, shape) come from
+omni_tts.kernel_configs (measured on the H200, or `python -m omni_tts.kernel_sweep` on the GPU at hand). Numerics follow omni_tts.fastpath.predictor_layer: float32
 accumulation, values rounded to the model dtype where the reference rounds (norm output, q/k after
 rope, each projection, SiLU, residual sums); the summation order differs, so results agree to the
 dtype's rounding, not bit for bit. `predictor_layer` has fastpath.predictor_layer's contract except
@@ -21,13 +21,13 @@ choice (`supports`). Runs on CUDA; tests run it in Triton's CPU interpreter (TRI
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 import torch
 
 from omni_tts.errors import one_line
+from omni_tts.kernel_configs import Config, _next_pow2, config
 
 try:
     import triton
@@ -82,10 +82,11 @@ if triton is not None:
         return wk, wu
 
     @triton.jit
-    def _x_block(x_ptr, nw_ptr, rm, mmask, kk, rstd, K: tl.constexpr, NORM: tl.constexpr, dt: tl.constexpr):
-        """The input tile [BM, BK] at columns kk, RMS-normed (rstd [BM]) and scaled by nw with NORM."""
+    def _x_block(x_ptr, nw_ptr, xoff, mmask, kk, rstd, K: tl.constexpr, NORM: tl.constexpr, dt: tl.constexpr):
+        """The input tile [BM, BK] at columns kk of the rows at offsets xoff [BM], RMS-normed (rstd [BM]) and
+        scaled by nw with NORM."""
         kmask = kk < K
-        xk = tl.load(x_ptr + rm[:, None] * K + kk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+        xk = tl.load(x_ptr + xoff[:, None] + kk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
         if NORM:
             h = (xk.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
             nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
@@ -93,15 +94,16 @@ if triton is not None:
         return xk
 
     @triton.jit
-    def _proj_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, res_ptr, out_ptr, eps, M: tl.constexpr, N: tl.constexpr,
-                     K: tl.constexpr,
+    def _proj_kernel(x_ptr, idx_ptr, nw_ptr, w_ptr, b_ptr, res_ptr, out_ptr, eps, sx, M: tl.constexpr,
+                     N: tl.constexpr, K: tl.constexpr,
                      NORM: tl.constexpr, BIAS: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr,
-                     IEEE: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                     BK: tl.constexpr):
-        """out[M, N] = epilogue(prologue(x[M, K]) @ w[N, K]^T). NORM: x is RMS-normed with nw first;
-        GLU: w has 2N rows (gate then up) and out = silu(gate) * up; RES: out += res[M, N].
-        PDL (programmatic dependent launch, Hopper+): the first weight tile loads while the previous
-        kernel is still running; everything that kernel writes (x, res) is read after gdc_wait."""
+                     GATHER: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """out[M, N] = epilogue(prologue(x[M, K]) @ w[N, K]^T), x's rows sx apart (GATHER: x is a table and
+        row m is its row idx[m]). NORM: x is RMS-normed with nw first; GLU: w has 2N rows (gate then up)
+        and out = silu(gate) * up; RES: out += res[M, N]. PDL (programmatic dependent launch, Hopper+):
+        the first weight tile loads while the previous kernel is still running; everything that kernel
+        writes (x, idx, res) is read after gdc_wait."""
         dt = out_ptr.dtype.element_ty
         rm = tl.arange(0, BM)
         rn = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -111,16 +113,20 @@ if triton is not None:
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
+        if GATHER:
+            xoff = tl.load(idx_ptr + rm, mask=mmask, other=0).to(tl.int64) * K  # [BM] table rows
+        else:
+            xoff = rm.to(tl.int64) * sx
         rstd = tl.zeros([BM], tl.float32)
         if NORM:
             ss = tl.zeros([BM], tl.float32)
             for k0 in range(0, K, BK):
                 kk = k0 + rk
-                xs = tl.load(x_ptr + rm[:, None] * K + kk[None, :], mask=mmask[:, None] & (kk[None, :] < K), other=0.0)
+                xs = tl.load(x_ptr + xoff[:, None] + kk[None, :], mask=mmask[:, None] & (kk[None, :] < K), other=0.0)
                 xs = xs.to(tl.float32)
                 ss += tl.sum(xs * xs, axis=1)
             rstd = tl.rsqrt(ss / K + eps)  # [BM]
-        xk = _x_block(x_ptr, nw_ptr, rm, mmask, rk, rstd, K, NORM, dt)  # [BM, BK]
+        xk = _x_block(x_ptr, nw_ptr, xoff, mmask, rk, rstd, K, NORM, dt)  # [BM, BK]
         acc = _mac(xk, wk, IEEE, VEC)  # [BM, BN]
         acc2 = tl.zeros([BM, BN], tl.float32)
         if GLU:
@@ -128,7 +134,7 @@ if triton is not None:
         for k0 in range(BK, K, BK):
             kk = k0 + rk
             wk, wu = _w_block(w_ptr, rn, nmask, kk, N, K, GLU)
-            xk = _x_block(x_ptr, nw_ptr, rm, mmask, kk, rstd, K, NORM, dt)
+            xk = _x_block(x_ptr, nw_ptr, xoff, mmask, kk, rstd, K, NORM, dt)
             acc += _mac(xk, wk, IEEE, VEC)
             if GLU:
                 acc2 += _mac(xk, wu, IEEE, VEC)
@@ -237,46 +243,6 @@ if triton is not None:
             tl.store(q_ptr + (b * H + h) * HD + d, q.to(dt), mask=dm)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
-# Launch configs: (BN rows of the weight per program, BK columns per loop step, pipeline stages, warps,
-# multiply-and-sum instead of tensor cores) by (rows rounded up to a power of two, output width, input
-# width), measured on the H200 for the 1.7B / 0.6B predictor's shapes (docs/benchmarks.md); other shapes
-# take `config`'s default. OMNI_TTS_KERNEL_CONFIGS names a JSON of more entries ("rows,n,K": [...]).
-Config = tuple[int, int, int, int, bool]
-TUNED: dict[tuple[int, int, int], Config] = {  # rows 1 and 8: the L2-cold sweep (H200, 2026-11-30, call 5)
-    (1, 4096, 1024): (32, 256, 4, 4, False), (1, 1024, 2048): (2, 512, 4, 4, True),
-    (1, 3072, 1024): (32, 256, 4, 4, False), (1, 1024, 3072): (2, 512, 4, 4, True),
-    (2, 4096, 1024): (32, 256, 4, 4, False), (2, 1024, 2048): (16, 128, 3, 4, False),
-    (2, 3072, 1024): (32, 256, 4, 4, False), (2, 1024, 3072): (16, 256, 3, 4, False),
-    (8, 4096, 1024): (32, 256, 4, 4, False), (8, 1024, 2048): (16, 256, 4, 4, False),
-    (8, 3072, 1024): (32, 256, 4, 4, False), (8, 1024, 3072): (16, 128, 3, 4, False),
-    (16, 4096, 1024): (32, 256, 3, 4, False), (16, 1024, 2048): (32, 256, 3, 4, False),
-    (16, 3072, 1024): (32, 256, 4, 4, False), (16, 1024, 3072): (16, 256, 3, 4, False),
-    (32, 4096, 1024): (32, 256, 3, 4, False), (32, 1024, 2048): (16, 128, 3, 4, False),
-    (32, 3072, 1024): (32, 256, 4, 4, False), (32, 1024, 3072): (16, 256, 4, 4, False),
-}
-
-
-def _load_configs() -> None:
-    path = os.environ.get("OMNI_TTS_KERNEL_CONFIGS")
-    if path:
-        with open(path) as f:
-            for key, value in json.load(f).items():
-                m, n, k = (int(v) for v in key.split(","))
-                TUNED[(m, n, k)] = (int(value[0]), int(value[1]), int(value[2]), int(value[3]), bool(value[4]))
-
-
-def config(M: int, n: int, K: int) -> Config:
-    """Launch config for an [M, K] x [n, K]^T projection: the tuned entry, else a default."""
-    if _INTERPRET:  # fewer, larger programs: the interpreter's cost is per program
-        return max(16, min(128, _next_pow2(n))), 128, 1, 4, M <= 2
-    rows = _next_pow2(M)
-    return TUNED.get((rows, n, K), (8, 512, 3, 4, True) if rows == 1 else (16, 256, 3, 4, False))
-
-
 def pdl_available(device: torch.device) -> bool:
     """True where programmatic dependent launch can run: a Hopper-or-newer CUDA GPU and a Triton with grid
     dependency control (never in the CPU interpreter)."""
@@ -295,16 +261,22 @@ def _launch(pdl: bool, warps: int, stages: int | None = None) -> dict[str, Any]:
 
 def _proj(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None = None,
           norm: Any = None, res: torch.Tensor | None = None, glu: bool = False, cfg: Config | None = None,
-          pdl: bool = False) -> torch.Tensor:
-    """x: [M, K] -> [M, n] (see _proj_kernel); w: [n, K], or [2n, K] with glu."""
-    M, K = x.shape
+          pdl: bool = False, idx: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [M, K] (rows may be strided; the last dim contiguous) -> [M, n] (see _proj_kernel); w: [n, K], or
+    [2n, K] with glu. idx: [M] row ids into the table x [rows, K] (then x's rows are gathered)."""
+    assert x.stride(-1) == 1
+    K = x.shape[1]
+    M = x.shape[0] if idx is None else idx.shape[0]
     out = torch.empty(M, n, device=x.device, dtype=x.dtype)
     BN, BK, stages, warps, vec = cfg or config(M, n, K)
+    if x.element_size() > 2 and not vec:  # float32 tiles: half as wide, or the stages overflow shared memory
+        BK = max(32, BK // 2)
     dummy = x
     _proj_kernel[(triton.cdiv(n, BN),)](
-        x, norm.weight if norm is not None else dummy, w, bias if bias is not None else dummy,
-        res if res is not None else dummy, out, float(norm.eps) if norm is not None else 0.0, M=M, N=n, K=K,
-        NORM=norm is not None, BIAS=bias is not None, RES=res is not None, GLU=glu,
+        x, idx if idx is not None else dummy, norm.weight if norm is not None else dummy, w,
+        bias if bias is not None else dummy, res if res is not None else dummy, out,
+        float(norm.eps) if norm is not None else 0.0, x.stride(0), M=M, N=n, K=K,
+        NORM=norm is not None, BIAS=bias is not None, RES=res is not None, GLU=glu, GATHER=idx is not None,
         IEEE=x.dtype == torch.float32 or _INTERPRET, VEC=vec, PDL=pdl,
         BM=_next_pow2(M) if vec else max(16, _next_pow2(M)), BN=BN, BK=BK, **_launch(pdl, warps, stages))
     return out
@@ -399,5 +371,3 @@ def talker_attn_out(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Te
     """fastpath.talker_attn_out in three kernels. x: [B, 1, D], a: [B, H, 1, hd] -> [B, 1, D]"""
     B, _, D = x.shape
     return _mlp_block(layer, w_gu, x.reshape(B, D), a.reshape(B, -1), pdl).view(B, 1, D)
-
-_load_configs()

@@ -26,7 +26,7 @@ from omni_tts.errors import InputError, OmniTTSError
 from omni_tts.fastpath import FastPath, cpu_fallback_mode, kernel_tuning
 from omni_tts.graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.model import TTSModel
-from omni_tts import kernels, sampling
+from omni_tts import head_kernels, kernels, sampling
 
 
 def resolve_device(name: str) -> torch.device:
@@ -292,6 +292,7 @@ class Runner:
             return ""
         on = mode is CompileMode.DEFAULT_CUDAGRAPH and self.device.type == "cuda" and kernels.available()
         fast.kernel_rows = self.config.predictor_kernel_rows if on else 0
+        fast.head_kernel_rows = 0
         fast.talker_kernel_rows = self.config.talker_kernel_rows if on else 0
         fast.kernel_pdl = on and self.config.kernel_pdl and kernels.pdl_available(self.device)
         if not (fast.kernel_rows or fast.talker_kernel_rows):
@@ -307,6 +308,11 @@ class Runner:
         if err:
             fast.kernel_rows = fast.talker_kernel_rows = 0
             return f"Triton layer kernels unavailable on this GPU ({err}); using Inductor's"
+        fast.head_kernel_rows = fast.kernel_rows
+        err = head_kernels.probe(cp, self.buckets, fast.head_kernel_rows, sampling.TOPK_CAP, fast.kernel_pdl)
+        if err:
+            fast.head_kernel_rows = 0
+            return f"Triton predictor head kernels unavailable on this GPU ({err}); using Inductor's"
         return ""
 
     def layer_kernels(self) -> str:
@@ -317,7 +323,8 @@ class Runner:
         if not (f.kernel_rows or f.talker_kernel_rows):
             return "Inductor kernels"
         pdl = ", programmatic dependent launch" if f.kernel_pdl else ""
-        return (f"Triton kernels up to {f.kernel_rows} predictor rows / {f.talker_kernel_rows} talker rows"
+        head = " (+ heads and sampling)" if f.head_kernel_rows else ""
+        return (f"Triton kernels up to {f.kernel_rows} predictor rows{head} / {f.talker_kernel_rows} talker rows"
                 f"{pdl}, Inductor above")
 
     # ------------------------------------------------------------------ requests

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from omni_tts import kernel_sweep, kernels
+from omni_tts import kernel_configs, kernel_sweep, kernels
 
 
 def test_candidates_offer_multiply_and_sum_tiles_only_up_to_8_rows() -> None:
@@ -27,14 +27,16 @@ def test_written_configs_are_what_the_kernels_load(tmp_path, monkeypatch) -> Non
     best = {(8, 4096, 1024): (32, 256, 4, 4, False), (1, 1024, 3072): (4, 512, 4, 8, True)}
     f = tmp_path / "configs.json"
     f.write_text(json.dumps(kernel_sweep.configs_json(best)))
-    monkeypatch.setattr(kernels, "TUNED", {})
-    monkeypatch.setattr(kernels, "_INTERPRET", False)  # config() answers from the table, as on a GPU
+    monkeypatch.setattr(kernel_configs, "TUNED", {})
+    monkeypatch.setattr(kernel_configs, "_INTERPRET", False)  # config() answers from the table, as on a GPU
     monkeypatch.setenv("OMNI_TTS_KERNEL_CONFIGS", str(f))
-    kernels._load_configs()
-    assert kernels.TUNED == best
-    assert kernels.config(5, 4096, 1024) == (32, 256, 4, 4, False)  # 5 rows use the 8-row entry
-    assert kernels.config(1, 1024, 3072) == (4, 512, 4, 8, True)
-    assert kernels.config(1, 64, 32) == (8, 512, 3, 4, True)  # untuned shapes take the default
+    kernel_configs._load_configs()
+    assert kernel_configs.TUNED == best
+    assert kernel_configs.config(5, 4096, 1024) == (32, 256, 4, 4, False)  # 5 rows use the 8-row entry
+    assert kernel_configs.config(12, 4096, 1024) == (32, 256, 4, 4, False)  # so do 9..16 (same 16-row tile)
+    assert kernel_configs.config(1, 1024, 3072) == (4, 512, 4, 8, True)
+    assert kernel_configs.config(1, 64, 32) == (8, 512, 3, 4, True)  # untuned shapes take the default
+    assert kernel_configs.config(20, 4096, 1024) == (16, 256, 3, 4, False)  # no 32-row entry: the default
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")

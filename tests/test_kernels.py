@@ -69,21 +69,59 @@ def test_supports_only_small_steps_of_silu_layers() -> None:
     assert not kernels.supports(layer, kernels.MAX_ROWS + 1)
 
 
-def test_predict_frame_with_kernels_equals_without() -> None:
+def _mixed_rows(n: int, cap: int) -> sampling.SlotParams:
+    """Greedy and sampled rows with top-k, top-p and temperature settings that fit a top-`cap` selection."""
+    rows = [sampling.RowSettings(greedy=True),
+            sampling.RowSettings(greedy=False, temperature=0.9, top_k=cap - 2, top_p=1.0),
+            sampling.RowSettings(greedy=False, temperature=0.7, top_k=5, top_p=0.8),
+            sampling.RowSettings(greedy=False, temperature=1.3, top_k=1),
+            sampling.RowSettings(greedy=False, temperature=1.0, top_k=cap, top_p=0.5)]
+    sp = sampling.SlotParams.from_settings([rows[i % len(rows)] for i in range(n)])
+    return sp.rows(n, topk_cap=cap)
+
+
+@pytest.mark.parametrize("greedy_only", [False, True])
+def test_predict_frame_with_kernels_equals_without(greedy_only: bool) -> None:
     m, _ = model_and_fast()
     fast = FastPath(m, None)
     torch.manual_seed(3)
-    hidden = torch.randn(3, m.hidden_size)
-    code0 = torch.randint(0, 64, (3,))
-    st = m.resolve_settings(params_of({"text": "hi", "task": "custom_voice", "speaker": "ryan",
-                                       "language": "English"}))
-    sp = sampling.SlotParams.from_settings([st.subtalker] * 3)
-    seed, frame = torch.tensor([5, 6, 7]), torch.zeros(3, dtype=torch.long)
+    B = 3  # greedy, top-k, top-k + top-p rows (the choice test below covers more settings, cheaper)
+    hidden = torch.randn(B, m.hidden_size)
+    code0 = torch.randint(0, 64, (B,))
+    sp = _mixed_rows(B, 8)  # a small cap: the interpreter's top-k costs seconds per row at 64
+    sp.all_greedy = greedy_only
+    seed, frame = torch.arange(B) * 7919 + 5, torch.full((B,), 3)
     ref_codes, ref_sum = fast.predict_frame(hidden, code0, sp, seed, frame)
-    fast.kernel_rows = kernels.MAX_ROWS
+    fast.kernel_rows = fast.head_kernel_rows = kernels.MAX_ROWS
     codes, emb_sum = fast.predict_frame(hidden, code0, sp, seed, frame)
-    assert torch.equal(codes, ref_codes)
+    assert torch.equal(codes, ref_codes)  # greedy rows, and sampled rows drawing the same noise
     torch.testing.assert_close(emb_sum, ref_sum, rtol=1e-5, atol=1e-5)
+    if not greedy_only:  # the draws are not all the argmax (the sampled rows really sample)
+        fast.kernel_rows = fast.head_kernel_rows = 0
+        sp.all_greedy = True
+        assert not torch.equal(fast.predict_frame(hidden, code0, sp, seed, frame)[0], codes)
+
+
+def test_head_kernels_choose_like_the_sampling_module_for_many_draws() -> None:
+    """The choice kernel against omni_tts.sampling.choose on random logits: many rows and frames."""
+    from omni_tts import head_kernels
+
+    torch.manual_seed(0)
+    V, D, B = 256, 8, 10
+    sp = _mixed_rows(B, 16)
+    head = torch.nn.Linear(D, V, bias=False)
+    norm = type("N", (), {"weight": torch.ones(D), "eps": 1e-6})()
+    table = torch.randn(V, 4)
+    for f in range(4):
+        x = torch.randn(B, 1, D) * 3
+        seed, frame = torch.arange(B) + 100 * f, torch.full((B,), f)
+        esum = torch.zeros(B, 4)
+        got = head_kernels.head_choose(norm, head, x, sp, seed, frame, 2, table, esum)
+        h = x[:, -1].float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        want = sampling.choose(head(h).float(), sp, seed, frame, 2)
+        assert torch.equal(got, want)
+        torch.testing.assert_close(esum, table[want])
 
 
 def _talker_pair(dtype: torch.dtype, pos: list[int]) -> tuple[torch.Tensor, ...]:
@@ -130,7 +168,7 @@ def test_talker_kernels_agree_to_bfloat16_rounding() -> None:
 def test_kernel_layers_reproduce_the_golden_greedy_codes(case: dict) -> None:
     m, _ = model_and_fast()
     fast = FastPath(m, None)
-    fast.kernel_rows = fast.talker_kernel_rows = kernels.MAX_ROWS
+    fast.kernel_rows = fast.talker_kernel_rows = fast.head_kernel_rows = kernels.MAX_ROWS
     gold = np.load(FIXTURES / "custom_voice" / "golden" / f"case{case['case']}_codes.npy")
     p = params_of(case)
     p.max_new_tokens = 3  # the interpreter runs ~75 layer calls per frame at ~50 ms each
@@ -146,6 +184,9 @@ def test_probe_builds_every_variant_or_says_why_not() -> None:
     w = fuse_layer(layer)
     cos, sin = cp.rope(torch.arange(cp.num_groups)[None], torch.float32)  # [1, 16, hd]
     assert kernels.probe(layer, w, cos, sin, [1, 2, 3], max_rows=4) == ""
+    from omni_tts import head_kernels
+
+    assert head_kernels.probe(cp, [1, 2, 3], max_rows=2, cap=8) == ""
     talker = (m.talker.layers[0], fuse_layer(m.talker.layers[0]), 2)
     assert kernels.probe(layer, w, cos, sin, [1, 2, 3], max_rows=4, talker=talker) == ""
     gelu = copy.deepcopy(layer)
