@@ -135,6 +135,8 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
              "peak GPU mem (GiB)": f"{mem['peak_gib']:.2f}" if mem else "-",
              "graph pool (GiB)": f"{mem['graph_pool_gib']:.2f}" if mem else "-",
              "layer kernels": engine.runner.layer_kernels()}
+    if report.get("notice"):  # e.g. kernels that could not be built here and what ran instead
+        extra["notice"] = report["notice"]
     return results, extra
 
 

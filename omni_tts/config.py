@@ -129,8 +129,9 @@ class EngineConfig:
     predictor_kernel_rows: int = 32  # default+cudagraph on CUDA: hand-written Triton predictor layers for
     #   steps of at most this many rows (batch x positions), and heads + sampling for batches of at most
     #   that many rows (top-k <= 64 settings); larger steps and 0 use Inductor's kernels
-    talker_kernel_rows: int = 32  # the same for the talker's decode layers (rows = batch)
-    kernel_pdl: bool = True  # those kernels with programmatic dependent launch (Hopper+; ignored elsewhere)
+    talker_kernel_rows: int = 8  # the same for the talker's decode layers (rows = batch; at 32 rows cuBLAS
+    #   was faster on the H200)
+    kernel_pdl: bool = True  # the predictor's kernels with programmatic dependent launch (Hopper+; else ignored)
     max_num_seqs: int = 8
     buckets: list[int] | None = None  # None: powers of two up to max_num_seqs, plus max_num_seqs
     max_seq_len: int = 1024  # talker KV cache length per slot (prompt + frames)

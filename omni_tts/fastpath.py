@@ -259,12 +259,12 @@ class FastPath:
         h = x[:, None]  # [b, 1, D]
         for i, (layer, (w_qkv, b_qkv, w_gu)) in enumerate(zip(talker.layers, self.talker_w)):
             kc, vc = cache.k[i, :b], cache.v[i, :b]  # [b, Hkv, M, hd]
-            if tri:
-                q = kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, self.kernel_pdl)
+            if tri:  # without programmatic dependent launch: it made this chain slower (H200, 2026-11-30)
+                q = kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos)
             else:
                 q = self.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, rows, pos)  # [b, H, 1, hd]
             a = gqa_attention(q, kc[:, :, :L], vc[:, :, :L], mask)  # [b, H, 1, hd]
-            h = (kernels.talker_attn_out(layer, w_gu, h, a, self.kernel_pdl) if tri
+            h = (kernels.talker_attn_out(layer, w_gu, h, a) if tri
                  else self.talker_attn_out(layer, w_gu, h, a))  # [b, 1, D]
         return talker.norm(h)[:, 0]
 

@@ -311,8 +311,8 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
                 kc = torch.zeros(b, ta.kv_heads, 4, ta.head_dim, device=dev, dtype=cos.dtype)
                 rope = torch.zeros(b, 1, ta.head_dim, device=dev, dtype=cos.dtype)
                 pos = torch.zeros(b, dtype=torch.long, device=dev)
-                q = talker_attn_in(tl_layer, tw[0], tw[1], x, rope, rope, kc, torch.zeros_like(kc), pos, pdl)
-                talker_attn_out(tl_layer, tw[2], x, q, pdl)
+                q = talker_attn_in(tl_layer, tw[0], tw[1], x, rope, rope, kc, torch.zeros_like(kc), pos)
+                talker_attn_out(tl_layer, tw[2], x, q)  # the talker's run without PDL (fastpath.talker_step)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
     except Exception as e:  # compile or launch failure: the caller falls back to Inductor's kernels

@@ -228,7 +228,7 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
             report = runner.set_mode(CompileMode.parse(mode), progress=say)
             fill_slots(runner, max(buckets), speaker)
             row: dict[str, Any] = {"setup_s": report["seconds"], "actual_mode": report["mode"], "per_bucket": {},
-                                   "layer_kernels": runner.layer_kernels()}
+                                   "layer_kernels": runner.layer_kernels(), "notice": report.get("notice", "")}
             for b in buckets:
                 cp, talker = step_callables(runner, b)
                 row["per_bucket"][b] = {"cp_ms": time_ms(cp), "talker_ms": time_ms(talker), "kv_len": runner.kv_len(b),

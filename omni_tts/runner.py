@@ -310,6 +310,10 @@ class Runner:
             return f"Triton layer kernels unavailable on this GPU ({err}); using Inductor's"
         fast.head_kernel_rows = fast.kernel_rows
         err = head_kernels.probe(cp, self.buckets, fast.head_kernel_rows, sampling.TOPK_CAP, fast.kernel_pdl)
+        if err and fast.kernel_pdl and not head_kernels.probe(cp, self.buckets, fast.head_kernel_rows,
+                                                              sampling.TOPK_CAP, False):
+            fast.kernel_pdl = False  # the heads build without programmatic dependent launch: all go without it
+            err = ""
         if err:
             fast.head_kernel_rows = 0
             return f"Triton predictor head kernels unavailable on this GPU ({err}); using Inductor's"
@@ -322,7 +326,7 @@ class Runner:
         f = self.fast
         if not (f.kernel_rows or f.talker_kernel_rows):
             return "Inductor kernels"
-        pdl = ", programmatic dependent launch" if f.kernel_pdl else ""
+        pdl = ", predictor with programmatic dependent launch" if f.kernel_pdl else ""
         head = " (+ heads and sampling)" if f.head_kernel_rows else ""
         return (f"Triton kernels up to {f.kernel_rows} predictor rows{head} / {f.talker_kernel_rows} talker rows"
                 f"{pdl}, Inductor above")
