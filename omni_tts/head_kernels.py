@@ -53,11 +53,11 @@ if kernels.triton is not None:
         h = _fmix32((seed & 0xFFFFFFFF).to(tl.uint32) ^ _u32(0x9E3779B9))
         h = _fmix32(h ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
         h = _fmix32(h ^ (frame & 0xFFFFFFFF).to(tl.uint32))
-        h = _fmix32(h ^ ((codebook + 1).to(tl.uint32) * _u32(0x27D4EB2F)))
+        h = _fmix32(h ^ ((codebook + 1) * _u32(1) * _u32(0x27D4EB2F)))
         x = _fmix32(h ^ _fmix32(ids + _u32(0x165667B1)))  # [BV]
         return ((x >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["codebook"])  # one kernel for all codebooks (1 would be a constant)
     def _choose_kernel(logits_ptr, greedy_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, frame_ptr, codebook,
                        table_ptr, esum_ptr, code_ptr, V: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
                        CAP: tl.constexpr, BD: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr):
