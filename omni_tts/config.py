@@ -132,6 +132,8 @@ class EngineConfig:
     talker_kernel_rows: int = 8  # the same for the talker's decode layers (rows = batch; at 32 rows cuBLAS
     #   was faster on the H200)
     kernel_pdl: bool = True  # the predictor's kernels with programmatic dependent launch (Hopper+; else ignored)
+    talker_attention_kernel: bool = True  # default+cudagraph on CUDA: the talker's attention as a Triton kernel
+    #   (any batch) instead of SDPA
     max_num_seqs: int = 8
     buckets: list[int] | None = None  # None: powers of two up to max_num_seqs, plus max_num_seqs
     max_seq_len: int = 1024  # talker KV cache length per slot (prompt + frames)
@@ -178,7 +180,8 @@ class EngineConfig:
 _PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)}
 _INT_KEYS = {"max_num_seqs", "max_seq_len", "initial_chunk_frames", "chunk_frames", "left_context_frames",
              "predictor_kernel_rows", "talker_kernel_rows"}
-_BOOL_KEYS = {"use_vllm_pool", "codec_fused", "first_chunk_graphs", "lookahead", "chunk_growth", "kernel_pdl"}
+_BOOL_KEYS = {"use_vllm_pool", "codec_fused", "first_chunk_graphs", "lookahead", "chunk_growth", "kernel_pdl",
+              "talker_attention_kernel"}
 
 
 def _check_types(data: dict[str, Any], path: Path) -> None:

@@ -19,8 +19,9 @@ file (it runs the reference modules as they are). Also the compile-time switches
 (opt-in Inductor autotuning) and `cpu_fallback_mode` (what a CUDA-graph mode runs as on a CPU).
 In default+cudagraph on CUDA the runner sets `kernel_rows` / `talker_kernel_rows` / `head_kernel_rows`:
 predictor steps (talker steps, predictor heads) of at most that many rows then run the hand-written
-Triton kernels of omni_tts.kernels / head_kernels instead of the compiled units (`kernel_pdl`:
-launched with programmatic dependent launch).
+Triton kernels of omni_tts.kernels / talker_kernels / head_kernels instead of the compiled units
+(`kernel_pdl`: the predictor's launched with programmatic dependent launch), and `talker_attn_kernel`:
+the talker's attention as talker_kernels.decode_attention instead of SDPA.
 Knows nothing about requests, buckets or graphs.
 """
 
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_tts import head_kernels, kernels, sampling
+from omni_tts import head_kernels, kernels, sampling, talker_kernels
 from omni_tts.config import CompileMode
 from omni_tts.talker import apply_rope, gqa_attention, rms_norm
 
@@ -228,6 +229,7 @@ class FastPath:
         self.kernel_rows = 0  # predictor steps of at most this many rows run omni_tts.kernels (set per mode)
         self.talker_kernel_rows = 0  # the same for talker steps
         self.head_kernel_rows = 0  # and for the predictor's per-codebook head, choice and feed (rows = batch)
+        self.talker_attn_kernel = False  # the talker's attention as talker_kernels.decode_attention (any batch)
         self.kernel_pdl = False  # those kernels launched with programmatic dependent launch
 
     def _predictor_layers(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int
@@ -260,11 +262,12 @@ class FastPath:
         for i, (layer, (w_qkv, b_qkv, w_gu)) in enumerate(zip(talker.layers, self.talker_w)):
             kc, vc = cache.k[i, :b], cache.v[i, :b]  # [b, Hkv, M, hd]
             if tri:  # without programmatic dependent launch: it made this chain slower (H200, 2026-11-30)
-                q = kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos)
+                q = talker_kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos)
             else:
                 q = self.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, rows, pos)  # [b, H, 1, hd]
-            a = gqa_attention(q, kc[:, :, :L], vc[:, :, :L], mask)  # [b, H, 1, hd]
-            h = (kernels.talker_attn_out(layer, w_gu, h, a) if tri
+            a = (talker_kernels.decode_attention(q, kc, vc, pos, L) if self.talker_attn_kernel
+                 else gqa_attention(q, kc[:, :, :L], vc[:, :, :L], mask))  # [b, H, 1, hd]
+            h = (talker_kernels.talker_attn_out(layer, w_gu, h, a) if tri
                  else self.talker_attn_out(layer, w_gu, h, a))  # [b, 1, D]
         return talker.norm(h)[:, 0]
 

@@ -26,6 +26,7 @@ import torch
 
 from omni_tts import kernels
 from omni_tts.errors import one_line
+from omni_tts import kernel_configs
 from omni_tts.kernel_configs import _next_pow2
 
 if kernels.triton is not None:
@@ -110,7 +111,7 @@ def head_choose(norm: Any, head: Any, x: torch.Tensor, sp: Any, seed: torch.Tens
     sample = not sp.all_greedy
     _choose_kernel[(B,)](logits, sp.greedy, sp.temperature, sp.top_k, sp.top_p, seed, frame, codebook, table, esum,
                          code, V=V, D=D, BV=_next_pow2(V), CAP=min(_next_pow2(sp.topk_cap or 1), _next_pow2(V)),
-                         BD=_next_pow2(D), SAMPLE=sample, PDL=pdl, **kernels._launch(pdl, 4))
+                         BD=_next_pow2(D), SAMPLE=sample, PDL=pdl, **kernels._launch(pdl, kernel_configs.CHOOSE_WARPS))
     return code
 
 

@@ -42,11 +42,19 @@ TUNED: dict[tuple[int, int, int], Config] = {
 }
 
 
+# warps of the sampling kernel (omni_tts.head_kernels: one program per row); the JSON's "choose_warps" key
+CHOOSE_WARPS = 4
+
+
 def _load_configs() -> None:
+    global CHOOSE_WARPS
     path = os.environ.get("OMNI_TTS_KERNEL_CONFIGS")
     if path:
         with open(path) as f:
             for key, value in json.load(f).items():
+                if key == "choose_warps":
+                    CHOOSE_WARPS = int(value)
+                    continue
                 m, n, k = (int(v) for v in key.split(","))
                 TUNED[(m, n, k)] = (int(value[0]), int(value[1]), int(value[2]), int(value[3]), bool(value[4]))
 

@@ -210,39 +210,6 @@ if triton is not None:
                 tl.store(out_ptr + (b * T + t) * H * HD + h * HD + d, o.to(dt), mask=dm)
 
 
-    @triton.jit
-    def _rope_cache_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, q_ptr, eps,
-                           kc_row, kc_head, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
-                           BD: tl.constexpr, PDL: tl.constexpr):
-        """Program (row b, KV head g) of a one-token talker step: K/V of head g normed + rotated into the
-        cache at the row's own position pos[b]; the query heads sharing g normed + rotated into q [B, H, HD].
-        y: [B, (H+2HKV)*HD]; cos/sin: [B, HD] (each row's position); kc/vc: [B, HKV, M, HD] strided."""
-        dt = q_ptr.dtype.element_ty
-        b = tl.program_id(0)
-        g = tl.program_id(1)
-        REP: tl.constexpr = H // HKV
-        HALF: tl.constexpr = HD // 2
-        W: tl.constexpr = (H + 2 * HKV) * HD
-        d = tl.arange(0, BD)
-        dm = d < HD
-        if PDL:
-            gdc_wait()
-            gdc_launch_dependents()
-        cos = tl.load(cos_ptr + b * HD + d, mask=dm, other=0.0).to(tl.float32)
-        sin = tl.load(sin_ptr + b * HD + d, mask=dm, other=0.0).to(tl.float32)
-        pos = tl.load(pos_ptr + b)
-        row = y_ptr + b * W
-        k = _normed_rope(row + (H + g) * HD, d, dm, HALF, HD, kn_ptr, cos, sin, eps, dt)
-        v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
-        at = b * kc_row + g * kc_head + pos * HD + d
-        tl.store(kc_ptr + at, k.to(dt), mask=dm)
-        tl.store(vc_ptr + at, v, mask=dm)
-        for r in tl.static_range(REP):
-            h = g * REP + r
-            q = _normed_rope(row + h * HD, d, dm, HALF, HD, qn_ptr, cos, sin, eps, dt)
-            tl.store(q_ptr + (b * H + h) * HD + d, q.to(dt), mask=dm)
-
-
 def pdl_available(device: torch.device) -> bool:
     """True where programmatic dependent launch can run: a Hopper-or-newer CUDA GPU and a Triton with grid
     dependency control (never in the CPU interpreter)."""
@@ -283,13 +250,11 @@ def _proj(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None
 
 
 def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor], cos: torch.Tensor,
-          sin: torch.Tensor, batches: list[int], max_rows: int, pdl: bool = False,
-          talker: tuple[Any, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor], int] | None = None) -> str:
+          sin: torch.Tensor, batches: list[int], max_rows: int, pdl: bool = False) -> str:
     """Run the predictor `layer` once for every (batch, 1 or 2 positions) of at most max_rows rows that a
-    capture will use, and with `talker` = (talker layer, its fused weights, talker rows) the talker layer
-    for every batch of at most that many rows, so every kernel variant compiles now: "" when all ran,
-    else the first error in one line (a GPU whose Triton cannot build them, e.g. too little shared
-    memory, no bfloat16 tensor cores, no programmatic dependent launch)."""
+    capture will use, so every kernel variant compiles now: "" when all ran, else the first error in one
+    line (a GPU whose Triton cannot build them, e.g. too little shared memory, no bfloat16 tensor cores,
+    no programmatic dependent launch)."""
     a, dev = layer.self_attn, cos.device
     width = layer.input_layernorm.weight.shape[0]
     try:
@@ -302,17 +267,6 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
                 x = torch.zeros(b, T, width, device=dev, dtype=cos.dtype)
                 kc = torch.zeros(b, a.kv_heads, cos.shape[1], a.head_dim, device=dev, dtype=cos.dtype)
                 predictor_layer(layer, *w, x, cos, sin, kc, torch.zeros_like(kc), 0, pdl)
-            if talker is not None and b <= talker[2]:
-                tl_layer, tw, _ = talker
-                if not supports(tl_layer, b):
-                    return "the talker layer's activation or norms are not what the kernels implement"
-                ta = tl_layer.self_attn
-                x = torch.zeros(b, 1, tl_layer.input_layernorm.weight.shape[0], device=dev, dtype=cos.dtype)
-                kc = torch.zeros(b, ta.kv_heads, 4, ta.head_dim, device=dev, dtype=cos.dtype)
-                rope = torch.zeros(b, 1, ta.head_dim, device=dev, dtype=cos.dtype)
-                pos = torch.zeros(b, dtype=torch.long, device=dev)
-                q = talker_attn_in(tl_layer, tw[0], tw[1], x, rope, rope, kc, torch.zeros_like(kc), pos)
-                talker_attn_out(tl_layer, tw[2], x, q)  # the talker's run without PDL (fastpath.talker_step)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
     except Exception as e:  # compile or launch failure: the caller falls back to Inductor's kernels
@@ -345,29 +299,3 @@ def _mlp_block(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor,
     x1 = _proj(a, attn.o_proj.weight, n=D, bias=attn.o_proj.bias, res=x, pdl=pdl)  # [M, D]
     m = _proj(x1, w_gu, n=w_gu.shape[0] // 2, norm=layer.post_attention_layernorm, glu=True, pdl=pdl)  # [M, I]
     return _proj(m, layer.mlp.down_proj.weight, n=D, res=x1, pdl=pdl)  # [M, D]
-
-
-def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.Tensor,
-                   cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor,
-                   pdl: bool = False) -> torch.Tensor:
-    """fastpath.talker_attn_in (rows 0..B-1) in two kernels: norm + q|k|v, then q/k norm + rope and K/V
-    written at each row's position. x: [B, 1, D]; cos/sin: [B, 1, hd]; kc/vc: [B, Hkv, M, hd] (last two dims
-    contiguous); pos: [B]. -> q [B, H, 1, hd]"""
-    attn = layer.self_attn
-    B, _, D = x.shape
-    H, Hkv, hd = attn.heads, attn.kv_heads, attn.head_dim
-    assert kc.stride() == vc.stride() and kc.stride(3) == 1 and kc.stride(2) == hd
-    y = _proj(x.reshape(B, D), w_qkv, n=(H + 2 * Hkv) * hd, bias=b_qkv, norm=layer.input_layernorm,
-              pdl=pdl)  # y: [B, (H+2Hkv) hd]
-    q = torch.empty(B, H, 1, hd, device=x.device, dtype=x.dtype)  # [B, H, 1, hd]
-    _rope_cache_kernel[(B, Hkv)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(),
-                                 pos, kc, vc, q, float(attn.q_norm.eps), kc.stride(0), kc.stride(1), H=H, HKV=Hkv,
-                                 HD=hd, BD=_next_pow2(hd), PDL=pdl, **_launch(pdl, 1))
-    return q
-
-
-def talker_attn_out(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pdl: bool = False
-                    ) -> torch.Tensor:
-    """fastpath.talker_attn_out in three kernels. x: [B, 1, D], a: [B, H, 1, hd] -> [B, 1, D]"""
-    B, _, D = x.shape
-    return _mlp_block(layer, w_gu, x.reshape(B, D), a.reshape(B, -1), pdl).view(B, 1, D)

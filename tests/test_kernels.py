@@ -1,9 +1,10 @@
-"""omni_tts.kernels (the hand-written Triton predictor and talker layers) in Triton's CPU interpreter
-against the Inductor-path units they replace (omni_tts.fastpath.predictor_layer / talker_attn_in /
-talker_attn_out, run uncompiled) on the tiny checkpoint's real layers: outputs and cache rows, float32
-and bfloat16, the predictor's 2-position first step and a later 1-position step, talker rows at
-different positions; and a FastPath whose predictor and talker run these kernels reproducing the
-official golden greedy codes. Skips where triton is not installed (requirements-dev.txt has it)."""
+"""omni_tts.kernels (the hand-written Triton predictor layer) and omni_tts.head_kernels (its heads and
+sampling) in Triton's CPU interpreter against the Inductor-path units they replace (omni_tts.fastpath's
+predictor_layer / predictor_head / predictor_feed, run uncompiled) on the tiny checkpoint's real
+layers: outputs and cache rows, float32 and bfloat16, the 2-position first step and a later
+1-position step, greedy and sampled rows drawing the same noise; and a FastPath whose predictor and
+talker run every hand-written kernel reproducing the official golden greedy codes. Skips where triton
+is not installed (requirements-dev.txt has it)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 pytest.importorskip("triton")  # conftest.py sets TRITON_INTERPRET=1 without CUDA
 
 from omni_tts import kernels, sampling  # noqa: E402
-from omni_tts.fastpath import FastPath, fuse_layer, predictor_layer, talker_attn_in, talker_attn_out  # noqa: E402
+from omni_tts.fastpath import FastPath, fuse_layer, predictor_layer  # noqa: E402
 from test_fastpath import golden_cases, model_and_fast, params_of, run_loop  # noqa: E402
 from _fixtures import FIXTURES  # noqa: E402
 
@@ -124,51 +125,12 @@ def test_head_kernels_choose_like_the_sampling_module_for_many_draws() -> None:
         torch.testing.assert_close(esum, table[want])
 
 
-def _talker_pair(dtype: torch.dtype, pos: list[int]) -> tuple[torch.Tensor, ...]:
-    """One talker layer step for len(pos) rows at positions pos, through the kernels and the Inductor-path
-    units: -> (q, out, k cache, v cache) of the kernels, then the same of the reference."""
-    m, _ = model_and_fast()
-    tk = m.talker
-    layer = copy.deepcopy(tk.layers[-1]).to(dtype)
-    w = fuse_layer(layer)
-    a = layer.self_attn
-    B, M = len(pos), 12
-    torch.manual_seed(sum(pos))
-    x = torch.randn(B, 1, tk.layers[0].input_layernorm.weight.shape[0]).to(dtype)
-    p = torch.tensor(pos)
-    cos, sin = tk.rope(p[:, None], dtype)  # [B, 1, hd]
-    kc0 = torch.randn(B, a.kv_heads, M, a.head_dim).to(dtype)
-    vc0 = torch.randn_like(kc0)
-    out = []
-    for attn_in, attn_out, extra in ((kernels.talker_attn_in, kernels.talker_attn_out, ()),
-                                     (talker_attn_in, talker_attn_out, None)):
-        kc, vc = kc0.clone(), vc0.clone()
-        args = (torch.arange(B), p) if extra is None else (p,)
-        q = attn_in(layer, w[0], w[1], x, cos, sin, kc, vc, *args)  # [B, H, 1, hd]
-        att = torch.randn(B, a.heads, 1, a.head_dim, generator=torch.Generator().manual_seed(1)).to(dtype)
-        out += [q, attn_out(layer, w[2], x, att), kc, vc]
-    return tuple(out)
-
-
-def test_talker_kernels_equal_the_inductor_path_units_in_float32() -> None:
-    got = _talker_pair(torch.float32, [3, 0, 11])
-    for g, r in zip(got[:4], got[4:]):  # q, layer output, K cache, V cache (rows written at their own positions)
-        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
-
-
-def test_talker_kernels_agree_to_bfloat16_rounding() -> None:
-    got = _talker_pair(torch.bfloat16, [5, 9])
-    for g, r in zip(got[:4], got[4:]):  # loosely, as for the predictor layer (the interpreter's bf16 rounding)
-        scale = r.float().abs().max().item()
-        assert (g.float() - r.float()).abs().max().item() <= 0.03 * scale
-        assert (g.float() - r.float()).abs().mean().item() <= 0.005 * scale
-
-
 @pytest.mark.parametrize("case", golden_cases("custom_voice")[:1])
 def test_kernel_layers_reproduce_the_golden_greedy_codes(case: dict) -> None:
     m, _ = model_and_fast()
     fast = FastPath(m, None)
     fast.kernel_rows = fast.talker_kernel_rows = fast.head_kernel_rows = kernels.MAX_ROWS
+    fast.talker_attn_kernel = True
     gold = np.load(FIXTURES / "custom_voice" / "golden" / f"case{case['case']}_codes.npy")
     p = params_of(case)
     p.max_new_tokens = 3  # the interpreter runs ~75 layer calls per frame at ~50 ms each
@@ -187,8 +149,6 @@ def test_probe_builds_every_variant_or_says_why_not() -> None:
     from omni_tts import head_kernels
 
     assert head_kernels.probe(cp, [1, 2, 3], max_rows=2, cap=8) == ""
-    talker = (m.talker.layers[0], fuse_layer(m.talker.layers[0]), 2)
-    assert kernels.probe(layer, w, cos, sin, [1, 2, 3], max_rows=4, talker=talker) == ""
     gelu = copy.deepcopy(layer)
     gelu.mlp.act = torch.nn.functional.gelu
     assert "activation" in kernels.probe(gelu, w, cos, sin, [1], max_rows=4)
