@@ -61,8 +61,9 @@ MODE_NOTES: dict[str, str] = {
                                        "codec graphs (H200, 2026-11-30), so those pause while it runs: for "
                                        "listening comparisons; serve with default+cudagraph",
     CompileMode.DEFAULT_CUDAGRAPH.value: "compiled units + our per-bucket CUDA graphs in one shared pool (code "
-                                         "predictor, talker decode and prefill graphs; the predictor's layers as "
-                                         "hand-written Triton kernels up to 32 rows): the fast mode on a GPU",
+                                         "predictor, talker decode and prefill graphs; the predictor's layers, "
+                                         "heads and sampling up to 32 rows and the talker's layers up to 8 as "
+                                         "hand-written Triton kernels): the fast mode on a GPU",
 }
 
 
@@ -132,8 +133,9 @@ class EngineConfig:
     talker_kernel_rows: int = 8  # the same for the talker's decode layers (rows = batch; at 32 rows cuBLAS
     #   was faster on the H200)
     kernel_pdl: bool = True  # the predictor's kernels with programmatic dependent launch (Hopper+; else ignored)
-    talker_attention_kernel: bool = True  # default+cudagraph on CUDA: the talker's attention as a Triton kernel
-    #   (any batch) instead of SDPA
+    talker_attention_kernel: bool = False  # default+cudagraph on CUDA: the talker's attention as a Triton
+    #   kernel (any batch) instead of SDPA; off: on the H200 it matched SDPA at 128 cache positions and was
+    #   1.5-1.8x slower at 1025 (it streams the whole kv bucket), the seed table unchanged (2026-11-30)
     max_num_seqs: int = 8
     buckets: list[int] | None = None  # None: powers of two up to max_num_seqs, plus max_num_seqs
     max_seq_len: int = 1024  # talker KV cache length per slot (prompt + frames)
