@@ -315,6 +315,62 @@ class FastPath:
                      else proj(F.embedding(code, table)[:, None]))  # [B, 1, d]
         return torch.stack(codes, dim=1), esum.to(e0.dtype)  # [B, 15], [B, D]
 
+    # ------------------------------------------------------------------ hand-written kernels
+    def use_kernels(self, config: Any, on: bool, batches: list[int], kv_lens: list[int], dtype: torch.dtype) -> str:
+        """Choose the hand-written Triton kernels from `config` (an EngineConfig) when `on` (default+cudagraph
+        on CUDA): predictor layers and heads, talker layers, talker attention, and whether the predictor's
+        launch with programmatic dependent launch; each group is built now for every batch (and kv length)
+        a capture will use, and where one cannot be, Inductor's kernels (or SDPA) do.
+        -> '' or a notice saying what was turned off and why."""
+        on = on and kernels.available()
+        self.kernel_rows = config.predictor_kernel_rows if on else 0
+        self.talker_kernel_rows = config.talker_kernel_rows if on else 0
+        self.talker_attn_kernel = on and config.talker_attention_kernel
+        self.kernel_pdl = on and config.kernel_pdl and kernels.pdl_available(self.model.device)
+        self.head_kernel_rows = 0
+        notices = []
+        if self.talker_kernel_rows or self.talker_attn_kernel:
+            err = talker_kernels.probe(self.model.talker.layers[0], self.talker_w[0], batches, self.talker_kernel_rows,
+                                       kv_lens if self.talker_attn_kernel else None, dtype)
+            if err:
+                self.talker_kernel_rows, self.talker_attn_kernel = 0, False
+                notices.append(f"Triton talker kernels unavailable on this GPU ({err}); using Inductor's and SDPA")
+        if self.kernel_rows:
+            notices.append(self._use_predictor_kernels(batches))
+        return "; ".join(n for n in notices if n)
+
+    def _use_predictor_kernels(self, batches: list[int]) -> str:
+        """Probe the predictor's layer kernels (with PDL, else without), then its head kernels."""
+        cp = self.model.code_predictor
+        args = (cp.layers[0], self.predictor_w[0], self.cos, self.sin, batches, self.kernel_rows)
+        err = kernels.probe(*args, self.kernel_pdl)
+        if err and self.kernel_pdl:  # try once more without programmatic dependent launch
+            self.kernel_pdl = False
+            err = kernels.probe(*args, False)
+        if err:
+            self.kernel_rows = 0
+            return f"Triton predictor kernels unavailable on this GPU ({err}); using Inductor's"
+        self.head_kernel_rows = self.kernel_rows
+        err = head_kernels.probe(cp, batches, self.head_kernel_rows, sampling.TOPK_CAP, self.kernel_pdl)
+        if err and self.kernel_pdl and not head_kernels.probe(cp, batches, self.head_kernel_rows,
+                                                              sampling.TOPK_CAP, False):
+            self.kernel_pdl = False  # the heads build without programmatic dependent launch: all go without it
+            err = ""
+        if err:
+            self.head_kernel_rows = 0
+            return f"Triton predictor head kernels unavailable on this GPU ({err}); using Inductor's"
+        return ""
+
+    def kernels_report(self) -> str:
+        """One line: which kernels run the predictor's and the talker's layers (for the engine panel)."""
+        if not (self.kernel_rows or self.talker_kernel_rows or self.talker_attn_kernel):
+            return "Inductor kernels"
+        pdl = ", predictor with programmatic dependent launch" if self.kernel_pdl else ""
+        head = " (+ heads and sampling)" if self.head_kernel_rows else ""
+        attn = "; talker attention: Triton" if self.talker_attn_kernel else "; talker attention: SDPA"
+        return (f"Triton kernels up to {self.kernel_rows} predictor rows{head} / {self.talker_kernel_rows} talker "
+                f"rows{pdl}, Inductor above{attn}")
+
 
 def kernel_tuning() -> Any:
     """OMNI_TTS_KERNEL_TUNING=1: Inductor's coordinate-descent tuning of its kernels' block sizes while the

@@ -26,7 +26,7 @@ from omni_tts.errors import InputError, OmniTTSError
 from omni_tts.fastpath import FastPath, cpu_fallback_mode, kernel_tuning
 from omni_tts.graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.model import TTSModel
-from omni_tts import head_kernels, kernels, sampling, talker_kernels
+from omni_tts import sampling
 
 
 def resolve_device(name: str) -> torch.device:
@@ -232,7 +232,9 @@ class Runner:
         self.pool_bytes_ = 0
         t0 = time.perf_counter()
         self.fast = self._fast_path(mode)
-        kernel_notice = self._use_layer_kernels(mode)
+        on = mode is CompileMode.DEFAULT_CUDAGRAPH and self.device.type == "cuda"  # the graphed mode only
+        kernel_notice = (self.fast.use_kernels(self.config, on, self.buckets, self.kv_buckets, self.dtype)
+                         if self.fast else "")
         if kernel_notice:
             say(kernel_notice)
             notice = "; ".join(n for n in (notice, kernel_notice) if n)
@@ -283,66 +285,9 @@ class Runner:
             self._fast_by_mode[inductor_mode] = FastPath(self.model, inductor_mode)
         return self._fast_by_mode[inductor_mode]
 
-    def _use_layer_kernels(self, mode: CompileMode) -> str:
-        """Set which hand-written Triton kernels run in `mode` (default+cudagraph on CUDA only): predictor
-        layers and heads, talker layers, talker attention, and whether the predictor's launch with
-        programmatic dependent launch, building each now; where a group cannot run, Inductor's kernels
-        (or SDPA) do. -> '' or a notice saying what was turned off and why."""
-        fast = self.fast
-        if fast is None:
-            return ""
-        on = mode is CompileMode.DEFAULT_CUDAGRAPH and self.device.type == "cuda" and kernels.available()
-        fast.kernel_rows = self.config.predictor_kernel_rows if on else 0
-        fast.talker_kernel_rows = self.config.talker_kernel_rows if on else 0
-        fast.talker_attn_kernel = on and self.config.talker_attention_kernel
-        fast.kernel_pdl = on and self.config.kernel_pdl and kernels.pdl_available(self.device)
-        fast.head_kernel_rows = 0
-        notices = []
-        if fast.talker_kernel_rows or fast.talker_attn_kernel:
-            err = talker_kernels.probe(self.model.talker.layers[0], fast.talker_w[0], self.buckets,
-                                       fast.talker_kernel_rows, self.kv_buckets if fast.talker_attn_kernel else None,
-                                       self.dtype)
-            if err:
-                fast.talker_kernel_rows, fast.talker_attn_kernel = 0, False
-                notices.append(f"Triton talker kernels unavailable on this GPU ({err}); using Inductor's and SDPA")
-        if fast.kernel_rows:
-            notices.append(self._use_predictor_kernels())
-        return "; ".join(n for n in notices if n)
-
-    def _use_predictor_kernels(self) -> str:
-        """Probe the predictor's layer kernels (with PDL, else without), then its head kernels."""
-        fast, cp = self.fast, self.model.code_predictor
-        args = (cp.layers[0], fast.predictor_w[0], fast.cos, fast.sin, self.buckets, fast.kernel_rows)
-        err = kernels.probe(*args, fast.kernel_pdl)
-        if err and fast.kernel_pdl:  # try once more without programmatic dependent launch
-            fast.kernel_pdl = False
-            err = kernels.probe(*args, False)
-        if err:
-            fast.kernel_rows = 0
-            return f"Triton predictor kernels unavailable on this GPU ({err}); using Inductor's"
-        fast.head_kernel_rows = fast.kernel_rows
-        err = head_kernels.probe(cp, self.buckets, fast.head_kernel_rows, sampling.TOPK_CAP, fast.kernel_pdl)
-        if err and fast.kernel_pdl and not head_kernels.probe(cp, self.buckets, fast.head_kernel_rows,
-                                                              sampling.TOPK_CAP, False):
-            fast.kernel_pdl = False  # the heads build without programmatic dependent launch: all go without it
-            err = ""
-        if err:
-            fast.head_kernel_rows = 0
-            return f"Triton predictor head kernels unavailable on this GPU ({err}); using Inductor's"
-        return ""
-
     def layer_kernels(self) -> str:
         """What runs the code predictor's and the talker's layers in this mode (for the engine panel)."""
-        if self.fast is None:
-            return "reference modules"
-        f = self.fast
-        if not (f.kernel_rows or f.talker_kernel_rows or f.talker_attn_kernel):
-            return "Inductor kernels"
-        pdl = ", predictor with programmatic dependent launch" if f.kernel_pdl else ""
-        head = " (+ heads and sampling)" if f.head_kernel_rows else ""
-        attn = "; talker attention: Triton" if f.talker_attn_kernel else "; talker attention: SDPA"
-        return (f"Triton kernels up to {f.kernel_rows} predictor rows{head} / {f.talker_kernel_rows} talker rows"
-                f"{pdl}, Inductor above{attn}")
+        return "reference modules" if self.fast is None else self.fast.kernels_report()
 
     # ------------------------------------------------------------------ requests
     def prepare(self, params: SynthesisParams) -> Admission:

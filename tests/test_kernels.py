@@ -155,3 +155,29 @@ def test_probe_builds_every_variant_or_says_why_not() -> None:
     err = kernels.probe(layer, w, cos[:, :3, :5], sin[:, :3, :5], [1], max_rows=4)  # a rope table that cannot be
     # one row per position (15 values for head_dim 16): the launch fails, the probe says so in one line
     assert err.startswith(("RuntimeError", "ValueError", "IndexError")) and "\n" not in err
+
+
+def test_fastpath_chooses_the_kernels_it_can_build_and_says_so() -> None:
+    """FastPath.use_kernels (what the runner calls for default+cudagraph): builds each group for the given
+    batches; a group that cannot run falls back with a notice; the panel line says what runs."""
+    from omni_tts.config import EngineConfig
+
+    m, _ = model_and_fast()
+    fast = FastPath(m, None)
+    cfg = EngineConfig(predictor_kernel_rows=2, talker_kernel_rows=1, talker_attention_kernel=True)
+    assert fast.use_kernels(cfg, False, [1, 2], [8], torch.float32) == ""
+    assert fast.kernels_report() == "Inductor kernels" and fast.kernel_rows == fast.head_kernel_rows == 0
+    assert fast.use_kernels(cfg, True, [1, 2], [8], torch.float32) == ""
+    assert (fast.kernel_rows, fast.head_kernel_rows, fast.talker_kernel_rows) == (2, 2, 1)
+    assert fast.talker_attn_kernel and not fast.kernel_pdl  # no programmatic dependent launch off Hopper
+    report = fast.kernels_report()
+    assert "2 predictor rows (+ heads and sampling) / 1 talker rows" in report and "attention: Triton" in report
+    layer = m.talker.layers[0]
+    act = layer.mlp.act
+    layer.mlp.act = torch.nn.functional.gelu  # a talker the kernels do not implement: that group falls back
+    try:
+        notice = fast.use_kernels(cfg, True, [1], [8], torch.float32)
+    finally:
+        layer.mlp.act = act
+    assert notice.startswith("Triton talker kernels unavailable") and "activation" in notice
+    assert fast.talker_kernel_rows == 0 and not fast.talker_attn_kernel and fast.kernel_rows == 2
