@@ -33,7 +33,7 @@ if kernels.triton is not None:
     import triton
     import triton.language as tl
 
-    gdc_wait, gdc_launch_dependents = kernels.gdc_wait, kernels.gdc_launch_dependents
+    from omni_tts.kernels import _after_previous
 
     @triton.jit
     def _u32(c: tl.constexpr):
@@ -66,9 +66,7 @@ if kernels.triton is not None:
         b = tl.program_id(0)
         i = tl.arange(0, BV)
         vm = i < V
-        if PDL:
-            gdc_wait()
-            gdc_launch_dependents()
+        _after_previous(PDL)
         x = tl.load(logits_ptr + b * V + i, mask=vm, other=float("-inf")).to(tl.float32)  # [BV]
         pick = tl.argmax(x, axis=0)  # greedy: the first largest
         if SAMPLE:

@@ -72,6 +72,14 @@ if triton is not None:
         return _dot(xk, tl.trans(wk), IEEE)
 
     @triton.jit
+    def _after_previous(PDL: tl.constexpr):
+        """With programmatic dependent launch: wait until the previous kernel is done (its writes visible),
+        then let the next kernel launch. Everything before this call may only read what no kernel writes."""
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+
+    @triton.jit
     def _w_block(w_ptr, rn, nmask, kk, N: tl.constexpr, K: tl.constexpr, GLU: tl.constexpr):
         """The weight tile [BN, BK] at columns kk (and its up half's with GLU; else the same tile again)."""
         wmask = nmask[:, None] & (kk < K)[None, :]
@@ -110,9 +118,7 @@ if triton is not None:
         rk = tl.arange(0, BK)
         mmask, nmask = rm < M, rn < N
         wk, wu = _w_block(w_ptr, rn, nmask, rk, N, K, GLU)  # [BN, BK]: weights never depend on the last kernel
-        if PDL:
-            gdc_wait()
-            gdc_launch_dependents()
+        _after_previous(PDL)
         if GATHER:
             xoff = tl.load(idx_ptr + rm, mask=mmask, other=0).to(tl.int64) * K  # [BM] table rows
         else:
@@ -171,9 +177,7 @@ if triton is not None:
         """Program (row b, KV head g): normed + rotated K/V of positions pos0..pos0+T-1 into the cache
         [B, HKV, P, HD], then causal attention of the REP query heads sharing g. y: [B*T, (H+2HKV)*HD]."""
         dt = out_ptr.dtype.element_ty
-        if PDL:
-            gdc_wait()
-            gdc_launch_dependents()
+        _after_previous(PDL)
         b = tl.program_id(0)
         g = tl.program_id(1)
         REP: tl.constexpr = H // HKV

@@ -28,7 +28,7 @@ if kernels.triton is not None:
 
     from omni_tts.kernels import _normed_rope
 
-    gdc_wait, gdc_launch_dependents = kernels.gdc_wait, kernels.gdc_launch_dependents
+    from omni_tts.kernels import _after_previous
 
     @triton.jit
     def _rope_cache_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, q_ptr, eps,
@@ -45,9 +45,7 @@ if kernels.triton is not None:
         W: tl.constexpr = (H + 2 * HKV) * HD
         d = tl.arange(0, BD)
         dm = d < HD
-        if PDL:
-            gdc_wait()
-            gdc_launch_dependents()
+        _after_previous(PDL)
         cos = tl.load(cos_ptr + b * HD + d, mask=dm, other=0.0).to(tl.float32)
         sin = tl.load(sin_ptr + b * HD + d, mask=dm, other=0.0).to(tl.float32)
         pos = tl.load(pos_ptr + b)
