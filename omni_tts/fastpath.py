@@ -17,12 +17,13 @@ gate/up weights are re-pointed at row blocks of the packed tensors (`fuse_rows`)
 share storage and checkpoints, parameter names and values are unchanged. Eager mode does not use this
 file (it runs the reference modules as they are). Also the compile-time switches: `kernel_tuning`
 (opt-in Inductor autotuning) and `cpu_fallback_mode` (what a CUDA-graph mode runs as on a CPU).
-In default+cudagraph on CUDA the runner sets `kernel_rows` / `talker_kernel_rows` / `head_kernel_rows`:
-predictor steps (talker steps, predictor heads) of at most that many rows then run the hand-written
-Triton kernels of omni_tts.kernels / talker_kernels / head_kernels instead of the compiled units
-(`kernel_pdl`: the predictor's launched with programmatic dependent launch), and `talker_attn_kernel`:
-the talker's attention as talker_kernels.decode_attention instead of SDPA.
-Knows nothing about requests, buckets or graphs.
+In default+cudagraph on CUDA, `use_kernels` (called by the runner with the batch sizes to build for)
+sets `kernel_rows` / `talker_kernel_rows` / `head_kernel_rows`: predictor steps (talker steps,
+predictor heads) of at most that many rows then run the hand-written Triton kernels of
+omni_tts.kernels / talker_kernels / head_kernels instead of the compiled units (`kernel_pdl`: the
+predictor's launched with programmatic dependent launch), and `talker_attn_kernel`: the talker's
+attention as talker_kernels.decode_attention instead of SDPA.
+Knows nothing about requests, graphs or how buckets are chosen.
 """
 
 from __future__ import annotations
@@ -230,7 +231,7 @@ class FastPath:
         self.talker_kernel_rows = 0  # the same for talker steps
         self.head_kernel_rows = 0  # and for the predictor's per-codebook head, choice and feed (rows = batch)
         self.talker_attn_kernel = False  # the talker's attention as talker_kernels.decode_attention (any batch)
-        self.kernel_pdl = False  # those kernels launched with programmatic dependent launch
+        self.kernel_pdl = False  # the predictor's kernels launched with programmatic dependent launch
 
     def _predictor_layers(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int
                           ) -> torch.Tensor:
@@ -254,8 +255,8 @@ class FastPath:
         talker = self.model.talker
         L = cache.max_len if kv_len is None else kv_len
         cos, sin = talker.rope(pos[:, None], x.dtype)  # [b, 1, hd]
-        key = torch.arange(L, device=x.device)
-        mask = (key[None, :] <= pos[:, None])[:, None, None]  # [b, 1, 1, L]
+        mask = None if self.talker_attn_kernel else (
+            torch.arange(L, device=x.device)[None, :] <= pos[:, None])[:, None, None]  # [b, 1, 1, L]
         rows = torch.arange(b, device=x.device)
         tri = b <= self.talker_kernel_rows and all(kernels.supports(layer, b) for layer in talker.layers)
         h = x[:, None]  # [b, 1, D]
