@@ -21,8 +21,9 @@ def _next_pow2(n: int) -> int:
 # Launch configs: (BN rows of the weight per program, BK columns per loop step, pipeline stages, warps,
 # multiply-and-sum instead of tensor cores) by (rows rounded up to a power of two, output width, input
 # width): `python -m omni_tts.kernel_sweep --quick --rows 1 8 32` on the H200 (2026-11-30, fifth session:
-# weights cold in L2, programmatic dependent launch), the code predictor's shapes (both sizes) and the
-# 1.7B talker's (the 0.6B talker's are the predictor's). 2..16 rows take the 8-row entry (the same
+# weights cold in L2, every launch with programmatic dependent launch, which the engine now uses for the
+# predictor only), the code predictor's shapes (both sizes) and the 1.7B talker's (the 0.6B talker's are
+# the predictor's; its talker layers then run without PDL on configs picked with it). 2..16 rows take the 8-row entry (the same
 # 16-row tensor-core tile), 17..32 the 32-row one; untuned shapes `config`'s default.
 # OMNI_TTS_KERNEL_CONFIGS names a JSON of more entries ("rows,n,K": [...]).
 Config = tuple[int, int, int, int, bool]

@@ -9,8 +9,12 @@ Owns: one predictor layer step as five kernels instead of Inductor's ~14 (H200 p
   5. down projection + residual
 The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16
 rows cost about the same); a one-row step runs them as a multiply-and-sum over narrow weight tiles
-(more programs reading the weights at once). Launch configs per (rows, shape) come from
-omni_tts.kernel_configs (measured on the H200, or `python -m omni_tts.kernel_sweep` on the GPU at hand). Numerics follow omni_tts.fastpath.predictor_layer: float32
+(more programs reading the weights at once). The projection kernel also serves omni_tts.talker_kernels
+and head_kernels (its input rows may be strided or gathered from a table). With `pdl` (programmatic
+dependent launch, Hopper+: `pdl_available`) each kernel loads what no kernel writes (its first weight
+tile) before `_after_previous` waits for the previous kernel and lets the next one launch. Launch
+configs per (rows, shape) come from omni_tts.kernel_configs (measured on the H200, or
+`python -m omni_tts.kernel_sweep` on the GPU at hand). Numerics follow omni_tts.fastpath.predictor_layer: float32
 accumulation, values rounded to the model dtype where the reference rounds (norm output, q/k after
 rope, each projection, SiLU, residual sums); the summation order differs, so results agree to the
 dtype's rounding, not bit for bit. `predictor_layer` has fastpath.predictor_layer's contract except
