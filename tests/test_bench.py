@@ -51,6 +51,7 @@ def test_bench_cli_runs_end_to_end_and_writes_a_table_and_json(tmp_path):
     extra = {r[0]: r[2] for r in body[len(want):]}
     assert extra["actual mode"] == "eager" and re.fullmatch(r"\d+\.\d", extra["capture/compile s"])
     assert extra["layer kernels"] == "reference modules"  # what ran the predictor, in the table
+    assert "notice" not in extra  # a row only when the mode ran something other than asked (kernels off, ...)
     assert extra["peak GPU mem (GiB)"] == "-" and extra["graph pool (GiB)"] == "-"
     assert "concurrency 2: 3/3 requests" in p.stderr
 
