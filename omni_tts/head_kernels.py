@@ -24,9 +24,7 @@ from typing import Any
 
 import torch
 
-from omni_tts import kernels
-from omni_tts.errors import one_line
-from omni_tts import kernel_configs
+from omni_tts import kernel_configs, kernels
 from omni_tts.kernel_configs import _next_pow2
 
 if kernels.triton is not None:
@@ -127,13 +125,14 @@ def supports(sp: Any, rows: int, vocab: int) -> bool:
 
 def probe(cp: Any, batches: list[int], max_rows: int, cap: int, pdl: bool = False) -> str:
     """Run the head, choice (sampled variant, top-`cap`) and feed kernels of the code predictor `cp` once per
-    batch of at most max_rows rows, so every variant a capture uses compiles now: "" or the first error
-    in one line (the caller then keeps the compiled head)."""
+    batch of at most max_rows rows (`kernels.run_probe`): "" or the first error in one line (the caller
+    then keeps the compiled head)."""
     from omni_tts.sampling import SlotParams
 
     dev = cp.norm.weight.device
     table = cp.codec_embedding[0].weight
-    try:
+
+    def build() -> str:
         for b in (b for b in batches if b <= max_rows):
             sp = SlotParams.zeros(b, dev).rows(b, topk_cap=cap)
             x = torch.zeros(b, 1, cp.hidden_size, device=dev, dtype=cp.norm.weight.dtype)
@@ -142,8 +141,6 @@ def probe(cp: Any, batches: list[int], max_rows: int, cap: int, pdl: bool = Fals
             code = head_choose(cp.norm, cp.lm_head[0], x, sp, idx, idx, 1, table, esum, pdl)
             if isinstance(cp.small_to_mtp_projection, torch.nn.Linear):
                 feed(table, cp.small_to_mtp_projection, code, pdl)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-    except Exception as e:
-        return one_line(e)
-    return ""
+        return ""
+
+    return kernels.run_probe(dev, build)

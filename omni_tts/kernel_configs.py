@@ -23,8 +23,8 @@ def _next_pow2(n: int) -> int:
 # width): `python -m omni_tts.kernel_sweep --quick --rows 1 8 32` on the H200 (2026-11-30, fifth session:
 # weights cold in L2, every launch with programmatic dependent launch, which the engine now uses for the
 # predictor only), the code predictor's shapes (both sizes) and the 1.7B talker's (the 0.6B talker's are
-# the predictor's; its talker layers then run without PDL on configs picked with it). 2..16 rows take the 8-row entry (the same
-# 16-row tensor-core tile), 17..32 the 32-row one; untuned shapes `config`'s default.
+# the predictor's; its talker layers then run without PDL on configs picked with it). 2..16 rows take the
+# 8-row entry (the same 16-row tensor-core tile), 17..32 the 32-row one; untuned shapes `config`'s default.
 # OMNI_TTS_KERNEL_CONFIGS names a JSON of more entries ("rows,n,K": [...]).
 Config = tuple[int, int, int, int, bool]
 TUNED: dict[tuple[int, int, int], Config] = {
@@ -71,7 +71,6 @@ def config(M: int, n: int, K: int) -> Config:
         if (r, n, K) in TUNED:
             return TUNED[(r, n, K)]
     return (8, 512, 3, 4, True) if rows == 1 else (16, 256, 3, 4, False)
-
 
 
 _load_configs()

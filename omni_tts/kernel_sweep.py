@@ -8,8 +8,9 @@ Owns: the candidate configs per row count, timing each of a decoder layer's four
 after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual; the code
 predictor's and / or the talker's shapes) per candidate, launched as the engine launches them (the
 predictor's with programmatic dependent launch where the GPU has it, the talker's without), in a CUDA
-graph of back-to-back launches whose weights rotate through enough copies to overflow the L2 cache (inside a frame 150 MB of predictor weights stream from HBM; a sweep that keeps
-one copy hot in the H200's 50 MB L2 picked configs for the wrong regime, 2026-11-30), and the choice
+graph of back-to-back launches whose weights rotate through enough copies to overflow the L2 cache
+(inside a frame 150 MB of predictor weights stream from HBM; a sweep that keeps one copy hot in the
+H200's 50 MB L2 picked configs for the wrong regime, 2026-11-30), and the choice
 of the fastest per (rows, shape). Weights are random at the size's shapes (values don't change speed).
 Knows nothing about the engine, requests or graphs pools.
 """

@@ -26,7 +26,7 @@ choice (`supports`). Runs on CUDA; tests run it in Triton's CPU interpreter (TRI
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -257,15 +257,28 @@ def _proj(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None
     return out
 
 
+def run_probe(device: torch.device, build: Callable[[], str]) -> str:
+    """The frame of every kernel probe: `build` launches the kernels a capture will use (so each variant
+    compiles now) and returns '' or why they do not apply; waits for the device. -> '' or the reason, or
+    the first error in one line (a GPU whose Triton cannot build them, e.g. too little shared memory, no
+    bfloat16 tensor cores, no programmatic dependent launch): the caller then keeps Inductor's kernels."""
+    try:
+        why = build()
+        if not why and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return why
+    except Exception as e:  # compile or launch failure
+        return one_line(e)
+
+
 def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor], cos: torch.Tensor,
           sin: torch.Tensor, batches: list[int], max_rows: int, pdl: bool = False) -> str:
     """Run the predictor `layer` once for every (batch, 1 or 2 positions) of at most max_rows rows that a
-    capture will use, so every kernel variant compiles now: "" when all ran, else the first error in one
-    line (a GPU whose Triton cannot build them, e.g. too little shared memory, no bfloat16 tensor cores,
-    no programmatic dependent launch)."""
+    capture will use (`run_probe`). -> "" or why not, in one line."""
     a, dev = layer.self_attn, cos.device
     width = layer.input_layernorm.weight.shape[0]
-    try:
+
+    def build() -> str:
         for b in batches:
             for T in (1, 2):
                 if b * T > max_rows:
@@ -275,11 +288,9 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
                 x = torch.zeros(b, T, width, device=dev, dtype=cos.dtype)
                 kc = torch.zeros(b, a.kv_heads, cos.shape[1], a.head_dim, device=dev, dtype=cos.dtype)
                 predictor_layer(layer, *w, x, cos, sin, kc, torch.zeros_like(kc), 0, pdl)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-    except Exception as e:  # compile or launch failure: the caller falls back to Inductor's kernels
-        return one_line(e)
-    return ""
+        return ""
+
+    return run_probe(dev, build)
 
 
 def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_gu: torch.Tensor,

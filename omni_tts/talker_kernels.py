@@ -4,10 +4,12 @@ Owns: the talker layer around its attention in five kernels (norm + q|k|v, then 
 K/V written at each row's own cache position; o + residual, norm + gate|up + SiLU, down + residual:
 the projection kernel of omni_tts.kernels), and the decode attention itself (`decode_attention`,
 any batch: one program per (row, KV head) streams that row's first pos+1 cache positions with an
-online softmax, float32, for the query heads sharing the KV head). The attention replaces SDPA's
-cuDNN call plus the two fills and a copy that turning the boolean mask into an additive one cost per
-layer (H200 profile, 2026-11-30). Numerics follow omni_tts.fastpath.talker_attn_in / gqa_attention /
-talker_attn_out to the dtype's rounding (float32 accumulation; the order of sums differs).
+online softmax, float32, for the query heads sharing the KV head), meant to replace SDPA's cuDNN call
+plus the two fills and a copy that turning the boolean mask into an additive one cost per layer; it
+is off by default (`talker_attention_kernel`): on the H200 it matched SDPA at 128 cache positions and
+was slower at 1025, as it streams the whole kv bucket (2026-11-30). Numerics follow
+omni_tts.fastpath.talker_attn_in / gqa_attention / talker_attn_out to the dtype's rounding (float32
+accumulation; the order of sums differs).
 Knows nothing about graphs, buckets or requests; which batches use which kernel is the caller's
 choice. Runs on CUDA; tests run it in Triton's CPU interpreter.
 """
@@ -19,16 +21,13 @@ from typing import Any
 import torch
 
 from omni_tts import kernels
-from omni_tts.errors import one_line
 from omni_tts.kernel_configs import _next_pow2
 
 if kernels.triton is not None:
     import triton
     import triton.language as tl
 
-    from omni_tts.kernels import _normed_rope
-
-    from omni_tts.kernels import _after_previous
+    from omni_tts.kernels import _after_previous, _normed_rope
 
     @triton.jit
     def _rope_cache_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, q_ptr, eps,
@@ -62,11 +61,12 @@ if kernels.triton is not None:
 
     @triton.jit
     def _decode_attn_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, out_ptr, scale, q_row, q_head, kc_row, kc_head,
-                            L: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, BD: tl.constexpr,
-                            BL: tl.constexpr):
+                            L: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
+                            BD: tl.constexpr, BL: tl.constexpr):
         """Program (row b, KV head g): out[b, h] = softmax(q[b, h] . K[:pos+1] * scale) V[:pos+1] for the
         REP query heads h sharing g, streaming the first L cache positions (every row's pos < L) in blocks
-        of BL, those after pos masked (L is a kv bucket: one build per bucket). q: rows q_row and heads q_head apart; out: [B, H, HD]."""
+        of BL, those after pos masked (L is a kv bucket: one build per bucket). q: rows q_row and heads
+        q_head apart; out: [B, H, HD]."""
         dt = out_ptr.dtype.element_ty
         b = tl.program_id(0)
         g = tl.program_id(1)
@@ -107,14 +107,16 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: t
     assert kc.stride() == vc.stride() and kc.stride(3) == 1 and kc.stride(2) == hd and q.stride(3) == 1
     out = torch.empty(B, H, 1, hd, device=q.device, dtype=q.dtype)  # [B, H, 1, hd]
     _decode_attn_kernel[(B, Hkv)](q, kc, vc, pos, out, hd ** -0.5, q.stride(0), q.stride(1), kc.stride(0),
-                                  kc.stride(1), L=min(L, kc.shape[2]), H=H, HKV=Hkv, HD=hd, BD=_next_pow2(hd), BL=32, num_warps=4)
+                                  kc.stride(1), L=min(L, kc.shape[2]), H=H, HKV=Hkv, HD=hd, BD=_next_pow2(hd),
+                                  BL=32, num_warps=4)
     return out
 
 
 def attention_supported(layer: Any) -> bool:
     """True when `decode_attention` can run this layer's heads (query heads per KV head a power of two)."""
-    rep = layer.self_attn.heads // layer.self_attn.kv_heads
-    return kernels.triton is not None and rep * layer.self_attn.kv_heads == layer.self_attn.heads and rep & (rep - 1) == 0
+    heads, kv_heads = layer.self_attn.heads, layer.self_attn.kv_heads
+    rep = heads // kv_heads
+    return kernels.triton is not None and rep * kv_heads == heads and rep & (rep - 1) == 0
 
 
 def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.Tensor,
@@ -128,7 +130,7 @@ def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, 
     H, Hkv, hd = attn.heads, attn.kv_heads, attn.head_dim
     assert kc.stride() == vc.stride() and kc.stride(3) == 1 and kc.stride(2) == hd
     y = kernels._proj(x.reshape(B, D), w_qkv, n=(H + 2 * Hkv) * hd, bias=b_qkv, norm=layer.input_layernorm,
-              pdl=pdl)  # y: [B, (H+2Hkv) hd]
+                      pdl=pdl)  # y: [B, (H+2Hkv) hd]
     q = torch.empty(B, H, 1, hd, device=x.device, dtype=x.dtype)  # [B, H, 1, hd]
     _rope_cache_kernel[(B, Hkv)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(),
                                  pos, kc, vc, q, float(attn.q_norm.eps), kc.stride(0), kc.stride(1), H=H, HKV=Hkv,
@@ -147,10 +149,13 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
           max_rows: int, kv_lens: list[int] | None, dtype: torch.dtype) -> str:
     """Build and run the talker kernels a capture will use: the layer kernels for every batch of at most
     max_rows rows, the attention kernel for every batch and kv bucket in `kv_lens` (None: no attention
-    kernel). -> "" or the first error, one line."""
+    kernel), through `kernels.run_probe`. -> "" or why not, one line."""
     a, dev = layer.self_attn, layer.input_layernorm.weight.device
     D = layer.input_layernorm.weight.shape[0]
-    try:
+
+    def build() -> str:
+        if kv_lens is not None and not attention_supported(layer):
+            return "the talker's query heads per KV head are not a power of two"
         for b in batches:
             kc = torch.zeros(b, a.kv_heads, max(kv_lens or [4]), a.head_dim, device=dev, dtype=dtype)
             vc, pos = torch.zeros_like(kc), torch.zeros(b, dtype=torch.long, device=dev)
@@ -162,12 +167,8 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
                 rope = torch.zeros(b, 1, a.head_dim, device=dev, dtype=dtype)
                 q = talker_attn_in(layer, w[0], w[1], x, rope, rope, kc, vc, pos)
                 talker_attn_out(layer, w[2], x, q)
-            if kv_lens is not None and not attention_supported(layer):
-                return "the talker's query heads per KV head are not a power of two"
             for L in kv_lens or []:
                 decode_attention(q, kc, vc, pos, L)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-    except Exception as e:  # compile or launch failure: the caller keeps Inductor's units / SDPA
-        return one_line(e)
-    return ""
+        return ""
+
+    return kernels.run_probe(dev, build)
