@@ -67,9 +67,12 @@ class FirstChunkGraphs:
     while the step graphs replay on the scheduler's, and graphs sharing a pool must never run at the
     same time. Other window shapes (they vary with history length) decode eagerly."""
 
-    def __init__(self, codec: Any, frames: int, buckets: list[int]) -> None:
+    def __init__(self, codec: Any, frames: int, buckets: list[int], priority: bool = False) -> None:
+        """priority: replay on a high-priority stream (as the frame steps run), so a first chunk (TTFP) is
+        not queued behind other requests' later windows."""
         self.codec, self.frames = codec, frames
         device = codec.quantizer["rvq_first"].tables.device
+        self.stream = torch.cuda.Stream(device, priority=-1) if priority else None
         self.codes = torch.zeros(max(buckets), frames, codec.num_quantizers, dtype=torch.long, device=device)
         self.graph = BucketedGraph("codec first chunk", lambda b: (lambda: (codec.window(self.codes[:b], 0),)),
                                    buckets, GraphPool(use_vllm=False))
@@ -83,8 +86,16 @@ class FirstChunkGraphs:
         if (codec is not self.codec or context != 0 or rows.shape[1] != self.frames
                 or pick_bucket(n, self.graph.buckets) is None):
             return None
-        self.codes[:n].copy_(codec.prepare(rows))
-        return self.graph.run(n)[0]
+        if self.stream is None:
+            self.codes[:n].copy_(codec.prepare(rows))
+            return self.graph.run(n)[0]
+        current = torch.cuda.current_stream(self.stream.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            self.codes[:n].copy_(codec.prepare(rows))
+            wav = self.graph.run(n)[0]
+        current.wait_stream(self.stream)
+        return wav
 
 
 class Code2Wav:
@@ -95,8 +106,10 @@ class Code2Wav:
     chunks that step made due are always decoded together)."""
 
     def __init__(self, device: torch.device, stats: EngineStats,
-                 first_chunk: tuple[Any, int, list[int]] | None = None) -> None:
-        """first_chunk: (codec, initial_chunk_frames, batch buckets) to graph the first chunks (CUDA only: callers pass None elsewhere).
+                 first_chunk: tuple[Any, int, list[int]] | None = None, priority: bool = False) -> None:
+        """first_chunk: (codec, initial_chunk_frames, batch buckets) to graph the first chunks (CUDA only: callers pass None elsewhere);
+        priority: they replay on a high-priority stream (`FirstChunkGraphs`); the other windows decode on
+        this stage's own normal-priority stream.
         They are captured here, on the caller's thread before this stage's thread starts: two captures at
         once (this one and a step-graph capture on the scheduler thread) failed on the H200 with
         'operation not permitted when stream is capturing'."""
@@ -108,7 +121,7 @@ class Code2Wav:
         self.graphs_on = True
         if first_chunk is not None:
             try:
-                self.first = FirstChunkGraphs(*first_chunk)
+                self.first = FirstChunkGraphs(*first_chunk, priority=priority)
             except Exception as e:  # never fatal: first chunks then decode eagerly
                 self.first_error = one_line(e)
         self._jobs: "queue.Queue[list[tuple] | None]" = queue.Queue()

@@ -127,6 +127,8 @@ class EngineConfig:
     codec_fused: bool = True  # CUDA: the codec's SnakeBeta activations as compiled kernels (falls back to eager)
     first_chunk_graphs: bool = True  # CUDA: the codec's first-chunk decode as CUDA graphs (the TTFP path)
     lookahead: bool = True  # launch frame t+1 before reading frame t (false: wait for every frame)
+    priority_streams: bool = True  # CUDA: frame steps and first audio chunks on high-priority streams, so the
+    #   code-to-wave stage's kernels fill the GPU's gaps instead of delaying the next frame
     predictor_kernel_rows: int = 32  # default+cudagraph on CUDA: hand-written Triton predictor layers for
     #   steps of at most this many rows (batch x positions), and heads + sampling for batches of at most
     #   that many rows (top-k <= 64 settings); larger steps and 0 use Inductor's kernels
@@ -183,7 +185,7 @@ _PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)}
 _INT_KEYS = {"max_num_seqs", "max_seq_len", "initial_chunk_frames", "chunk_frames", "left_context_frames",
              "predictor_kernel_rows", "talker_kernel_rows"}
 _BOOL_KEYS = {"use_vllm_pool", "codec_fused", "first_chunk_graphs", "lookahead", "chunk_growth", "kernel_pdl",
-              "talker_attention_kernel"}
+              "priority_streams", "talker_attention_kernel"}
 
 
 def _check_types(data: dict[str, Any], path: Path) -> None:

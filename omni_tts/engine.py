@@ -140,7 +140,7 @@ class Engine:
         self.codec_fused_error = fuse_codec(self.model.codec) if cuda and config.codec_fused else ""
         first = ((self.model.codec, config.initial_chunk_frames, config.resolved_buckets())
                  if cuda and config.first_chunk_graphs else None)
-        self._c2w = Code2Wav(runner.device, self.stats, first)
+        self._c2w = Code2Wav(runner.device, self.stats, first, priority=cuda and config.priority_streams)
         self._sync_first_chunk_graphs()
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._loop, name="omni-tts-scheduler", daemon=True)
@@ -251,6 +251,10 @@ class Engine:
         return value
 
     def _loop(self) -> None:
+        with self.runner.step_stream():
+            self._serve()
+
+    def _serve(self) -> None:
         while not self._stop.is_set():
             if not self._control.empty():
                 self._guard(self._settle)  # a mode switch acts on a settled state

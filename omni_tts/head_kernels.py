@@ -4,8 +4,9 @@ Owns, for one codebook step of a frame (rows = batch):
   1. the final RMSNorm of each row's last position + this codebook's head -> logits [B, V]
      (omni_tts.kernels' projection kernel, its rows read with a stride);
   2. the choice of each row's code (`_choose_kernel`, one program per row): greedy rows take the
-     argmax, sampled rows the Gumbel-max of the logits warped by temperature, top-k and top-p, all
-     from one top-`cap` selection, with the noise of omni_tts.sampling.uniform_noise (the same
+     argmax, sampled rows the Gumbel-max of the logits warped by temperature, top-k and top-p (rows
+     with top-p < 1 from one top-`cap` selection; top-k alone, the checkpoints' default, from the k-th
+     largest value, found by halving the values' range: no sort), with the noise of omni_tts.sampling.uniform_noise (the same
      counter-based hash, so a request's draws do not depend on the kernels); the chosen code's
      embedding row is added to the frame's running embedding sum (float32);
   3. the next step's input: the chosen code's embedding gathered and projected by
@@ -56,6 +57,35 @@ if kernels.triton is not None:
         x = _fmix32(h ^ _fmix32(ids + _u32(0x165667B1)))  # [BV]
         return ((x >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
 
+    @triton.jit
+    def _topp_cut(xt, k, p, CAP: tl.constexpr):
+        """sampling.warp_topk's cut for one row (top-p < 1): max(k-th largest, the top-p edge)."""
+        top = tl.topk(xt, CAP)  # [CAP] descending
+        j = tl.arange(0, CAP)
+        kth = tl.sum(tl.where(j == tl.maximum(k, 1) - 1, top, 0.0), axis=0)
+        kth = tl.where(k <= 0, float("-inf"), kth)  # top-k off: no cut
+        m = tl.where(top < kth, float("-inf"), top)
+        e = tl.exp(m - tl.max(m, axis=0))
+        prob = e / tl.sum(e, axis=0)  # [CAP] over the top-k set
+        above = tl.cumsum(prob, axis=0) - prob  # probability strictly above each value
+        keep = tl.maximum(tl.sum((above < p).to(tl.int32), axis=0), 1)  # kept prefix length
+        edge = tl.sum(tl.where(j == keep - 1, top, 0.0), axis=0)
+        return tl.maximum(kth, edge)
+
+    @triton.jit
+    def _kth_largest(xt, k):
+        """The k-th largest value of xt [BV] counted with repeats (sampling.warp_topk's kth; -inf when
+        k <= 0: top-k off), without a sort: 32 halvings over the values' order-preserving uint32 keys find
+        the largest key T with at least k keys >= T."""
+        bits = tl.where(xt == 0.0, 0.0, xt).to(tl.uint32, bitcast=True)  # -0.0 as +0.0: keys order as floats
+        key = tl.where((bits >> 31) != 0, bits ^ _u32(0xFFFFFFFF), bits | _u32(0x80000000))  # [BV]
+        t = tl.full([], 0, tl.uint32)
+        for s in tl.static_range(32):
+            cand = t | _u32(1 << (31 - s))
+            t = tl.where(tl.sum((key >= cand).to(tl.int32), axis=0) >= k, cand, t)
+        kth = tl.max(tl.where(key == t, xt, float("-inf")), axis=0)
+        return tl.where(k <= 0, float("-inf"), kth)
+
     @triton.jit(do_not_specialize=["codebook"])  # one kernel for all codebooks (1 would be a constant)
     def _choose_kernel(logits_ptr, greedy_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, frame_ptr, codebook,
                        table_ptr, esum_ptr, code_ptr, V: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
@@ -69,20 +99,12 @@ if kernels.triton is not None:
         pick = tl.argmax(x, axis=0)  # greedy: the first largest
         if SAMPLE:
             xt = x / tl.load(temp_ptr + b)
-            top = tl.topk(xt, CAP)  # [CAP] descending
-            j = tl.arange(0, CAP)
-            k = tl.load(topk_ptr + b)
-            kth = tl.sum(tl.where(j == tl.minimum(tl.maximum(k, 1), CAP) - 1, top, 0.0), axis=0)
-            kth = tl.where(k <= 0, float("-inf"), kth)  # top-k off: no cut
-            m = tl.where(top < kth, float("-inf"), top)
-            e = tl.exp(m - tl.max(m, axis=0))
-            prob = e / tl.sum(e, axis=0)  # [CAP] over the top-k set
-            above = tl.cumsum(prob, axis=0) - prob  # probability strictly above each value
+            k = tl.minimum(tl.load(topk_ptr + b), CAP)
             p = tl.load(topp_ptr + b)
-            keep = tl.maximum(tl.sum((above < p).to(tl.int32), axis=0), 1)  # kept prefix length
-            edge = tl.sum(tl.where(j == keep - 1, top, 0.0), axis=0)
-            edge = tl.where(p >= 1.0, float("-inf"), edge)
-            cut = tl.maximum(kth, edge)
+            if p < 1.0:  # top-p needs the top-k set in order
+                cut = _topp_cut(xt, k, p, CAP)
+            else:  # top-k alone (the checkpoints' default) needs only the k-th largest value
+                cut = _kth_largest(xt, k)
             u = _noise(tl.load(seed_ptr + b), tl.load(frame_ptr + b), codebook, i.to(tl.uint32))
             warped = tl.where(xt < cut, float("-inf"), xt) - tl.log(-tl.log(u))
             drawn = tl.argmax(tl.where(vm, warped, float("-inf")), axis=0)

@@ -13,6 +13,7 @@ Does not own requests, streaming or timing (engine.py), nor graph capture mechan
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -289,9 +290,28 @@ class Runner:
         """What runs the code predictor's and the talker's layers in this mode (for the engine panel)."""
         return "reference modules" if self.fast is None else self.fast.kernels_report()
 
+    def step_stream(self) -> AbstractContextManager:
+        """The scheduler thread's stream: on CUDA with `priority_streams`, a high-priority one, so the frame
+        steps' kernels (a graph's take the priority of the stream it is launched into) are scheduled ahead
+        of the code-to-wave stage's queued ones and the codec fills the gaps; else the current stream."""
+        if self.device.type != "cuda" or not self.config.priority_streams:
+            return nullcontext()
+        stream = torch.cuda.Stream(self.device, priority=-1)
+        stream.wait_stream(torch.cuda.current_stream(self.device))  # the state made at load time
+        return torch.cuda.stream(stream)
+
+    def _after_other_threads(self) -> None:
+        """Tensors made on other threads (a voice prompt's speaker embedding) come from the default stream:
+        the step stream waits for it before reading them."""
+        if self.device.type == "cuda":
+            current, default = torch.cuda.current_stream(self.device), torch.cuda.default_stream(self.device)
+            if current != default:
+                current.wait_stream(default)
+
     # ------------------------------------------------------------------ requests
     def prepare(self, params: SynthesisParams) -> Admission:
         """A request's prompt embeddings and settings, checked against this engine (InputError if not)."""
+        self._after_other_threads()
         m = self.model
         pre = m.build_prefill(params)  # embeds: [T, D], trailing: [N, D], pad: [D]
         T = pre.embeds.shape[0]

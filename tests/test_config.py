@@ -166,11 +166,12 @@ def test_out_of_range_preset_values_are_one_line_errors(tmp_path: Path, line: st
 
 def test_switches_load_from_a_preset_and_from_set_pairs(tmp_path: Path):
     f = tmp_path / "switches.yaml"
-    f.write_text("codec_fused: false\nlookahead: false\nfirst_chunk_graphs: false\nkernel_pdl: false\n")
+    f.write_text("codec_fused: false\nlookahead: false\nfirst_chunk_graphs: false\nkernel_pdl: false\n"
+                 "priority_streams: false\n")
     cfg = load_preset(f)
-    assert (cfg.codec_fused, cfg.lookahead, cfg.first_chunk_graphs, cfg.kernel_pdl) == (False,) * 4
+    assert (cfg.codec_fused, cfg.lookahead, cfg.first_chunk_graphs, cfg.kernel_pdl, cfg.priority_streams) == (False,) * 5
     d = EngineConfig()
-    assert (d.codec_fused, d.lookahead, d.first_chunk_graphs, d.kernel_pdl) == (True,) * 4
+    assert (d.codec_fused, d.lookahead, d.first_chunk_graphs, d.kernel_pdl, d.priority_streams) == (True,) * 5
     sets = parse_sets(["lookahead=false", "max_num_seqs=16", "buckets=[1, 4, 16]", "mode=default"])
     assert sets == {"lookahead": False, "max_num_seqs": 16, "buckets": [1, 4, 16], "mode": "default"}
     cfg = load_preset("graph-bs32", **sets)

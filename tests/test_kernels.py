@@ -125,6 +125,32 @@ def test_head_kernels_choose_like_the_sampling_module_for_many_draws() -> None:
         torch.testing.assert_close(esum, table[want])
 
 
+def test_choice_kernel_top_k_cut_keeps_tied_values_like_the_sampling_module() -> None:
+    """Top-k alone (top-p 1: the kernel's sort-free path) on logits full of ties and zeros: the k-th
+    largest counted with repeats, every value equal to it kept, as sampling.warp_topk does."""
+    from omni_tts import head_kernels
+
+    torch.manual_seed(1)
+    V, B = 128, 12
+    rows = [sampling.RowSettings(greedy=False, temperature=1.0, top_k=k) for k in (1, 2, 3, 5, 7, 9, 13, 16)]
+    sp = sampling.SlotParams.from_settings([rows[i % len(rows)] for i in range(B)]).rows(B, topk_cap=16)
+    eye = torch.nn.Linear(V, V, bias=False)
+    eye.weight.data = torch.eye(V)
+    norm = type("N", (), {"weight": torch.ones(V), "eps": 0.0})()
+    table = torch.randn(V, 4)
+    for f in range(3):
+        logits = torch.round(torch.randn(B, V) * 1.5) / 4  # few distinct values: ties at every cut
+        logits[:, ::7] = 0.0
+        scale = torch.rsqrt(logits.pow(2).mean(-1, keepdim=True))  # the kernel RMS-normalises its input
+        x = (logits / scale)[:, None]
+        seed, frame = torch.arange(B) * 31 + f, torch.full((B,), f)
+        got = head_kernels.head_choose(norm, eye, x, sp, seed, frame, 5, table, torch.zeros(B, 4))
+        h = x[:, -1] * torch.rsqrt(x[:, -1].pow(2).mean(-1, keepdim=True))
+        want = sampling.choose(h @ eye.weight.T, sp, seed, frame, 5)
+        assert torch.equal(got, want)
+        assert len(set(want.tolist())) > 1
+
+
 @pytest.mark.parametrize("case", golden_cases("custom_voice")[:1])
 def test_kernel_layers_reproduce_the_golden_greedy_codes(case: dict) -> None:
     m, _ = model_and_fast()
