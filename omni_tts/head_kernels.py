@@ -122,10 +122,17 @@ def head_choose(norm: Any, head: Any, x: torch.Tensor, sp: Any, seed: torch.Tens
     """fastpath.predictor_head + the code's embedding added to esum, for rows that `fits_topk(sp.topk_cap)`
     (or all greedy). x: [B, T, d] (the last position is used); table: this codebook's embedding [V, D];
     esum: [B, D] float32 (updated). -> codes [B] int64"""
-    B, T, d = x.shape
-    V, D = table.shape
     logits = kernels._proj(x[:, -1], head.weight, n=head.weight.shape[0], norm=norm, pdl=pdl)  # [B, V]
-    code = torch.empty(B, dtype=torch.long, device=x.device)
+    return choose(logits, sp, seed, frame, codebook, table, esum, pdl)
+
+
+def choose(logits: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tensor, codebook: int,
+           table: torch.Tensor, esum: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+    """The choice kernel alone: sampling.choose(logits.float(), ...) for rows that `fits_topk(sp.topk_cap)`,
+    plus table[code] added to esum [B, D] (float32). logits: [B, V] -> codes [B] int64"""
+    B, V = logits.shape
+    D = table.shape[1]
+    code = torch.empty(B, dtype=torch.long, device=logits.device)
     sample = not sp.all_greedy
     _choose_kernel[(B,)](logits, sp.greedy, sp.temperature, sp.top_k, sp.top_p, seed, frame, codebook, table, esum,
                          code, V=V, D=D, BV=_next_pow2(V), CAP=min(_next_pow2(sp.topk_cap or 1), _next_pow2(V)),
