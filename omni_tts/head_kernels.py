@@ -89,7 +89,8 @@ if kernels.triton is not None:
     @triton.jit(do_not_specialize=["codebook"])  # one kernel for all codebooks (1 would be a constant)
     def _choose_kernel(logits_ptr, greedy_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, frame_ptr, codebook,
                        table_ptr, esum_ptr, code_ptr, V: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
-                       CAP: tl.constexpr, BD: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr):
+                       CAP: tl.constexpr, BD: tl.constexpr, SAMPLE: tl.constexpr, SORT_BELOW: tl.constexpr,
+                       PDL: tl.constexpr):
         """Program b: code_ptr[b] = this row's code (see the module docstring); esum[b] += table[code]."""
         b = tl.program_id(0)
         i = tl.arange(0, BV)
@@ -101,7 +102,7 @@ if kernels.triton is not None:
             xt = x / tl.load(temp_ptr + b)
             k = tl.minimum(tl.load(topk_ptr + b), CAP)
             p = tl.load(topp_ptr + b)
-            if p < 1.0:  # top-p needs the top-k set in order
+            if p < SORT_BELOW:  # top-p needs the top-k set in order (SORT_BELOW: 1, or inf to always sort)
                 cut = _topp_cut(xt, k, p, CAP)
             else:  # top-k alone (the checkpoints' default) needs only the k-th largest value
                 cut = _kth_largest(xt, k)
@@ -136,7 +137,8 @@ def choose(logits: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tenso
     sample = not sp.all_greedy
     _choose_kernel[(B,)](logits, sp.greedy, sp.temperature, sp.top_k, sp.top_p, seed, frame, codebook, table, esum,
                          code, V=V, D=D, BV=_next_pow2(V), CAP=min(_next_pow2(sp.topk_cap or 1), _next_pow2(V)),
-                         BD=_next_pow2(D), SAMPLE=sample, PDL=pdl, **kernels._launch(pdl, kernel_configs.CHOOSE_WARPS))
+                         BD=_next_pow2(D), SAMPLE=sample,
+                         SORT_BELOW=1.0 if kernel_configs.CHOOSE_SORT_FREE else float("inf"), PDL=pdl, **kernels._launch(pdl, kernel_configs.CHOOSE_WARPS))
     return code
 
 

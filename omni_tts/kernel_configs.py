@@ -47,16 +47,22 @@ TUNED: dict[tuple[int, int, int], Config] = {
 # 4: on the H200 (2026-11-30) it drew what omni_tts.sampling.choose draws in 1640 of 1640 sampled rows;
 # 8 and 16 warps were ~18% faster but drew differently from it, so they are not used
 CHOOSE_WARPS = 4
+# rows with top-p 1 find top-k's cut as the k-th largest value (no sort); False: the top-64 sort for every
+# row (the JSON's "choose_sort_free" key)
+CHOOSE_SORT_FREE = True
 
 
 def _load_configs() -> None:
-    global CHOOSE_WARPS
+    global CHOOSE_WARPS, CHOOSE_SORT_FREE
     path = os.environ.get("OMNI_TTS_KERNEL_CONFIGS")
     if path:
         with open(path) as f:
             for key, value in json.load(f).items():
                 if key == "choose_warps":
                     CHOOSE_WARPS = int(value)
+                    continue
+                if key == "choose_sort_free":
+                    CHOOSE_SORT_FREE = bool(value)
                     continue
                 m, n, k = (int(v) for v in key.split(","))
                 TUNED[(m, n, k)] = (int(value[0]), int(value[1]), int(value[2]), int(value[3]), bool(value[4]))

@@ -1,4 +1,4 @@
-"""Device check (sixth session, call 1): the choice kernel's sort-free top-k path against
+"""Device check (sixth session, calls 1-2): the choice kernel's sort-free top-k path against
 omni_tts.sampling.choose (bf16 logits: many ties) and its cost; the codec's 32-row window with cuDNN's
 heuristics vs cudnn.benchmark, and where its time goes. Writes JSON to argv[1]."""
 import json, sys, time
@@ -48,7 +48,10 @@ for B in (1, 8, 32):
         same += int((got == want).sum()); total += B
 res["choose_same_rows"], res["choose_rows"] = same, total
 print("choice kernel vs sampling.choose:", same, "/", total, flush=True)
-for name, row in (("topk_only", kinds["k50_t0.9"]), ("topp_sort", kinds["k50_p0.8"])):
+from omni_tts import kernel_configs
+for name, row, free in (("topk_only", kinds["k50_t0.9"], True), ("topk_sorted", kinds["k50_t0.9"], False),
+                        ("topp_sort", kinds["k50_p0.8"], True)):
+    kernel_configs.CHOOSE_SORT_FREE = free
     for B in (1, 8, 32):
         sp = sampling.SlotParams.from_settings([row] * B, dev).rows(B, topk_cap=64)
         logits = (torch.randn(B, V, device=dev) * 2).to(torch.bfloat16)
@@ -58,6 +61,8 @@ for name, row in (("topk_only", kinds["k50_t0.9"]), ("topp_sort", kinds["k50_p0.
                                  for j in range(15)][-1])
         res[f"choose_{name}_b{B}_15x_ms"] = t
         print(f"choose {name} b{B}: {t:.4f} ms for 15", flush=True)
+
+kernel_configs.CHOOSE_SORT_FREE = True
 
 # --- 2. codec windows: cuDNN heuristics vs benchmark, and a profile
 from omni_tts.checkpoint import open_checkpoint
