@@ -1,7 +1,8 @@
-# Sixth session, call 2 (same warm H200 x2 machine as call 1). Run from the repo root.
+# Sixth session, call 2 (a fresh H200 x2 machine). Run from the repo root.
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 date -u
 F="grep -v requests$\|capturing"
+python3 -c "from omni_tts.checkpoint_maker import make_checkpoint; make_checkpoint('/tmp/ck17','1.7B',device='cuda',dtype='bfloat16')" 2>&1 | tail -2
 echo '{"choose_sort_free": false}' > /tmp/sorted.json
 (
  export CUDA_VISIBLE_DEVICES=1
