@@ -11,6 +11,7 @@ Knows nothing about serving or requests.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -160,7 +161,10 @@ def _module_shapes(config: dict, codec_config: dict) -> tuple[dict[str, tuple], 
 
 
 def _random_tensors(shapes: dict[str, tuple], gen: torch.Generator, device: torch.device,
-                    dtype: torch.dtype, std: float) -> dict[str, torch.Tensor]:
+                    dtype: torch.dtype, std: float, fan_in: bool = False) -> dict[str, torch.Tensor]:
+    """Norms and scales 1, biases 0, other tensors normal with `std`; with `fan_in`, weights that are not
+    codebooks get std 1/sqrt(their inputs per output) instead, so activations stay bounded through many
+    layers as in a trained network (see make_checkpoint)."""
     out = {}
     for key in sorted(shapes):
         shape = shapes[key]
@@ -169,7 +173,8 @@ def _random_tensors(shapes: dict[str, tuple], gen: torch.Generator, device: torc
         elif len(shape) == 1:
             t = torch.zeros(shape, device=device, dtype=dtype)  # biases
         else:
-            t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).mul_(std).to(dtype)
+            scale = 1 / math.sqrt(math.prod(shape[1:])) if fan_in and "_codebook." not in key else std
+            t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).mul_(scale).to(dtype)
         out[key] = t.contiguous()
     return out
 
@@ -211,7 +216,10 @@ def make_checkpoint(out: str | os.PathLike, size: str = "tiny", model_type: str 
     meta = {"format": "pt", "made_by": "omni_tts.checkpoint_maker", "note": "random weights: noise"}
     _save({k: v.cpu() for k, v in _random_tensors(model_shapes, gen, dev, dt, 0.02).items()},
           out / "model.safetensors", meta)
-    _save({k: v.cpu() for k, v in _random_tensors(speech_shapes, gen, dev, dt, 0.05).items()},
+    # the speech tokenizer's convs by fan-in: with a flat std its vocoder's activations grew to ~1e7, where
+    # sin() (SnakeBeta) takes its slow argument-reduction path and the random codec decoded ~10x slower
+    # than one with bounded activations (H200, 2026-11-30): weight values must not change speed
+    _save({k: v.cpu() for k, v in _random_tensors(speech_shapes, gen, dev, dt, 0.05, fan_in=True).items()},
           out / "speech_tokenizer" / "model.safetensors", meta)
     (out / "config.json").write_text(json.dumps(config, indent=1))
     (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=1))
@@ -223,7 +231,7 @@ def make_checkpoint(out: str | os.PathLike, size: str = "tiny", model_type: str 
     return out
 
 
-EMBEDDED_VERSION = 1
+EMBEDDED_VERSION = 2
 
 
 def embedded_checkpoint_dir(cache_dir: str | os.PathLike | None = None) -> Path:

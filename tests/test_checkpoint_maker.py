@@ -94,3 +94,26 @@ def test_real_size_configs_have_plausible_parameter_counts(size: str, low: float
     unique = {id(p): p.numel() for m in (talker, predictor) for p in m.parameters()}  # shared embedding once
     total = sum(unique.values())
     assert low < total < high, f"{size}: {total / 1e9:.3f}e9 talker + code predictor parameters"
+
+
+def test_the_real_size_random_codec_keeps_its_activations_bounded() -> None:
+    """The speech tokenizer's weights are drawn by fan-in, so the 1.7B-size random vocoder's SnakeBeta inputs
+    stay small, as a trained codec's do: with a flat std they grew to ~1e7, where sin() takes a slow path
+    and the codec decoded ~10x slower on the GPU than a trained one would."""
+    from omni_tts.checkpoint_maker import _module_shapes, _random_tensors
+    from omni_tts.codec import CodecDecoder
+    from omni_tts.codec_layers import SnakeBeta
+
+    config, _, codec_config = make_configs("1.7B")
+    _, speech = _module_shapes(config, codec_config)
+    speech = {k: v for k, v in speech.items() if k.startswith("decoder.")}
+    weights = _random_tensors(speech, torch.Generator().manual_seed(0), torch.device("cpu"), torch.float32, 0.05,
+                              fan_in=True)
+    codec = CodecDecoder.from_config(codec_config, weights)
+    peaks: list[float] = []
+    for m in codec.modules():
+        if isinstance(m, SnakeBeta):
+            m.register_forward_hook(lambda mod, inp, out: peaks.append(float(inp[0].abs().max())))
+    wav = codec.decode_window(torch.randint(0, 2048, (1, 14, 16), generator=torch.Generator().manual_seed(1)), 10)
+    assert len(peaks) == 29 and 0 < max(peaks) < 1e3
+    assert 0.05 < float(wav.std()) <= 1.0  # still audible noise, not silence
