@@ -163,8 +163,9 @@ def _module_shapes(config: dict, codec_config: dict) -> tuple[dict[str, tuple], 
 def _random_tensors(shapes: dict[str, tuple], gen: torch.Generator, device: torch.device,
                     dtype: torch.dtype, std: float, fan_in: bool = False) -> dict[str, torch.Tensor]:
     """Norms and scales 1, biases 0, other tensors normal with `std`; with `fan_in`, weights that are not
-    codebooks get std 1/sqrt(their inputs per output) instead, so activations stay bounded through many
-    layers as in a trained network (see make_checkpoint)."""
+    codebooks get std 0.5/sqrt(their inputs per output) instead (each layer about halves its input's scale),
+    so activations stay bounded through many layers as in a trained network, without the chaotic growth that
+    would magnify float rounding (see make_checkpoint)."""
     out = {}
     for key in sorted(shapes):
         shape = shapes[key]
@@ -173,7 +174,7 @@ def _random_tensors(shapes: dict[str, tuple], gen: torch.Generator, device: torc
         elif len(shape) == 1:
             t = torch.zeros(shape, device=device, dtype=dtype)  # biases
         else:
-            scale = 1 / math.sqrt(math.prod(shape[1:])) if fan_in and "_codebook." not in key else std
+            scale = 0.5 / math.sqrt(math.prod(shape[1:])) if fan_in and "_codebook." not in key else std
             t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).mul_(scale).to(dtype)
         out[key] = t.contiguous()
     return out
