@@ -136,10 +136,10 @@ class CodecDecoder(nn.Module):
         return self
 
     def set_fused(self, on: bool) -> "CodecDecoder":
-        """Run the vocoder's SnakeBeta activations as one compiled kernel each (`fused_snake`) or as eager
-        ops. Same math; the compiled sin may differ in the last bit. The first decode of a new batch
-        size class (1, or more) compiles (seconds): warm it before serving."""
-        impl = fused_snake() if on else snake
+        """Run the vocoder's SnakeBeta activations as one kernel each (`fused_snake`: Triton on CUDA, else
+        compiled) or as eager ops. Same math; the fused sum may differ in the last bit. The first decode
+        compiles (seconds; on the CPU again for a new batch size class): warm it before serving."""
+        impl = fused_snake if on else snake
         for m in self.modules():
             if isinstance(m, SnakeBeta):
                 m.impl = impl
@@ -212,8 +212,10 @@ class CodecDecoder(nn.Module):
         x = lat
         for up, block in self.upsample:
             x = block(up(x))  # x: [B, latent, T*r]
-        for layer in self.decoder:
-            x = layer(x)  # ends as [B, 1, T*upsample]
+        *body, act, conv = self.decoder  # the last activation writes the last conv's left padding
+        for layer in body:
+            x = layer(x)
+        x = conv(act(x, pad=conv.reach), padded=True)  # x: [B, 1, T*upsample]
         return x.squeeze(1).clamp(-1.0, 1.0)
 
     @torch.inference_mode()

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_tts import codec_kernels
 from omni_tts.talker import MLP, AttentionProjections, RMSNorm
 
 CONVNEXT_LN_EPS = 1e-6
@@ -33,8 +34,10 @@ class CausalConv1d(nn.Module):
         self.conv = nn.Conv1d(c_in, c_out, kernel, dilation=dilation, groups=groups)
         self.reach = (kernel - 1) * dilation
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.pad(x, (self.reach, 0)))  # [B, Cin, T] -> [B, Cout, T]
+    def forward(self, x: torch.Tensor, padded: bool = False) -> torch.Tensor:
+        """x: [B, Cin, T] -> [B, Cout, T]; padded: x already starts with the `reach` zero columns (a
+        SnakeBeta called with pad=reach wrote them), so x is [B, Cin, reach + T] and is not copied."""
+        return self.conv(x if padded else F.pad(x, (self.reach, 0)))
 
     def lookback(self, j: int) -> int:
         return j - self.reach
@@ -55,26 +58,31 @@ class CausalUpConv1d(nn.Module):
         return -((self.kernel - 1 - j) // self.stride)  # ceil((j - K + 1) / s)
 
 
-def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """x + sin^2(x * e^alpha) / e^beta, per channel. x: [B, C, T]; alpha, beta: [C] -> [B, C, T]"""
+def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0) -> torch.Tensor:
+    """x + sin^2(x * e^alpha) / e^beta, per channel, then `pad` zero columns on the left (the next causal
+    conv's padding). x: [B, C, T]; alpha, beta: [C] -> [B, C, pad + T]"""
     freq = alpha.exp()[None, :, None]
     gain = 1.0 / (beta.exp()[None, :, None] + SNAKE_EPS)
-    return x + gain * torch.sin(x * freq).pow(2)
+    y = x + gain * torch.sin(x * freq).pow(2)
+    return F.pad(y, (pad, 0)) if pad else y
 
 
-_fused_snake: Callable[..., torch.Tensor] | None = None
+_compiled_snake: Callable[..., torch.Tensor] | None = None
 
 
-def fused_snake() -> Callable[..., torch.Tensor]:
-    """`snake` compiled once per process (Inductor, dynamic shapes: one kernel for every window and batch
-    size): one read and one write of x instead of the six passes of the eager ops, which at 24 kHz and many
-    rows are the vocoder's memory traffic."""
-    global _fused_snake
-    if _fused_snake is None:
+def fused_snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0) -> torch.Tensor:
+    """`snake` as one kernel: on CUDA the Triton kernel of omni_tts.codec_kernels (one read of x, one write
+    of the padded output, instead of the six passes of the eager ops and the conv's padded copy: at 24 kHz
+    and many rows those passes are the vocoder's memory traffic); elsewhere `snake` compiled once per
+    process (Inductor, dynamic shapes)."""
+    global _compiled_snake
+    if x.is_cuda and codec_kernels.available():
+        return codec_kernels.snake(x, alpha, beta, pad, SNAKE_EPS)
+    if _compiled_snake is None:
         # not fullgraph: should a long-running server hit dynamo's recompile limit (a new size class, e.g.
         # batch == time steps, compiles once more), the call runs as eager ops instead of failing the decode
-        _fused_snake = torch.compile(snake, dynamic=True)
-    return _fused_snake
+        _compiled_snake = torch.compile(snake, dynamic=True)
+    return _compiled_snake(x, alpha, beta, pad)
 
 
 class SnakeBeta(nn.Module):
@@ -84,12 +92,12 @@ class SnakeBeta(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
-        self.impl: Callable[..., torch.Tensor] = snake  # or fused_snake() (CodecDecoder.set_fused)
+        self.impl: Callable[..., torch.Tensor] = snake  # or fused_snake (CodecDecoder.set_fused)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
+    def forward(self, x: torch.Tensor, pad: int = 0) -> torch.Tensor:  # x: [B, C, T] -> [B, C, pad + T]
         # detached: plain tensors get dynamic shapes (dynamo keeps parameter shapes static, which made one
-        # compile per channel count of the fused function)
-        return self.impl(x, self.alpha.detach(), self.beta.detach())
+        # compile per channel count of the compiled function)
+        return self.impl(x, self.alpha.detach(), self.beta.detach(), pad)
 
 
 class ResidualUnit(nn.Module):
@@ -99,7 +107,8 @@ class ResidualUnit(nn.Module):
         self.act2, self.conv2 = SnakeBeta(dim), CausalConv1d(dim, dim, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
-        return x + self.conv2(self.act2(self.conv1(self.act1(x))))
+        h = self.conv1(self.act1(x, pad=self.conv1.reach), padded=True)  # h: [B, C, T]
+        return x + self.conv2(self.act2(h))
 
     def lookback(self, j: int) -> int:
         return self.conv1.lookback(self.conv2.lookback(j))
