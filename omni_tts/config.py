@@ -127,8 +127,9 @@ class EngineConfig:
     codec_fused: bool = True  # CUDA: the codec's SnakeBeta activations as compiled kernels (falls back to eager)
     first_chunk_graphs: bool = True  # CUDA: the codec's first-chunk decode as CUDA graphs (the TTFP path)
     lookahead: bool = True  # launch frame t+1 before reading frame t (false: wait for every frame)
-    priority_streams: bool = True  # CUDA: frame steps and first audio chunks on high-priority streams, so the
-    #   code-to-wave stage's kernels fill the GPU's gaps instead of delaying the next frame
+    priority_streams: bool = True  # CUDA: default+cudagraph's frame steps and the first audio chunks on
+    #   high-priority streams, so the code-to-wave stage's kernels fill the GPU's gaps instead of delaying
+    #   the next frame
     predictor_kernel_rows: int = 32  # default+cudagraph on CUDA: hand-written Triton predictor layers for
     #   steps of at most this many rows (batch x positions), and heads + sampling for batches of at most
     #   that many rows (top-k <= 64 settings); larger steps and 0 use Inductor's kernels

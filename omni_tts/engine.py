@@ -251,26 +251,27 @@ class Engine:
         return value
 
     def _loop(self) -> None:
-        with self.runner.step_stream():
-            self._serve()
-
-    def _serve(self) -> None:
         while not self._stop.is_set():
-            if not self._control.empty():
-                self._guard(self._settle)  # a mode switch acts on a settled state
-            self._run_control()
-            self._admit()
-            if not self._active:
-                self._guard(self._settle)
-                self._wake.wait(0.05)
-                self._wake.clear()
-                continue
-            self._guard(self._step)
+            with self.runner.step_stream():  # the current mode's stream (a mode switch may change it)
+                self._iterate()
         self._pending = None
         for a in self._active:
             self._finish(a, "cancelled", EngineError("the engine shut down"))
         while not self._waiting.empty():
             self._waiting.get()._end_unstarted("cancelled", EngineError("the engine shut down"))
+
+    def _iterate(self) -> None:
+        """One pass of the scheduler: control calls, admissions, then one frame (or a short idle wait)."""
+        if not self._control.empty():
+            self._guard(self._settle)  # a mode switch acts on a settled state
+        self._run_control()
+        self._admit()
+        if not self._active:
+            self._guard(self._settle)
+            self._wake.wait(0.05)
+            self._wake.clear()
+            return
+        self._guard(self._step)
 
     def _guard(self, fn: Callable[[], None]) -> None:
         """Run a step-loop action; a device error fails the active requests and the engine keeps serving."""

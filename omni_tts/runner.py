@@ -68,6 +68,8 @@ class Runner:
         self.mode = CompileMode.EAGER
         self.fast: FastPath | None = None  # None: eager, the reference modules as they are
         self._fast_by_mode: dict[str, FastPath] = {}  # compiled units kept across mode switches
+        self._priority: Any = None  # the high-priority step stream (step_stream), made when first used
+        self._last_stream: Any = None
         self.set_mode(mode, progress=progress)
 
     @classmethod
@@ -291,13 +293,23 @@ class Runner:
         return "reference modules" if self.fast is None else self.fast.kernels_report()
 
     def step_stream(self) -> AbstractContextManager:
-        """The scheduler thread's stream: on CUDA with `priority_streams`, a high-priority one, so the frame
-        steps' kernels (a graph's take the priority of the stream it is launched into) are scheduled ahead
-        of the code-to-wave stage's queued ones and the codec fills the gaps; else the current stream."""
-        if self.device.type != "cuda" or not self.config.priority_streams:
+        """The scheduler thread's stream for one pass of its loop. In default+cudagraph with `priority_streams`
+        (CUDA), a high-priority stream: the frame steps' kernels (a graph's take the priority of the stream
+        it is launched into) are scheduled ahead of the code-to-wave stage's queued ones, which fill the
+        gaps (H200: +4% audio/s at 32 requests). The other modes keep the default stream: their steps wait
+        on the host, not the GPU, so priority cannot help them. When a mode switch changes the stream, the
+        new one first waits for the old one's work."""
+        if self.device.type != "cuda":
             return nullcontext()
-        stream = torch.cuda.Stream(self.device, priority=-1)
-        stream.wait_stream(torch.cuda.current_stream(self.device))  # the state made at load time
+        if self.config.priority_streams and self.mode is CompileMode.DEFAULT_CUDAGRAPH:
+            if self._priority is None:
+                self._priority = torch.cuda.Stream(self.device, priority=-1)
+            stream = self._priority
+        else:
+            stream = torch.cuda.default_stream(self.device)
+        if stream != self._last_stream:
+            stream.wait_stream(self._last_stream or torch.cuda.current_stream(self.device))
+            self._last_stream = stream
         return torch.cuda.stream(stream)
 
     def _after_other_threads(self) -> None:
