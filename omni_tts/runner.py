@@ -13,7 +13,7 @@ Does not own requests, streaming or timing (engine.py), nor graph capture mechan
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,7 +25,7 @@ from omni_tts.codec import to_host_async
 from omni_tts.config import MODE_NOTES, CompileMode, EngineConfig, SynthesisParams
 from omni_tts.errors import InputError, OmniTTSError
 from omni_tts.fastpath import FastPath, cpu_fallback_mode, kernel_tuning
-from omni_tts.graphs import BucketedGraph, GraphPool, pick_bucket
+from omni_tts.graphs import BucketedGraph, GraphPool, ReplayStream, pick_bucket
 from omni_tts.model import TTSModel
 from omni_tts import sampling
 
@@ -68,8 +68,7 @@ class Runner:
         self.mode = CompileMode.EAGER
         self.fast: FastPath | None = None  # None: eager, the reference modules as they are
         self._fast_by_mode: dict[str, FastPath] = {}  # compiled units kept across mode switches
-        self._priority: Any = None  # the high-priority step stream (step_stream), made when first used
-        self._last_stream: Any = None
+        self._stream = ReplayStream(self.device)  # step_stream
         self.set_mode(mode, progress=progress)
 
     @classmethod
@@ -293,37 +292,16 @@ class Runner:
         return "reference modules" if self.fast is None else self.fast.kernels_report()
 
     def step_stream(self) -> AbstractContextManager:
-        """The scheduler thread's stream for one pass of its loop. In default+cudagraph with `priority_streams`
-        (CUDA), a high-priority stream: the frame steps' kernels (a graph's take the priority of the stream
-        it is launched into) are scheduled ahead of the code-to-wave stage's queued ones, which fill the
-        gaps (H200: +4% audio/s at 32 requests). The other modes keep the default stream: their steps wait
-        on the host, not the GPU, so priority cannot help them. When a mode switch changes the stream, the
-        new one first waits for the old one's work."""
-        if self.device.type != "cuda":
-            return nullcontext()
-        if self.config.priority_streams and self.mode is CompileMode.DEFAULT_CUDAGRAPH:
-            if self._priority is None:
-                self._priority = torch.cuda.Stream(self.device, priority=-1)
-            stream = self._priority
-        else:
-            stream = torch.cuda.default_stream(self.device)
-        if stream != self._last_stream:
-            stream.wait_stream(self._last_stream or torch.cuda.current_stream(self.device))
-            self._last_stream = stream
-        return torch.cuda.stream(stream)
-
-    def _after_other_threads(self) -> None:
-        """Tensors made on other threads (a voice prompt's speaker embedding) come from the default stream:
-        the step stream waits for it before reading them."""
-        if self.device.type == "cuda":
-            current, default = torch.cuda.current_stream(self.device), torch.cuda.default_stream(self.device)
-            if current != default:
-                current.wait_stream(default)
+        """The scheduler thread's stream for one pass of its loop: in default+cudagraph with `priority_streams`
+        (CUDA) a high-priority one, so the frame steps' graphs are scheduled ahead of the code-to-wave stage's
+        queued kernels, which fill the gaps (H200: +4% audio/s at 32 requests); the other modes wait on the
+        host, not the GPU, so they keep the default stream."""
+        return self._stream.use(self.config.priority_streams and self.mode is CompileMode.DEFAULT_CUDAGRAPH)
 
     # ------------------------------------------------------------------ requests
     def prepare(self, params: SynthesisParams) -> Admission:
         """A request's prompt embeddings and settings, checked against this engine (InputError if not)."""
-        self._after_other_threads()
+        self._stream.after_default()  # tensors made on other threads (a voice prompt's) come from the default stream
         m = self.model
         pre = m.build_prefill(params)  # embeds: [T, D], trailing: [N, D], pad: [D]
         T = pre.embeds.shape[0]
