@@ -107,7 +107,8 @@ class Code2Wav:
 
     def __init__(self, device: torch.device, stats: EngineStats,
                  first_chunk: tuple[Any, int, list[int]] | None = None, priority: bool = False) -> None:
-        """first_chunk: (codec, initial_chunk_frames, batch buckets) to graph the first chunks (CUDA only: callers pass None elsewhere);
+        """first_chunk: (codec, initial_chunk_frames, batch buckets) to graph the first chunks (CUDA only:
+        callers pass None elsewhere);
         priority: they replay on a high-priority stream (`FirstChunkGraphs`); the other windows decode on
         this stage's own normal-priority stream.
         They are captured here, on the caller's thread before this stage's thread starts: two captures at

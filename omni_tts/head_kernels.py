@@ -6,9 +6,9 @@ Owns, for one codebook step of a frame (rows = batch):
   2. the choice of each row's code (`_choose_kernel`, one program per row): greedy rows take the
      argmax, sampled rows the Gumbel-max of the logits warped by temperature, top-k and top-p (rows
      with top-p < 1 from one top-`cap` selection; top-k alone, the checkpoints' default, from the k-th
-     largest value, found by halving the values' range: no sort), with the noise of omni_tts.sampling.uniform_noise (the same
-     counter-based hash, so a request's draws do not depend on the kernels); the chosen code's
-     embedding row is added to the frame's running embedding sum (float32);
+     largest value, found by halving the values' range: no sort), with the noise of
+     omni_tts.sampling.uniform_noise (the same counter-based hash, so a request's draws do not depend on
+     the kernels); the chosen code's embedding row is added to the frame's running embedding sum (float32);
   3. the next step's input: the chosen code's embedding gathered and projected by
      `small_to_mtp_projection` (the projection kernel with a gather prologue).
 So a codebook step is three kernels instead of Inductor's ~9 (a sort-based top-k, a radix sort, the
@@ -59,7 +59,7 @@ if kernels.triton is not None:
 
     @triton.jit
     def _topp_cut(xt, k, p, CAP: tl.constexpr):
-        """sampling.warp_topk's cut for one row (top-p < 1): max(k-th largest, the top-p edge)."""
+        """sampling.warp_topk's cut for one row: max(k-th largest, the top-p edge), from a top-CAP sort."""
         top = tl.topk(xt, CAP)  # [CAP] descending
         j = tl.arange(0, CAP)
         kth = tl.sum(tl.where(j == tl.maximum(k, 1) - 1, top, 0.0), axis=0)
@@ -70,6 +70,7 @@ if kernels.triton is not None:
         above = tl.cumsum(prob, axis=0) - prob  # probability strictly above each value
         keep = tl.maximum(tl.sum((above < p).to(tl.int32), axis=0), 1)  # kept prefix length
         edge = tl.sum(tl.where(j == keep - 1, top, 0.0), axis=0)
+        edge = tl.where(p >= 1.0, float("-inf"), edge)  # top-p off (this path also serves it when told to sort)
         return tl.maximum(kth, edge)
 
     @triton.jit
@@ -135,10 +136,11 @@ def choose(logits: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tenso
     D = table.shape[1]
     code = torch.empty(B, dtype=torch.long, device=logits.device)
     sample = not sp.all_greedy
+    sort_below = 1.0 if kernel_configs.CHOOSE_SORT_FREE else float("inf")  # inf: every row takes the sort
     _choose_kernel[(B,)](logits, sp.greedy, sp.temperature, sp.top_k, sp.top_p, seed, frame, codebook, table, esum,
                          code, V=V, D=D, BV=_next_pow2(V), CAP=min(_next_pow2(sp.topk_cap or 1), _next_pow2(V)),
-                         BD=_next_pow2(D), SAMPLE=sample,
-                         SORT_BELOW=1.0 if kernel_configs.CHOOSE_SORT_FREE else float("inf"), PDL=pdl, **kernels._launch(pdl, kernel_configs.CHOOSE_WARPS))
+                         BD=_next_pow2(D), SAMPLE=sample, SORT_BELOW=sort_below, PDL=pdl,
+                         **kernels._launch(pdl, kernel_configs.CHOOSE_WARPS))
     return code
 
 

@@ -98,8 +98,8 @@ def test_real_size_configs_have_plausible_parameter_counts(size: str, low: float
 
 def test_the_real_size_random_codec_keeps_its_activations_bounded() -> None:
     """The speech tokenizer's weights are drawn by fan-in (each layer halves its input's scale), so the
-    1.7B-size random vocoder's SnakeBeta inputs stay small, as a trained codec's do: with a flat std they grew to ~1e7, where sin() takes a slow path
-    and the codec decoded ~10x slower on the GPU than a trained one would."""
+    1.7B-size random vocoder's SnakeBeta inputs stay small, as a trained codec's do: with a flat std they
+    grew to ~1e7, where sin() takes a slow path (on the H200 a 32-row window decoded 1.7x slower)."""
     from omni_tts.checkpoint_maker import _module_shapes, _random_tensors
     from omni_tts.codec import CodecDecoder
     from omni_tts.codec_layers import SnakeBeta

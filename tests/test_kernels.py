@@ -125,10 +125,14 @@ def test_head_kernels_choose_like_the_sampling_module_for_many_draws() -> None:
         torch.testing.assert_close(esum, table[want])
 
 
-def test_choice_kernel_top_k_cut_keeps_tied_values_like_the_sampling_module() -> None:
-    """Top-k alone (top-p 1: the kernel's sort-free path) on logits full of ties and zeros: the k-th
-    largest counted with repeats, every value equal to it kept, as sampling.warp_topk does."""
-    from omni_tts import head_kernels
+@pytest.mark.parametrize("sort_free", [True, False])
+def test_choice_kernel_top_k_cut_keeps_tied_values_like_the_sampling_module(sort_free: bool, monkeypatch) -> None:
+    """Top-k alone (top-p 1: the kernel's sort-free path, or its top-CAP sort when told to) on logits full
+    of ties and zeros: the k-th largest counted with repeats, every value equal to it kept, as
+    sampling.warp_topk does."""
+    from omni_tts import head_kernels, kernel_configs
+
+    monkeypatch.setattr(kernel_configs, "CHOOSE_SORT_FREE", sort_free)
 
     torch.manual_seed(1)
     V, B = 128, 12
