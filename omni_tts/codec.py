@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from omni_tts import codec_kernels
 from omni_tts.codec_layers import (ACTIVATIONS, CausalConv1d, CausalUpConv1d, CodebookGroup, ConvNeXtBlock,
                                    SnakeBeta, VocoderStage, WindowTransformer, chain_lookback, fused_snake, snake)
 from omni_tts.errors import CheckpointError, InputError
@@ -212,10 +213,22 @@ class CodecDecoder(nn.Module):
         x = lat
         for up, block in self.upsample:
             x = block(up(x))  # x: [B, latent, T*r]
+        if self.fused and x.is_cuda and codec_kernels.available():
+            return self._vocode_pending(x)
         *body, act, conv = self.decoder  # the last activation writes the last conv's left padding
         for layer in body:
             x = layer(x)
         x = conv(act(x, pad=conv.reach), padded=True)  # x: [B, 1, T*upsample]
+        return x.squeeze(1).clamp(-1.0, 1.0)
+
+    def _vocode_pending(self, x: torch.Tensor) -> torch.Tensor:
+        """The vocoder after the upsampling blocks with every bias and residual add inside the Triton snake
+        kernels (`Pending`). x: [B, latent, T'] -> wav [B, T'*rates]"""
+        first, *stages, act, conv = self.decoder
+        p = first.pending(x)  # [B, dim, T']
+        for stage in stages:
+            p = stage.pending(p)
+        x = conv(act.fused(p, pad=conv.reach)[1], padded=True)  # x: [B, 1, T*upsample]
         return x.squeeze(1).clamp(-1.0, 1.0)
 
     @torch.inference_mode()

@@ -1,9 +1,12 @@
 """Hand-written Triton kernel for the codec vocoder's SnakeBeta activation on CUDA.
 
-Owns: `snake(x, alpha, beta, pad)`: x + sin^2(x * e^alpha) / (e^beta + eps) per channel, computed in
-float32 and stored in x's dtype, written into a new contiguous [B, C, pad + T] tensor whose first `pad`
-columns are zeros: the left padding of the causal conv that follows, so that conv needs no padded
-copy of its input (at 24 kHz and 32 rows each copy was ~0.2 ms on the H200). x may be any strided view
+Owns: `snake(x, alpha, beta, pad, bias, res, keep)`: h = x + bias + res (the bias a conv run without
+it would have added, the residual stream), then h + sin^2(h * e^alpha) / (e^beta + eps) per channel,
+computed in float32 and stored in x's dtype, written into a new contiguous [B, C, pad + T] tensor whose
+first `pad` columns are zeros: the left padding of the causal conv that follows, so that conv needs no
+padded copy of its input (at 24 kHz and 32 rows each copy was ~0.2 ms on the H200); with `keep`, h too
+(the residual stream's next value). One read of each input and one write of each output, where the
+eager ops take a pass per bias add, residual add and padding. x may be any strided view
 (a transposed conv's trimmed output). One program per (row, block of samples): the per-channel
 constants are loaded once per program, and no element needs an integer division to find its channel
 (Inductor's dynamic-shape kernel for the same function did). Same math as codec_layers.snake; the sum
@@ -31,10 +34,13 @@ def available() -> bool:
 if triton is not None:
     # sizes, padding and row strides vary with every window shape: one compiled kernel for all of them
     @triton.jit(do_not_specialize=["C", "T", "pad", "sxb", "sxc"])
-    def _snake_kernel(x_ptr, alpha_ptr, beta_ptr, out_ptr, C, T, pad, sxb, sxc, sxt, eps,
-                      BLOCK: tl.constexpr, PADB: tl.constexpr):
-        """Program (row = b*C + c, block j): out[row, pad + t] = snake(x[b, c, t]) for t in block j; the
-        first block also zeroes out[row, :pad]."""
+    def _snake_kernel(x_ptr, bias_ptr, res_ptr, h_ptr, alpha_ptr, beta_ptr, out_ptr, C, T, pad, sxb, sxc, sxt,
+                      eps, BIAS: tl.constexpr, RES: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr,
+                      PADB: tl.constexpr):
+        """Program (row = b*C + c, block j): h = x[b, c, t] (+ bias[c]) (+ res[row, t]), each sum rounded
+        to the dtype as the eager adds round it; h[row, t] = h with KEEP; out[row, pad + t] = snake(h) for
+        t in block j. The first block also zeroes out[row, :pad]."""
+        dt = out_ptr.dtype.element_ty
         row = tl.program_id(0)
         j = tl.program_id(1)
         b = row // C
@@ -45,22 +51,39 @@ if triton is not None:
         m = t < T
         x = tl.load(x_ptr + b.to(tl.int64) * sxb + c.to(tl.int64) * sxc + t.to(tl.int64) * sxt, mask=m,
                     other=0.0).to(tl.float32)
+        if BIAS:
+            x = (x + tl.load(bias_ptr + c).to(tl.float32)).to(dt).to(tl.float32)
+        if RES:
+            x = (tl.load(res_ptr + row.to(tl.int64) * T + t, mask=m, other=0.0).to(tl.float32) + x).to(dt)
+            x = x.to(tl.float32)
+        if KEEP:
+            tl.store(h_ptr + row.to(tl.int64) * T + t, x.to(dt), mask=m)
         s = tl.sin(x * freq)
         y = x + gain * (s * s)
         base = out_ptr + row.to(tl.int64) * (T + pad)
-        tl.store(base + pad + t, y.to(out_ptr.dtype.element_ty), mask=m)
+        tl.store(base + pad + t, y.to(dt), mask=m)
         if j == 0:
             p = tl.arange(0, PADB)
-            tl.store(base + p, tl.zeros([PADB], tl.float32).to(out_ptr.dtype.element_ty), mask=p < pad)
+            tl.store(base + p, tl.zeros([PADB], tl.float32).to(dt), mask=p < pad)
 
 
-def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0, eps: float = 1e-9) -> torch.Tensor:
-    """x [B, C, T] (any strides), alpha / beta [C] (log scale) -> [B, C, pad + T], contiguous, zeros first."""
+def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0, eps: float = 1e-9,
+          bias: torch.Tensor | None = None, res: torch.Tensor | None = None, keep: bool = False
+          ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """h = x (+ bias [C] per channel) (+ res [B, C, T], contiguous) -> (h [B, C, T] contiguous if `keep`
+    else None, snake(h) [B, C, pad + T] contiguous, zeros first). x: [B, C, T], any strides; alpha / beta
+    [C] (log scale). bias and res are what a conv run without its bias and a residual add would add."""
     B, C, T = x.shape
     out = torch.empty(B, C, pad + T, dtype=x.dtype, device=x.device)
+    h = torch.empty(B, C, T, dtype=x.dtype, device=x.device) if keep else None
     if B * C == 0 or T == 0:
-        return out.zero_()
+        return h, out.zero_()
+    if res is not None:
+        assert res.shape == x.shape and res.is_contiguous()
+    dummy = x
     grid = (B * C, triton.cdiv(T, BLOCK))
-    _snake_kernel[grid](x, alpha, beta, out, C, T, pad, x.stride(0), x.stride(1), x.stride(2), eps,
-                        BLOCK=BLOCK, PADB=max(16, triton.next_power_of_2(max(pad, 1))))
-    return out
+    _snake_kernel[grid](x, bias if bias is not None else dummy, res if res is not None else dummy,
+                        h if h is not None else dummy, alpha, beta, out, C, T, pad, x.stride(0), x.stride(1),
+                        x.stride(2), eps, BIAS=bias is not None, RES=res is not None, KEEP=keep, BLOCK=BLOCK,
+                        PADB=max(16, triton.next_power_of_2(max(pad, 1))))
+    return h, out

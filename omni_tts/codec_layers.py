@@ -11,7 +11,7 @@ devices, dtypes, streaming or segmentation policy.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,14 @@ CONVNEXT_LN_EPS = 1e-6
 SNAKE_EPS = 1e-9
 RESIDUAL_DILATIONS = (1, 3, 9)
 ACTIVATIONS = ("silu", "gelu", "relu")  # the decoder's supported hidden_act values
+
+
+class Pending(NamedTuple):
+    """A vocoder tensor not yet summed: raw (a conv's output without its bias, any strides) + bias[c]
+    (+ res, the residual stream). The next SnakeBeta's kernel does the sums (`SnakeBeta.fused`)."""
+    raw: torch.Tensor  # [B, C, T]
+    bias: torch.Tensor | None  # [C]
+    res: torch.Tensor | None  # [B, C, T], contiguous
 
 
 class CausalConv1d(nn.Module):
@@ -39,6 +47,12 @@ class CausalConv1d(nn.Module):
         SnakeBeta called with pad=reach wrote them), so x is [B, Cin, reach + T] and is not copied."""
         return self.conv(x if padded else F.pad(x, (self.reach, 0)))
 
+    def pending(self, x: torch.Tensor, padded: bool = False) -> Pending:
+        """forward with the bias left to the next kernel (cuDNN adds it as a pass of its own)."""
+        c = self.conv
+        raw = F.conv1d(x if padded else F.pad(x, (self.reach, 0)), c.weight, None, 1, 0, c.dilation, c.groups)
+        return Pending(raw, c.bias, None)  # raw: [B, Cout, T]
+
     def lookback(self, j: int) -> int:
         return j - self.reach
 
@@ -53,6 +67,11 @@ class CausalUpConv1d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(x)[..., : x.shape[-1] * self.stride]  # [B, Cin, T] -> [B, Cout, T*s]
+
+    def pending(self, x: torch.Tensor) -> Pending:
+        """forward with the bias left to the next kernel; raw is a strided view of the untrimmed output."""
+        raw = F.conv_transpose1d(x, self.conv.weight, None, self.stride)[..., : x.shape[-1] * self.stride]
+        return Pending(raw, self.conv.bias, None)  # raw: [B, Cout, T*s]
 
     def lookback(self, j: int) -> int:
         return -((self.kernel - 1 - j) // self.stride)  # ceil((j - K + 1) / s)
@@ -77,7 +96,7 @@ def fused_snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: i
     process (Inductor, dynamic shapes)."""
     global _compiled_snake
     if x.is_cuda and codec_kernels.available():
-        return codec_kernels.snake(x, alpha, beta, pad, SNAKE_EPS)
+        return codec_kernels.snake(x, alpha, beta, pad, SNAKE_EPS)[1]
     if _compiled_snake is None:
         # not fullgraph: should a long-running server hit dynamo's recompile limit (a new size class, e.g.
         # batch == time steps, compiles once more), the call runs as eager ops instead of failing the decode
@@ -99,6 +118,12 @@ class SnakeBeta(nn.Module):
         # compile per channel count of the compiled function)
         return self.impl(x, self.alpha.detach(), self.beta.detach(), pad)
 
+    def fused(self, p: Pending, pad: int = 0, keep: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The sums of p and this activation as one Triton kernel (CUDA, or the interpreter): -> (the summed
+        tensor [B, C, T] if keep else None, the activation [B, C, pad + T] with the next conv's padding)."""
+        return codec_kernels.snake(p.raw, self.alpha.detach(), self.beta.detach(), pad, SNAKE_EPS,
+                                   p.bias, p.res, keep)
+
 
 class ResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int):
@@ -109,6 +134,13 @@ class ResidualUnit(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
         h = self.conv1(self.act1(x, pad=self.conv1.reach), padded=True)  # h: [B, C, T]
         return x + self.conv2(self.act2(h))
+
+    def pending(self, p: Pending) -> Pending:
+        """forward on a pending input, the output left pending: 2 element-wise kernels instead of 5 (the
+        convs' bias adds and the residual add move into the snakes)."""
+        x, s = self.act1.fused(p, self.conv1.reach, keep=True)  # x: [B, C, T] the unit's input, summed
+        _, s = self.act2.fused(self.conv1.pending(s, padded=True))  # s: [B, C, T]
+        return self.conv2.pending(s)._replace(res=x)
 
     def lookback(self, j: int) -> int:
         return self.conv1.lookback(self.conv2.lookback(j))
@@ -126,6 +158,14 @@ class VocoderStage(nn.Module):
         for layer in self.block:
             x = layer(x)
         return x
+
+    def pending(self, p: Pending) -> Pending:
+        """forward on a pending input, the output left pending (see ResidualUnit.pending)."""
+        act, up, *units = self.block
+        p = up.pending(act.fused(p)[1])  # [B, Cout, T*rate]
+        for unit in units:
+            p = unit.pending(p)
+        return p
 
     def lookback(self, j: int) -> int:
         return chain_lookback(self.block, j)

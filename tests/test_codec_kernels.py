@@ -1,5 +1,6 @@
 """omni_tts.codec_kernels: the Triton SnakeBeta (run here in Triton's CPU interpreter) against the eager
-ops of codec_layers.snake, alone (strided inputs, the conv padding it writes) and inside the decoder."""
+ops of codec_layers.snake, alone (strided inputs, the conv padding it writes, the bias and residual sums
+it takes over) and inside the decoder (each activation alone, and the whole pending-sum vocoder)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ def test_snake_kernel_equals_the_eager_ops_on_strided_inputs(pad: int) -> None:
     base = torch.randn(2, 5, 2600) * 4
     alpha, beta = torch.randn(5) * 0.5, torch.randn(5) * 0.5
     for x in (base, base[..., :2500], base.transpose(0, 1).contiguous().transpose(0, 1)[..., 7:]):  # plain, trimmed, rows permuted
-        got = codec_kernels.snake(x, alpha, beta, pad, SNAKE_EPS)
+        h, got = codec_kernels.snake(x, alpha, beta, pad, SNAKE_EPS)
         want = snake(x, alpha, beta, pad)
-        assert got.shape == want.shape and got.is_contiguous()
+        assert h is None and got.shape == want.shape and got.is_contiguous()
         assert torch.equal(got[..., :pad], torch.zeros_like(got[..., :pad]))  # the conv's left padding
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # sin may differ in the last bit
 
@@ -35,7 +36,46 @@ def test_decoder_with_the_kernel_decodes_as_with_the_eager_ops() -> None:
     ref = dec.decode_window(codes, 4)
     acts = [m for m in dec.modules() if isinstance(m, SnakeBeta)]
     for m in acts:
-        m.impl = lambda x, a, b, pad: codec_kernels.snake(x, a, b, pad, SNAKE_EPS)
+        m.impl = lambda x, a, b, pad: codec_kernels.snake(x, a, b, pad, SNAKE_EPS)[1]
     got = dec.decode_window(codes, 4)
     assert len(acts) > 4 and got.shape == ref.shape
+    assert float((got - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_snake_kernel_sums_bias_and_residual_as_the_eager_adds_do(dtype: torch.dtype) -> None:
+    """h = (x + bias) + res rounded after each add, as a conv's bias add then the residual add round it
+    (float32: bit for bit), kept, and the activation of h."""
+    torch.manual_seed(1)
+    base = (torch.randn(2, 4, 2100) * 3).to(dtype)
+    x = base[..., :2000]  # a trimmed transposed-conv output: strided
+    bias, res = torch.randn(4).to(dtype), (torch.randn(2, 4, 2000) * 3).to(dtype)
+    alpha, beta = torch.randn(4) * 0.5, torch.randn(4) * 0.5
+    want_h = res + (x + bias[None, :, None])
+    h, got = codec_kernels.snake(x, alpha, beta, 6, SNAKE_EPS, bias=bias, res=res, keep=True)
+    if dtype == torch.float32:
+        assert torch.equal(h, want_h)
+    else:  # the CPU interpreter's float32 -> bfloat16 cast truncates (the GPU's rounds to nearest): 1 ulp
+        assert float((h.float() - want_h.float()).abs().max()) <= 2.0 ** -3  # |h| < 16: two adds, 1 ulp (<= 2^-4) each
+    want = snake(want_h.float(), alpha, beta, 6).to(dtype)
+    tol = 1e-5 if dtype == torch.float32 else 2.0 ** -2  # bf16: h's two ulps, then the activation's own
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    h2, got2 = codec_kernels.snake(x, alpha, beta, 0, SNAKE_EPS, bias=bias)  # bias only, nothing kept
+    assert h2 is None
+    want2 = snake((x + bias[None, :, None]).float(), alpha, beta).to(dtype)
+    torch.testing.assert_close(got2.float(), want2.float(), rtol=tol, atol=tol)
+
+
+def test_pending_vocoder_decodes_as_the_module_vocoder() -> None:
+    """CodecDecoder._vocode_pending (convs without their bias, the sums inside the snake kernels: the CUDA
+    path of a fused codec) against the modules' own forward on the same latent."""
+    dec = CodecDecoder.from_checkpoint(load_checkpoint(FIXTURES / "custom_voice"))
+    lat = torch.randn(2, dec.upsample[0][0].conv.in_channels, 5, generator=torch.Generator().manual_seed(4))
+    x = lat
+    with torch.inference_mode():
+        for up, block in dec.upsample:
+            x = block(up(x))
+        ref = dec._vocode(lat)
+        got = dec._vocode_pending(x)
+    assert got.shape == ref.shape and float(ref.abs().max()) > 1e-3
     assert float((got - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))
