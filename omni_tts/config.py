@@ -136,6 +136,8 @@ class EngineConfig:
     talker_kernel_rows: int = 8  # the same for the talker's decode layers (rows = batch; at 32 rows cuBLAS
     #   was faster on the H200)
     kernel_pdl: bool = True  # the predictor's kernels with programmatic dependent launch (Hopper+; else ignored)
+    talker_kernel_pdl: bool = False  # the same for the talker's Triton kernels (off: it was slower with the
+    #   fifth session's launch configs, whose weights mostly load after the wait)
     talker_attention_kernel: bool = False  # default+cudagraph on CUDA: the talker's attention as a Triton
     #   kernel (any batch) instead of SDPA; off: on the H200 it matched SDPA at 128 cache positions and was
     #   1.5-1.8x slower at 1025 (it streams the whole kv bucket), the seed table unchanged (2026-11-30)
@@ -186,7 +188,7 @@ _PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)}
 _INT_KEYS = {"max_num_seqs", "max_seq_len", "initial_chunk_frames", "chunk_frames", "left_context_frames",
              "predictor_kernel_rows", "talker_kernel_rows"}
 _BOOL_KEYS = {"use_vllm_pool", "codec_fused", "first_chunk_graphs", "lookahead", "chunk_growth", "kernel_pdl",
-              "priority_streams", "talker_attention_kernel"}
+              "talker_kernel_pdl", "priority_streams", "talker_attention_kernel"}
 
 
 def _check_types(data: dict[str, Any], path: Path) -> None:

@@ -232,6 +232,7 @@ class FastPath:
         self.head_kernel_rows = 0  # and for the predictor's per-codebook head, choice and feed (rows = batch)
         self.talker_attn_kernel = False  # the talker's attention as talker_kernels.decode_attention (any batch)
         self.kernel_pdl = False  # the predictor's kernels launched with programmatic dependent launch
+        self.talker_pdl = False  # the same for the talker's
 
     def _predictor_layers(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int
                           ) -> torch.Tensor:
@@ -262,13 +263,13 @@ class FastPath:
         h = x[:, None]  # [b, 1, D]
         for i, (layer, (w_qkv, b_qkv, w_gu)) in enumerate(zip(talker.layers, self.talker_w)):
             kc, vc = cache.k[i, :b], cache.v[i, :b]  # [b, Hkv, M, hd]
-            if tri:  # without programmatic dependent launch: it made this chain slower (H200, 2026-11-30)
-                q = talker_kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos)
+            if tri:  # programmatic dependent launch only with `talker_kernel_pdl` (see config.py)
+                q = talker_kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, self.talker_pdl)
             else:
                 q = self.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, rows, pos)  # [b, H, 1, hd]
             a = (talker_kernels.decode_attention(q, kc, vc, pos, L) if self.talker_attn_kernel
                  else gqa_attention(q, kc[:, :, :L], vc[:, :, :L], mask))  # [b, H, 1, hd]
-            h = (talker_kernels.talker_attn_out(layer, w_gu, h, a) if tri
+            h = (talker_kernels.talker_attn_out(layer, w_gu, h, a, self.talker_pdl) if tri
                  else self.talker_attn_out(layer, w_gu, h, a))  # [b, 1, D]
         return talker.norm(h)[:, 0]
 
@@ -328,13 +329,14 @@ class FastPath:
         self.talker_kernel_rows = config.talker_kernel_rows if on else 0
         self.talker_attn_kernel = on and config.talker_attention_kernel
         self.kernel_pdl = on and config.kernel_pdl and kernels.pdl_available(self.model.device)
+        self.talker_pdl = on and config.talker_kernel_pdl and kernels.pdl_available(self.model.device)
         self.head_kernel_rows = 0
         notices = []
         if self.talker_kernel_rows or self.talker_attn_kernel:
             err = talker_kernels.probe(self.model.talker.layers[0], self.talker_w[0], batches, self.talker_kernel_rows,
-                                       kv_lens if self.talker_attn_kernel else None, dtype)
+                                       kv_lens if self.talker_attn_kernel else None, dtype, self.talker_pdl)
             if err:
-                self.talker_kernel_rows, self.talker_attn_kernel = 0, False
+                self.talker_kernel_rows, self.talker_attn_kernel, self.talker_pdl = 0, False, False
                 notices.append(f"Triton talker kernels unavailable on this GPU ({err}); using Inductor's and SDPA")
         if self.kernel_rows:
             notices.append(self._use_predictor_kernels(batches))

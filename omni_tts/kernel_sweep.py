@@ -2,12 +2,13 @@
 OMNI_TTS_KERNEL_CONFIGS loads (and that kernel_configs.TUNED is updated from).
 
     python -m omni_tts.kernel_sweep [--size 1.7B] [--parts predictor talker] [--rows 1 2 8 16 32]
-        [--no-pdl] [--quick] [--out kernel_configs.json]
+        [--no-pdl] [--talker-pdl] [--quick] [--out kernel_configs.json]
 
 Owns: the candidate configs per row count, timing each of a decoder layer's four projections (q|k|v
 after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual; the code
 predictor's and / or the talker's shapes) per candidate, launched as the engine launches them (the
-predictor's with programmatic dependent launch where the GPU has it, the talker's without), in a CUDA
+predictor's with programmatic dependent launch where the GPU has it, the talker's without unless
+`--talker-pdl`), in a CUDA
 graph of back-to-back launches whose weights rotate through enough copies to overflow the L2 cache
 (inside a frame 150 MB of predictor weights stream from HBM; a sweep that keeps one copy hot in the
 H200's 50 MB L2 picked configs for the wrong regime, 2026-11-30), and the choice
@@ -32,14 +33,17 @@ from omni_tts.fastpath import fuse_layer
 Config = kernel_configs.Config
 
 
-def candidates(rows: int, quick: bool = False) -> list[Config]:
+def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Config]:
     """(BN, BK, stages, warps, multiply-and-sum) to try for `rows` rows: tensor-core tiles always, narrow
     multiply-and-sum tiles up to 8 rows (`quick`: 4 warps only and multiply-and-sum up to 2 rows, as every
-    pick on the H200 so far)."""
+    pick on the H200 so far). With the input width K, up to 2 rows also get whole-row tiles (BK >= K: a
+    program's weights are one tile, all of it loaded before a PDL launch waits for the previous kernel)."""
     warps = (4,) if quick else (4, 8)
     out = [(bn, bk, st, wp, False) for bn, bk, st, wp in itertools.product((16, 32), (128, 256), (3, 4), warps)]
     if rows <= (2 if quick else 8):
         out += [(bn, bk, st, wp, True) for bn, bk, st, wp in itertools.product((2, 4, 8), (256, 512), (3, 4), warps)]
+    if K is not None and rows <= 2:
+        out += [(bn, kernel_configs._next_pow2(K), 1, wp, True) for bn, wp in itertools.product((2, 4, 8), (4, 8))]
     return out
 
 
@@ -88,10 +92,11 @@ def _graph_us(fns: list[Callable[[], Any]], launches: int = 60, replays: int = 5
 
 
 def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Sequence[str] = ("predictor",),
-          pdl: bool = True, quick: bool = False) -> dict[tuple[int, int, int], Config]:
+          pdl: bool = True, quick: bool = False, talker_pdl: bool = False) -> dict[tuple[int, int, int], Config]:
     best: dict[tuple[int, int, int], Config] = {}
     for part in parts:
-        launch_pdl = pdl and part == "predictor" and kernels.pdl_available(torch.device("cuda"))  # as the engine
+        launch_pdl = (pdl and (part == "predictor" or talker_pdl)  # as the engine (`talker_kernel_pdl`)
+                      and kernels.pdl_available(torch.device("cuda")))
         best.update(_sweep_part(size, part, rows, say, launch_pdl, quick))
     return best
 
@@ -116,7 +121,7 @@ def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], 
             x = torch.randn(m, K, device=dev, dtype=dt)
             args = dict(kw, res=torch.randn(m, n, device=dev, dtype=dt)) if kw.get("res") else dict(kw)
             timings: dict[Config, float] = {}
-            for cfg in candidates(m, quick):
+            for cfg in candidates(m, quick, K):
                 try:
                     timings[cfg] = _graph_us([lambda w=w_: kernels._proj(x, w, n=n, cfg=cfg, pdl=pdl, **args)
                                               for w_ in ws])
@@ -137,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--parts", nargs="+", choices=("predictor", "talker"), default=["predictor", "talker"])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 16, 32])
     ap.add_argument("--no-pdl", action="store_true", help="time launches without programmatic dependent launch")
+    ap.add_argument("--talker-pdl", action="store_true",
+                    help="time the talker's launches with programmatic dependent launch (engine key talker_kernel_pdl)")
     ap.add_argument("--quick", action="store_true", help="fewer candidates (4 warps only)")
     ap.add_argument("--out", default="kernel_configs.json")
     args = ap.parse_args(argv)
@@ -147,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(not 1 <= m <= kernels.MAX_ROWS for m in args.rows):
         say(f"error: --rows must be within 1..{kernels.MAX_ROWS}")
         return 2
-    best = sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick)
+    best = sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick, args.talker_pdl)
     with open(args.out, "w") as f:
         json.dump(configs_json(best), f, indent=1)
     say(f"wrote {args.out}: run with OMNI_TTS_KERNEL_CONFIGS={args.out}")

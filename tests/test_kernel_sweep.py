@@ -18,6 +18,14 @@ def test_candidates_offer_multiply_and_sum_tiles_only_up_to_8_rows() -> None:
     assert len(set(few)) == len(few) and set(many) < set(few)
 
 
+def test_whole_row_tiles_are_offered_for_one_or_two_rows_given_the_input_width() -> None:
+    one, eight = kernel_sweep.candidates(1, quick=True, K=3072), kernel_sweep.candidates(8, K=3072)
+    whole = [c for c in one if c[1] >= 3072]
+    assert whole and all(c[1] == 4096 and c[4] for c in whole)  # BK: the power of two covering K
+    assert set(kernel_sweep.candidates(1, quick=True)) < set(one)
+    assert not any(c[1] >= 3072 for c in eight)
+
+
 def test_fastest_picks_the_least_time() -> None:
     a, b, c = (16, 128, 3, 4, False), (32, 256, 4, 4, False), (8, 512, 3, 4, True)
     assert kernel_sweep.fastest({a: 5.0, b: 3.5, c: 4.0}) == b
