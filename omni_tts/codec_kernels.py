@@ -71,11 +71,14 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0
           bias: torch.Tensor | None = None, res: torch.Tensor | None = None, keep: bool = False
           ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """h = x (+ bias [C] per channel) (+ res [B, C, T], contiguous) -> (h [B, C, T] contiguous if `keep`
-    else None, snake(h) [B, C, pad + T] contiguous, zeros first). x: [B, C, T], any strides; alpha / beta
+    else None, snake(h) [B, C, pad + T] contiguous, zeros first). With keep and res, h is written over res
+    (and returned). x: [B, C, T], any strides; alpha / beta
     [C] (log scale). bias and res are what a conv run without its bias and a residual add would add."""
     B, C, T = x.shape
     out = torch.empty(B, C, pad + T, dtype=x.dtype, device=x.device)
-    h = torch.empty(B, C, T, dtype=x.dtype, device=x.device) if keep else None
+    # h over res when both: each element is read, then written, by the same thread (and one 32-row window
+    # holds ~0.8 GB per float32 tensor at 24 kHz; the caller's res is used up)
+    h = (res if res is not None else torch.empty(B, C, T, dtype=x.dtype, device=x.device)) if keep else None
     if B * C == 0 or T == 0:
         return h, out.zero_()
     if res is not None:

@@ -31,7 +31,7 @@ class Pending(NamedTuple):
     (+ res, the residual stream). The next SnakeBeta's kernel does the sums (`SnakeBeta.fused`)."""
     raw: torch.Tensor  # [B, C, T]
     bias: torch.Tensor | None  # [C]
-    res: torch.Tensor | None  # [B, C, T], contiguous
+    res: torch.Tensor | None  # [B, C, T], contiguous; the summing kernel may write over it
 
 
 class CausalConv1d(nn.Module):

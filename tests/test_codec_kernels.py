@@ -53,6 +53,7 @@ def test_snake_kernel_sums_bias_and_residual_as_the_eager_adds_do(dtype: torch.d
     alpha, beta = torch.randn(4) * 0.5, torch.randn(4) * 0.5
     want_h = res + (x + bias[None, :, None])
     h, got = codec_kernels.snake(x, alpha, beta, 6, SNAKE_EPS, bias=bias, res=res, keep=True)
+    assert h.data_ptr() == res.data_ptr()  # written over res (which the vocoder no longer needs)
     if dtype == torch.float32:
         assert torch.equal(h, want_h)
     else:  # the CPU interpreter's float32 -> bfloat16 cast truncates (the GPU's rounds to nearest): 1 ulp
