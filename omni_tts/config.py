@@ -135,9 +135,11 @@ class EngineConfig:
     #   that many rows (top-k <= 64 settings); larger steps and 0 use Inductor's kernels
     talker_kernel_rows: int = 8  # the same for the talker's decode layers (rows = batch; at 32 rows cuBLAS
     #   was faster on the H200)
-    kernel_pdl: bool = True  # the predictor's kernels with programmatic dependent launch (Hopper+; else ignored)
-    talker_kernel_pdl: bool = False  # the same for the talker's Triton kernels (off: it was slower with the
-    #   fifth session's launch configs, whose weights mostly load after the wait)
+    kernel_pdl: bool = True  # the predictor's kernels with programmatic dependent launch (Hopper+; else ignored;
+    #   off: none of the talker's either)
+    talker_pdl_rows: int = 1  # the talker's Triton kernels with programmatic dependent launch for steps of at
+    #   most this many rows (0: never). H200, 2026-11-30: at one row (whole-row tiles, a program's weights
+    #   load before the wait) 2 % faster frames; at 8 rows (tensor-core tiles) 6 % slower
     talker_attention_kernel: bool = False  # default+cudagraph on CUDA: the talker's attention as a Triton
     #   kernel (any batch) instead of SDPA; off: on the H200 it matched SDPA at 128 cache positions and was
     #   1.5-1.8x slower at 1025 (it streams the whole kv bucket), the seed table unchanged (2026-11-30)
@@ -179,16 +181,16 @@ class EngineConfig:
             raise OmniTTSError(f"gpu_memory_limit_gb must be > 0 (got {self.gpu_memory_limit_gb})")
         if self.initial_chunk_frames < 1 or self.chunk_frames < 1:
             raise OmniTTSError("initial_chunk_frames and chunk_frames must be >= 1")
-        for key in ("predictor_kernel_rows", "talker_kernel_rows"):
+        for key in ("predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows"):
             if not 0 <= getattr(self, key) <= 32:
                 raise OmniTTSError(f"{key} must be 0..32 (got {getattr(self, key)})")
 
 
 _PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)}
 _INT_KEYS = {"max_num_seqs", "max_seq_len", "initial_chunk_frames", "chunk_frames", "left_context_frames",
-             "predictor_kernel_rows", "talker_kernel_rows"}
+             "predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows"}
 _BOOL_KEYS = {"use_vllm_pool", "codec_fused", "first_chunk_graphs", "lookahead", "chunk_growth", "kernel_pdl",
-              "talker_kernel_pdl", "priority_streams", "talker_attention_kernel"}
+              "priority_streams", "talker_attention_kernel"}
 
 
 def _check_types(data: dict[str, Any], path: Path) -> None:

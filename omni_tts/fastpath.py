@@ -21,7 +21,8 @@ In default+cudagraph on CUDA, `use_kernels` (called by the runner with the batch
 sets `kernel_rows` / `talker_kernel_rows` / `head_kernel_rows`: predictor steps (talker steps,
 predictor heads) of at most that many rows then run the hand-written Triton kernels of
 omni_tts.kernels / talker_kernels / head_kernels instead of the compiled units (`kernel_pdl`: the
-predictor's launched with programmatic dependent launch), and `talker_attn_kernel`: the talker's
+predictor's launched with programmatic dependent launch; `talker_pdl_rows`: the talker's too, for
+steps of at most that many rows), and `talker_attn_kernel`: the talker's
 attention as talker_kernels.decode_attention instead of SDPA.
 Knows nothing about requests, graphs or how buckets are chosen.
 """
@@ -232,7 +233,7 @@ class FastPath:
         self.head_kernel_rows = 0  # and for the predictor's per-codebook head, choice and feed (rows = batch)
         self.talker_attn_kernel = False  # the talker's attention as talker_kernels.decode_attention (any batch)
         self.kernel_pdl = False  # the predictor's kernels launched with programmatic dependent launch
-        self.talker_pdl = False  # the same for the talker's
+        self.talker_pdl_rows = 0  # the talker's, for steps of at most this many rows
 
     def _predictor_layers(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int
                           ) -> torch.Tensor:
@@ -260,16 +261,17 @@ class FastPath:
             torch.arange(L, device=x.device)[None, :] <= pos[:, None])[:, None, None]  # [b, 1, 1, L]
         rows = torch.arange(b, device=x.device)
         tri = b <= self.talker_kernel_rows and all(kernels.supports(layer, b) for layer in talker.layers)
+        pdl = b <= self.talker_pdl_rows
         h = x[:, None]  # [b, 1, D]
         for i, (layer, (w_qkv, b_qkv, w_gu)) in enumerate(zip(talker.layers, self.talker_w)):
             kc, vc = cache.k[i, :b], cache.v[i, :b]  # [b, Hkv, M, hd]
-            if tri:  # programmatic dependent launch only with `talker_kernel_pdl` (see config.py)
-                q = talker_kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, self.talker_pdl)
+            if tri:  # programmatic dependent launch up to `talker_pdl_rows` (see config.py)
+                q = talker_kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, pdl)
             else:
                 q = self.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, rows, pos)  # [b, H, 1, hd]
             a = (talker_kernels.decode_attention(q, kc, vc, pos, L) if self.talker_attn_kernel
                  else gqa_attention(q, kc[:, :, :L], vc[:, :, :L], mask))  # [b, H, 1, hd]
-            h = (talker_kernels.talker_attn_out(layer, w_gu, h, a, self.talker_pdl) if tri
+            h = (talker_kernels.talker_attn_out(layer, w_gu, h, a, pdl) if tri
                  else self.talker_attn_out(layer, w_gu, h, a))  # [b, 1, D]
         return talker.norm(h)[:, 0]
 
@@ -329,14 +331,19 @@ class FastPath:
         self.talker_kernel_rows = config.talker_kernel_rows if on else 0
         self.talker_attn_kernel = on and config.talker_attention_kernel
         self.kernel_pdl = on and config.kernel_pdl and kernels.pdl_available(self.model.device)
-        self.talker_pdl = on and config.talker_kernel_pdl and kernels.pdl_available(self.model.device)
+        self.talker_pdl_rows = config.talker_pdl_rows if self.kernel_pdl else 0
         self.head_kernel_rows = 0
         notices = []
         if self.talker_kernel_rows or self.talker_attn_kernel:
-            err = talker_kernels.probe(self.model.talker.layers[0], self.talker_w[0], batches, self.talker_kernel_rows,
-                                       kv_lens if self.talker_attn_kernel else None, dtype, self.talker_pdl)
+            probe = lambda: talker_kernels.probe(  # noqa: E731
+                self.model.talker.layers[0], self.talker_w[0], batches, self.talker_kernel_rows,
+                kv_lens if self.talker_attn_kernel else None, dtype, self.talker_pdl_rows)
+            err = probe()
+            if err and self.talker_pdl_rows:  # once more without programmatic dependent launch
+                self.talker_pdl_rows = 0
+                err = probe()
             if err:
-                self.talker_kernel_rows, self.talker_attn_kernel, self.talker_pdl = 0, False, False
+                self.talker_kernel_rows, self.talker_attn_kernel, self.talker_pdl_rows = 0, False, 0
                 notices.append(f"Triton talker kernels unavailable on this GPU ({err}); using Inductor's and SDPA")
         if self.kernel_rows:
             notices.append(self._use_predictor_kernels(batches))
@@ -369,6 +376,8 @@ class FastPath:
         if not (self.kernel_rows or self.talker_kernel_rows or self.talker_attn_kernel):
             return "Inductor kernels"
         pdl = ", predictor with programmatic dependent launch" if self.kernel_pdl else ""
+        if self.kernel_pdl and self.talker_kernel_rows and self.talker_pdl_rows:
+            pdl += f" (talker: up to {min(self.talker_pdl_rows, self.talker_kernel_rows)} rows)"
         head = " (+ heads and sampling)" if self.head_kernel_rows else ""
         attn = "; talker attention: Triton" if self.talker_attn_kernel else "; talker attention: SDPA"
         return (f"Triton kernels up to {self.kernel_rows} predictor rows{head} / {self.talker_kernel_rows} talker "

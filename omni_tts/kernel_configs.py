@@ -23,8 +23,8 @@ def _next_pow2(n: int) -> int:
 # width): `python -m omni_tts.kernel_sweep --quick --rows ...` on the H200 (weights cold in L2), the code
 # predictor's shapes (both sizes) and the 1.7B talker's (the 0.6B talker's are the predictor's). One row:
 # seventh session (2026-11-30, `--rows 1`, whole-row tiles: BK >= K, so with programmatic dependent launch
-# a program's weights all load before it waits for the previous kernel; predictor with PDL, talker
-# without, as the engine launches them): 25-45 % faster predictor projections, 2-30 % talker ones. 8 and
+# a program's weights all load before it waits for the previous kernel; every launch with PDL, as the
+# engine launches one-row steps): 25-45 % faster predictor projections, 7-40 % talker ones. 8 and
 # 32 rows: fifth session (`--rows 1 8 32`). 2..16 rows take the 8-row entry (the same 16-row tensor-core
 # tile), 17..32 the 32-row one; untuned shapes `config`'s default. OMNI_TTS_KERNEL_CONFIGS names a JSON
 # of more entries ("rows,n,K": [...]).
@@ -32,8 +32,8 @@ Config = tuple[int, int, int, int, bool]
 TUNED: dict[tuple[int, int, int], Config] = {
     (1, 1024, 2048): (8, 2048, 1, 4, True), (1, 1024, 3072): (2, 4096, 1, 8, True),
     (1, 3072, 1024): (4, 1024, 1, 4, True), (1, 4096, 1024): (8, 1024, 1, 4, True),
-    (1, 2048, 2048): (2, 2048, 1, 4, True), (1, 2048, 6144): (2, 8192, 1, 8, True),
-    (1, 4096, 2048): (2, 2048, 1, 4, True), (1, 6144, 2048): (2, 2048, 1, 4, True),
+    (1, 2048, 2048): (4, 2048, 1, 4, True), (1, 2048, 6144): (4, 8192, 1, 8, True),
+    (1, 4096, 2048): (8, 2048, 1, 4, True), (1, 6144, 2048): (2, 2048, 1, 4, True),
     (8, 1024, 2048): (16, 256, 4, 4, False), (8, 1024, 3072): (16, 256, 4, 4, False),
     (8, 2048, 2048): (16, 256, 4, 4, False), (8, 2048, 6144): (16, 256, 4, 4, False),
     (8, 3072, 1024): (32, 256, 3, 4, False), (8, 4096, 1024): (32, 256, 3, 4, False),

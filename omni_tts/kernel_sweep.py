@@ -95,7 +95,7 @@ def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Seq
           pdl: bool = True, quick: bool = False, talker_pdl: bool = False) -> dict[tuple[int, int, int], Config]:
     best: dict[tuple[int, int, int], Config] = {}
     for part in parts:
-        launch_pdl = (pdl and (part == "predictor" or talker_pdl)  # as the engine (`talker_kernel_pdl`)
+        launch_pdl = (pdl and (part == "predictor" or talker_pdl)  # as the engine (`talker_pdl_rows`)
                       and kernels.pdl_available(torch.device("cuda")))
         best.update(_sweep_part(size, part, rows, say, launch_pdl, quick))
     return best
@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 16, 32])
     ap.add_argument("--no-pdl", action="store_true", help="time launches without programmatic dependent launch")
     ap.add_argument("--talker-pdl", action="store_true",
-                    help="time the talker's launches with programmatic dependent launch (engine key talker_kernel_pdl)")
+                    help="time the talker's launches with programmatic dependent launch (engine key talker_pdl_rows)")
     ap.add_argument("--quick", action="store_true", help="fewer candidates (4 warps only)")
     ap.add_argument("--out", default="kernel_configs.json")
     args = ap.parse_args(argv)

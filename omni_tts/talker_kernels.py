@@ -146,10 +146,10 @@ def talker_attn_out(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Te
 
 
 def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor], batches: list[int],
-          max_rows: int, kv_lens: list[int] | None, dtype: torch.dtype, pdl: bool = False) -> str:
+          max_rows: int, kv_lens: list[int] | None, dtype: torch.dtype, pdl: int = 0) -> str:
     """Build and run the talker kernels a capture will use: the layer kernels for every batch of at most
     max_rows rows, the attention kernel for every batch and kv bucket in `kv_lens` (None: no attention
-    kernel), through `kernels.run_probe`; pdl: launched as `talker_kernel_pdl` launches them. -> "" or why
+    kernel), through `kernels.run_probe`; pdl: with PDL for batches of at most `pdl` rows. -> "" or why
     not, one line."""
     a, dev = layer.self_attn, layer.input_layernorm.weight.device
     D = layer.input_layernorm.weight.shape[0]
@@ -166,8 +166,8 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
                     return "the talker layer's activation or norms are not what the kernels implement"
                 x = torch.zeros(b, 1, D, device=dev, dtype=dtype)
                 rope = torch.zeros(b, 1, a.head_dim, device=dev, dtype=dtype)
-                q = talker_attn_in(layer, w[0], w[1], x, rope, rope, kc, vc, pos, pdl)
-                talker_attn_out(layer, w[2], x, q, pdl)
+                q = talker_attn_in(layer, w[0], w[1], x, rope, rope, kc, vc, pos, b <= pdl)
+                talker_attn_out(layer, w[2], x, q, b <= pdl)
             for L in kv_lens or []:
                 decode_attention(q, kc, vc, pos, L)
         return ""

@@ -156,6 +156,7 @@ def test_synthesis_params_validate():
                                            ("predictor_kernel_rows: 64", "predictor_kernel_rows must be 0..32"),
                                            ("predictor_kernel_rows: true", "must be an integer"),
                                            ("talker_kernel_rows: -1", "talker_kernel_rows must be 0..32"),
+                                           ("talker_pdl_rows: 33", "talker_pdl_rows must be 0..32"),
                                            ("kernel_pdl: 1", "'kernel_pdl' must be true or false")])
 def test_out_of_range_preset_values_are_one_line_errors(tmp_path: Path, line: str, fragment: str):
     f = tmp_path / "range.yaml"
