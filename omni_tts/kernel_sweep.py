@@ -2,17 +2,16 @@
 OMNI_TTS_KERNEL_CONFIGS loads (and that kernel_configs.TUNED is updated from).
 
     python -m omni_tts.kernel_sweep [--size 1.7B] [--parts predictor talker] [--rows 1 2 8 16 32]
-        [--no-pdl] [--talker-pdl] [--quick] [--out kernel_configs.json]
+        [--no-pdl] [--talker-pdl-rows 1] [--quick] [--out kernel_configs.json]
 
 Owns: the candidate configs per row count, timing each of a decoder layer's four projections (q|k|v
 after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual; the code
-predictor's and / or the talker's shapes) per candidate, launched as the engine launches them (the
-predictor's with programmatic dependent launch where the GPU has it, the talker's without unless
-`--talker-pdl`), in a CUDA
-graph of back-to-back launches whose weights rotate through enough copies to overflow the L2 cache
-(inside a frame 150 MB of predictor weights stream from HBM; a sweep that keeps one copy hot in the
-H200's 50 MB L2 picked configs for the wrong regime, 2026-11-30), and the choice
-of the fastest per (rows, shape). Weights are random at the size's shapes (values don't change speed).
+predictor's and / or the talker's shapes) per candidate, launched as the engine launches them (with
+programmatic dependent launch where the GPU has it: the predictor's always, the talker's up to
+`--talker-pdl-rows` rows), in a CUDA graph of back-to-back launches whose weights rotate through
+enough copies to overflow the L2 cache (inside a frame 150 MB of predictor weights stream from HBM; a
+sweep that keeps one copy hot in the H200's 50 MB L2 picked configs for the wrong regime, 2026-11-30),
+and the choice of the fastest per (rows, shape). Weights are random at the size's shapes (values don't change speed).
 Knows nothing about the engine, requests or graphs pools.
 """
 
@@ -92,16 +91,18 @@ def _graph_us(fns: list[Callable[[], Any]], launches: int = 60, replays: int = 5
 
 
 def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Sequence[str] = ("predictor",),
-          pdl: bool = True, quick: bool = False, talker_pdl: bool = False) -> dict[tuple[int, int, int], Config]:
+          pdl: bool = True, quick: bool = False, talker_pdl_rows: int = 1) -> dict[tuple[int, int, int], Config]:
+    """The fastest config per (rows, shape); launches with PDL as the engine's (`kernel_pdl`, `talker_pdl_rows`):
+    the predictor's at every row count, the talker's up to talker_pdl_rows rows."""
     best: dict[tuple[int, int, int], Config] = {}
+    pdl = pdl and kernels.pdl_available(torch.device("cuda"))
     for part in parts:
-        launch_pdl = (pdl and (part == "predictor" or talker_pdl)  # as the engine (`talker_pdl_rows`)
-                      and kernels.pdl_available(torch.device("cuda")))
-        best.update(_sweep_part(size, part, rows, say, launch_pdl, quick))
+        pdl_rows = (kernels.MAX_ROWS if part == "predictor" else talker_pdl_rows) if pdl else 0
+        best.update(_sweep_part(size, part, rows, say, pdl_rows, quick))
     return best
 
 
-def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], None], pdl: bool, quick: bool
+def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], None], pdl_rows: int, quick: bool
                 ) -> dict[tuple[int, int, int], Config]:
     dev, dt = torch.device("cuda"), torch.bfloat16
     layer = _layer(size, part, dev, dt)
@@ -123,8 +124,8 @@ def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], 
             timings: dict[Config, float] = {}
             for cfg in candidates(m, quick, K):
                 try:
-                    timings[cfg] = _graph_us([lambda w=w_: kernels._proj(x, w, n=n, cfg=cfg, pdl=pdl, **args)
-                                              for w_ in ws])
+                    timings[cfg] = _graph_us([lambda w=w_: kernels._proj(x, w, n=n, cfg=cfg, pdl=m <= pdl_rows,
+                                                                         **args) for w_ in ws])
                 except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
                     say(f"  {name} rows={m} {cfg}: {type(e).__name__}")
             pick = fastest(timings)
@@ -142,8 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--parts", nargs="+", choices=("predictor", "talker"), default=["predictor", "talker"])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 16, 32])
     ap.add_argument("--no-pdl", action="store_true", help="time launches without programmatic dependent launch")
-    ap.add_argument("--talker-pdl", action="store_true",
-                    help="time the talker's launches with programmatic dependent launch (engine key talker_pdl_rows)")
+    ap.add_argument("--talker-pdl-rows", type=int, default=1,
+                    help="the talker's launches with PDL up to this many rows, as the engine key talker_pdl_rows")
     ap.add_argument("--quick", action="store_true", help="fewer candidates (4 warps only)")
     ap.add_argument("--out", default="kernel_configs.json")
     args = ap.parse_args(argv)
@@ -154,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(not 1 <= m <= kernels.MAX_ROWS for m in args.rows):
         say(f"error: --rows must be within 1..{kernels.MAX_ROWS}")
         return 2
-    best = sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick, args.talker_pdl)
+    best = sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick, args.talker_pdl_rows)
     with open(args.out, "w") as f:
         json.dump(configs_json(best), f, indent=1)
     say(f"wrote {args.out}: run with OMNI_TTS_KERNEL_CONFIGS={args.out}")
