@@ -49,8 +49,8 @@ def _error(e: Exception) -> OmniTTSError:
 def fuse_codec(codec: Any) -> str:
     """Turn on the codec's fused activations (`CodecDecoder.set_fused`) and compile them now, so no request
     pays the compile: on CUDA the Triton kernel's variants (which sums it takes over) compile once for
-    every shape; the CPU's Inductor function
-    compiles per batch-size class, hence a 1-row and a 2-row decode. On any failure (no Triton, a compile
+    every shape; the CPU's Inductor function compiles per batch-size class, hence a 1-row and a 2-row
+    decode. On any failure (no Triton, a compile
     error) the codec goes back to eager ops. -> '' or why it is off."""
     try:
         codec.set_fused(True)
