@@ -6,10 +6,10 @@ computed in float32 and stored in x's dtype, written into a new contiguous [B, C
 first `pad` columns are zeros: the left padding of the causal conv that follows, so that conv needs no
 padded copy of its input (at 24 kHz and 32 rows each copy was ~0.2 ms on the H200); with `keep`, h too
 (the residual stream's next value). One read of each input and one write of each output, where the
-eager ops take a pass per bias add, residual add and padding. x may be any strided view
-(a transposed conv's trimmed output). One program per (row, block of samples): the per-channel
-constants are loaded once per program, and no element needs an integer division to find its channel
-(Inductor's dynamic-shape kernel for the same function did). Same math as codec_layers.snake; the sum
+eager ops take a pass per bias add, residual add and padding. x may be any strided view (a transposed
+conv's trimmed output). One program per (row, block of samples): the per-channel constants are loaded
+once per program, and no element needs an integer division to find its channel (Inductor's
+dynamic-shape kernel for the same function did). Same math as codec_layers.snake; the sum
 may be contracted to a fused multiply-add, so results agree to float rounding, not bit for bit.
 Knows nothing about models, windows or streaming. Tests run it in Triton's CPU interpreter.
 """
@@ -72,8 +72,8 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0
           ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """h = x (+ bias [C] per channel) (+ res [B, C, T], contiguous) -> (h [B, C, T] contiguous if `keep`
     else None, snake(h) [B, C, pad + T] contiguous, zeros first). With keep and res, h is written over res
-    (and returned). x: [B, C, T], any strides; alpha / beta
-    [C] (log scale). bias and res are what a conv run without its bias and a residual add would add."""
+    (and returned). x: [B, C, T], any strides; alpha / beta [C] (log scale). bias and res are what a conv
+    run without its bias and a residual add would add."""
     B, C, T = x.shape
     out = torch.empty(B, C, pad + T, dtype=x.dtype, device=x.device)
     # h over res when both: each element is read, then written, by the same thread (and one 32-row window
