@@ -335,13 +335,9 @@ class FastPath:
         self.head_kernel_rows = 0
         notices = []
         if self.talker_kernel_rows or self.talker_attn_kernel:
-            probe = lambda: talker_kernels.probe(  # noqa: E731
+            err, self.talker_pdl_rows = _probe_pdl(lambda pdl: talker_kernels.probe(
                 self.model.talker.layers[0], self.talker_w[0], batches, self.talker_kernel_rows,
-                kv_lens if self.talker_attn_kernel else None, dtype, self.talker_pdl_rows)
-            err = probe()
-            if err and self.talker_pdl_rows:  # once more without programmatic dependent launch
-                self.talker_pdl_rows = 0
-                err = probe()
+                kv_lens if self.talker_attn_kernel else None, dtype, pdl), self.talker_pdl_rows, 0)
             if err:
                 self.talker_kernel_rows, self.talker_attn_kernel, self.talker_pdl_rows = 0, False, 0
                 notices.append(f"Triton talker kernels unavailable on this GPU ({err}); using Inductor's and SDPA")
@@ -353,10 +349,7 @@ class FastPath:
         """Probe the predictor's layer kernels (with PDL, else without), then its head kernels."""
         cp = self.model.code_predictor
         args = (cp.layers[0], self.predictor_w[0], self.cos, self.sin, batches, self.kernel_rows)
-        err = kernels.probe(*args, self.kernel_pdl)
-        if err and self.kernel_pdl:  # try once more without programmatic dependent launch
-            self.kernel_pdl = False
-            err = kernels.probe(*args, False)
+        err, self.kernel_pdl = _probe_pdl(lambda pdl: kernels.probe(*args, pdl), self.kernel_pdl, False)
         if err:
             self.kernel_rows = 0
             return f"Triton predictor kernels unavailable on this GPU ({err}); using Inductor's"
@@ -382,6 +375,16 @@ class FastPath:
         attn = "; talker attention: Triton" if self.talker_attn_kernel else "; talker attention: SDPA"
         return (f"Triton kernels up to {self.kernel_rows} predictor rows{head} / {self.talker_kernel_rows} talker "
                 f"rows{pdl}, Inductor above{attn}")
+
+
+def _probe_pdl(probe: Callable[[Any], str], pdl: Any, off: Any) -> tuple[str, Any]:
+    """probe(pdl), and where that fails with programmatic dependent launch on, once more with `off`
+    -> (the last error or '', the PDL setting it ran with)."""
+    err = probe(pdl)
+    if err and pdl:
+        pdl = off
+        err = probe(off)
+    return err, pdl
 
 
 def kernel_tuning() -> Any:
