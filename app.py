@@ -5,7 +5,7 @@ Owns: the page layout (`build_demo(engine)`, testable without launching), the ev
 (choose the model, build the engine from a preset, launch with a queue sized to max_num_seqs,
 bind to 0.0.0.0:$PORT on a Hugging Face Space). Pure-Python helpers live in omni_tts/ui_support.py,
 the tabs' components in omni_tts/ui_tabs.py.
-Knows nothing about device math: everything goes through omni_tts.engine.Engine's public API.
+Knows nothing about device math: everything goes through omni_tts.engine.engine.Engine's public API.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import Any, Iterator
 import gradio as gr
 import pandas as pd
 
-from omni_tts import ui_support as ui
-from omni_tts import ui_tabs as tabs
+from omni_tts.ui import support as ui
+from omni_tts.ui import tabs
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, load_preset, preset_names
 from omni_tts.errors import OmniTTSError
-from omni_tts.metrics import RequestMetrics, now, summarize
+from omni_tts.engine.metrics import RequestMetrics, now, summarize
 
 CHUNK_TIMEOUT_S = 600.0  # longest wait between two chunks (a CPU 'default' compile can pause requests minutes)
 
@@ -348,7 +348,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Build the engine (the runner picks the model: --model, OMNI_TTS_MODEL, HF cache, Hub, embedded) and serve."""
-    from omni_tts.engine import Engine
+    from omni_tts.engine.engine import Engine
 
     args = parse_args(argv)
     say = lambda s: print(f"[omni-tts] {s}", file=sys.stderr, flush=True)  # noqa: E731

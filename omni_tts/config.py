@@ -90,7 +90,7 @@ class SynthesisParams:
     max_new_tokens: int | None = None
     seed: int | None = None
     fixed_frames: int | None = None  # benchmark only: ignore EOS and make exactly N frames
-    voice: Any = None  # voice-clone prompt (omni_tts.speaker.VoicePrompt), task voice_clone only
+    voice: Any = None  # voice-clone prompt (omni_tts.models.speaker.VoicePrompt), task voice_clone only
 
     def validate(self) -> None:
         if self.task not in TASKS:

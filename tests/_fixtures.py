@@ -1,17 +1,14 @@
-"""Where the tiny reference checkpoints live (../shared beside the repo) and how tests ask for them."""
+"""The tiny reference checkpoints and golden outputs made by the official qwen-tts 0.1.1 (tests/fixtures/)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "qwen3_tts_tiny"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "qwen3_tts_tiny"
 
 
 def fixture_dir(name: str) -> Path:
-    """FIXTURES/name, or skip the test saying where the fixture was expected."""
+    """FIXTURES/name; a missing fixture is a broken checkout, so it fails instead of skipping."""
     d = FIXTURES / name
-    if not (d / "config.json").is_file():
-        pytest.skip(f"tiny Qwen3-TTS fixture not found: expected it at {d} (../shared beside the repo)")
+    assert (d / "config.json").is_file(), f"tiny Qwen3-TTS fixture missing at {d} (is the checkout complete?)"
     return d

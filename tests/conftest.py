@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # omni_tts.kernels' Triton kernels run in Triton's CPU interpreter
+if not torch.cuda.is_available():  # omni_tts.kernels.layers' Triton kernels run in Triton's CPU interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 

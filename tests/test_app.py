@@ -18,10 +18,10 @@ import pytest
 import soundfile as sf
 
 import app
-from omni_tts import ui_support as ui
+from omni_tts.ui import support as ui
 from omni_tts.config import EngineConfig, SynthesisParams
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared/fixtures/qwen3_tts_tiny"
+from _fixtures import FIXTURES  # noqa: E402
 MAX_LEN = 20  # frames: keeps every synthesis well under a second on CPU
 SETTINGS = ("CustomVoice", "ryan", "Auto", "", 0.9, 50, 1.0, 1.05, MAX_LEN)  # task .. max_len
 
@@ -29,8 +29,8 @@ SETTINGS = ("CustomVoice", "ryan", "Auto", "", 0.9, 50, 1.0, 1.05, MAX_LEN)  # t
 @pytest.fixture(scope="module")
 def engine():
     """The real engine on the tiny CustomVoice fixture, or on the embedded tiny checkpoint without it."""
-    from omni_tts.checkpoint_maker import embedded_checkpoint_dir
-    from omni_tts.engine import Engine
+    from omni_tts.models.checkpoint_maker import embedded_checkpoint_dir
+    from omni_tts.engine.engine import Engine
 
     model = FIXTURES / "custom_voice"
     if not (model / "config.json").is_file():
@@ -70,8 +70,8 @@ def test_build_demo_fills_controls_from_the_checkpoint(engine):
 
 
 def test_banner_of_the_embedded_demo_says_noise_and_how_to_load_a_real_model():
-    from omni_tts.checkpoint_maker import embedded_checkpoint_dir
-    from omni_tts.engine import Engine
+    from omni_tts.models.checkpoint_maker import embedded_checkpoint_dir
+    from omni_tts.engine.engine import Engine
 
     eng = Engine.from_config(EngineConfig(model=str(embedded_checkpoint_dir()), device="cpu", max_num_seqs=1,
                                           max_seq_len=64, mode="eager"))
@@ -203,7 +203,7 @@ def test_load_test_reports_the_seed_table(engine):
 def base_engine():
     if not (FIXTURES / "base" / "config.json").is_file():
         pytest.skip(f"tiny Base checkpoint fixture not found at {FIXTURES}/base")
-    from omni_tts.engine import Engine
+    from omni_tts.engine.engine import Engine
 
     eng = Engine.from_config(EngineConfig(model=str(FIXTURES / "base"), device="cpu", max_num_seqs=1,
                                           max_seq_len=256, mode="eager"))
@@ -247,7 +247,7 @@ def test_bind_address_local_and_space():
 def test_select_model_prefers_a_cached_snapshot(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from omni_tts.checkpoint import select_model
+    from omni_tts.models.checkpoint import select_model
 
     for repo in ("Qwen3-TTS-12Hz-1.7B-Base", "Qwen3-TTS-12Hz-0.6B-CustomVoice"):
         snap = tmp_path / f"models--Qwen--{repo}" / "snapshots" / "abc"
@@ -266,7 +266,7 @@ def test_select_model_prefers_a_cached_snapshot(tmp_path, monkeypatch):
 def test_select_model_offline_falls_back_fast(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from omni_tts.checkpoint import select_model
+    from omni_tts.models.checkpoint import select_model
 
     silent = socket.socket()  # accepts connections, never answers: the worst case for a probe
     silent.bind(("127.0.0.1", 0))

@@ -7,7 +7,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from omni_tts.audio import AudioLimits, load_reference_audio, resample
+from omni_tts.models.audio import AudioLimits, load_reference_audio, resample
 from omni_tts.errors import InputError
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from omni_tts import bench
+from omni_tts.tools import bench
 from _fixtures import fixture_dir
 
 REPO = Path(__file__).resolve().parents[1]

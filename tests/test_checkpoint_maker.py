@@ -1,4 +1,4 @@
-"""`python -m omni_tts make-checkpoint` and omni_tts.checkpoint_maker: random-weight checkpoints in the
+"""`python -m omni_tts make-checkpoint` and omni_tts.models.checkpoint_maker: random-weight checkpoints in the
 released layout that our loaders and TTSModel accept, deterministic per seed, at plausible real sizes."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni_tts.checkpoint import load_checkpoint
-from omni_tts.checkpoint_maker import make_configs
-from omni_tts.code_predictor import CodePredictor
+from omni_tts.models.checkpoint import load_checkpoint
+from omni_tts.models.checkpoint_maker import make_configs
+from omni_tts.models.code_predictor import CodePredictor
 from omni_tts.config import SynthesisParams
-from omni_tts.model import TTSModel
-from omni_tts.talker import Talker
+from omni_tts.models.qwen3_tts import TTSModel
+from omni_tts.models.talker import Talker
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,9 +100,9 @@ def test_the_real_size_random_codec_keeps_its_activations_bounded() -> None:
     """The speech tokenizer's weights are drawn by fan-in (each layer halves its input's scale), so the
     1.7B-size random vocoder's SnakeBeta inputs stay small, as a trained codec's do: with a flat std they
     grew to ~1e7, where sin() takes a slow path (on the H200 a 32-row window decoded 1.7x slower)."""
-    from omni_tts.checkpoint_maker import _module_shapes, _random_tensors
-    from omni_tts.codec import CodecDecoder
-    from omni_tts.codec_layers import SnakeBeta
+    from omni_tts.models.checkpoint_maker import _module_shapes, _random_tensors
+    from omni_tts.models.codec.decoder import CodecDecoder
+    from omni_tts.models.codec.layers import SnakeBeta
 
     config, _, codec_config = make_configs("1.7B")
     _, speech = _module_shapes(config, codec_config)

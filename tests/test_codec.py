@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from omni_tts.checkpoint import load_checkpoint, load_weights
-from omni_tts.codec import CodecDecoder, StreamingDecoder, decode_plans
+from omni_tts.models.checkpoint import load_checkpoint, load_weights
+from omni_tts.models.codec.decoder import CodecDecoder, StreamingDecoder, decode_plans
 from omni_tts.errors import CheckpointError, InputError
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared/fixtures/qwen3_tts_tiny"
+from _fixtures import FIXTURES  # noqa: E402
 MODELS = ("custom_voice", "voice_design", "base")
 STREAM_TOL = 1e-4
 
@@ -348,7 +348,7 @@ def test_precisions() -> None:
 def test_fused_activations_decode_as_the_eager_ops() -> None:
     """set_fused(True) runs each SnakeBeta through one compiled function for any window and batch size;
     the audio equals the eager ops' to float rounding, and set_fused(False) is the eager path again."""
-    from omni_tts.code2wav import fuse_codec
+    from omni_tts.engine.audio_stage import fuse_codec
 
     _need_fixtures()
     dev = "cuda" if torch.cuda.is_available() else "cpu"

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from _fixtures import FIXTURES, fixture_dir
-from omni_tts.checkpoint import load_checkpoint
-from omni_tts.codec_encoder import CodecEncoder
+from omni_tts.models.checkpoint import load_checkpoint
+from omni_tts.models.codec.encoder import CodecEncoder
 from omni_tts.errors import CheckpointError, InputError
 
 BASE = FIXTURES / "base"

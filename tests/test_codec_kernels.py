@@ -1,4 +1,4 @@
-"""omni_tts.codec_kernels: the Triton SnakeBeta (run here in Triton's CPU interpreter) against the eager
+"""omni_tts.kernels.snake: the Triton SnakeBeta (run here in Triton's CPU interpreter) against the eager
 ops of codec_layers.snake, alone (strided inputs, the conv padding it writes, the bias and residual sums
 it takes over) and inside the decoder (each activation alone, and the whole pending-sum vocoder)."""
 
@@ -9,10 +9,10 @@ import torch
 
 pytest.importorskip("triton")  # conftest.py sets TRITON_INTERPRET=1 without CUDA
 
-from omni_tts import codec_kernels  # noqa: E402
-from omni_tts.checkpoint import load_checkpoint  # noqa: E402
-from omni_tts.codec import CodecDecoder  # noqa: E402
-from omni_tts.codec_layers import SNAKE_EPS, SnakeBeta, snake  # noqa: E402
+from omni_tts.kernels import snake as codec_kernels  # noqa: E402
+from omni_tts.models.checkpoint import load_checkpoint  # noqa: E402
+from omni_tts.models.codec.decoder import CodecDecoder  # noqa: E402
+from omni_tts.models.codec.layers import SNAKE_EPS, SnakeBeta, snake  # noqa: E402
 from _fixtures import FIXTURES  # noqa: E402
 
 

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
-from omni_tts.engine import Engine, RequestHandle
-from omni_tts import sampling
+from omni_tts.engine.engine import Engine, RequestHandle
+from omni_tts.models import sampling
 from omni_tts.errors import CheckpointError, InputError, OmniTTSError
 from _fixtures import FIXTURES, fixture_dir
 
@@ -150,7 +150,7 @@ def test_voice_design_checkpoint_matches_its_golden_and_needs_an_instruct():
 
 
 def test_embedded_checkpoint_engine_equals_the_plain_path(tmp_path_factory):
-    from omni_tts.checkpoint_maker import embedded_checkpoint_dir
+    from omni_tts.models.checkpoint_maker import embedded_checkpoint_dir
 
     d = embedded_checkpoint_dir(tmp_path_factory.mktemp("omni_cache"))
     eng = make_engine(d, max_num_seqs=2)
@@ -236,7 +236,7 @@ def test_fast_path_engine_with_kv_length_buckets_equals_the_plain_path(_one_thre
     """The engine's fast path (uncompiled here: the compiled one is the same functions) reads only the first
     kv_len cache positions per step; requests of different lengths crossing the 64-position bucket, moved
     between slots as others finish, still get the plain path's greedy codes."""
-    from omni_tts.fastpath import FastPath
+    from omni_tts.engine.step_impl import FastPath
 
     eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=2)
     try:
@@ -383,7 +383,7 @@ def test_real_compile_switches_under_load_default_then_reduce_overhead_fallback(
 def test_mode_notes_say_what_each_mode_runs_and_that_reduce_overhead_is_the_slow_comparison_mode(engine):
     from types import SimpleNamespace
 
-    from omni_tts.runner import Runner
+    from omni_tts.engine.model_runner import Runner
 
     notes = engine.mode_notes()
     assert list(notes) == list(engine.available_modes()) == [m.value for m in CompileMode]
@@ -557,7 +557,7 @@ def test_missing_or_corrupt_checkpoint_is_a_checkpoint_error(tmp_path, monkeypat
 def test_a_codec_that_cannot_be_built_fails_at_load_or_per_request_never_hangs(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from omni_tts.runner import Runner
+    from omni_tts.engine.model_runner import Runner
 
     d = tmp_path / "broken_codec"
     shutil.copytree(fixture_dir("custom_voice"), d, ignore=shutil.ignore_patterns("golden"))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from omni_tts.config import EngineConfig
-from omni_tts.graphs import BucketedGraph, GraphPool, pick_bucket
+from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, pick_bucket
 
 
 @pytest.mark.parametrize("n,buckets,want", [
@@ -99,9 +99,9 @@ def test_batch_above_the_largest_bucket_runs_ungraphed_and_correct():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_first_chunk_graphs_equal_the_eager_decode():
-    from omni_tts.checkpoint import load_checkpoint
-    from omni_tts.code2wav import FirstChunkGraphs
-    from omni_tts.codec import CodecDecoder
+    from omni_tts.models.checkpoint import load_checkpoint
+    from omni_tts.engine.audio_stage import FirstChunkGraphs
+    from omni_tts.models.codec.decoder import CodecDecoder
     from _fixtures import fixture_dir
 
     codec = CodecDecoder.from_checkpoint(load_checkpoint(fixture_dir("custom_voice"))).cuda().set_precision("tf32")
@@ -117,7 +117,7 @@ def test_first_chunk_graphs_equal_the_eager_decode():
 def test_replay_stream_is_nothing_on_the_cpu_and_orders_work_across_a_switch_on_cuda():
     """CPU: no stream at all. CUDA: the high-priority stream, then the default one, which waits for the
     work queued on the first (a large fill, then a read right after the switch sees it)."""
-    from omni_tts.graphs import ReplayStream
+    from omni_tts.engine.cuda_graphs import ReplayStream
 
     if not torch.cuda.is_available():
         rs = ReplayStream(torch.device("cpu"))

@@ -1,5 +1,5 @@
-"""omni_tts.kernel_sweep's pure parts on the CPU: the candidate configs, the choice, the JSON it writes
-being what omni_tts.kernels loads from OMNI_TTS_KERNEL_CONFIGS, and its refusal without CUDA."""
+"""omni_tts.tools.kernel_sweep's pure parts on the CPU: the candidate configs, the choice, the JSON it writes
+being what omni_tts.kernels.layers loads from OMNI_TTS_KERNEL_CONFIGS, and its refusal without CUDA."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import json
 import pytest
 import torch
 
-from omni_tts import kernel_configs, kernel_sweep, kernels
+from omni_tts.kernels import configs as kernel_configs
+
+from omni_tts.tools import kernel_sweep
+
+from omni_tts.kernels import layers as kernels
 
 
 def test_candidates_offer_multiply_and_sum_tiles_only_up_to_8_rows() -> None:

@@ -1,5 +1,5 @@
-"""omni_tts.kernels (the hand-written Triton predictor layer) and omni_tts.head_kernels (its heads and
-sampling) in Triton's CPU interpreter against the Inductor-path units they replace (omni_tts.fastpath's
+"""omni_tts.kernels.layers (the hand-written Triton predictor layer) and omni_tts.kernels.heads (its heads and
+sampling) in Triton's CPU interpreter against the Inductor-path units they replace (omni_tts.engine.step_impl's
 predictor_layer / predictor_head / predictor_feed, run uncompiled) on the tiny checkpoint's real
 layers: outputs and cache rows, float32 and bfloat16, the 2-position first step and a later
 1-position step, greedy and sampled rows drawing the same noise; and a FastPath whose predictor and
@@ -16,8 +16,10 @@ import torch
 
 pytest.importorskip("triton")  # conftest.py sets TRITON_INTERPRET=1 without CUDA
 
-from omni_tts import kernels, sampling  # noqa: E402
-from omni_tts.fastpath import FastPath, fuse_layer, predictor_layer  # noqa: E402
+from omni_tts.kernels import layers as kernels
+
+from omni_tts.models import sampling  # noqa: E402
+from omni_tts.engine.step_impl import FastPath, fuse_layer, predictor_layer  # noqa: E402
 from test_fastpath import golden_cases, model_and_fast, params_of, run_loop  # noqa: E402
 from _fixtures import FIXTURES  # noqa: E402
 
@@ -124,8 +126,8 @@ def test_predict_frame_with_kernels_equals_without(greedy_only: bool) -> None:
 
 
 def test_head_kernels_choose_like_the_sampling_module_for_many_draws() -> None:
-    """The choice kernel against omni_tts.sampling.choose on random logits: many rows and frames."""
-    from omni_tts import head_kernels
+    """The choice kernel against omni_tts.models.sampling.choose on random logits: many rows and frames."""
+    from omni_tts.kernels import heads as head_kernels
 
     torch.manual_seed(0)
     V, D, B = 256, 8, 10
@@ -150,7 +152,8 @@ def test_choice_kernel_top_k_cut_keeps_tied_values_like_the_sampling_module(sort
     """Top-k alone (top-p 1: the kernel's sort-free path, or its top-CAP sort when told to) on logits full
     of ties and zeros: the k-th largest counted with repeats, every value equal to it kept, as
     sampling.warp_topk does."""
-    from omni_tts import head_kernels, kernel_configs
+    from omni_tts.kernels import heads as head_kernels
+    from omni_tts.kernels import configs as kernel_configs
 
     monkeypatch.setattr(kernel_configs, "CHOOSE_SORT_FREE", sort_free)
 
@@ -196,7 +199,7 @@ def test_probe_builds_every_variant_or_says_why_not() -> None:
     w = fuse_layer(layer)
     cos, sin = cp.rope(torch.arange(cp.num_groups)[None], torch.float32)  # [1, 16, hd]
     assert kernels.probe(layer, w, cos, sin, [1, 2, 3], max_rows=4) == ""
-    from omni_tts import head_kernels
+    from omni_tts.kernels import heads as head_kernels
 
     assert head_kernels.probe(cp, [1, 2, 3], max_rows=2, cap=8) == ""
     gelu = copy.deepcopy(layer)

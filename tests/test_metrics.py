@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from omni_tts.metrics import EngineStats, RequestMetrics, gpu_memory, now, summarize
+from omni_tts.engine.metrics import EngineStats, RequestMetrics, gpu_memory, now, summarize
 
 
 def rec(i: int, ttfp_s: float, e2e_s: float, samples: int, status: str = "done", t0: float = 100.0,

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from omni_tts import sampling
-from omni_tts.checkpoint import load_checkpoint
+from omni_tts.models import sampling
+from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.config import SynthesisParams
 from omni_tts.errors import CheckpointError, InputError
-from omni_tts.model import TTSModel
+from omni_tts.models.qwen3_tts import TTSModel
 from _fixtures import FIXTURES, fixture_dir
 
 _MODELS: dict[str, TTSModel] = {}
@@ -61,7 +61,7 @@ def test_golden_codes_and_waveform(name: str, case: dict) -> None:
 @pytest.mark.parametrize("name,case", golden_cases("base"))
 def test_golden_voice_clone_from_reference_codes(name: str, case: dict) -> None:
     """Voice clone with the golden reference codes + x-vector (the encoders are tested elsewhere)."""
-    speaker = pytest.importorskip("omni_tts.speaker")
+    speaker = pytest.importorskip("omni_tts.models.speaker")
     m, g = model(name), FIXTURES / name / "golden"
     ref = torch.from_numpy(np.load(g / "ref_codes.npy")).long()
     xvec = torch.from_numpy(np.load(g / "ref_xvector.npy")).float()

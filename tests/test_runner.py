@@ -1,4 +1,4 @@
-"""The batched runner (omni_tts.runner) on the tiny checkpoint, CPU float32: batched prefill of prompts of
+"""The batched runner (omni_tts.engine.model_runner) on the tiny checkpoint, CPU float32: batched prefill of prompts of
 different lengths equals prefilling each alone (hidden state, first code, KV cache of the prompt)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from omni_tts.config import EngineConfig, SynthesisParams
-from omni_tts.runner import Runner
+from omni_tts.engine.model_runner import Runner
 from _fixtures import fixture_dir
 
 

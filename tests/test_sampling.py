@@ -1,4 +1,4 @@
-"""Per-row logits processing and counter-based sampling (omni_tts.sampling)."""
+"""Per-row logits processing and counter-based sampling (omni_tts.models.sampling)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import random
 
 import torch
 
-from omni_tts import sampling
-from omni_tts.sampling import RowSettings, SamplingConstants, SlotParams
+from omni_tts.models import sampling
+from omni_tts.models.sampling import RowSettings, SamplingConstants, SlotParams
 
 
 def sp_of(*rows: RowSettings) -> SlotParams:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from omni_tts.errors import CheckpointError, InputError
-from omni_tts.text import PromptBuilder, TextTokenizer, assistant_template
+from omni_tts.models.text import PromptBuilder, TextTokenizer, assistant_template
 from _fixtures import fixture_dir
 
 

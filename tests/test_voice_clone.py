@@ -17,12 +17,12 @@ import pytest
 import soundfile as sf
 import torch
 
-from omni_tts.checkpoint import load_checkpoint
-from omni_tts.clone import reference_cut
+from omni_tts.models.checkpoint import load_checkpoint
+from omni_tts.models.voice_clone import reference_cut
 from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.errors import InputError
-from omni_tts.model import TTSModel
-from omni_tts.speaker import VoicePrompt
+from omni_tts.models.qwen3_tts import TTSModel
+from omni_tts.models.speaker import VoicePrompt
 from _fixtures import FIXTURES, fixture_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def other_audio(ref_audio) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def engine():
-    from omni_tts.engine import Engine
+    from omni_tts.engine.engine import Engine
 
     eng = Engine.from_config(EngineConfig(model=str(fixture_dir("base")), device="cpu", max_num_seqs=4, max_seq_len=256,
                                           mode="eager", initial_chunk_frames=2, chunk_frames=5))
@@ -222,7 +222,7 @@ def test_clone_engine_and_custom_voice_engine_run_at_once_without_cross_talk(eng
                                                                            other_audio) -> None:
     """One checkpoint is Base or CustomVoice, so a deployment serving both runs two engines in one process:
     requests submitted interleaved from several threads to both at once each get exactly their solo output."""
-    from omni_tts.engine import Engine
+    from omni_tts.engine.engine import Engine
 
     cv = Engine.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), device="cpu", max_num_seqs=2,
                                          max_seq_len=256, mode="eager", initial_chunk_frames=1, chunk_frames=4))
@@ -284,7 +284,7 @@ def test_clone_engine_and_custom_voice_engine_run_at_once_without_cross_talk(eng
 
 def test_icl_prompt_too_long_names_the_reference_audio(engine, model, ref_audio) -> None:
     """The tiny ICL prompt is 34 rows (25 reference frames) whatever the short text; an x-vector prompt is 9."""
-    from omni_tts.engine import Engine
+    from omni_tts.engine.engine import Engine
 
     small = Engine.from_config(EngineConfig(model=str(fixture_dir("base")), device="cpu", max_num_seqs=2, max_seq_len=34,
                                             mode="eager"))
@@ -330,7 +330,7 @@ def _wait(procs: dict[str, subprocess.Popen]) -> dict[str, tuple[int, str]]:
 
 
 def test_cli_clone_matches_golden_and_saved_voice_reloads(tmp_path, ref_audio, capsys) -> None:
-    from omni_tts.__main__ import main
+    from omni_tts.tools.cli import main
 
     cases = {c["case"]: c for c in json.loads((GOLDEN / "cases.json").read_text())["cases"]}
     sf.write(tmp_path / "ref.wav", ref_audio, SR, subtype="FLOAT")
@@ -370,7 +370,7 @@ def test_cli_clone_matches_golden_and_saved_voice_reloads(tmp_path, ref_audio, c
 def test_cli_bad_reference_audio_is_one_line(tmp_path, ref_audio, capsys) -> None:
     """Real subprocesses for two cases (no traceback, exit 2); the rest through the same `main` in-process
     (the reference audio is checked before the model loads, so these take milliseconds)."""
-    from omni_tts.__main__ import main
+    from omni_tts.tools.cli import main
 
     d = str(fixture_dir("base"))
     (tmp_path / "empty.wav").write_bytes(b"")

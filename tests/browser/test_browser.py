@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXTURE = ROOT.parent / "shared/fixtures/qwen3_tts_tiny/custom_voice"
+FIXTURE = ROOT / "tests/fixtures/qwen3_tts_tiny/custom_voice"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 SWITCH_TO = os.environ.get("OMNI_TTS_BROWSER_MODE", "eager")  # CPU: 'default' compiles for minutes
@@ -61,7 +61,7 @@ def server(tmp_path_factory):
         model = str(FIXTURE)
     else:
         sys.path.insert(0, str(ROOT))
-        from omni_tts.checkpoint_maker import embedded_checkpoint_dir
+        from omni_tts.models.checkpoint_maker import embedded_checkpoint_dir
 
         model = str(embedded_checkpoint_dir())
     port, log = _free_port(), tmp / "server.log"

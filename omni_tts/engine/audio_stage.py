@@ -1,0 +1,232 @@
+"""The engine's code-to-wave stage: per-request streaming decoders' chunks, batched across requests.
+
+Owns: the code-to-wave thread (and its CUDA stream, so decoding audio overlaps the next frames'
+talker / predictor work), its job queue, turning codec codes into `AudioChunk`s on request handles,
+and completing requests once their audio is out. Each pass drains every job queued at that moment,
+plans the chunks that became due (`StreamingDecoder.plan_push` / `plan_flush`), decodes all of them
+with one batched `decode_window` per distinct window shape (`codec.decode_plans`; chunks of requests
+that started together share a shape), then emits chunks and completions in job order, so each
+request's chunks and its completion stay in order. On CUDA the first chunk of a plain request (the
+TTFP path) replays a CUDA graph per batch bucket (`FirstChunkGraphs`); `drain()` lets the scheduler
+wait for an idle stage before it captures graphs. Split out of engine.py (which keeps admission,
+the frame loop and the public API) to keep both files small.
+Does not know: the runner, slots, sampling, or how the codec computes a window.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_tts.models.codec.decoder import ChunkPlan, decode_plans
+from omni_tts.errors import OmniTTSError, as_engine_error, one_line
+from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, pick_bucket
+from omni_tts.engine.metrics import EngineStats, now
+
+
+@dataclass
+class AudioChunk:
+    """A piece of one request's audio, in order. `samples`: float32 mono at `sample_rate`."""
+
+    request_id: int
+    index: int
+    samples: np.ndarray
+    sample_rate: int
+    first_frame: int
+    frames: int
+
+
+def _error(e: Exception) -> OmniTTSError:
+    return as_engine_error(e, "audio decoding failed")
+
+
+def fuse_codec(codec: Any) -> str:
+    """Turn on the codec's fused activations (`CodecDecoder.set_fused`) and compile them now, so no request
+    pays the compile: on CUDA the Triton kernel's variants (which sums it takes over) compile once for
+    every shape; the CPU's Inductor function compiles per batch-size class, hence a 1-row and a 2-row
+    decode. On any failure (no Triton, a compile
+    error) the codec goes back to eager ops. -> '' or why it is off."""
+    try:
+        codec.set_fused(True)
+        for b in (1, 2):
+            codec.decode_window(torch.zeros(b, 3, codec.num_quantizers, dtype=torch.long), 1)
+        return ""
+    except Exception as e:
+        codec.set_fused(False)
+        return one_line(e)
+
+
+class FirstChunkGraphs:
+    """CUDA graphs of the codec's first-chunk decode (`frames` frames, no left context: the window every
+    plain request starts with, so it decides TTFP) per batch bucket; ~900 eager kernel launches become
+    one replay. Their own pool, not the engine's shared one: they replay on the code-to-wave stream
+    while the step graphs replay on the scheduler's, and graphs sharing a pool must never run at the
+    same time. Other window shapes (they vary with history length) decode eagerly."""
+
+    def __init__(self, codec: Any, frames: int, buckets: list[int], priority: bool = False) -> None:
+        """priority: replay on a high-priority stream (as the frame steps run), so a first chunk (TTFP) is
+        not queued behind other requests' later windows."""
+        self.codec, self.frames = codec, frames
+        device = codec.quantizer["rvq_first"].tables.device
+        self.stream = torch.cuda.Stream(device, priority=-1) if priority else None
+        self.codes = torch.zeros(max(buckets), frames, codec.num_quantizers, dtype=torch.long, device=device)
+        self.graph = BucketedGraph("codec first chunk", lambda b: (lambda: (codec.window(self.codes[:b], 0),)),
+                                   buckets, GraphPool(use_vllm=False))
+        with torch.no_grad():  # outputs must not require grad (the codec's parameters do)
+            self.graph.capture()
+
+    def __call__(self, codec: Any, rows: torch.Tensor, context: int) -> torch.Tensor | None:
+        """rows [n, C+N, Q] host codes -> wav [n, N*upsample] (a view: copy it before the next call), or None
+        when this shape has no graph."""
+        n = rows.shape[0]
+        if (codec is not self.codec or context != 0 or rows.shape[1] != self.frames
+                or pick_bucket(n, self.graph.buckets) is None):
+            return None
+        if self.stream is None:
+            self.codes[:n].copy_(codec.prepare(rows))
+            return self.graph.run(n)[0]
+        current = torch.cuda.current_stream(self.stream.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            self.codes[:n].copy_(codec.prepare(rows))
+            wav = self.graph.run(n)[0]
+        current.wait_stream(self.stream)
+        return wav
+
+
+class Code2Wav:
+    """Jobs, each a tuple about one request record `a` (engine._Active: handle, decoder, codes, chunks,
+    failed): ("push", a, codes [n, 16]), ("flush", a), ("finish", a, status, error).
+
+    `put(jobs)` queues a list of jobs as one item (the scheduler puts one step's jobs at once, so the
+    chunks that step made due are always decoded together)."""
+
+    def __init__(self, device: torch.device, stats: EngineStats,
+                 first_chunk: tuple[Any, int, list[int]] | None = None, priority: bool = False) -> None:
+        """first_chunk: (codec, initial_chunk_frames, batch buckets) to graph the first chunks (CUDA only:
+        callers pass None elsewhere);
+        priority: they replay on a high-priority stream (`FirstChunkGraphs`); the other windows decode on
+        this stage's own normal-priority stream.
+        They are captured here, on the caller's thread before this stage's thread starts: two captures at
+        once (this one and a step-graph capture on the scheduler thread) failed on the H200 with
+        'operation not permitted when stream is capturing'."""
+        self.device, self.stats = device, stats
+        self.first: FirstChunkGraphs | None = None
+        self.first_error = ""
+        # False while the engine runs reduce-overhead: replaying these graphs on this thread beside Inductor's
+        # cudagraph trees crashed the process at 8 concurrent requests (H200, 2026-11-30; fine without them)
+        self.graphs_on = True
+        if first_chunk is not None:
+            try:
+                self.first = FirstChunkGraphs(*first_chunk, priority=priority)
+            except Exception as e:  # never fatal: first chunks then decode eagerly
+                self.first_error = one_line(e)
+        self._jobs: "queue.Queue[list[tuple] | None]" = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="omni-tts-code2wav", daemon=True)
+        self._thread.start()
+
+    def put(self, jobs: list[tuple]) -> None:
+        if jobs:
+            self._jobs.put(jobs)
+
+    def drain(self, timeout: float = 60) -> None:
+        """Wait until every job queued so far is decoded (before a graph capture on another thread)."""
+        done = threading.Event()
+        self._jobs.put([("barrier", done)])
+        done.wait(timeout)
+
+    def stop(self, timeout: float = 30) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=timeout)
+
+    # ------------------------------------------------------------------ the thread
+    def _loop(self) -> None:
+        cuda = self.device.type == "cuda"
+        with torch.cuda.stream(torch.cuda.Stream(self.device)) if cuda else nullcontext():
+            while True:
+                batch = [self._jobs.get()]
+                while batch[-1] is not None and not self._jobs.empty():  # drain what is queued now
+                    batch.append(self._jobs.get_nowait())
+                jobs = [job for item in batch if item is not None for job in item if job[0] != "barrier"]
+                barriers = [job[1] for item in batch if item is not None for job in item if job[0] == "barrier"]
+                try:
+                    self._run(jobs)
+                except Exception as e:  # a bug here must not leave these requests hanging
+                    for a in {id(job[1]): job[1] for job in jobs}.values():
+                        if not a.failed and not a.handle.done:
+                            a.failed = True
+                            self._complete(a, "error", _error(e))
+                for done in barriers:
+                    done.set()
+                if batch[-1] is None:
+                    return
+
+    def _run(self, jobs: list[tuple]) -> None:
+        """Plan every job's chunk in order, decode all the plans batched, then emit in order."""
+        steps: list[tuple] = []  # ("chunk", a, plan) | ("fail", a, error) | ("finish", a, status, error)
+        broken: set[int] = set()  # requests whose planning failed in this pass: skip their later jobs
+        for job in jobs:
+            a = job[1]
+            if a.failed or id(a) in broken:
+                continue
+            if job[0] == "finish":
+                steps.append(job)
+                continue
+            try:
+                plan = a.decoder.plan_push(torch.from_numpy(job[2])) if job[0] == "push" else a.decoder.plan_flush()
+            except Exception as e:
+                broken.add(id(a))
+                steps.append(("fail", a, _error(e)))
+                continue
+            if plan is not None:
+                steps.append(("chunk", a, plan))
+        plans = [s[2] for s in steps if s[0] == "chunk"]
+        t0 = now()
+        wavs, calls = decode_plans(plans, self.first if self.graphs_on else None) if plans else ([], 0)
+        self.stats.on_decode(sum(len(p.windows) for p in plans), calls, now() - t0)
+        results = iter(wavs)
+        for step in steps:
+            self._apply(step, next(results) if step[0] == "chunk" else None)
+
+    def _apply(self, step: tuple, wav: Any) -> None:
+        a = step[1]
+        if a.failed:  # a decode error already finished this request
+            return
+        if step[0] == "finish":
+            self._complete(a, step[2], step[3])
+        elif step[0] == "fail" or isinstance(wav, Exception):
+            a.failed = True
+            self._complete(a, "error", step[2] if step[0] == "fail" else _error(wav))
+        else:
+            try:
+                self._emit(a, step[2], a.decoder.account(step[2], wav))
+            except Exception as e:
+                a.failed = True
+                self._complete(a, "error", _error(e))
+
+    def _emit(self, a: Any, plan: ChunkPlan, wav: np.ndarray) -> None:
+        """`plan.start` / `plan.end`: decoder frame counts, which include any voice-clone prefix."""
+        samples = np.asarray(wav, dtype=np.float32).reshape(-1)
+        if samples.size == 0:
+            return
+        m = a.handle.metrics
+        if m.first_audio_at is None:
+            m.first_audio_at = now()
+        m.audio_samples += samples.size
+        first = plan.start - a.decoder.prefix_frames  # frame index within this request's audio
+        a.handle._emit(AudioChunk(a.handle.id, a.chunks, samples, m.sample_rate, first, plan.end - plan.start))
+        a.chunks += 1
+
+    def _complete(self, a: Any, status: str, error: OmniTTSError | None = None) -> None:
+        m = a.handle.metrics
+        m.status, m.finished_at, m.frames = status, now(), len(a.codes)
+        m.error = str(error) if error else None
+        if status == "done":
+            self.stats.on_finish(m)
+        a.handle._finish(a.codes, error)

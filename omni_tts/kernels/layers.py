@@ -1,0 +1,320 @@
+"""Hand-written Triton kernels for the code predictor's decoder layer at small batch.
+
+Owns: one predictor layer step as five kernels instead of Inductor's ~14 (H200 profile, 2026-11-30:
+1119 kernels per frame at batch 1, most of them ~1 us norms, cache writes and softmax pieces):
+  1. input RMSNorm (recomputed per program, the row is 2 KB) + q|k|v projection (+ bias)
+  2. q/k RMSNorm + rotary + K/V written into the 16-position cache + attention over it, per KV head
+  3. o projection + residual
+  4. post-attention RMSNorm + gate|up projection + SiLU(gate) * up
+  5. down projection + residual
+The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16
+rows cost about the same); a one-row step runs them as a multiply-and-sum over narrow weight tiles
+(more programs reading the weights at once). The projection kernel also serves omni_tts.kernels.talker
+and head_kernels (its input rows may be strided or gathered from a table). With `pdl` (programmatic
+dependent launch, Hopper+: `pdl_available`) each kernel loads what no kernel writes (its first weight
+tile) before `_after_previous` waits for the previous kernel and lets the next one launch. Launch
+configs per (rows, shape) come from omni_tts.kernels.configs (measured on the H200, or
+`python -m omni_tts.tools.kernel_sweep` on the GPU at hand). Numerics follow omni_tts.engine.step_impl.predictor_layer: float32
+accumulation, values rounded to the model dtype where the reference rounds (norm output, q/k after
+rope, each projection, SiLU, residual sums); the summation order differs, so results agree to the
+dtype's rounding, not bit for bit. `predictor_layer` has fastpath.predictor_layer's contract except
+that the positions are a Python int (static per captured graph) and the mask is implied (causal).
+Knows nothing about graphs, buckets, sampling or requests; which batch sizes use it is the caller's
+choice (`supports`). Runs on CUDA; tests run it in Triton's CPU interpreter (TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import torch
+
+from omni_tts.errors import one_line
+from omni_tts.kernels.configs import Config, _next_pow2, config
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the engine uses the Inductor path
+    triton = None
+try:  # grid dependency control (programmatic dependent launch), Triton >= 3.4
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:
+    gdc_wait = gdc_launch_dependents = None
+
+# Triton's CPU interpreter (3.6) multiplies bfloat16 dot operands wrongly: upcast them there (the products
+# of bfloat16 values are exact in float32, as in the GPU's bfloat16 MMA with float32 accumulation)
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+MAX_ROWS = 32  # batch x positions per call (the first step of a frame has 2 positions per row)
+
+
+def available() -> bool:
+    return triton is not None
+
+
+def supports(layer: Any, rows: int) -> bool:
+    """True when these kernels can run `layer` for `rows` = batch x positions."""
+    m = layer.mlp
+    return (triton is not None and rows <= MAX_ROWS and m.act is torch.nn.functional.silu
+            and layer.self_attn.q_norm.eps == layer.self_attn.k_norm.eps)
+
+
+if triton is not None:
+    @triton.jit
+    def _dot(a, b, IEEE: tl.constexpr):
+        if IEEE:  # float32 operands (or any, upcast, in the interpreter): no TF32 rounding
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a, b)
+
+    @triton.jit
+    def _mac(xk, wk, IEEE: tl.constexpr, VEC: tl.constexpr):
+        """xk [BM, BK] times wk [BN, BK]^T -> [BM, BN] float32: a multiply-and-sum for a few rows (VEC: the
+        weight tile can be narrow, so more programs share the weight reads), else tensor cores (BM, BN >= 16)."""
+        if VEC:
+            return tl.sum(wk[None, :, :].to(tl.float32) * xk[:, None, :].to(tl.float32), axis=2)
+        return _dot(xk, tl.trans(wk), IEEE)
+
+    @triton.jit
+    def _after_previous(PDL: tl.constexpr):
+        """With programmatic dependent launch: wait until the previous kernel is done (its writes visible),
+        then let the next kernel launch. Everything before this call may only read what no kernel writes."""
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+
+    @triton.jit
+    def _w_block(w_ptr, rn, nmask, kk, N: tl.constexpr, K: tl.constexpr, GLU: tl.constexpr):
+        """The weight tile [BN, BK] at columns kk (and its up half's with GLU; else the same tile again)."""
+        wmask = nmask[:, None] & (kk < K)[None, :]
+        wk = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=wmask, other=0.0)
+        wu = wk
+        if GLU:
+            wu = tl.load(w_ptr + (rn[:, None] + N) * K + kk[None, :], mask=wmask, other=0.0)
+        return wk, wu
+
+    @triton.jit
+    def _x_block(x_ptr, nw_ptr, xoff, mmask, kk, rstd, K: tl.constexpr, NORM: tl.constexpr, dt: tl.constexpr):
+        """The input tile [BM, BK] at columns kk of the rows at offsets xoff [BM], RMS-normed (rstd [BM]) and
+        scaled by nw with NORM."""
+        kmask = kk < K
+        xk = tl.load(x_ptr + xoff[:, None] + kk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+        if NORM:
+            h = (xk.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
+            nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+            xk = (nw[None, :] * h).to(dt)
+        return xk
+
+    @triton.jit
+    def _proj_kernel(x_ptr, idx_ptr, nw_ptr, w_ptr, b_ptr, res_ptr, out_ptr, eps, sx, M: tl.constexpr,
+                     N: tl.constexpr, K: tl.constexpr,
+                     NORM: tl.constexpr, BIAS: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr,
+                     GATHER: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """out[M, N] = epilogue(prologue(x[M, K]) @ w[N, K]^T), x's rows sx apart (GATHER: x is a table and
+        row m is its row idx[m]). NORM: x is RMS-normed with nw first; GLU: w has 2N rows (gate then up)
+        and out = silu(gate) * up; RES: out += res[M, N]. PDL (programmatic dependent launch, Hopper+):
+        the first weight tile loads while the previous kernel is still running; everything that kernel
+        writes (x, idx, res) is read after gdc_wait."""
+        dt = out_ptr.dtype.element_ty
+        rm = tl.arange(0, BM)
+        rn = tl.program_id(0) * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        mmask, nmask = rm < M, rn < N
+        wk, wu = _w_block(w_ptr, rn, nmask, rk, N, K, GLU)  # [BN, BK]: weights never depend on the last kernel
+        _after_previous(PDL)
+        if GATHER:
+            xoff = tl.load(idx_ptr + rm, mask=mmask, other=0).to(tl.int64) * K  # [BM] table rows
+        else:
+            xoff = rm.to(tl.int64) * sx
+        rstd = tl.zeros([BM], tl.float32)
+        if NORM:
+            ss = tl.zeros([BM], tl.float32)
+            for k0 in range(0, K, BK):
+                kk = k0 + rk
+                xs = tl.load(x_ptr + xoff[:, None] + kk[None, :], mask=mmask[:, None] & (kk[None, :] < K), other=0.0)
+                xs = xs.to(tl.float32)
+                ss += tl.sum(xs * xs, axis=1)
+            rstd = tl.rsqrt(ss / K + eps)  # [BM]
+        xk = _x_block(x_ptr, nw_ptr, xoff, mmask, rk, rstd, K, NORM, dt)  # [BM, BK]
+        acc = _mac(xk, wk, IEEE, VEC)  # [BM, BN]
+        acc2 = tl.zeros([BM, BN], tl.float32)
+        if GLU:
+            acc2 += _mac(xk, wu, IEEE, VEC)
+        for k0 in range(BK, K, BK):
+            kk = k0 + rk
+            wk, wu = _w_block(w_ptr, rn, nmask, kk, N, K, GLU)
+            xk = _x_block(x_ptr, nw_ptr, xoff, mmask, kk, rstd, K, NORM, dt)
+            acc += _mac(xk, wk, IEEE, VEC)
+            if GLU:
+                acc2 += _mac(xk, wu, IEEE, VEC)
+        if BIAS:
+            acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        y = acc.to(dt)
+        if GLU:
+            g = y.to(tl.float32)
+            s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+            y = (s * acc2.to(dt).to(tl.float32)).to(dt)
+        omask = mmask[:, None] & nmask[None, :]
+        if RES:
+            r = tl.load(res_ptr + rm[:, None] * N + rn[None, :], mask=omask, other=0.0)
+            y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
+        tl.store(out_ptr + rm[:, None] * N + rn[None, :], y, mask=omask)
+
+    @triton.jit
+    def _normed_rope(base, d, dm, HALF: tl.constexpr, HD: tl.constexpr, nw_ptr, cos, sin, eps,
+                     dt: tl.constexpr):
+        """One head's vector at `base` ([HD] in y): RMS-normed with nw, rotated (rotate-half) -> fp32 [BD]."""
+        a = tl.load(base + d, mask=dm, other=0.0).to(tl.float32)
+        partner = tl.where(d < HALF, d + HALF, d - HALF)
+        b = tl.load(base + partner, mask=dm, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(a * a, axis=0) / HD + eps)
+        na = (tl.load(nw_ptr + d, mask=dm, other=0.0).to(tl.float32) * (a * rstd).to(dt).to(tl.float32)).to(dt)
+        nb = (tl.load(nw_ptr + partner, mask=dm, other=0.0).to(tl.float32) * (b * rstd).to(dt).to(tl.float32)).to(dt)
+        rot = tl.where(d < HALF, -nb.to(tl.float32), nb.to(tl.float32))
+        return (na.to(tl.float32) * cos + rot * sin).to(dt).to(tl.float32)
+
+    @triton.jit
+    def _attn_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, pos0, eps, scale,
+                     T: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, P: tl.constexpr,
+                     BD: tl.constexpr, BP: tl.constexpr, PDL: tl.constexpr):
+        """Program (row b, KV head g): normed + rotated K/V of positions pos0..pos0+T-1 into the cache
+        [B, HKV, P, HD], then causal attention of the REP query heads sharing g. y: [B*T, (H+2HKV)*HD]."""
+        dt = out_ptr.dtype.element_ty
+        _after_previous(PDL)
+        b = tl.program_id(0)
+        g = tl.program_id(1)
+        REP: tl.constexpr = H // HKV
+        HALF: tl.constexpr = HD // 2
+        W: tl.constexpr = (H + 2 * HKV) * HD
+        d = tl.arange(0, BD)
+        dm = d < HD
+        p = tl.arange(0, BP)
+        cache = (b * HKV + g) * P * HD
+        for t in tl.static_range(T):
+            row = y_ptr + (b * T + t) * W
+            cos = tl.load(cos_ptr + (pos0 + t) * HD + d, mask=dm, other=0.0).to(tl.float32)
+            sin = tl.load(sin_ptr + (pos0 + t) * HD + d, mask=dm, other=0.0).to(tl.float32)
+            k = _normed_rope(row + (H + g) * HD, d, dm, HALF, HD, kn_ptr, cos, sin, eps, dt)
+            v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
+            tl.store(kc_ptr + cache + (pos0 + t) * HD + d, k.to(dt), mask=dm)
+            tl.store(vc_ptr + cache + (pos0 + t) * HD + d, v, mask=dm)
+        tl.debug_barrier()  # the cache rows just written are read below by other threads
+        kvmask = (p[:, None] < P) & dm[None, :]
+        kk = tl.load(kc_ptr + cache + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0).to(tl.float32)  # [BP, BD]
+        vv = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0).to(tl.float32)
+        for t in tl.static_range(T):
+            row = y_ptr + (b * T + t) * W
+            cos = tl.load(cos_ptr + (pos0 + t) * HD + d, mask=dm, other=0.0).to(tl.float32)
+            sin = tl.load(sin_ptr + (pos0 + t) * HD + d, mask=dm, other=0.0).to(tl.float32)
+            for r in tl.static_range(REP):
+                h = g * REP + r
+                q = _normed_rope(row + h * HD, d, dm, HALF, HD, qn_ptr, cos, sin, eps, dt)
+                s = tl.sum(q[None, :] * kk, axis=1) * scale  # [BP]
+                s = tl.where(p <= pos0 + t, s, float("-inf"))
+                w = tl.exp(s - tl.max(s, axis=0))
+                w = w / tl.sum(w, axis=0)
+                o = tl.sum(w[:, None] * vv, axis=0)  # [BD]
+                tl.store(out_ptr + (b * T + t) * H * HD + h * HD + d, o.to(dt), mask=dm)
+
+
+def pdl_available(device: torch.device) -> bool:
+    """True where programmatic dependent launch can run: a Hopper-or-newer CUDA GPU and a Triton with grid
+    dependency control (never in the CPU interpreter)."""
+    return (triton is not None and gdc_wait is not None and not _INTERPRET and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def _launch(pdl: bool, warps: int, stages: int | None = None) -> dict[str, Any]:
+    opts: dict[str, Any] = {"num_warps": warps}
+    if stages is not None:
+        opts["num_stages"] = stages
+    if pdl:
+        opts["launch_pdl"] = True
+    return opts
+
+
+def _proj(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None = None,
+          norm: Any = None, res: torch.Tensor | None = None, glu: bool = False, cfg: Config | None = None,
+          pdl: bool = False, idx: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [M, K] (rows may be strided; the last dim contiguous) -> [M, n] (see _proj_kernel); w: [n, K], or
+    [2n, K] with glu. idx: [M] row ids into the table x [rows, K] (then x's rows are gathered)."""
+    assert x.stride(-1) == 1
+    K = x.shape[1]
+    M = x.shape[0] if idx is None else idx.shape[0]
+    out = torch.empty(M, n, device=x.device, dtype=x.dtype)
+    BN, BK, stages, warps, vec = cfg or config(M, n, K)
+    if x.element_size() > 2 and not vec:  # float32 tiles: half as wide, or the stages overflow shared memory
+        BK = max(32, BK // 2)
+    dummy = x
+    _proj_kernel[(triton.cdiv(n, BN),)](
+        x, idx if idx is not None else dummy, norm.weight if norm is not None else dummy, w,
+        bias if bias is not None else dummy, res if res is not None else dummy, out,
+        float(norm.eps) if norm is not None else 0.0, x.stride(0), M=M, N=n, K=K,
+        NORM=norm is not None, BIAS=bias is not None, RES=res is not None, GLU=glu, GATHER=idx is not None,
+        IEEE=x.dtype == torch.float32 or _INTERPRET, VEC=vec, PDL=pdl,
+        BM=_next_pow2(M) if vec else max(16, _next_pow2(M)), BN=BN, BK=BK, **_launch(pdl, warps, stages))
+    return out
+
+
+def run_probe(device: torch.device, build: Callable[[], str]) -> str:
+    """The frame of every kernel probe: `build` launches the kernels a capture will use (so each variant
+    compiles now) and returns '' or why they do not apply; waits for the device. -> '' or the reason, or
+    the first error in one line (a GPU whose Triton cannot build them, e.g. too little shared memory, no
+    bfloat16 tensor cores, no programmatic dependent launch): the caller then keeps Inductor's kernels."""
+    try:
+        why = build()
+        if not why and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return why
+    except Exception as e:  # compile or launch failure
+        return one_line(e)
+
+
+def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor], cos: torch.Tensor,
+          sin: torch.Tensor, batches: list[int], max_rows: int, pdl: bool = False) -> str:
+    """Run the predictor `layer` once for every (batch, 1 or 2 positions) of at most max_rows rows that a
+    capture will use (`run_probe`). -> "" or why not, in one line."""
+    a, dev = layer.self_attn, cos.device
+    width = layer.input_layernorm.weight.shape[0]
+
+    def build() -> str:
+        for b in batches:
+            for T in (1, 2):
+                if b * T > max_rows:
+                    continue
+                if not supports(layer, b * T):
+                    return "this layer's activation or norms are not what the kernels implement"
+                x = torch.zeros(b, T, width, device=dev, dtype=cos.dtype)
+                kc = torch.zeros(b, a.kv_heads, cos.shape[1], a.head_dim, device=dev, dtype=cos.dtype)
+                predictor_layer(layer, *w, x, cos, sin, kc, torch.zeros_like(kc), 0, pdl)
+        return ""
+
+    return run_probe(dev, build)
+
+
+def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_gu: torch.Tensor,
+                    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                    pos0: int, pdl: bool = False) -> torch.Tensor:
+    """fastpath.predictor_layer in five kernels. x: [B, T, d] at positions pos0..pos0+T-1; cos/sin: the
+    rope table [1, P, hd] of all P cache positions; kc/vc: [B, Hkv, P, hd] (written). pdl: launch them
+    with programmatic dependent launch (`pdl_available`). -> [B, T, d]"""
+    attn, mlp = layer.self_attn, layer.mlp
+    B, T, D = x.shape
+    H, Hkv, hd, P = attn.heads, attn.kv_heads, attn.head_dim, kc.shape[2]
+    x2 = x.reshape(B * T, D)  # [M, d]
+    y = _proj(x2, w_qkv, n=(H + 2 * Hkv) * hd, bias=b_qkv, norm=layer.input_layernorm, pdl=pdl)  # [M, (H+2Hkv) hd]
+    a = torch.empty(B * T, H * hd, device=x.device, dtype=x.dtype)  # [M, H hd]
+    _attn_kernel[(B, Hkv)](y, attn.q_norm.weight, attn.k_norm.weight, cos.reshape(-1, hd), sin.reshape(-1, hd),
+                           kc, vc, a, pos0, float(attn.q_norm.eps), hd ** -0.5, T=T, H=H, HKV=Hkv, HD=hd, P=P,
+                           BD=_next_pow2(hd), BP=_next_pow2(P), PDL=pdl,
+                           **_launch(pdl, 1))  # 1 warp: fastest on the H200
+    return _mlp_block(layer, w_gu, x2, a, pdl).view(B, T, D)  # [B, T, d]
+
+
+def _mlp_block(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pdl: bool) -> torch.Tensor:
+    """x [M, D] + o_proj(a [M, H hd]), then + the MLP of its post-attention norm -> [M, D] (three kernels)."""
+    attn, D = layer.self_attn, x.shape[1]
+    x1 = _proj(a, attn.o_proj.weight, n=D, bias=attn.o_proj.bias, res=x, pdl=pdl)  # [M, D]
+    m = _proj(x1, w_gu, n=w_gu.shape[0] // 2, norm=layer.post_attention_layernorm, glu=True, pdl=pdl)  # [M, I]
+    return _proj(m, layer.mlp.down_proj.weight, n=D, res=x1, pdl=pdl)  # [M, D]

@@ -1,0 +1,288 @@
+"""Building blocks of the 12 Hz codec decoder (codec.py): causal convs, SnakeBeta vocoder stages,
+ConvNeXt blocks, the sliding-window transformer, and the split residual-VQ codebook groups.
+
+Owns: each layer's math and parameter names (they match the checkpoint's `decoder.*` keys), and
+each layer's `lookback(j)` (the earliest input index output j depends on) that codec.py chains to
+compute the decoder's receptive field. The RMS norm, SwiGLU MLP and attention projections are the
+talker's (talker.py).
+Does not know: configs or checkpoint files (codec.py reads `decoder_config` and loads tensors),
+devices, dtypes, streaming or segmentation policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omni_tts.kernels import snake as codec_kernels
+from omni_tts.models.talker import MLP, AttentionProjections, RMSNorm
+
+CONVNEXT_LN_EPS = 1e-6
+SNAKE_EPS = 1e-9
+RESIDUAL_DILATIONS = (1, 3, 9)
+ACTIVATIONS = ("silu", "gelu", "relu")  # the decoder's supported hidden_act values
+
+
+class Pending(NamedTuple):
+    """A vocoder tensor not yet summed: raw (a conv's output without its bias, any strides) + bias[c]
+    (+ res, the residual stream). The next SnakeBeta's kernel does the sums (`SnakeBeta.fused`)."""
+    raw: torch.Tensor  # [B, C, T]
+    bias: torch.Tensor | None  # [C]
+    res: torch.Tensor | None  # [B, C, T], contiguous; the summing kernel may write over it
+
+
+class CausalConv1d(nn.Module):
+    """Stride-1 conv that only looks back: left-pads (kernel-1)*dilation zeros."""
+
+    def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1, groups: int = 1):
+        super().__init__()
+        self.conv = nn.Conv1d(c_in, c_out, kernel, dilation=dilation, groups=groups)
+        self.reach = (kernel - 1) * dilation
+
+    def forward(self, x: torch.Tensor, padded: bool = False) -> torch.Tensor:
+        """x: [B, Cin, T] -> [B, Cout, T]; padded: x already starts with the `reach` zero columns (a
+        SnakeBeta called with pad=reach wrote them), so x is [B, Cin, reach + T] and is not copied."""
+        return self.conv(x if padded else F.pad(x, (self.reach, 0)))
+
+    def pending(self, x: torch.Tensor, padded: bool = False) -> Pending:
+        """forward with the bias left to the next kernel (cuDNN adds it as a pass of its own)."""
+        c = self.conv
+        raw = F.conv1d(x if padded else F.pad(x, (self.reach, 0)), c.weight, None, 1, 0, c.dilation, c.groups)
+        return Pending(raw, c.bias, None)  # raw: [B, Cout, T]
+
+    def lookback(self, j: int) -> int:
+        return j - self.reach
+
+
+class CausalUpConv1d(nn.Module):
+    """Transposed conv (kernel K >= stride s) keeping the first T*s samples, i.e. the causal ones."""
+
+    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int):
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(c_in, c_out, kernel, stride=stride)
+        self.kernel, self.stride = kernel, stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)[..., : x.shape[-1] * self.stride]  # [B, Cin, T] -> [B, Cout, T*s]
+
+    def pending(self, x: torch.Tensor) -> Pending:
+        """forward with the bias left to the next kernel; raw is a strided view of the untrimmed output."""
+        raw = F.conv_transpose1d(x, self.conv.weight, None, self.stride)[..., : x.shape[-1] * self.stride]
+        return Pending(raw, self.conv.bias, None)  # raw: [B, Cout, T*s]
+
+    def lookback(self, j: int) -> int:
+        return -((self.kernel - 1 - j) // self.stride)  # ceil((j - K + 1) / s)
+
+
+def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0) -> torch.Tensor:
+    """x + sin^2(x * e^alpha) / e^beta, per channel, then `pad` zero columns on the left (the next causal
+    conv's padding). x: [B, C, T]; alpha, beta: [C] -> [B, C, pad + T]"""
+    freq = alpha.exp()[None, :, None]
+    gain = 1.0 / (beta.exp()[None, :, None] + SNAKE_EPS)
+    y = x + gain * torch.sin(x * freq).pow(2)
+    return F.pad(y, (pad, 0)) if pad else y
+
+
+_compiled_snake: Callable[..., torch.Tensor] | None = None
+
+
+def fused_snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0) -> torch.Tensor:
+    """`snake` as one kernel: on CUDA the Triton kernel of omni_tts.kernels.snake (one read of x, one write
+    of the padded output, instead of the six passes of the eager ops and the conv's padded copy: at 24 kHz
+    and many rows those passes are the vocoder's memory traffic); elsewhere `snake` compiled once per
+    process (Inductor, dynamic shapes)."""
+    global _compiled_snake
+    if x.is_cuda and codec_kernels.available():
+        return codec_kernels.snake(x, alpha, beta, pad, SNAKE_EPS)[1]
+    if _compiled_snake is None:
+        # not fullgraph: should a long-running server hit dynamo's recompile limit (a new size class, e.g.
+        # batch == time steps, compiles once more), the call runs as eager ops instead of failing the decode
+        _compiled_snake = torch.compile(snake, dynamic=True)
+    return _compiled_snake(x, alpha, beta, pad)
+
+
+class SnakeBeta(nn.Module):
+    """x + sin^2(x * e^alpha) / e^beta, per channel (alpha, beta stored in log scale)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+        self.impl: Callable[..., torch.Tensor] = snake  # or fused_snake (CodecDecoder.set_fused)
+
+    def forward(self, x: torch.Tensor, pad: int = 0) -> torch.Tensor:  # x: [B, C, T] -> [B, C, pad + T]
+        # detached: plain tensors get dynamic shapes (dynamo keeps parameter shapes static, which made one
+        # compile per channel count of the compiled function)
+        return self.impl(x, self.alpha.detach(), self.beta.detach(), pad)
+
+    def fused(self, p: Pending, pad: int = 0, keep: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The sums of p and this activation as one Triton kernel (CUDA, or the interpreter): -> (the summed
+        tensor [B, C, T] if keep else None, the activation [B, C, pad + T] with the next conv's padding)."""
+        return codec_kernels.snake(p.raw, self.alpha.detach(), self.beta.detach(), pad, SNAKE_EPS,
+                                   p.bias, p.res, keep)
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int):
+        super().__init__()
+        self.act1, self.conv1 = SnakeBeta(dim), CausalConv1d(dim, dim, 7, dilation=dilation)
+        self.act2, self.conv2 = SnakeBeta(dim), CausalConv1d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
+        h = self.conv1(self.act1(x, pad=self.conv1.reach), padded=True)  # h: [B, C, T]
+        return x + self.conv2(self.act2(h))
+
+    def pending(self, p: Pending) -> Pending:
+        """forward on a pending input, the output left pending: 2 element-wise kernels instead of 5 (the
+        convs' bias adds and the residual add move into the snakes)."""
+        x, s = self.act1.fused(p, self.conv1.reach, keep=True)  # x: [B, C, T] the unit's input, summed
+        _, s = self.act2.fused(self.conv1.pending(s, padded=True))  # s: [B, C, T]
+        return self.conv2.pending(s)._replace(res=x)
+
+    def lookback(self, j: int) -> int:
+        return self.conv1.lookback(self.conv2.lookback(j))
+
+
+class VocoderStage(nn.Module):
+    """Snake, x`rate` transposed-conv upsampling halving the channels, three dilated residual units."""
+
+    def __init__(self, c_in: int, c_out: int, rate: int):
+        super().__init__()
+        units = [ResidualUnit(c_out, d) for d in RESIDUAL_DILATIONS]
+        self.block = nn.ModuleList([SnakeBeta(c_in), CausalUpConv1d(c_in, c_out, 2 * rate, rate), *units])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, Cin, T] -> [B, Cout, T*rate]
+        for layer in self.block:
+            x = layer(x)
+        return x
+
+    def pending(self, p: Pending) -> Pending:
+        """forward on a pending input, the output left pending (see ResidualUnit.pending)."""
+        act, up, *units = self.block
+        p = up.pending(act.fused(p)[1])  # [B, Cout, T*rate]
+        for unit in units:
+            p = unit.pending(p)
+        return p
+
+    def lookback(self, j: int) -> int:
+        return chain_lookback(self.block, j)
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, 7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=CONVNEXT_LN_EPS)
+        self.pwconv1, self.pwconv2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
+        h = self.norm(self.dwconv(x).transpose(1, 2))  # h: [B, T, C]
+        h = self.gamma * self.pwconv2(F.gelu(self.pwconv1(h)))
+        return x + h.transpose(1, 2)
+
+    def lookback(self, j: int) -> int:
+        return self.dwconv.lookback(j)
+
+
+def chain_lookback(layers: Any, j: int) -> int:
+    """Earliest input index that output index j of `layers` (applied in order) depends on."""
+    for layer in reversed(list(layers)):
+        j = layer.lookback(j) if hasattr(layer, "lookback") else j  # pointwise layers keep j
+    return j
+
+
+class Scale(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class WindowAttention(AttentionProjections):
+    """Full-sequence attention under the caller's mask (the sliding window), RoPE on q and k."""
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # q: [B, nh, T, hd]
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # k: [B, nkv, T, hd]
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
+        if self.kv_heads != self.heads:
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)  # k: [B, nh, T, hd]
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [B, T, H]
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    swapped = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + swapped * sin  # x: [B, n, T, hd]; cos/sin: [T, hd]
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, d: dict[str, Any]):
+        super().__init__()
+        h = d["hidden_size"]
+        self.input_layernorm = RMSNorm(h, d["rms_norm_eps"])
+        self.self_attn = WindowAttention(h, d["num_attention_heads"], d["num_key_value_heads"], d["head_dim"],
+                                         d["attention_bias"])
+        self.self_attn_layer_scale = Scale(h)
+        self.post_attention_layernorm = RMSNorm(h, d["rms_norm_eps"])
+        self.mlp = MLP(h, d["intermediate_size"], d["hidden_act"])
+        self.mlp_layer_scale = Scale(h)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), rope, mask))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))  # x: [B, T, H]
+
+
+class WindowTransformer(nn.Module):
+    """latent -> hidden, L pre-norm layers with causal sliding-window attention + RoPE -> latent."""
+
+    def __init__(self, d: dict[str, Any]):
+        super().__init__()
+        self.window, self.head_dim, self.theta = d["sliding_window"], d["head_dim"], float(d["rope_theta"])
+        self.input_proj = nn.Linear(d["latent_dim"], d["hidden_size"])
+        self.layers = nn.ModuleList(TransformerLayer(d) for _ in range(d["num_hidden_layers"]))
+        self.norm = RMSNorm(d["hidden_size"], d["rms_norm_eps"])
+        self.output_proj = nn.Linear(d["hidden_size"], d["latent_dim"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, latent] (positions restart at 0)
+        t, dev = x.shape[1], x.device
+        pos = torch.arange(t, device=dev, dtype=torch.float32)
+        exps = torch.arange(0, self.head_dim, 2, device=dev, dtype=torch.int64).float() / self.head_dim
+        angles = pos[:, None] * (1.0 / self.theta ** exps)[None, :]  # angles: [T, hd/2], float32
+        angles = torch.cat((angles, angles), dim=-1)
+        rope = (angles.cos().to(x.dtype), angles.sin().to(x.dtype))
+        q_idx = torch.arange(t, device=dev)[:, None]
+        k_idx = torch.arange(t, device=dev)[None, :]
+        mask = (k_idx <= q_idx) & (k_idx > q_idx - self.window)  # mask: [T, T], True = attend
+        h = self.input_proj(x)  # h: [B, T, H]
+        for layer in self.layers:
+            h = layer(h, rope, mask)
+        return self.output_proj(self.norm(h))  # [B, T, latent]
+
+    def lookback(self, j: int) -> int:
+        return j - len(self.layers) * (self.window - 1)
+
+
+class CodebookGroup(nn.Module):
+    """Some of the residual codebooks, summed then projected (1x1 conv, no bias) to codebook_dim."""
+
+    def __init__(self, n_books: int, size: int, dim: int, out_dim: int):
+        super().__init__()
+        self.register_buffer("tables", torch.zeros(n_books, size, dim), persistent=False)
+        self.output_proj = nn.Conv1d(dim, out_dim, 1, bias=False)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:  # codes: [B, T, n] -> [B, out_dim, T]
+        summed = self.tables[0][codes[..., 0]]  # summed: [B, T, dim]
+        for i in range(1, codes.shape[-1]):
+            summed = summed + self.tables[i][codes[..., i]]
+        return self.output_proj(summed.transpose(1, 2))

@@ -1,0 +1,341 @@
+"""TTSModel: one loaded Qwen3-TTS checkpoint as tensors-in/tensors-out pieces plus a reference loop.
+
+Owns: building Talker + CodePredictor (+ the lazily built codec decoder) from a `Checkpoint` with
+strict weight loading; turning a request into a `Prompt` (omni_tts.models.text) and then into prefill
+embeddings exactly as the official generate assembles them; resolving a request's generation
+settings (request value, else generation_config.json, else the official hard default); the one
+frame `step` shared with the engine; and `generate_codes` / `synthesize`, the plain single-request
+reference loop used for exactness tests and the CLI. Voice-clone specifics (voice-prompt checks, the
+ICL prompt body, the reference cut, the cached encoders behind `voice_prompt`) live in omni_tts.models.voice_clone.
+Does not own batching, streaming policy, timing or compile modes (engine.py / runner.py).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from omni_tts.models import voice_clone as clone
+
+from omni_tts.models import sampling
+from omni_tts.models.checkpoint import Checkpoint
+from omni_tts.models.code_predictor import CodePredictor
+from omni_tts.config import SynthesisParams
+from omni_tts.errors import CheckpointError, InputError, OmniTTSError
+from omni_tts.models.talker import KVCache, Talker, cast_parameters, load_strict
+from omni_tts.models.text import Prompt, PromptBuilder, TextTokenizer
+
+# Official hard defaults, used when neither the request nor generation_config.json sets a value.
+HARD_DEFAULTS: dict[str, Any] = dict(do_sample=True, top_k=50, top_p=1.0, temperature=0.9, repetition_penalty=1.05,
+                                     subtalker_dosample=True, subtalker_top_k=50, subtalker_top_p=1.0,
+                                     subtalker_temperature=0.9, max_new_tokens=2048)
+# Which checkpoint type serves which task.
+TASK_OF_MODEL = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}
+
+
+class Prefill(NamedTuple):
+    embeds: torch.Tensor  # [T, D] talker prefill input
+    trailing: torch.Tensor  # [N, D] text rows added to the decode inputs of frames 0..N-1
+    pad: torch.Tensor  # [D] text row added after the trailing text runs out (tts_pad)
+
+
+@dataclass
+class Settings:
+    """A request's resolved generation settings."""
+
+    talker: sampling.RowSettings
+    subtalker: sampling.RowSettings
+    seed: int
+    max_frames: int  # frames to make at most (max_new_tokens - 1, as the official loop yields)
+    fixed: bool  # True: ignore EOS and make exactly max_frames frames
+
+
+class TTSModel:
+    def __init__(self, ckpt: Checkpoint, talker: Talker, predictor: CodePredictor, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        self.ckpt, self.talker, self.code_predictor = ckpt, talker, predictor
+        self.device, self.dtype = device, dtype
+        self.config = ckpt.config
+        self.model_type = ckpt.tts_model_type
+        self.prompts = PromptBuilder(ckpt.config, TextTokenizer(ckpt.path))
+        tc = ckpt.talker_config
+        self.hidden_size, self.vocab_size = talker.hidden_size, talker.vocab_size
+        self.num_groups = predictor.num_groups
+        self.eos_id = int(tc["codec_eos_token_id"])
+        self.sampling_constants = sampling.SamplingConstants.for_talker(self.vocab_size, self.eos_id, device)
+        self._codec: Any = None
+        self.codec_precision = "float32"  # see CodecDecoder.set_precision
+        self._encoders = clone.VoiceEncoders(self)  # voice-clone encoders, built on first voice_prompt
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint, device: torch.device | str = "cpu",
+                        dtype: torch.dtype = torch.float32) -> "TTSModel":
+        tc = ckpt.talker_config
+        pc = tc.get("code_predictor_config")
+        if not isinstance(pc, dict):
+            raise CheckpointError(f"{ckpt.path / 'config.json'}: talker_config has no 'code_predictor_config'")
+        talker = Talker(tc)
+        predictor = CodePredictor(pc, talker.hidden_size, talker.codec_embedding)
+        source = str(ckpt.path / "model.safetensors")
+        stray = [k for k in ckpt.weights if not k.startswith(("talker.", "speaker_encoder."))]
+        if stray:
+            raise CheckpointError(f"{source}: unexpected tensor '{stray[0]}'")
+        load_strict(talker, ckpt.weights, [("talker.model.", ""), ("talker.text_projection.", "text_projection."),
+                                           ("talker.codec_head.", "codec_head.")], source,
+                    ignore_prefixes=("talker.code_predictor.", "speaker_encoder."))
+        other = [k for k in ckpt.weights if k.startswith("talker.") and not k.startswith(
+            ("talker.model.", "talker.text_projection.", "talker.codec_head.", "talker.code_predictor."))]
+        if other:
+            raise CheckpointError(f"{source}: unexpected tensor '{other[0]}'")
+        load_strict(predictor, ckpt.weights, [("talker.code_predictor.model.", ""),
+                                              ("talker.code_predictor.", "")], source,
+                    ignore_prefixes=("talker.model.", "talker.text_projection.", "talker.codec_head.",
+                                     "speaker_encoder."))
+        device = torch.device(device)
+        for m in (talker, predictor):
+            cast_parameters(m.to(device), dtype).eval().requires_grad_(False)
+        return cls(ckpt, talker, predictor, device, dtype)
+
+    # ------------------------------------------------------------------ description
+    def speakers(self) -> list[str]:
+        return self.prompts.speakers()
+
+    def languages(self) -> list[str]:
+        return self.prompts.languages()
+
+    def tasks(self) -> list[str]:
+        return [TASK_OF_MODEL[self.model_type]] if self.model_type in TASK_OF_MODEL else []
+
+    def supports(self, task: str) -> bool:
+        return task in self.tasks()
+
+    def supports_instruct(self) -> bool:
+        """Whether an instruct text is used: voice_design always, custom_voice except the 0.6B model."""
+        if self.model_type == "voice_design":
+            return True
+        return self.model_type == "custom_voice" and self.prompts.model_size != "0b6"
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        return self.ckpt
+
+    def describe(self) -> str:
+        return self.ckpt.describe()
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.ckpt.codec_config.get("output_sample_rate", 24000))
+
+    # ------------------------------------------------------------------ prompts
+    def build_prompt(self, params: SynthesisParams) -> Prompt:
+        """Validate a request against this checkpoint and tokenize it (InputError with one line)."""
+        params.validate()
+        if not self.supports(params.task):
+            have = ", ".join(self.tasks()) or "none"
+            raise InputError(f"this checkpoint ({self.model_type}) cannot do task '{params.task}'; it supports: {have}")
+        ref_text = None
+        if params.task == "voice_clone":
+            ref_text = clone.check_voice(params.voice, self.hidden_size, self.num_groups,
+                                         self.code_predictor.codec_embedding[0].num_embeddings)
+        return self.prompts.build(params.task, params.text, params.speaker, params.language, params.instruct,
+                                  params.non_streaming_mode, ref_text=ref_text)
+
+    def check_request(self, params: SynthesisParams) -> None:
+        self.build_prompt(params)
+        self.resolve_settings(params)
+
+    def _text(self, ids: list[int]) -> torch.Tensor:
+        return self.talker.embed_text(torch.tensor(ids, dtype=torch.long, device=self.device))  # [N, D]
+
+    def _codec_ids(self, ids: list[int]) -> torch.Tensor:
+        return self.talker.embed_codec(torch.tensor(ids, dtype=torch.long, device=self.device))  # [N, D]
+
+    @torch.no_grad()
+    def build_prefill(self, prompt: Prompt | SynthesisParams, voice: Any = None) -> Prefill:
+        """Prompt (or request) -> (prefill embeds [T, D], trailing text rows [N, D], tts_pad row [D]).
+
+        `voice` (voice_clone only; taken from params.voice for a request) is an omni_tts.models.speaker.VoicePrompt:
+        its x_vector takes the speaker slot, and in ICL mode its ref_codes + ref text are prepended."""
+        if isinstance(prompt, SynthesisParams):
+            voice = prompt.voice
+            prompt = self.build_prompt(prompt)
+        bos, eos, pad = self._text([prompt.tts_bos_id, prompt.tts_eos_id, prompt.tts_pad_id])  # 3 x [D]
+        prefix = self._codec_ids(prompt.codec_prefix_ids)  # [P, D]
+        spk = [] if prompt.speaker_id is None else [self._codec_ids([prompt.speaker_id])]
+        if prompt.task == "voice_clone":
+            if voice is None:
+                raise InputError(clone.NEEDS_VOICE)
+            spk = [voice.x_vector.to(self.device, self.dtype).reshape(1, -1)]  # [1, D]
+        codec = torch.cat([prefix, *spk, self._codec_ids([prompt.codec_pad_id, prompt.codec_bos_id])])  # [C, D]
+        C = codec.shape[0]
+        text_over_codec = torch.cat([pad[None].expand(C - 2, -1), bos[None]], dim=0) + codec[:-1]  # [C-1, D]
+        parts = [self._text(prompt.instruct_ids)] if prompt.instruct_ids else []
+        parts += [self._text(prompt.role_ids), text_over_codec]
+        if prompt.ref_text_ids is not None and voice is not None and getattr(voice, "ref_codes", None) is not None:
+            body, trailing = clone.icl_body(self, prompt, voice.ref_codes, eos, pad)
+        else:
+            body, trailing = self._text_body(prompt, eos, pad, codec[-1])
+        return Prefill(torch.cat(parts + [body], dim=0), trailing, pad)
+
+    def _text_body(self, prompt: Prompt, eos: torch.Tensor, pad: torch.Tensor, codec_bos: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        text = self._text(prompt.text_ids)  # [n, D]
+        if prompt.non_streaming_mode:
+            n = text.shape[0]
+            whole = torch.cat([text, eos[None]], dim=0) + self._codec_ids([prompt.codec_pad_id] * (n + 1))  # [n+1, D]
+            return torch.cat([whole, (pad + codec_bos)[None]], dim=0), pad[None]  # tts_pad over codec_bos last
+        # streaming text: the first text token over codec_bos now, the rest (+ tts_eos) one per frame
+        return (text[:1] + codec_bos[None]), torch.cat([text[1:], eos[None]], dim=0)
+
+    def frame_embedding(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, 16] -> sum of the frame's 16 code embeddings [B, D] (the next talker input, minus text)."""
+        rows = [self.talker.embed_codec(codes[:, 0])]  # [B, D]
+        rows += [emb(codes[:, i + 1]) for i, emb in enumerate(self.code_predictor.codec_embedding)]
+        return torch.stack(rows, dim=1).sum(1)  # [B, D]
+
+    # ------------------------------------------------------------------ settings
+    def resolve_settings(self, params: SynthesisParams) -> Settings:
+        """Request value, else generation_config.json, else the official hard default."""
+        gen = self.ckpt.generation_config
+
+        def pick(name: str, value: Any) -> Any:
+            return value if value is not None else gen.get(name, HARD_DEFAULTS[name])
+
+        do_sample = False if params.greedy else bool(pick("do_sample", params.do_sample))
+        sub_sample = False if params.greedy else bool(pick("subtalker_dosample", params.subtalker_do_sample))
+        talker = sampling.RowSettings(greedy=not do_sample, temperature=float(pick("temperature", params.temperature)),
+                                      top_k=int(pick("top_k", params.top_k)), top_p=float(pick("top_p", params.top_p)),
+                                      repetition_penalty=float(pick("repetition_penalty", params.repetition_penalty)))
+        sub = sampling.RowSettings(greedy=not sub_sample,
+                                   temperature=float(pick("subtalker_temperature", params.subtalker_temperature)),
+                                   top_k=int(pick("subtalker_top_k", params.subtalker_top_k)),
+                                   top_p=float(pick("subtalker_top_p", params.subtalker_top_p)))
+        if params.fixed_frames is not None:
+            if params.fixed_frames < 1:
+                raise InputError(f"fixed_frames must be >= 1 (got {params.fixed_frames})")
+            max_frames, fixed = int(params.fixed_frames), True
+        else:
+            max_new = int(pick("max_new_tokens", params.max_new_tokens))
+            if max_new < 2:
+                raise InputError(f"max_new_tokens must be >= 2 (got {max_new}): the official loop makes "
+                                 f"max_new_tokens - 1 frames")
+            max_frames, fixed = max_new - 1, False
+        seed = int(params.seed) if params.seed is not None else secrets.randbits(63)
+        return Settings(talker, sub, seed, max_frames, fixed)
+
+    # ------------------------------------------------------------------ one frame
+    @torch.no_grad()
+    def step(self, hidden: torch.Tensor, code0: torch.Tensor, text_row: torch.Tensor, pos: torch.Tensor,
+             frame: torch.Tensor, seed: torch.Tensor, seen: torch.Tensor, allow_eos: torch.Tensor,
+             talker_sp: sampling.SlotParams, sub_sp: sampling.SlotParams, cache: KVCache,
+             slots: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Finish frame `frame` (code 0 already chosen) and choose the next frame's code 0.
+
+        hidden: [B, D] talker state that produced code0 [B]; text_row: [B, D] text added to this frame's
+        feedback; pos: [B] talker position of the feedback. -> (codes [B, 16] of this frame, next hidden
+        [B, D], next code 0 [B]); `seen` is updated in place with the next code 0."""
+        rest, fb = self.code_predictor.predict_frame(hidden, code0, sub_sp, seed, frame)  # [B, 15], [B, D]
+        codes = torch.cat([code0[:, None], rest], dim=1)  # [B, 16]
+        x = (fb + text_row)[:, None]  # [B, 1, D]
+        h = self.talker(x, pos[:, None], cache, slots)[:, 0]  # [B, D]
+        nxt = sampling.sample_talker(self.talker.logits(h), talker_sp, seen, frame + 1, allow_eos, seed,
+                                     self.sampling_constants)  # [B]
+        sampling.mark_seen(seen, nxt)
+        return codes, h, nxt
+
+    # ------------------------------------------------------------------ reference loop
+    @torch.no_grad()
+    def generate_codes(self, params: SynthesisParams) -> torch.Tensor:
+        """Single-request reference synthesis loop -> codes [frames, 16] int64 (CPU)."""
+        prompt = self.build_prompt(params)
+        st = self.resolve_settings(params)
+        pre = self.build_prefill(prompt, params.voice)
+        T = pre.embeds.shape[0]
+        dev = self.device
+        cache = self.talker.new_cache(1, T + st.max_frames + 1)
+        h = self.talker(pre.embeds[None], torch.arange(T, device=dev)[None], cache, None)[:, -1]  # [1, D]
+        seed = torch.tensor([st.seed], device=dev)
+        seen = torch.zeros(1, self.vocab_size, dtype=torch.bool, device=dev)
+        allow_eos = torch.tensor([not st.fixed], device=dev)
+        tsp = sampling.SlotParams.from_settings([st.talker], dev)
+        ssp = sampling.SlotParams.from_settings([st.subtalker], dev)
+        code0 = sampling.sample_talker(self.talker.logits(h), tsp, seen, torch.zeros(1, dtype=torch.long, device=dev),
+                                       allow_eos, seed, self.sampling_constants)  # [1]
+        sampling.mark_seen(seen, code0)
+        frames: list[torch.Tensor] = []
+        for t in range(st.max_frames):
+            if not st.fixed and int(code0[0]) == self.eos_id:
+                break
+            row = pre.trailing[t] if t < pre.trailing.shape[0] else pre.pad  # [D]
+            frame = torch.tensor([t], device=dev)
+            codes, h, code0 = self.step(h, code0, row[None], torch.tensor([T + t], device=dev), frame, seed, seen,
+                                        allow_eos, tsp, ssp, cache, None)
+            frames.append(codes[0])
+        if not frames:
+            return torch.zeros(0, self.num_groups, dtype=torch.long)
+        return torch.stack(frames).cpu()
+
+    # ------------------------------------------------------------------ audio
+    @property
+    def codec(self) -> Any:
+        if self._codec is None:
+            try:
+                from omni_tts.models.codec.decoder import CodecDecoder
+            except ImportError as e:
+                raise OmniTTSError(f"the codec decoder is not available ({e})") from None
+            codec = CodecDecoder.from_checkpoint(self.ckpt).to(self.device).eval()
+            self._codec = codec.set_precision(self.codec_precision)
+        return self._codec
+
+    @property
+    def codec_if_built(self) -> Any:
+        """The codec decoder when it has been built, else None (never builds it)."""
+        return self._codec
+
+    def set_codec_precision(self, precision: str) -> None:
+        """'float32' (exact), 'tf32' or 'bfloat16' for code-to-wave (CodecDecoder.set_precision)."""
+        if self._codec is not None:
+            self._codec.set_precision(precision)
+        self.codec_precision = precision
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor) -> np.ndarray:
+        """codes [frames, 16] -> float32 waveform at `sample_rate`."""
+        if codes.shape[0] == 0:
+            return np.zeros(0, dtype=np.float32)
+        wav = self.codec.decode(codes[None].to(self.device))  # [1, samples]
+        return wav[0].float().cpu().numpy().astype(np.float32)
+
+    def synthesize(self, params: SynthesisParams) -> tuple[np.ndarray, torch.Tensor]:
+        """-> (waveform float32 at `sample_rate`, generated codes [frames, 16]).
+
+        Voice-clone ICL decodes [reference codes; generated codes] and cuts the reference part off the
+        audio as the official wrapper does (clone.reference_cut)."""
+        codes = self.generate_codes(params)
+        ref = clone.decoder_prefix(params)  # [R, 16] or None
+        if ref is None:
+            return self.decode(codes), codes
+        full = torch.cat([ref, codes], dim=0)  # [R + frames, 16]
+        return clone.cut_reference(self.decode(full), ref.shape[0], full.shape[0]), codes
+
+    def streaming_decoder(self, initial_chunk_frames: int, chunk_frames: int, left_context_frames: int | None = None,
+                          prefix_codes: torch.Tensor | None = None, grow: bool = False) -> Any:
+        """A codec.StreamingDecoder; `prefix_codes` [R, 16] (clone.decoder_prefix) are decoded as left
+        context only, so the chunks are the audio of the pushed frames alone; `grow`: chunk sizes double."""
+        from omni_tts.models.codec.decoder import StreamingDecoder
+
+        return StreamingDecoder(self.codec, initial_chunk_frames, chunk_frames, left_context_frames,
+                                prefix_codes=prefix_codes, grow=grow)
+
+    # ------------------------------------------------------------------ voice clone
+    def voice_prompt(self, audio: Any, ref_text: str | None = None, x_vector_only: bool = False,
+                     limits: Any = None) -> Any:
+        """Reference clip -> omni_tts.models.speaker.VoicePrompt, with this model's encoders (built once, float32).
+
+        `audio`: a path, an (array, sample_rate) pair, or FloatTensor[N] at 24 kHz. ICL needs `ref_text`
+        (the clip's transcript). A non-Base checkpoint raises InputError."""
+        return self._encoders.prompt(audio, ref_text, x_vector_only, limits)

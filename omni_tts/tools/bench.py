@@ -1,0 +1,208 @@
+"""The benchmark CLI: CodePredictor modes x concurrency, in the seed PR's table shape.
+
+    python -m omni_tts.bench --model DIR --preset NAME [--modes eager,default,...]
+        [--concurrency 1 8 32] [--num-prompts N] [--fixed-frames N] [--json OUT]
+    python -m omni_tts.bench peers --model DIR ...   (omni_tts/peers.py: the peers beside us)
+
+Owns: the prompt list, the closed-loop load generator (c clients, each sending its next request
+when the last one finished), warm-up exclusion, and the table/JSON output. All figures come from
+the engine's own per-request metrics (omni_tts.engine.metrics). Knows nothing about model internals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+from omni_tts.config import CompileMode, SynthesisParams, load_preset, parse_sets
+from omni_tts.errors import OmniTTSError
+from omni_tts.engine.metrics import RequestMetrics, gpu_memory, summarize
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Please remember to bring your umbrella, it might rain this afternoon.",
+    "Our new store opens next Monday at nine in the morning.",
+    "I have never seen such a beautiful sunset over the mountains.",
+    "The meeting has been moved to Thursday, so we have more time to prepare.",
+    "Could you tell me the way to the nearest train station?",
+    "She finished reading the book in a single evening.",
+    "Thank you for calling, all of our agents are currently busy.",
+    "The museum is free to visit on the first Sunday of every month.",
+    "He plays the piano every night before going to bed.",
+    "Turn left at the second traffic light and the hotel is on your right.",
+    "Fresh bread and coffee make the best breakfast in the world.",
+]
+
+ROWS = [("Med TTFP (ms)", "med_ttfp_ms", "{:.1f}"), ("p90 TTFP (ms)", "p90_ttfp_ms", "{:.1f}"),
+        ("Med E2E (ms)", "med_e2e_ms", "{:.1f}"), ("Mean RTF", "mean_rtf", "{:.3f}"),
+        ("Req/s", "req_per_s", "{:.2f}"), ("Audio tput (s/s)", "audio_s_per_s", "{:.1f}")]
+
+
+def make_params(i: int, speaker: str | None, fixed_frames: int | None, seed: int = 1234,
+                task: str = "custom_voice", instruct: str | None = None) -> SynthesisParams:
+    return SynthesisParams(text=PROMPTS[i % len(PROMPTS)], task=task, speaker=speaker, language="English",
+                           instruct=instruct, seed=seed + i, fixed_frames=fixed_frames)
+
+
+def run_load(engine: Any, concurrency: int, num_prompts: int, make: Callable[[int], SynthesisParams],
+             on_done: Callable[[RequestMetrics], None] | None = None) -> tuple[list[RequestMetrics], float]:
+    """Closed loop: `concurrency` clients share `num_prompts` requests. Returns (records, wall s)."""
+    lock = threading.Lock()
+    nxt = iter(range(num_prompts))
+    records: list[RequestMetrics] = []
+    errors: list[BaseException] = []
+
+    def client() -> None:
+        while True:
+            with lock:
+                i = next(nxt, None)
+            if i is None:
+                return
+            try:
+                res = engine.submit(make(i)).result()
+            except BaseException as e:  # recorded, the run goes on
+                errors.append(e)
+                continue
+            with lock:
+                records.append(res.metrics)
+            if on_done:
+                on_done(res.metrics)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors and not records:
+        raise errors[0]
+    return records, wall
+
+
+def format_table(results: dict[str, dict[int, dict[str, float]]], concurrency: Sequence[int],
+                 extra: dict[str, dict[str, Any]] | None = None) -> str:
+    """Markdown table: rows are (metric, concurrency), one column per mode."""
+    modes = list(results)
+    lines = ["| Metric | Conc | " + " | ".join(modes) + " |", "|---|---|" + "---|" * len(modes)]
+    for label, key, fmt in ROWS:
+        for c in concurrency:
+            cells = []
+            for m in modes:
+                v = results[m].get(c, {}).get(key)
+                cells.append(results[m][c]["error"] if c in results[m] and "error" in results[m][c]
+                             else ("-" if v is None or v != v else fmt.format(v)))
+            lines.append(f"| {label} | {c} | " + " | ".join(cells) + " |")
+    if extra:
+        for key in sorted({k for e in extra.values() for k in e}):
+            lines.append(f"| {key} | all | " + " | ".join(str(extra.get(m, {}).get(key, "-")) for m in modes) + " |")
+    return "\n".join(lines)
+
+
+def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: int,
+               make: Callable[[int], SynthesisParams], warmup: int, say: Callable[[str], None]
+               ) -> tuple[dict[int, dict[str, float]], dict[str, Any]]:
+    if engine.mode.value == mode:  # compiled and captured when the engine was built: not twice
+        report = dict(engine.runner.last_report)
+    else:
+        report = engine.set_compile_mode(mode, progress=lambda s: say(f"  [{mode}] {s}"))
+    results: dict[int, dict[str, float]] = {}
+    if engine.runner.device.type == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+    for c in concurrency:
+        try:
+            run_load(engine, c, max(warmup, c), make)  # warm-up, excluded
+            done, n = [0], max(num_prompts, c)
+
+            def tick(_m: RequestMetrics, c: int = c, n: int = n) -> None:
+                done[0] += 1
+                say(f"  [{mode}] concurrency {c}: {done[0]}/{n} requests")
+
+            records, wall = run_load(engine, c, n, make, on_done=tick)
+            results[c] = summarize(records, wall)
+        except OmniTTSError as e:
+            results[c] = {"error": f"failed: {str(e)[:80]}"}
+        except Exception as e:  # a CUDA error in one mode is a result, not a crash of the benchmark
+            results[c] = {"error": f"{type(e).__name__}: {str(e)[:80]}"}
+    mem = gpu_memory(engine.runner.device, engine.runner.pool_bytes())
+    extra = {"actual mode": report.get("mode"), "capture/compile s": f"{report.get('seconds', 0):.1f}",
+             "peak GPU mem (GiB)": f"{mem['peak_gib']:.2f}" if mem else "-",
+             "graph pool (GiB)": f"{mem['graph_pool_gib']:.2f}" if mem else "-",
+             "layer kernels": engine.runner.layer_kernels()}
+    if report.get("notice"):  # e.g. kernels that could not be built here and what ran instead
+        extra["notice"] = report["notice"]
+    return results, extra
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["peers"]:
+        from omni_tts.tools.peers import main as peers_main
+
+        return peers_main(argv[1:])
+    ap = argparse.ArgumentParser(prog="python -m omni_tts.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="checkpoint dir or hub id (default: embedded demo)")
+    ap.add_argument("--preset", default="default")
+    ap.add_argument("--modes", default=",".join(m.value for m in CompileMode))
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--num-prompts", type=int, default=None, help="requests per concurrency, at least one per client (default 2x the largest conc, >= 12)")
+    ap.add_argument("--fixed-frames", type=int, default=None, help="every request makes exactly N frames")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--speaker", default=None)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--json", default=None, help="write results as JSON here")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a preset key (repeatable), e.g. --set lookahead=false --set codec_fused=false")
+    args = ap.parse_args(argv)
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        from omni_tts.engine.engine import Engine
+
+        modes = [CompileMode.parse(m).value for m in args.modes.split(",") if m.strip()]
+        overrides = parse_sets(args.set)
+        overrides.update({k: v for k, v in (("model", args.model), ("device", args.device), ("dtype", args.dtype))
+                          if v is not None})
+        cfg = load_preset(args.preset, **overrides)
+        cfg.max_num_seqs = max(cfg.max_num_seqs, max(args.concurrency))
+        cfg.mode = modes[0]
+        engine = Engine.from_config(cfg, progress=say)
+    except OmniTTSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    speaker = args.speaker or (engine.model.speakers() or [None])[0]
+    task = "custom_voice" if engine.model.speakers() else "voice_design"
+    instruct = "A clear, neutral voice." if task == "voice_design" else None
+    make = lambda i: make_params(i, speaker, args.fixed_frames, task=task, instruct=instruct)  # noqa: E731
+    results: dict[str, dict[int, dict[str, float]]] = {}
+    extra: dict[str, dict[str, Any]] = {}
+    try:
+        for mode in modes:
+            n = args.num_prompts
+            say(f"mode {mode}")
+            results[mode], extra[mode] = bench_mode(
+                engine, mode, args.concurrency, n or max(12, 2 * max(args.concurrency)),
+                make, args.warmup, say)
+    finally:
+        snapshot = engine.snapshot()
+        engine.shutdown()
+    print(f"model: {snapshot['model']}\ndevice: {snapshot['device']}  dtype: {snapshot['dtype']}  "
+          f"fixed_frames: {args.fixed_frames}")
+    print(format_table(results, args.concurrency, extra))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": snapshot["model"], "device": snapshot["device"], "dtype": snapshot["dtype"],
+                       "fixed_frames": args.fixed_frames, "concurrency": args.concurrency,
+                       "results": {m: {str(c): v for c, v in r.items()} for m, r in results.items()},
+                       "extra": extra}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""Launch-config sweep of omni_tts.kernels.layers' projection kernel on this GPU, written as a JSON that
+OMNI_TTS_KERNEL_CONFIGS loads (and that kernel_configs.TUNED is updated from).
+
+    python -m omni_tts.tools.kernel_sweep [--size 1.7B] [--parts predictor talker] [--rows 1 2 8 16 32]
+        [--no-pdl] [--talker-pdl-rows 1] [--quick] [--out kernel_configs.json]
+
+Owns: the candidate configs per row count, timing each of a decoder layer's four projections (q|k|v
+after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual; the code
+predictor's and / or the talker's shapes) per candidate, launched as the engine launches them (with
+programmatic dependent launch where the GPU has it: the predictor's always, the talker's up to
+`--talker-pdl-rows` rows), in a CUDA graph of back-to-back launches whose weights rotate through
+enough copies to overflow the L2 cache (inside a frame 150 MB of predictor weights stream from HBM; a
+sweep that keeps one copy hot in the H200's 50 MB L2 picked configs for the wrong regime, 2026-11-30),
+and the choice of the fastest per (rows, shape). Weights are random at the size's shapes (values don't change speed).
+Knows nothing about the engine, requests or graphs pools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+from typing import Any, Callable, Sequence
+
+import torch
+
+from omni_tts.kernels import configs as kernel_configs
+
+from omni_tts.kernels import layers as kernels
+from omni_tts.engine.step_impl import fuse_layer
+
+Config = kernel_configs.Config
+
+
+def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Config]:
+    """(BN, BK, stages, warps, multiply-and-sum) to try for `rows` rows: tensor-core tiles always, narrow
+    multiply-and-sum tiles up to 8 rows (`quick`: 4 warps only and multiply-and-sum up to 2 rows, as every
+    pick on the H200 so far). With the input width K, up to 2 rows also get whole-row tiles (BK >= K: a
+    program's weights are one tile, all of it loaded before a PDL launch waits for the previous kernel)."""
+    warps = (4,) if quick else (4, 8)
+    out = [(bn, bk, st, wp, False) for bn, bk, st, wp in itertools.product((16, 32), (128, 256), (3, 4), warps)]
+    if rows <= (2 if quick else 8):
+        out += [(bn, bk, st, wp, True) for bn, bk, st, wp in itertools.product((2, 4, 8), (256, 512), (3, 4), warps)]
+    if K is not None and rows <= 2:
+        out += [(bn, kernel_configs._next_pow2(K), 1, wp, True) for bn, wp in itertools.product((2, 4, 8), (4, 8))]
+    return out
+
+
+def fastest(timings: dict[Config, float]) -> Config:
+    """The config with the least time (ties: the first listed)."""
+    return min(timings, key=lambda c: timings[c])
+
+
+def configs_json(best: dict[tuple[int, int, int], Config]) -> dict[str, list]:
+    """{(rows, n, K): config} -> the OMNI_TTS_KERNEL_CONFIGS format ({"rows,n,K": [BN, BK, stages, warps, vec]})."""
+    return {f"{m},{n},{k}": list(cfg) for (m, n, k), cfg in sorted(best.items())}
+
+
+def _layer(size: str, part: str, device: torch.device, dtype: torch.dtype) -> Any:
+    from omni_tts.models.checkpoint_maker import make_configs
+    from omni_tts.models.talker import DecoderLayer
+
+    cfg = make_configs(size)[0]["talker_config"]
+    cfg, where = (cfg, "talker_config") if part == "talker" else (cfg["code_predictor_config"], "code_predictor_config")
+    layer = DecoderLayer(cfg, where).to(device=device, dtype=dtype)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    return layer
+
+
+def _graph_us(fns: list[Callable[[], Any]], launches: int = 60, replays: int = 5) -> float:
+    """Microseconds per launch: a CUDA graph of `launches` calls cycling through fns, replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for fn in fns[:2]:
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(launches):
+            fns[i % len(fns)]()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / (replays * launches)
+
+
+def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Sequence[str] = ("predictor",),
+          pdl: bool = True, quick: bool = False, talker_pdl_rows: int = 1) -> dict[tuple[int, int, int], Config]:
+    """The fastest config per (rows, shape); launches with PDL as the engine's (`kernel_pdl`, `talker_pdl_rows`):
+    the predictor's at every row count, the talker's up to talker_pdl_rows rows."""
+    best: dict[tuple[int, int, int], Config] = {}
+    pdl = pdl and kernels.pdl_available(torch.device("cuda"))
+    for part in parts:
+        pdl_rows = (kernels.MAX_ROWS if part == "predictor" else talker_pdl_rows) if pdl else 0
+        best.update(_sweep_part(size, part, rows, say, pdl_rows, quick))
+    return best
+
+
+def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], None], pdl_rows: int, quick: bool
+                ) -> dict[tuple[int, int, int], Config]:
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    layer = _layer(size, part, dev, dt)
+    w_qkv, _, w_gu = fuse_layer(layer)
+    D, I = layer.mlp.down_proj.out_features, layer.mlp.down_proj.in_features
+    A = layer.self_attn.o_proj.in_features
+    shapes = {"qkv": (w_qkv.shape[0], D, w_qkv, dict(norm=layer.input_layernorm)),
+              "o": (D, A, layer.self_attn.o_proj.weight, dict(res=True)),
+              "gate_up": (I, D, w_gu, dict(norm=layer.post_attention_layernorm, glu=True)),
+              "down": (D, I, layer.mlp.down_proj.weight, dict(res=True))}
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    best: dict[tuple[int, int, int], Config] = {}
+    for m in rows:
+        for name, (n, K, w, kw) in shapes.items():
+            copies = max(2, math.ceil(3 * l2 / (w.numel() * w.element_size())))
+            ws = [w] + [w.clone() for _ in range(copies - 1)]  # cold L2, as inside a frame
+            x = torch.randn(m, K, device=dev, dtype=dt)
+            args = dict(kw, res=torch.randn(m, n, device=dev, dtype=dt)) if kw.get("res") else dict(kw)
+            timings: dict[Config, float] = {}
+            for cfg in candidates(m, quick, K):
+                try:
+                    timings[cfg] = _graph_us([lambda w=w_: kernels._proj(x, w, n=n, cfg=cfg, pdl=m <= pdl_rows,
+                                                                         **args) for w_ in ws])
+                except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
+                    say(f"  {name} rows={m} {cfg}: {type(e).__name__}")
+            pick = fastest(timings)
+            best[(kernel_configs._next_pow2(m), n, K)] = pick
+            default = kernel_configs.config(m, n, K)
+            say(f"{part} rows={m} {name} [{n}x{K}, {copies} weight copies]: {timings[pick]:.2f} us with {pick}; "
+                f"current {default}: {timings.get(default, float('nan')):.2f} us")
+            del ws
+    return best
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m omni_tts.tools.kernel_sweep", description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="1.7B", help="layer shapes of this size (0.6B and 1.7B share the predictor's)")
+    ap.add_argument("--parts", nargs="+", choices=("predictor", "talker"), default=["predictor", "talker"])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 16, 32])
+    ap.add_argument("--no-pdl", action="store_true", help="time launches without programmatic dependent launch")
+    ap.add_argument("--talker-pdl-rows", type=int, default=1,
+                    help="the talker's launches with PDL up to this many rows, as the engine key talker_pdl_rows")
+    ap.add_argument("--quick", action="store_true", help="fewer candidates (4 warps only)")
+    ap.add_argument("--out", default="kernel_configs.json")
+    args = ap.parse_args(argv)
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if not torch.cuda.is_available() or not kernels.available():
+        say("error: the kernel sweep needs CUDA and triton (it times the kernels on this GPU)")
+        return 2
+    if any(not 1 <= m <= kernels.MAX_ROWS for m in args.rows):
+        say(f"error: --rows must be within 1..{kernels.MAX_ROWS}")
+        return 2
+    best = sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick, args.talker_pdl_rows)
+    with open(args.out, "w") as f:
+        json.dump(configs_json(best), f, indent=1)
+    say(f"wrote {args.out}: run with OMNI_TTS_KERNEL_CONFIGS={args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

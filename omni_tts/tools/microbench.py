@@ -1,0 +1,317 @@
+"""Per-bucket cost of a frame's two steps in each CompileMode, and greedy agreement between modes.
+
+    python -m omni_tts.tools.microbench --model DIR [--modes eager,default,...] [--buckets 1 8 16 32 64]
+        [--frames 40] [--json OUT]
+
+Owns: filling the runner's slots with real prefilled requests, timing the code-predictor step and
+the talker decode step per batch bucket with CUDA events (graph replay in default+cudagraph, the
+compiled or eager callables otherwise), the capture/compile time and memory of each mode, and a
+greedy run per mode whose codes are compared with eager's (first differing frame).
+Knows nothing about the engine's scheduler or the UI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from omni_tts.tools.bench import PROMPTS
+from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, parse_sets
+from omni_tts.engine.metrics import gpu_memory
+
+
+def time_ms(fn: Callable[[], Any], iters: int = 20, warmup: int = 3) -> float:
+    """Median wall time of fn() in ms (CUDA events on CUDA, perf_counter on CPU)."""
+    for _ in range(warmup):
+        fn()
+    cuda = torch.cuda.is_available()
+    times = []
+    for _ in range(iters):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1000 * (time.perf_counter() - t0))
+    return sorted(times)[len(times) // 2]
+
+
+def fill_slots(runner: Any, n: int, speaker: str | None) -> None:
+    for i in range(n):
+        runner.prefill(i, SynthesisParams(text=PROMPTS[i % len(PROMPTS)], speaker=speaker, greedy=True,
+                                          language="English", fixed_frames=300))
+
+
+def step_callables(runner: Any, b: int, kv_len: int | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(code predictor step, talker step) for rows [:b] as the runner would run them; the talker's attention
+    over kv_len cache positions (default: what the rows' positions need)."""
+    return runner.step_fns(b, kv_len)
+
+
+def codec_costs(model: Any) -> dict[str, float]:
+    """ms per decode_window call: the first chunk (no context, 1 frame), the second of a 75-frame
+    benchmark request (1 context + 25 new) and a steady chunk (full receptive field + 25 new), batch 1,
+    8 and 32, in the tf32 and bfloat16 precisions with eager and fused (compiled) activations; plus each
+    variant's max abs difference from float32 eager on one steady window."""
+    import copy
+
+    from omni_tts.engine.audio_stage import fuse_codec
+
+    out: dict[str, float] = {}
+    shapes = {"first": (0, 1), "second": (1, 25), "steady": (model.codec.receptive_field_frames, 25)}
+    probe = torch.randint(0, 2048, (1, sum(shapes["steady"]), 16), device=model.device)
+    ref = copy.deepcopy(model.codec).set_precision("float32").set_fused(False).decode_window(probe, shapes["steady"][0])
+    for precision in ("tf32", "bfloat16"):
+        for fused in (False, True):
+            codec = copy.deepcopy(model.codec).set_precision(precision).set_fused(False)
+            name = precision + ("_fused" if fused else "")
+            err = fuse_codec(codec) if fused else ""
+            if err:
+                out[f"{name}_error"] = err
+                continue
+            wav = codec.decode_window(probe, shapes["steady"][0])
+            out[f"{name}_max_abs_diff_vs_float32"] = float((wav - ref).abs().max())
+            for b in (1, 8, 32):
+                for shape, (c, n) in shapes.items():
+                    codes = torch.randint(0, 2048, (b, c + n, 16), device=model.device)
+                    out[f"{name}_b{b}_{shape}_ms"] = time_ms(lambda: codec.decode_window(codes, c), iters=5)
+    if not torch.cuda.is_available():
+        return out
+    from omni_tts.engine.audio_stage import FirstChunkGraphs
+
+    first = FirstChunkGraphs(model.codec, 1, [1, 8, 32])  # the engine's first-chunk graphs (as served)
+    for b in (1, 8, 32):
+        codes = torch.randint(0, 2048, (b, 1, 16))  # host codes, as the engine hands them over
+        out[f"graph_{model.codec.precision}_b{b}_first_ms"] = time_ms(lambda: first(model.codec, codes, 0), iters=10)
+        eager = model.codec.decode_window(codes, 0)
+        out[f"graph_b{b}_first_max_abs_diff_vs_eager"] = float((first(model.codec, codes, 0) - eager).abs().max())
+    return out
+
+
+def profile_steps(runner: Any, buckets: Sequence[int], out_dir: str) -> dict[str, Any]:
+    """Kernels of one code-predictor step and one talker step per bucket, graph replay and the same
+    compiled callables launched one by one: count, summed kernel time and span (first start -> last end)
+    from the profiler's trace; chrome traces and top-kernel tables are written to out_dir."""
+    import os
+
+    from torch.profiler import ProfilerActivity, profile
+
+    out: dict[str, Any] = {}
+    for b in buckets:
+        graph_cp, graph_talker = step_callables(runner, b)
+        codes = torch.randint(0, 2048, (b, 26, 16), device=runner.device)
+        params = SynthesisParams(text=PROMPTS[0], speaker=(runner.model.speakers() or [None])[0], greedy=True,
+                                 language="English", fixed_frames=8)
+        variants = {"cp_graph": graph_cp, "talker_graph": graph_talker,
+                    "prefill": lambda: runner.prefill(runner.S - 1, params),
+                    "cp_launched": runner._make_cp_fn(runner.variant(b))(b),
+                    "talker_launched": runner._make_talker_fn(runner.kv_len(b), runner.variant(b))(b),
+                    "codec_second_chunk": lambda: runner.model.codec.decode_window(codes, 1)}
+        for name, fn in variants.items():
+            fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            path = os.path.join(out_dir, f"trace_{name}_b{b}.json")
+            prof.export_chrome_trace(path)
+            with open(path) as f:
+                events = json.load(f)["traceEvents"]
+            kern = [e for e in events if e.get("cat") == "kernel"]
+            stat: dict[str, Any] = {"kernels": len(kern)}
+            if kern:
+                stat["kernel_ms"] = sum(e["dur"] for e in kern) / 1000
+                stat["span_ms"] = (max(e["ts"] + e["dur"] for e in kern) - min(e["ts"] for e in kern)) / 1000
+                by: dict[str, list[float]] = {}
+                for e in kern:
+                    by.setdefault(e["name"][:90], []).append(e["dur"])
+                top = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:25]
+                stat["top"] = [[k, len(v), round(sum(v) / 1000, 4)] for k, v in top]
+            if not name.endswith("graph") or b != buckets[0] or not runner.graphs:
+                os.remove(path)  # keep few traces (files back from the device are limited)
+            out[f"{name}_b{b}"] = stat
+    return out
+
+
+def prefill_costs(runner: Any, speaker: str | None) -> dict[str, float]:
+    """ms to prefill one prompt of ~T tokens into a slot (graph replay in default+cudagraph), and 8 prompts
+    admitted together (one batched prefill)."""
+    out = {}
+    for words in (3, 12, 40):
+        params = SynthesisParams(text=" ".join(["word"] * words), speaker=speaker, greedy=True, language="English",
+                                 fixed_frames=8)
+        t = runner.model.build_prefill(params).embeds.shape[0]
+        out[f"T{t}_ms"] = time_ms(lambda: runner.prefill(0, params), iters=10)
+    if runner.S >= 8:
+        ps = [SynthesisParams(text=PROMPTS[i], speaker=speaker, language="English", fixed_frames=8) for i in range(8)]
+        out["x8_prompts_ms"] = time_ms(lambda: runner.prefill_batch(0, [runner.prepare(p) for p in ps]), iters=10)
+    return out
+
+
+def greedy_codes(runner: Any, n: int, frames: int, speaker: str | None) -> list[torch.Tensor]:
+    """n greedy requests side by side for `frames` frames -> per-request codes [frames, 16]."""
+    fill_slots(runner, n, speaker)
+    out = np.stack([runner.step(n)[0] for _ in range(frames)])  # [frames, n, 16]
+    return [torch.from_numpy(out[:, i]) for i in range(n)]
+
+
+def first_diff(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    neq = (a != b).any(dim=1).nonzero()
+    return int(neq[0]) if len(neq) else None
+
+
+def load_test(runner: Any, mode: str, concurrency: Sequence[int], fixed_frames: int, num_prompts: int,
+              say: Callable[[str], None], slots: Sequence[int] | None = None) -> dict[str, Any]:
+    """The seed table for one mode on this runner, through a real Engine (admits up to max(concurrency))."""
+    import dataclasses
+
+    from omni_tts.tools.bench import make_params, run_load
+    from omni_tts.engine.engine import Engine
+    from omni_tts.engine.metrics import summarize
+
+    out: dict[str, Any] = {}
+    speaker = (runner.model.speakers() or [None])[0]
+    make = lambda i: make_params(i, speaker, fixed_frames)  # noqa: E731
+    for i, c in enumerate(concurrency):
+        s = min(slots[i] if slots else c, runner.S)
+        engine = Engine(runner, dataclasses.replace(runner.config, max_num_seqs=s))
+        try:
+            run_load(engine, c, c, make)  # warm-up, excluded
+            records, wall = run_load(engine, c, max(num_prompts, c), make)
+            key = str(c) if not slots else f"{c}@{s}slots"
+            out[key] = summarize(records, wall)
+            snap = engine.snapshot()
+            out[key].update({k: snap[k] for k in ("steps", "chunk_decodes", "decode_calls", "decode_seconds")})
+            say(f"{mode} concurrency {key}: {out[key]}")
+        except Exception as e:
+            out[str(c)] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            say(f"{mode} concurrency {c} FAILED: {out[str(c)]['error']}")
+        finally:
+            engine.shutdown()
+    return out
+
+
+def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, dtype: str,
+        say: Callable[[str], None], load: dict[str, Any] | None = None, out_json: str | None = None,
+        profile_dir: str | None = None, profile_buckets: Sequence[int] = (1,), skip_codec: bool = False,
+        overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    from omni_tts.engine.model_runner import Runner
+
+    cfg = EngineConfig(model=model, mode="eager", max_num_seqs=max(buckets), buckets=list(buckets),
+                       max_seq_len=512, dtype=dtype, initial_chunk_frames=1)
+    for key, value in (overrides or {}).items():
+        setattr(cfg, key, value)
+    t0 = time.perf_counter()
+    runner = Runner.from_config(cfg, progress=say)
+    say(f"loaded in {time.perf_counter() - t0:.1f} s")
+    speaker = (runner.model.speakers() or [None])[0]
+    result: dict[str, Any] = {"buckets": list(buckets), "modes": {},
+                              "codec": {} if skip_codec else codec_costs(runner.model)}
+    say(f"codec decode_window costs (ms): {result['codec']}")
+    ref: list[torch.Tensor] | None = None
+    agree_n = min(4, max(buckets))
+    for mode in modes:
+        try:
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+            report = runner.set_mode(CompileMode.parse(mode), progress=say)
+            fill_slots(runner, max(buckets), speaker)
+            row: dict[str, Any] = {"setup_s": report["seconds"], "actual_mode": report["mode"], "per_bucket": {},
+                                   "layer_kernels": runner.layer_kernels(), "notice": report.get("notice", "")}
+            for b in buckets:
+                cp, talker = step_callables(runner, b)
+                row["per_bucket"][b] = {"cp_ms": time_ms(cp), "talker_ms": time_ms(talker), "kv_len": runner.kv_len(b),
+                                        "variant": "full sort" if runner.variant(b) else "top-k selection"}
+                cp_s, talker_s = runner.step_fns(b, sort=True)  # the full-sort variant (top-p without top-k)
+                row["per_bucket"][b].update(cp_ms_full_sort=time_ms(cp_s), talker_ms_full_sort=time_ms(talker_s))
+                if runner.graphs:  # the talker step's cost against the attention length it reads
+                    row["per_bucket"][b]["talker_ms_by_kv_len"] = {
+                        L: time_ms(step_callables(runner, b, L)[1]) for L in runner.kv_buckets}
+                say(f"{mode} b={b}: {row['per_bucket'][b]}")
+            row["prefill"] = prefill_costs(runner, speaker)
+            result["modes"][mode] = row
+            _save(result, out_json)  # what is measured so far survives a run cut short
+            codes = greedy_codes(runner, agree_n, frames, speaker)
+            if ref is None:
+                ref = codes
+            diffs = [first_diff(a, r) for a, r in zip(codes, ref)]
+            row["agree_with_first_mode"] = {"identical": sum(d is None for d in diffs), "of": len(diffs),
+                                            "first_diff_frames": diffs}
+            row["memory"] = gpu_memory(runner.device, runner.pool_bytes())
+            if load and load["concurrency"] and mode in load.get("modes", [mode]):
+                row["load"] = load_test(runner, mode, load["concurrency"], load["fixed_frames"],
+                                        load["num_prompts"], say)
+                _save(result, out_json)
+            if load and load.get("stress_slots") and mode in load.get("stress_modes", [mode]):
+                n = len(load["stress_slots"])
+                row["stress"] = load_test(runner, mode, [load["stress_clients"]] * n, load["fixed_frames"],
+                                          load["stress_clients"], say, slots=load["stress_slots"])
+            if profile_dir and runner.graphs:
+                try:
+                    row["profile"] = profile_steps(runner, profile_buckets, profile_dir)
+                except Exception as e:
+                    row["profile"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        except Exception as e:  # a mode that fails is a result
+            row = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            say(f"{mode} FAILED: {row['error']}")
+        result["modes"][mode] = row
+        _save(result, out_json)
+    return result
+
+
+def _save(result: dict[str, Any], out_json: str | None) -> None:
+    if out_json:
+        with open(out_json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m omni_tts.tools.microbench", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--modes", default=",".join(m.value for m in CompileMode))
+    ap.add_argument("--buckets", type=int, nargs="+", default=[1, 8, 16, 32, 64])
+    ap.add_argument("--frames", type=int, default=40)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--load-concurrency", type=int, nargs="*", default=[],
+                    help="also run the seed table at these concurrencies in each mode (same process)")
+    ap.add_argument("--fixed-frames", type=int, default=75)
+    ap.add_argument("--num-prompts", type=int, default=12)
+    ap.add_argument("--stress-slots", type=int, nargs="*", default=[],
+                    help="then --stress-clients concurrent requests with max_num_seqs = each of these")
+    ap.add_argument("--stress-clients", type=int, default=64)
+    ap.add_argument("--load-modes", default=None, help="modes that get the load/stress runs (default: all)")
+    ap.add_argument("--skip-codec", action="store_true", help="do not time the codec's decode windows")
+    ap.add_argument("--stress-modes", default=None, help="modes that get the stress runs (default: all)")
+    ap.add_argument("--profile-dir", default=None, help="CUDA only: profile one step per --profile-buckets here")
+    ap.add_argument("--profile-buckets", type=int, nargs="*", default=[1, 32])
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override an engine key (repeatable), e.g. --set predictor_kernel_rows=0")
+    args = ap.parse_args(argv)
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    load = {"concurrency": args.load_concurrency, "fixed_frames": args.fixed_frames,
+            "num_prompts": args.num_prompts, "stress_slots": args.stress_slots,
+            "stress_clients": args.stress_clients}
+    if args.load_modes:
+        load["modes"] = args.load_modes.split(",")
+    if args.stress_modes:
+        load["stress_modes"] = args.stress_modes.split(",")
+    res = run(args.model, [m for m in args.modes.split(",") if m], args.buckets, args.frames, args.dtype, say,
+              load, args.json, args.profile_dir, args.profile_buckets, args.skip_codec, parse_sets(args.set))
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
