@@ -19,7 +19,15 @@ class InputError(OmniTTSError):
 
 
 class EngineError(OmniTTSError):
-    """The engine refused or lost a request (shutdown, cancelled, mode switch failure)."""
+    """The engine refused or lost a request (shutdown, mode failure)."""
+
+
+class Cancelled(EngineError):
+    """The request was cancelled by its caller; `partial` holds what was made before the cancel."""
+
+    def __init__(self, message: str = "the request was cancelled", partial: object = None) -> None:
+        super().__init__(message)
+        self.partial = partial
 
 
 def one_line(e: BaseException, limit: int = 200) -> str:
