@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,50 @@ import yaml
 from omni_tts.errors import InputError, OmniTTSError
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
-MAX_TEXT_CHARS = 2000
+MAX_TEXT_CHARS = 2000  # text and instruct
+MAX_NAME_CHARS = 64  # speaker and language names
+
+
+@dataclass(frozen=True)
+class Limit:
+    """Bounds of one numeric request field, both ends included unless `low_open` (then low is refused)."""
+
+    low: float
+    high: float
+    integer: bool = False
+    low_open: bool = False
+    note: str = ""  # what a special value means, said with the bounds
+
+    def describe(self) -> str:
+        if self.low_open:
+            return f"in ({self.low:g}, {self.high:g}]"
+        return f">= {self.low} and <= {self.high}"
+
+
+# 8192 is the released checkpoints' own generation_config.json value; beyond it the plain loop's KV cache
+# alone would not fit in memory on the larger models.
+MAX_NEW_TOKENS = 8192
+# top-k above every stage's vocabulary (talker 3072, code predictor 2048 in the released checkpoints)
+# means the whole vocabulary, as 0 does; 4096 leaves room for a larger vocabulary and refuses nonsense.
+MAX_TOP_K = 4096
+_TOP_K = Limit(0, MAX_TOP_K, integer=True, note="0 turns top-k off")
+_TEMPERATURE = Limit(0.0, 10.0, note="0 means greedy; above 10 every token is about equally likely")
+_TOP_P = Limit(0.0, 1.0, low_open=True)
+# Per numeric SynthesisParams field: what SynthesisParams.validate enforces (the app's inputs use them as
+# their minimum/maximum). The seed is an int64 on the device, hence 2**63 - 1.
+LIMITS: dict[str, Limit] = {
+    "seed": Limit(0, 2**63 - 1, integer=True),
+    "top_k": _TOP_K,
+    "subtalker_top_k": _TOP_K,
+    "temperature": _TEMPERATURE,
+    "subtalker_temperature": _TEMPERATURE,
+    "top_p": _TOP_P,
+    "subtalker_top_p": _TOP_P,
+    "repetition_penalty": Limit(0.0, 10.0, low_open=True, note="1 means no penalty"),
+    "max_new_tokens": Limit(2, MAX_NEW_TOKENS, integer=True,
+                            note="the model makes max_new_tokens - 1 frames, so 2 is the least"),
+    "fixed_frames": Limit(1, MAX_NEW_TOKENS - 1, integer=True),
+}
 
 
 class CompileMode(str, enum.Enum):
