@@ -138,26 +138,90 @@ class SynthesisParams:
     voice: Any = None  # voice-clone prompt (omni_tts.models.speaker.VoicePrompt), task voice_clone only
 
     def validate(self) -> None:
-        if self.task not in TASKS:
+        """Refuse a request no model could serve safely: one InputError naming the field, never another
+        exception type, whatever the field holds (wrong type, NaN, huge numbers, unencodable text)."""
+        if not isinstance(self.task, str) or self.task not in TASKS:
             raise InputError(f"unknown task '{self.task}'; valid: {', '.join(TASKS)}")
-        if not isinstance(self.text, str) or not self.text.strip():
+        if self.text is None or (isinstance(self.text, str) and not self.text.strip()):
             raise InputError("text is empty: give some words to speak")
-        if len(self.text) > MAX_TEXT_CHARS:
-            raise InputError(f"text is too long ({len(self.text)} characters; at most {MAX_TEXT_CHARS})")
+        check_text("text", self.text, MAX_TEXT_CHARS)
+        check_text("instruct", self.instruct, MAX_TEXT_CHARS)
+        check_text("speaker", self.speaker, MAX_NAME_CHARS)
+        check_text("language", self.language, MAX_NAME_CHARS)
         if self.task == "voice_design" and not (self.instruct and self.instruct.strip()):
             raise InputError("voice_design needs an instruct text describing the voice (--instruct)")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise InputError(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
-        for name in ("temperature", "subtalker_temperature"):
+        if self.voice is not None and self.task != "voice_clone":
+            raise InputError(f"a voice prompt is for task voice_clone, not {self.task}")
+        for name in ("greedy", "non_streaming_mode", "do_sample", "subtalker_do_sample"):
             v = getattr(self, name)
-            if v is not None and v < 0:
-                raise InputError(f"{name} must be >= 0 (got {v})")
-        for name in ("top_p", "subtalker_top_p"):
-            v = getattr(self, name)
-            if v is not None and not 0 < v <= 1:
-                raise InputError(f"{name} must be in (0, 1] (got {v})")
-        if self.repetition_penalty is not None and self.repetition_penalty <= 0:
-            raise InputError(f"repetition_penalty must be > 0 (got {self.repetition_penalty})")
+            if not isinstance(v, bool) and not (v is None and name != "greedy"):
+                raise InputError(f"{name} must be true or false (got {v!r})")
+        for name, limit in LIMITS.items():
+            check_number(name, getattr(self, name), limit)
+
+
+def check_text(name: str, value: Any, max_chars: int) -> None:
+    """None, or a string of at most `max_chars` characters that UTF-8 can encode (no lone surrogates)."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise InputError(f"{name} must be a string (got {type(value).__name__})")
+    if len(value) > max_chars:
+        raise InputError(f"{name} is too long ({len(value)} characters; at most {max_chars})")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f"{name} has a character that is not valid Unicode at position {e.start} "
+                         f"(a lone surrogate {value[e.start]!a})") from None
+
+
+def check_number(name: str, value: Any, limit: Limit) -> None:
+    """None, or a number within `limit` (bools refused: True is not a seed); one InputError naming `name`."""
+    if value is None:
+        return
+    kind = numbers.Integral if limit.integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
+        want = "a whole number" if limit.integer else "a number"
+        raise InputError(f"{name} must be {want} (got {_show(value)})")
+    if not isinstance(value, numbers.Integral) and math.isnan(value):
+        raise InputError(f"{name} must be a finite number (got nan)")
+    low_ok = value > limit.low if limit.low_open else value >= limit.low  # exact even for huge ints
+    if not (low_ok and value <= limit.high):
+        note = f"; {limit.note}" if limit.note else ""
+        raise InputError(f"{name} must be {limit.describe()} (got {_show(value)}{note})")
+
+
+def _show(value: Any, limit: int = 40) -> str:
+    """A short repr for a message: huge ints by their size (str() refuses past 4300 digits), long text cut."""
+    if isinstance(value, numbers.Integral) and abs(int(value)).bit_length() > 64:
+        return f"an integer of {abs(int(value)).bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+@dataclass
+class TuningConfig:
+    """Switches for isolating or tuning the fast paths (a preset's `tuning:` section); defaults serve best."""
+
+    kernels: bool = True  # CUDA: hand-written Triton layers, heads and sampling for talker and CodePredictor
+    predictor_kernel_rows: int = 32  # ...for CodePredictor steps of at most this many rows (batch x positions)
+    talker_kernel_rows: int = 8  # ...for talker steps of at most this many rows (cuBLAS wins above)
+    kernel_pdl: bool = True  # Hopper+: the CodePredictor's kernels with programmatic dependent launch
+    talker_pdl_rows: int = 1  # ...and the talker's for steps of at most this many rows (0: never)
+    buckets: list[int] | None = None  # graph batch buckets; None: powers of two up to max_num_seqs
+    use_vllm_pool: bool = True  # capture into vLLM's global graph pool when vllm is importable
+    lookahead: bool = True  # launch frame t+1 before reading frame t
+    priority_streams: bool = True  # CUDA: graphed frame steps and first audio chunks on high-priority streams
+    codec_precision: str = "auto"  # code-to-wave: auto (tf32 on CUDA, float32 on CPU) | float32 | tf32 | bfloat16
+    codec_fused: bool = True  # CUDA: the codec's SnakeBeta activations as Triton kernels
+    first_chunk_graphs: bool = True  # CUDA: the codec's first-chunk decode as CUDA graphs (the TTFP path)
+
+    def validate(self) -> None:
+        if self.codec_precision not in ("auto", "float32", "tf32", "bfloat16"):
+            raise OmniTTSError(f"codec_precision must be auto, float32, tf32 or bfloat16 (got '{self.codec_precision}')")
+        for key in ("predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows"):
+            if not 0 <= getattr(self, key) <= 32:
+                raise OmniTTSError(f"{key} must be 0..32 (got {getattr(self, key)})")
 
 
 @dataclass

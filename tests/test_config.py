@@ -141,10 +141,10 @@ def test_synthesis_params_validate():
     for kw, match in [(dict(text="x" * 2001), "too long \\(2001 characters; at most 2000\\)"),
                       (dict(text=""), "text is empty"), (dict(text=None), "text is empty"),
                       (dict(text="hi", task="voice_design"), "needs an instruct"),
-                      (dict(text="hi", max_new_tokens=0), "max_new_tokens must be >= 1"),
+                      (dict(text="hi", max_new_tokens=0), "max_new_tokens must be >= 2 and <= 8192"),
                       (dict(text="hi", subtalker_temperature=-0.1), "subtalker_temperature must be >= 0"),
-                      (dict(text="hi", subtalker_top_p=1.5), "subtalker_top_p must be in"),
-                      (dict(text="hi", repetition_penalty=0), "repetition_penalty must be > 0"),
+                      (dict(text="hi", subtalker_top_p=1.5), "subtalker_top_p must be in \\(0, 1\\]"),
+                      (dict(text="hi", repetition_penalty=0), "repetition_penalty must be in \\(0, 10\\]"),
                       (dict(text="hi", task="clone"), "unknown task 'clone'; valid: custom_voice, voice_design, "
                                                       "voice_clone")]:
         with pytest.raises(InputError, match=match):

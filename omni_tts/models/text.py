@@ -79,6 +79,13 @@ class TextTokenizer:
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of `text`; InputError for text UTF-8 cannot encode (the tokenizer's own error is a
+        TypeError that names no field)."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(f"text has a character that is not valid Unicode at position {e.start} "
+                             f"(a lone surrogate {text[e.start]!a})") from None
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: list[int]) -> str:

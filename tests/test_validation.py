@@ -1,0 +1,133 @@
+"""Validation at the door: every request field bounded in one place (SynthesisParams.validate, via
+config.LIMITS), one InputError naming the field whatever it holds, and the engine refusing such a
+request at submit while it keeps serving good ones (real engine on the tiny fixture checkpoint, CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import numpy as np
+import pytest
+
+from omni_tts.config import LIMITS, MAX_NEW_TOKENS, MAX_TOP_K, EngineConfig, SynthesisParams
+from omni_tts.engine.engine import Engine
+from omni_tts.errors import InputError
+from omni_tts.models.text import TextTokenizer
+from _fixtures import fixture_dir
+
+TIMEOUT = 120.0
+NAN, INF = float("nan"), float("inf")
+
+
+def params(**kw) -> SynthesisParams:
+    args = dict(text="hello there", speaker="ryan", language="English", max_new_tokens=4)
+    args.update(kw)
+    return SynthesisParams(**args)
+
+
+BAD = [  # (field, value, fragment of the message); the field's name must lead the message
+    ("seed", 2**63, "seed must be >= 0 and <= 9223372036854775807 (got 9223372036854775808)"),
+    ("seed", 1e300, "seed must be a whole number (got 1e+300)"),
+    ("seed", True, "seed must be a whole number (got True)"),
+    ("seed", -1, "seed must be >= 0"),
+    ("seed", 10**5000, "seed must be >= 0 and <= 9223372036854775807 (got an integer of 16610 bits)"),
+    ("top_k", -1, "top_k must be >= 0 and <= 4096"),
+    ("top_k", 10**9, "top_k must be >= 0 and <= 4096 (got 1000000000"),
+    ("top_k", "50", "top_k must be a whole number"),
+    ("subtalker_top_k", 2.5, "subtalker_top_k must be a whole number"),
+    ("temperature", NAN, "temperature must be a finite number (got nan)"),
+    ("temperature", INF, "temperature must be >= 0.0 and <= 10.0 (got inf"),
+    ("subtalker_temperature", -0.5, "subtalker_temperature must be >= 0.0"),
+    ("top_p", NAN, "top_p must be a finite number"),
+    ("top_p", 0.0, "top_p must be in (0, 1]"),
+    ("subtalker_top_p", 1.01, "subtalker_top_p must be in (0, 1]"),
+    ("repetition_penalty", NAN, "repetition_penalty must be a finite number"),
+    ("repetition_penalty", INF, "repetition_penalty must be in (0, 10]"),
+    ("repetition_penalty", 0.0, "repetition_penalty must be in (0, 10]"),
+    ("max_new_tokens", 1, "max_new_tokens must be >= 2 and <= 8192 (got 1"),
+    ("max_new_tokens", 10**12, "max_new_tokens must be >= 2 and <= 8192"),
+    ("max_new_tokens", 2**70, "max_new_tokens must be >= 2 and <= 8192 (got an integer of 71 bits"),
+    ("max_new_tokens", 1e12, "max_new_tokens must be a whole number"),
+    ("fixed_frames", 0, "fixed_frames must be >= 1 and <= 8191"),
+    ("fixed_frames", 10**9, "fixed_frames must be >= 1 and <= 8191"),
+    ("text", "a\ud800b", "text has a character that is not valid Unicode at position 1"),
+    ("text", 42, "text must be a string (got int)"),
+    ("text", "x" * 2001, "text is too long (2001 characters; at most 2000)"),
+    ("instruct", "calm \udfff", "instruct has a character that is not valid Unicode at position 5"),
+    ("instruct", "x" * 2001, "instruct is too long"),
+    ("speaker", "r" * 65, "speaker is too long (65 characters; at most 64)"),
+    ("speaker", "\ud83d", "speaker has a character that is not valid Unicode"),
+    ("language", 7, "language must be a string (got int)"),
+    ("greedy", "false", "greedy must be true or false (got 'false')"),
+    ("do_sample", 1, "do_sample must be true or false"),
+    ("non_streaming_mode", "yes", "non_streaming_mode must be true or false"),
+    ("voice", object(), "a voice prompt is for task voice_clone, not custom_voice"),
+]
+
+
+@pytest.mark.parametrize("field,value,fragment", BAD, ids=[f"{f}-{i}" for i, (f, _, _) in enumerate(BAD)])
+def test_every_bad_field_is_one_input_error_naming_it(field, value, fragment):
+    with pytest.raises(InputError) as e:
+        params(**{field: value}).validate()
+    msg = str(e.value)
+    assert fragment in msg and "\n" not in msg and len(msg) < 300, msg
+    assert msg.split()[0] in (field, "a"), msg
+
+
+GOOD = [("seed", 0), ("seed", 2**63 - 1), ("seed", np.int64(7)), ("top_k", 0), ("top_k", MAX_TOP_K),
+        ("temperature", 0), ("temperature", 10.0), ("temperature", np.float32(0.7)), ("top_p", 1e-9),
+        ("top_p", 1), ("repetition_penalty", 10), ("max_new_tokens", 2), ("max_new_tokens", MAX_NEW_TOKENS),
+        ("fixed_frames", MAX_NEW_TOKENS - 1), ("text", "x" * 2000), ("speaker", "r" * 64), ("language", None),
+        ("do_sample", None), ("greedy", True)]
+
+
+@pytest.mark.parametrize("field,value", GOOD, ids=[f"{f}={str(v)[:12]}" for f, v in GOOD])
+def test_values_at_the_bounds_are_accepted(field, value):
+    params(**{field: value}).validate()
+
+
+def test_limits_cover_every_numeric_request_field():
+    """A numeric field added to SynthesisParams without a bound would be unchecked at the door."""
+    hints = typing.get_type_hints(SynthesisParams)
+    numeric = {f.name for f in dataclasses.fields(SynthesisParams)
+               if {int, float} & set(typing.get_args(hints[f.name]) or (hints[f.name],))}
+    assert numeric == set(LIMITS)
+    for name, limit in LIMITS.items():
+        assert limit.low < limit.high, name
+        assert limit.integer == (int in typing.get_args(hints[name])), name
+
+
+def test_the_tokenizer_refuses_unencodable_text_with_an_input_error():
+    """A voice clone's ref_text reaches the tokenizer without passing SynthesisParams."""
+    tok = TextTokenizer(fixture_dir("custom_voice"))
+    with pytest.raises(InputError, match="not valid Unicode at position 2"):
+        tok.encode("ok\udc80")
+    assert tok.encode("ok") == tok.encode("ok")
+
+
+# ------------------------------------------------------------------------------------------ engine
+@pytest.fixture(scope="module")
+def engine(_one_thread):
+    eng = Engine.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), mode="eager", device="cpu",
+                                          max_num_seqs=4, max_seq_len=128, initial_chunk_frames=1, chunk_frames=4))
+    yield eng
+    eng.shutdown()
+
+
+@pytest.mark.parametrize("kw", [dict(seed=2**63), dict(seed=1e300), dict(text="hi \ud800"), dict(top_k=-3),
+                                dict(temperature=INF), dict(temperature=NAN), dict(repetition_penalty=NAN),
+                                dict(max_new_tokens=2**70)],
+                         ids=["seed-2^63", "seed-1e300", "surrogate", "top_k-neg", "temp-inf", "temp-nan",
+                              "penalty-nan", "max_new-2^70"])
+def test_engine_refuses_the_bad_request_at_submit_and_serves_the_others(engine, kw):
+    good = [params(text=t, seed=s, do_sample=True, max_new_tokens=None, fixed_frames=3)
+            for t, s in (("first one", 0), ("second", 2**63 - 1))]
+    handles = [engine.submit(good[0])]
+    with pytest.raises(InputError) as e:
+        engine.submit(params(do_sample=True, **kw))
+    assert next(iter(kw)) in str(e.value) or "text" in str(e.value)
+    handles.append(engine.submit(good[1]))
+    results = [h.result(TIMEOUT) for h in handles]
+    for r in results:  # the largest seed runs: the bound is what the device's int64 seed holds
+        assert r.codes.shape == (3, 16) and 0 <= int(r.codes.min()) and int(r.codes.max()) < 2048
