@@ -66,7 +66,7 @@ LIMITS: dict[str, Limit] = {
 
 
 class CompileMode(str, enum.Enum):
-    """How the CodePredictor (and talker decode step) runs."""
+    """How the CodePredictor runs; the talker runs the same way in every mode."""
 
     EAGER = "eager"
     DEFAULT = "default"  # torch.compile(mode="default", dynamic=False)
@@ -93,25 +93,6 @@ class CompileMode(str, enum.Enum):
 
 TASKS = ("custom_voice", "voice_design", "voice_clone")
 
-# One line per mode: what it runs and what it costs (Runner.mode_notes shows them; the keys are CompileMode values).
-MODE_NOTES: dict[str, str] = {
-    CompileMode.EAGER.value: "reference modules as they are, no compile: slowest steps, no warm-up",
-    CompileMode.DEFAULT.value: "torch.compile (Inductor default) per layer unit and sampling unit, no CUDA graphs: "
-                               "fused kernels, but Python launch and dynamo guard cost on every call",
-    CompileMode.REDUCE_OVERHEAD.value: "comparison mode, slow: Inductor's own CUDA graphs are skipped for the layer "
-                                       "units (they mutate the KV cache inputs: 'skipping cudagraphs due to "
-                                       "mutated inputs'), so it is no faster than default on the H200 (code "
-                                       "predictor step ~48 ms vs ~3 ms graphed; 12 vs 92 audio s/s at 8 "
-                                       "requests); its cudagraph trees crashed beside the engine's first-chunk "
-                                       "codec graphs (H200, 2026-11-30), so those pause while it runs: for "
-                                       "listening comparisons; serve with default+cudagraph",
-    CompileMode.DEFAULT_CUDAGRAPH.value: "compiled units + our per-bucket CUDA graphs in one shared pool (code "
-                                         "predictor, talker decode and prefill graphs; the predictor's layers, "
-                                         "heads and sampling up to 32 rows and the talker's layers up to 8 as "
-                                         "hand-written Triton kernels): the fast mode on a GPU",
-}
-
-
 @dataclass
 class SynthesisParams:
     """One request. `None` sampling fields take the checkpoint's generation_config.json values."""
@@ -136,6 +117,7 @@ class SynthesisParams:
     seed: int | None = None
     fixed_frames: int | None = None  # benchmark only: ignore EOS and make exactly N frames
     voice: Any = None  # voice-clone prompt (omni_tts.models.speaker.VoicePrompt), task voice_clone only
+    mode: str | None = None  # the CodePredictor's compile mode for this request; None: the engine's default
 
     def validate(self) -> None:
         """Refuse a request no model could serve safely: one InputError naming the field, never another
@@ -226,62 +208,55 @@ class TuningConfig:
 
 @dataclass
 class EngineConfig:
-    """Load-time engine settings; a preset YAML holds a subset of these keys."""
+    """Load-time engine settings; a preset YAML holds a subset of these keys (tuning under `tuning:`)."""
 
     model: str | None = None  # dir or hub id; None = choose (cache, hub, embedded)
-    mode: str = "auto"  # a CompileMode value, or auto (default+cudagraph on CUDA, eager on CPU)
+    mode: str = "auto"  # requests' default mode: a CompileMode value, or auto (default+cudagraph on CUDA, else eager)
+    modes: list[str] | None = None  # modes kept resident, warmed in the background; None: all on CUDA, the default on CPU
+    enforce_eager: bool = False  # no CUDA graphs and no compile anywhere: the all-eager baseline
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16
-    codec_precision: str = "auto"  # code-to-wave: auto (tf32 on CUDA, float32 on CPU) | float32 | tf32 | bfloat16
-    codec_fused: bool = True  # CUDA: the codec's SnakeBeta activations as compiled kernels (falls back to eager)
-    first_chunk_graphs: bool = True  # CUDA: the codec's first-chunk decode as CUDA graphs (the TTFP path)
-    lookahead: bool = True  # launch frame t+1 before reading frame t (false: wait for every frame)
-    priority_streams: bool = True  # CUDA: default+cudagraph's frame steps and the first audio chunks on
-    #   high-priority streams, so the code-to-wave stage's kernels fill the GPU's gaps instead of delaying
-    #   the next frame
-    predictor_kernel_rows: int = 32  # default+cudagraph on CUDA: hand-written Triton predictor layers for
-    #   steps of at most this many rows (batch x positions), and heads + sampling for batches of at most
-    #   that many rows (top-k <= 64 settings); larger steps and 0 use Inductor's kernels
-    talker_kernel_rows: int = 8  # the same for the talker's decode layers (rows = batch; at 32 rows cuBLAS
-    #   was faster on the H200)
-    kernel_pdl: bool = True  # the predictor's kernels with programmatic dependent launch (Hopper+; else ignored;
-    #   off: none of the talker's either)
-    talker_pdl_rows: int = 1  # the talker's Triton kernels with programmatic dependent launch for steps of at
-    #   most this many rows (0: never). H200, 2026-11-30: at one row (whole-row tiles, a program's weights
-    #   load before the wait) 2 % faster frames; at 8 rows (tensor-core tiles) 6 % slower
-    talker_attention_kernel: bool = False  # default+cudagraph on CUDA: the talker's attention as a Triton
-    #   kernel (any batch) instead of SDPA; off: on the H200 it matched SDPA at 128 cache positions and was
-    #   1.5-1.8x slower at 1025 (it streams the whole kv bucket), the seed table unchanged (2026-11-30)
-    max_num_seqs: int = 8
-    buckets: list[int] | None = None  # None: powers of two up to max_num_seqs, plus max_num_seqs
+    max_num_seqs: int = 8  # concurrent requests per mode
     max_seq_len: int = 1024  # talker KV cache length per slot (prompt + frames)
     initial_chunk_frames: int = 2
     chunk_frames: int = 25
     chunk_growth: bool = False  # chunks after the first double in size up to chunk_frames (gap-free playback)
     left_context_frames: int = 72
-    gpu_memory_limit_gb: float | None = None  # CUDA: cap this process's allocator (set_per_process_memory_fraction)
-    use_vllm_pool: bool = True
+    gpu_memory_limit_gb: float | None = None  # CUDA: cap this process's allocator
+    tuning: TuningConfig = dataclasses.field(default_factory=TuningConfig)
     name: str = ""
     description: str = ""
 
     def resolved_buckets(self) -> list[int]:
-        if self.buckets:
-            return sorted({int(b) for b in self.buckets if 0 < int(b) <= self.max_num_seqs} | {self.max_num_seqs})
+        if self.tuning.buckets:
+            return sorted({int(b) for b in self.tuning.buckets if 0 < int(b) <= self.max_num_seqs} | {self.max_num_seqs})
         out, b = [], 1
         while b < self.max_num_seqs:
             out.append(b)
             b *= 2
         return sorted(set(out) | {self.max_num_seqs})
 
+    def default_mode(self, cuda: bool) -> CompileMode:
+        if self.mode == "auto":
+            return CompileMode.DEFAULT_CUDAGRAPH if cuda and not self.enforce_eager else CompileMode.EAGER
+        return CompileMode.parse(self.mode)
+
+    def resident_modes(self, cuda: bool) -> list[CompileMode]:
+        """The modes this engine keeps: the listed ones plus the default mode. Unlisted, every mode on CUDA;
+        on a CPU only the default (compiling there costs minutes of every core: list the others to have them)."""
+        listed = [CompileMode.parse(m) for m in self.modes] if self.modes else list(CompileMode) if cuda else []
+        want = set(listed) | {self.default_mode(cuda)}
+        return [m for m in CompileMode if m in want]
+
     def validate(self) -> None:
         if self.mode != "auto":
             CompileMode.parse(self.mode)
+        for m in self.modes or []:
+            CompileMode.parse(m)
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise OmniTTSError(f"device must be auto, cpu or cuda (got '{self.device}')")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise OmniTTSError(f"dtype must be auto, float32, bfloat16 or float16 (got '{self.dtype}')")
-        if self.codec_precision not in ("auto", "float32", "tf32", "bfloat16"):
-            raise OmniTTSError(f"codec_precision must be auto, float32, tf32 or bfloat16 (got '{self.codec_precision}')")
         if self.max_num_seqs < 1:
             raise OmniTTSError(f"max_num_seqs must be >= 1 (got {self.max_num_seqs})")
         if self.max_seq_len < 16:
@@ -290,37 +265,65 @@ class EngineConfig:
             raise OmniTTSError(f"gpu_memory_limit_gb must be > 0 (got {self.gpu_memory_limit_gb})")
         if self.initial_chunk_frames < 1 or self.chunk_frames < 1:
             raise OmniTTSError("initial_chunk_frames and chunk_frames must be >= 1")
-        for key in ("predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows"):
-            if not 0 <= getattr(self, key) <= 32:
-                raise OmniTTSError(f"{key} must be 0..32 (got {getattr(self, key)})")
+        self.tuning.validate()
 
 
-_PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)}
+_TUNING_KEYS = {f.name for f in dataclasses.fields(TuningConfig)}
+_PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)} - {"tuning"} | {f"tuning.{k}" for k in _TUNING_KEYS}
 _INT_KEYS = {"max_num_seqs", "max_seq_len", "initial_chunk_frames", "chunk_frames", "left_context_frames",
              "predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows"}
 _BOOL_KEYS = {"use_vllm_pool", "codec_fused", "first_chunk_graphs", "lookahead", "chunk_growth", "kernel_pdl",
-              "priority_streams", "talker_attention_kernel"}
+              "priority_streams", "kernels", "enforce_eager"}
+_LIST_KEYS = {"buckets": int, "modes": str}
 
 
 def _check_types(data: dict[str, Any], path: Path) -> None:
     """Each preset value has its field's type (bool is not an int here), else one line naming the key."""
     for key, v in data.items():
-        if v is None and key in ("model", "buckets", "gpu_memory_limit_gb"):
+        bare = key.removeprefix("tuning.")
+        if v is None and bare in ("model", "buckets", "modes", "gpu_memory_limit_gb"):
             continue
-        if key in _INT_KEYS:
-            ok = isinstance(v, int) and not isinstance(v, bool)
-            want = "an integer"
-        elif key == "gpu_memory_limit_gb":
+        if bare in _INT_KEYS:
+            ok, want = isinstance(v, int) and not isinstance(v, bool), "an integer"
+        elif bare == "gpu_memory_limit_gb":
             ok, want = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
-        elif key in _BOOL_KEYS:
+        elif bare in _BOOL_KEYS:
             ok, want = isinstance(v, bool), "true or false"
-        elif key == "buckets":
-            ok = isinstance(v, list) and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in v)
-            want = "a list of positive integers"
+        elif bare in _LIST_KEYS:
+            t = _LIST_KEYS[bare]
+            ok = isinstance(v, list) and all(isinstance(b, t) and not isinstance(b, bool) for b in v)
+            want = f"a list of {'positive integers' if t is int else 'mode names'}"
+            ok = ok and (t is not int or all(b > 0 for b in v))
         else:
             ok, want = isinstance(v, str), "a string"
         if not ok:
             raise OmniTTSError(f"{path}: preset key '{key}' must be {want} (got {v!r})")
+
+
+def _flatten(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A preset mapping -> {key or 'tuning.key': value}; a bare tuning key is read as 'tuning.key'."""
+    out: dict[str, Any] = {}
+    for key, v in data.items():
+        if key == "tuning":
+            if not isinstance(v, dict):
+                raise OmniTTSError(f"{path}: 'tuning' is a mapping of tuning keys to values")
+            out.update({f"tuning.{k}": x for k, x in v.items()})
+        else:
+            out[f"tuning.{key}" if key in _TUNING_KEYS else key] = v
+    unknown = sorted(set(out) - _PRESET_KEYS)
+    if unknown:
+        raise OmniTTSError(f"{path}: unknown preset key(s): {', '.join(unknown)}; "
+                           f"valid: {', '.join(sorted(_PRESET_KEYS))}")
+    _check_types(out, path)
+    return out
+
+
+def build_config(flat: dict[str, Any]) -> EngineConfig:
+    """{key or 'tuning.key': value} -> a validated EngineConfig."""
+    tuning = TuningConfig(**{k.removeprefix("tuning."): v for k, v in flat.items() if k.startswith("tuning.")})
+    cfg = EngineConfig(**{k: v for k, v in flat.items() if not k.startswith("tuning.")}, tuning=tuning)
+    cfg.validate()
+    return cfg
 
 
 def parse_sets(pairs: list[str] | None) -> dict[str, Any]:
@@ -332,14 +335,11 @@ def parse_sets(pairs: list[str] | None) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key:
             raise OmniTTSError(f"--set wants KEY=VALUE (got '{pair}')")
-        if key not in _PRESET_KEYS:
-            raise OmniTTSError(f"--set: unknown key '{key}'; valid: {', '.join(sorted(_PRESET_KEYS))}")
         try:
             out[key] = yaml.safe_load(value)
         except yaml.YAMLError:
             raise OmniTTSError(f"--set {key}: cannot read '{value}'") from None
-    _check_types(out, Path("--set"))
-    return out
+    return _flatten(out, Path("--set"))
 
 
 def preset_names() -> list[str]:
@@ -359,13 +359,7 @@ def load_preset(name_or_path: str | Path, **overrides: Any) -> EngineConfig:
         raise OmniTTSError(f"{path}: malformed YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise OmniTTSError(f"{path}: a preset is a mapping of keys to values")
-    unknown = sorted(set(data) - _PRESET_KEYS)
-    if unknown:
-        raise OmniTTSError(f"{path}: unknown preset key(s): {', '.join(unknown)}; "
-                           f"valid: {', '.join(sorted(_PRESET_KEYS))}")
-    _check_types(data, path)
-    data.setdefault("name", path.stem)
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    cfg = EngineConfig(**data)
-    cfg.validate()
-    return cfg
+    flat = _flatten(data, path)
+    flat.setdefault("name", path.stem)
+    flat.update({k: v for k, v in overrides.items() if v is not None})
+    return build_config(flat)

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from omni_tts.engine import offline
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.engine.engine import Engine, RequestHandle
 from omni_tts.models import sampling
@@ -55,7 +56,7 @@ def plain(eng: Engine, p: SynthesisParams) -> tuple[np.ndarray, np.ndarray]:
     """The plain single-request reference path (TTSModel.synthesize): (wav, codes). Call while idle."""
     key = (str(eng.model.ckpt.path), repr(p))
     if key not in _PLAIN:
-        wav, codes = eng.model.synthesize(p)
+        wav, codes = offline.synthesize(eng.model, p)
         _PLAIN[key] = (wav, codes.numpy())
     return _PLAIN[key]
 
@@ -236,7 +237,7 @@ def test_fast_path_engine_with_kv_length_buckets_equals_the_plain_path(_one_thre
     """The engine's fast path (uncompiled here: the compiled one is the same functions) reads only the first
     kv_len cache positions per step; requests of different lengths crossing the 64-position bucket, moved
     between slots as others finish, still get the plain path's greedy codes."""
-    from omni_tts.engine.step_impl import FastPath
+    from omni_tts.engine.fast_path import FastPath
 
     eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=2)
     try:
@@ -493,7 +494,7 @@ def test_chunks_of_requests_started_together_are_decoded_in_shared_calls():
     (dict(text="x" * 2001), "too long"),
     (dict(speaker="nobody"), "unknown speaker 'nobody'; valid: dylan, eric, ryan, vivian"),
     (dict(language="klingon"), "unknown language 'klingon'; valid: .*english"),
-    (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
+    (dict(max_new_tokens=0), "max_new_tokens must be >= 2"),
     (dict(max_new_tokens=1), "max_new_tokens must be >= 2"),
     (dict(task="voice_design", instruct="calm"), "cannot do task 'voice_design'"),
     (dict(task="voice_clone"), "voice"),

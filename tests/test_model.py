@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from omni_tts.engine import offline
 from omni_tts.models import sampling
 from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.config import SynthesisParams
@@ -50,7 +51,7 @@ def params_of(case: dict, **kw) -> SynthesisParams:
 def test_golden_codes_and_waveform(name: str, case: dict) -> None:
     m = model(name)
     gold = np.load(FIXTURES / name / "golden" / f"case{case['case']}_codes.npy")
-    wav, codes = m.synthesize(params_of(case))
+    wav, codes = offline.synthesize(m, params_of(case))
     assert codes.shape == gold.shape == (case["frames"], 16)
     np.testing.assert_array_equal(codes.numpy(), gold)
     gold_wav = np.load(FIXTURES / name / "golden" / f"case{case['case']}_wav.npy")
@@ -70,7 +71,7 @@ def test_golden_voice_clone_from_reference_codes(name: str, case: dict) -> None:
                                 x_vector_only=only)
     p = SynthesisParams(text=case["text"], task="voice_clone", language=case["language"], voice=voice,
                         do_sample=False, subtalker_do_sample=False, max_new_tokens=40)
-    wav, codes = m.synthesize(p)
+    wav, codes = offline.synthesize(m, p)
     full = codes if only else torch.cat([ref, codes])
     np.testing.assert_array_equal(full.numpy(), np.load(g / f"case{case['case']}_codes.npy"))
     gold_wav = np.load(g / f"case{case['case']}_wav.npy")
@@ -81,21 +82,21 @@ def test_frame_count_follows_max_new_tokens_and_fixed_frames() -> None:
     m = model("custom_voice")
     case = golden_cases("custom_voice")[0][1]
     gold = np.load(FIXTURES / "custom_voice" / "golden" / "case0_codes.npy")
-    short = m.generate_codes(params_of(case, max_new_tokens=6))  # the official loop yields N - 1 frames
+    short = offline.generate_codes(m, params_of(case, max_new_tokens=6))  # the official loop yields N - 1 frames
     np.testing.assert_array_equal(short.numpy(), gold[:5])
-    fixed = m.generate_codes(params_of(case, fixed_frames=7))
+    fixed = offline.generate_codes(m, params_of(case, fixed_frames=7))
     assert fixed.shape == (7, 16) and int(fixed[:, 0].max()) < 2048
     with pytest.raises(InputError, match="max_new_tokens"):
-        m.generate_codes(params_of(case, max_new_tokens=1))
+        offline.generate_codes(m, params_of(case, max_new_tokens=1))
 
 
 def test_sampling_is_reproducible_per_seed() -> None:
     m = model("custom_voice")
     p = SynthesisParams(text="the weather is nice today", speaker="ryan", max_new_tokens=12, seed=7)
-    a_wav, a = m.synthesize(p)
-    b_wav, b = m.synthesize(p)
+    a_wav, a = offline.synthesize(m, p)
+    b_wav, b = offline.synthesize(m, p)
     assert torch.equal(a, b) and np.array_equal(a_wav, b_wav)
-    c = m.generate_codes(dataclasses.replace(p, seed=8))
+    c = offline.generate_codes(m, dataclasses.replace(p, seed=8))
     assert a.shape != c.shape or (a != c).float().mean() > 0.5  # another seed: other codes
     assert int(a[:, 0].max()) < 2048 and int(a.min()) >= 0
 
@@ -151,20 +152,20 @@ def test_code_predictor_rows_independent_of_batch() -> None:
 def test_bfloat16_runs() -> None:
     m = TTSModel.from_checkpoint(load_checkpoint(fixture_dir("custom_voice")), dtype=torch.bfloat16)
     assert m.talker.rope.inv_freq.dtype == torch.float32 and m.talker.codec_head.weight.dtype == torch.bfloat16
-    codes = m.generate_codes(SynthesisParams(text="hello", speaker="ryan", greedy=True, fixed_frames=3))
+    codes = offline.generate_codes(m, SynthesisParams(text="hello", speaker="ryan", greedy=True, fixed_frames=3))
     assert codes.shape == (3, 16) and int(codes.max()) < 2048
 
 
 def test_bad_requests_against_the_checkpoint() -> None:
     m = model("custom_voice")
     with pytest.raises(InputError, match="cannot do task 'voice_design'"):
-        m.check_request(SynthesisParams(text="hi", task="voice_design", instruct="calm"))
+        m.prepare(SynthesisParams(text="hi", task="voice_design", instruct="calm"), 1024)
     with pytest.raises(InputError, match="unknown speaker"):
-        m.check_request(SynthesisParams(text="hi", speaker="nobody"))
+        m.prepare(SynthesisParams(text="hi", speaker="nobody"), 1024)
     with pytest.raises(InputError, match="text is empty"):
-        m.check_request(SynthesisParams(text=""))
+        m.prepare(SynthesisParams(text=""), 1024)
     with pytest.raises(InputError, match="voice prompt"):
-        model("base").check_request(SynthesisParams(text="hi", task="voice_clone"))
+        model("base").prepare(SynthesisParams(text="hi", task="voice_clone"), 1024)
 
 
 def _with_weights(name: str, change) -> TTSModel:

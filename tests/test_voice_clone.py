@@ -17,6 +17,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from omni_tts.engine import offline
 from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.models.voice_clone import reference_cut
 from omni_tts.config import EngineConfig, SynthesisParams
@@ -79,7 +80,7 @@ def test_golden_parity_from_reference_audio(model, ref_audio, case) -> None:
     voice = model.voice_prompt((ref_audio, SR), case["ref_text"], case["x_vector_only_mode"])
     p = clone_params(voice, case["text"], case["language"])
     assert model.build_prompt(p).non_streaming_mode is False  # the official default for voice clone
-    wav, codes = model.synthesize(p)
+    wav, codes = offline.synthesize(model, p)
     full = codes if voice.x_vector_only else torch.cat([voice.ref_codes, codes])  # what the decoder got
     gold = np.load(GOLDEN / f"case{case['case']}_codes.npy")
     assert full.shape == gold.shape == (case["frames"], 16)
@@ -98,7 +99,7 @@ def test_reference_cut_is_the_official_formula(model, ref_audio) -> None:
     assert cuts == {0, -1}
     # the plain path applies it: 25 reference + 72 generated frames keep one reference sample
     voice = model.voice_prompt((ref_audio, SR), "the reference words")
-    wav, codes = model.synthesize(clone_params(voice, "the weather is nice today", fixed_frames=72))
+    wav, codes = offline.synthesize(model, clone_params(voice, "the weather is nice today", fixed_frames=72))
     full = model.decode(torch.cat([voice.ref_codes, codes]))
     assert codes.shape[0] == 72 and wav.shape == (72 * UP + 1,)
     np.testing.assert_array_equal(wav, full[25 * UP - 1:])
@@ -114,8 +115,8 @@ def test_saved_voice_reloads_identically(model, ref_audio, tmp_path) -> None:
         assert (loaded.ref_codes is None) == only and (only or torch.equal(loaded.ref_codes, direct.ref_codes))
         p = dict(text="saved voices sound the same", do_sample=True, subtalker_do_sample=True, seed=11,
                  max_new_tokens=16)
-        a_wav, a = model.synthesize(clone_params(direct, **p))
-        b_wav, b = model.synthesize(clone_params(loaded, **p))
+        a_wav, a = offline.synthesize(model, clone_params(direct, **p))
+        b_wav, b = offline.synthesize(model, clone_params(loaded, **p))
         assert a.shape[0] > 0 and torch.equal(a, b) and np.array_equal(a_wav, b_wav)
 
 
@@ -126,21 +127,21 @@ def test_voice_prompt_errors(model, ref_audio) -> None:
         model.voice_prompt((ref_audio[:2000], SR), "x")
     good = model.voice_prompt((ref_audio, SR), "the reference words")
     with pytest.raises(InputError, match="voice prompt"):
-        model.check_request(clone_params(None, "hi"))
+        model.prepare(clone_params(None, "hi"), 1024)
     wide = VoicePrompt(torch.zeros(5, 8, dtype=torch.long), good.x_vector, "ref words")
     with pytest.raises(InputError, match=r"\[frames, 16\]"):
-        model.check_request(clone_params(wide, "hi"))
+        model.prepare(clone_params(wide, "hi"), 1024)
     big = VoicePrompt(torch.full((5, 16), 5000, dtype=torch.long), good.x_vector, "ref words")
     with pytest.raises(InputError, match="outside the codebook"):
-        model.check_request(clone_params(big, "hi"))
+        model.prepare(clone_params(big, "hi"), 1024)
     short = VoicePrompt(None, good.x_vector[:10], x_vector_only=True)
     with pytest.raises(InputError, match="x-vector has 10 values"):
-        model.check_request(clone_params(short, "hi"))
+        model.prepare(clone_params(short, "hi"), 1024)
     cv = TTSModel.from_checkpoint(load_checkpoint(fixture_dir("custom_voice")))
     with pytest.raises(InputError, match="Base checkpoint"):
         cv.voice_prompt((ref_audio, SR), "the reference words")
     with pytest.raises(InputError, match="cannot do task 'voice_clone'"):
-        cv.check_request(clone_params(good, "hi"))
+        cv.prepare(clone_params(good, "hi"), 1024)
 
 
 # ----------------------------------------------------------------------------- streaming
@@ -188,7 +189,7 @@ def test_engine_streams_clone_equal_to_plain(engine, model, ref_audio) -> None:
                      (clone_params(xvec, "hello there, this is a test of the system."), 0),
                      (clone_params(icl, "the weather is nice today", fixed_frames=72), 1)]:
         chunks, codes = _stream(engine, p)
-        wav, want_codes = model.synthesize(p)
+        wav, want_codes = offline.synthesize(model, p)
         np.testing.assert_array_equal(codes, want_codes.numpy())
         assert len(chunks) >= 3 and chunks[0].shape == (2 * UP,)
         assert_stream_equals_plain(np.concatenate(chunks), wav, p, codes.shape[0])
@@ -210,7 +211,7 @@ def test_concurrent_clone_requests_have_no_cross_talk(engine, model, ref_audio, 
             clone_params(voices["B-icl"], "a greedy one among sampled ones", "English")]
     handles = [engine.submit(p) for p in reqs]  # all at once: 4 slots, two queue
     results = [h.result(timeout=180) for h in handles]
-    alone = [model.synthesize(p) for p in reqs]
+    alone = [offline.synthesize(model, p) for p in reqs]
     for i, (r, (wav, codes)) in enumerate(zip(results, alone)):
         np.testing.assert_array_equal(r.codes, codes.numpy(), err_msg=f"request {i}")
         assert_stream_equals_plain(r.wav, wav, reqs[i], codes.shape[0], f"request {i}")
@@ -239,8 +240,8 @@ def test_clone_engine_and_custom_voice_engine_run_at_once_without_cross_talk(eng
                    for text, spk, seed in zip(["one two three", "one two three", "the weather is nice today",
                                                "good morning"], ["ryan", "vivian", "dylan", "eric"], [1, 5, 6, 7])]
         # alone first, on the plain single-request path (both engines idle)
-        alone = {("clone", i): model.synthesize(p) for i, p in enumerate(clones)}
-        alone.update({("cv", i): cv.model.synthesize(p) for i, p in enumerate(customs)})
+        alone = {("clone", i): offline.synthesize(model, p) for i, p in enumerate(clones)}
+        alone.update({("cv", i): offline.synthesize(cv.model, p) for i, p in enumerate(customs)})
 
         # four threads, each submitting a clone and a CustomVoice request (alternating which goes first) and
         # streaming both; 4 clones fill the Base engine's 4 slots, CustomVoice's 2 slots make two queue
@@ -300,7 +301,7 @@ def test_icl_prompt_too_long_names_the_reference_audio(engine, model, ref_audio)
         assert "prompt 34 tokens incl. 25 reference frames" in msg and "max_seq_len 34" in msg, msg
         assert h_bad.metrics.status == "error"
         r = h_ok.result(timeout=120)  # the other request in the engine is unaffected
-        np.testing.assert_array_equal(r.codes, model.synthesize(ok)[1].numpy())
+        np.testing.assert_array_equal(r.codes, offline.synthesize(model, ok)[1].numpy())
         # without reference audio in the prompt the message stays about the text alone
         long_text = clone_params(xvec, "this text is far too long for a small cache of positions",
                                  non_streaming_mode=True)

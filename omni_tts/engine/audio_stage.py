@@ -1,16 +1,14 @@
 """The engine's code-to-wave stage: per-request streaming decoders' chunks, batched across requests.
 
 Owns: the code-to-wave thread (and its CUDA stream, so decoding audio overlaps the next frames'
-talker / predictor work), its job queue, turning codec codes into `AudioChunk`s on request handles,
-and completing requests once their audio is out. Each pass drains every job queued at that moment,
+talker / predictor work), its job queue, turning codec codes into `AudioChunk`s delivered to request
+handles, and completing requests once their audio is out. Each pass drains every job queued at that moment,
 plans the chunks that became due (`StreamingDecoder.plan_push` / `plan_flush`), decodes all of them
 with one batched `decode_window` per distinct window shape (`codec.decode_plans`; chunks of requests
 that started together share a shape), then emits chunks and completions in job order, so each
 request's chunks and its completion stay in order. On CUDA the first chunk of a plain request (the
 TTFP path) replays a CUDA graph per batch bucket (`FirstChunkGraphs`); `drain()` lets the scheduler
-wait for an idle stage before it captures graphs. Split out of engine.py (which keeps admission,
-the frame loop and the public API) to keep both files small.
-Does not know: the runner, slots, sampling, or how the codec computes a window.
+wait for an idle stage. Does not know: the runner, slots, sampling, or how the codec computes a window.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from __future__ import annotations
 import queue
 import threading
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,18 +25,7 @@ from omni_tts.models.codec.decoder import ChunkPlan, decode_plans
 from omni_tts.errors import OmniTTSError, as_engine_error, one_line
 from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.engine.metrics import EngineStats, now
-
-
-@dataclass
-class AudioChunk:
-    """A piece of one request's audio, in order. `samples`: float32 mono at `sample_rate`."""
-
-    request_id: int
-    index: int
-    samples: np.ndarray
-    sample_rate: int
-    first_frame: int
-    frames: int
+from omni_tts.engine.request import AudioChunk
 
 
 def _error(e: Exception) -> OmniTTSError:
@@ -220,13 +206,10 @@ class Code2Wav:
             m.first_audio_at = now()
         m.audio_samples += samples.size
         first = plan.start - a.decoder.prefix_frames  # frame index within this request's audio
-        a.handle._emit(AudioChunk(a.handle.id, a.chunks, samples, m.sample_rate, first, plan.end - plan.start))
+        a.handle.deliver(AudioChunk(a.handle.id, a.chunks, samples, m.sample_rate, first, plan.end - plan.start))
         a.chunks += 1
 
     def _complete(self, a: Any, status: str, error: OmniTTSError | None = None) -> None:
-        m = a.handle.metrics
-        m.status, m.finished_at, m.frames = status, now(), len(a.codes)
-        m.error = str(error) if error else None
+        a.handle.complete(a.codes, status, error)
         if status == "done":
-            self.stats.on_finish(m)
-        a.handle._finish(a.codes, error)
+            self.stats.on_finish(a.handle.metrics)

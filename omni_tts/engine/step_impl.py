@@ -1,412 +1,101 @@
-"""The compiled decode path: small compile units reused across layers and steps.
+"""Step implementations per compile mode: the one place that decides what runs each part of a frame.
 
-Owns: the talker's decoder layer as two functions around its attention (one new token per row,
-per-row positions, KV written into the slot cache; the attention between them is left uncompiled so
-it can read only the first kv_len cache positions, chosen per step, without a recompile); the code
-predictor's decoder layer (positions shared by the batch, a 16-position scratch cache per frame,
-attention in plain ops Inductor fuses), its head (final norm + codebook head + sampling) and feed
-(code embedding + input projection); and the talker's sampling call. Each is wrapped by torch.compile
-once per CompileMode and reused for all 28 talker layers, all 5 predictor layers and all 15 codebook
-steps, so a batch bucket costs a few small compiles instead of one huge one (an unrolled frame took
-~200 s to compile on the H200 with torch 2.11; dynamo does not recompile for another layer instance
-of the same class). The ops are those of omni_tts.models.talker / code_predictor / sampling, except that q|k|v
-and gate|up run as one matmul each (q and k normed and rotated in one pass) and single-row projections
-run as multiply-and-sum reductions (`linear`): fewer, bigger kernels per step, the lever for a
-launch-bound decode. The packed weights are not copies: at FastPath build the modules' q/k/v and
-gate/up weights are re-pointed at row blocks of the packed tensors (`fuse_rows`), so eager and fast
-share storage and checkpoints, parameter names and values are unchanged. Eager mode does not use this
-file (it runs the reference modules as they are). Also the compile-time switches: `kernel_tuning`
-(opt-in Inductor autotuning) and `cpu_fallback_mode` (what a CUDA-graph mode runs as on a CPU).
-In default+cudagraph on CUDA, `use_kernels` (called by the runner with the batch sizes to build for)
-sets `kernel_rows` / `talker_kernel_rows` / `head_kernel_rows`: predictor steps (talker steps,
-predictor heads) of at most that many rows then run the hand-written Triton kernels of
-omni_tts.kernels.layers / talker_kernels / head_kernels instead of the compiled units (`kernel_pdl`: the
-predictor's launched with programmatic dependent launch; `talker_pdl_rows`: the talker's too, for
-steps of at most that many rows), and `talker_attn_kernel`: the talker's
-attention as talker_kernels.decode_attention instead of SDPA.
-Knows nothing about requests, graphs or how buckets are chosen.
+A mode changes only the CodePredictor. The talker (decode step and prefill) runs the same way in
+every mode: on CUDA as compiled "default" units with the hand-written Triton kernels where enabled,
+captured as CUDA graphs by the runner, as vLLM runs its model; on CPU, or with `enforce_eager`, as the
+reference modules. `MODES` says what each mode runs for the CodePredictor; `StepImpls` builds the
+shared implementations once per engine and answers, per mode, which one serves the CodePredictor and
+whether the runner captures it as graphs.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from omni_tts.kernels import heads as head_kernels
-
-from omni_tts.kernels import layers as kernels
-
-from omni_tts.models import sampling
-
-from omni_tts.kernels import talker as talker_kernels
-from omni_tts.config import CompileMode
-from omni_tts.models.talker import apply_rope, gqa_attention, rms_norm
+from omni_tts.config import CompileMode, EngineConfig
+from omni_tts.engine.fast_path import FastPath
 
 
-# Rows (batch x tokens) up to which a projection runs as multiply-and-sum: Inductor makes it one reduction
-# kernel that reads the weight once and can fuse its neighbours, where cuBLAS's batch-1 GEMV reached
-# ~1 TB/s on the H200 (2026-11-30: predictor 3.5 ms instead of 5.1 at batch 1). At 2 rows it was slower
-# than cuBLAS there (4.8 vs ~4.0 ms), so 1 by default. Decided when a unit is traced (per bucket); 0 = off.
-GEMV_MAX_ROWS = int(os.environ.get("OMNI_TTS_GEMV_ROWS", "1"))
+@dataclass(frozen=True)
+class ModeSpec:
+    inductor: str | None  # torch.compile mode of the CodePredictor's units; None: the reference modules
+    graphs: bool  # the runner captures the CodePredictor step as CUDA graphs (in the shared pool)
+    needs_cuda: bool
+    note: str  # what it runs, for the UI and CLI
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, w, b); for at most GEMV_MAX_ROWS rows as a float32-accumulated multiply-and-sum."""
-    rows = x.numel() // x.shape[-1]
-    if 0 < rows <= GEMV_MAX_ROWS:
-        y = (x[..., None, :].float() * w.float()).sum(-1)  # [..., N]
-        return (y if b is None else y + b.float()).to(x.dtype)
-    return F.linear(x, w, b)
+MODES: dict[CompileMode, ModeSpec] = {
+    CompileMode.EAGER: ModeSpec(None, False, False, "reference modules, no compile: host-bound, no warm-up"),
+    CompileMode.DEFAULT: ModeSpec("default", False, False,
+                                  "torch.compile default per layer and sampling unit, launched from Python: fused "
+                                  "kernels, but launch and guard cost on every call"),
+    CompileMode.REDUCE_OVERHEAD: ModeSpec("reduce-overhead", False, True,
+                                          "torch.compile reduce-overhead: Inductor records the units as CUDA graph "
+                                          "trees in its own private pool (Inductor's kernels only)"),
+    CompileMode.DEFAULT_CUDAGRAPH: ModeSpec("default", True, True,
+                                            "torch.compile default + the engine's CUDA graphs per batch bucket, "
+                                            "all in one shared pool: the fast mode on a GPU"),
+}
 
 
-def out_proj(attn: Any, a: torch.Tensor) -> torch.Tensor:
-    """Attention.out through `linear`. a: [B, H, T, hd] -> [B, T, D]."""
-    B, _, T, _ = a.shape
-    return linear(a.transpose(1, 2).reshape(B, T, attn.heads * attn.head_dim), attn.o_proj.weight, attn.o_proj.bias)
+class StepImpls:
+    """The talker's implementation and one CodePredictor implementation per Inductor mode, shared by
+    every mode's runner (the compiled units and their packed weights are built once)."""
 
+    def __init__(self, model: Any, config: EngineConfig) -> None:
+        self.model, self.config = model, config
+        self.cuda = model.device.type == "cuda"
+        self.eager_only = config.enforce_eager
+        self._fast: dict[str, FastPath] = {}
+        self.kernel_notice = ""
+        # the talker: compiled + graphed on CUDA, the reference modules elsewhere
+        self.talker: FastPath | None = self._fast_path("default") if self.cuda and not self.eager_only else None
 
-def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """gqa_attention for a short cache (the predictor's 16 positions) in plain float32 ops, which Inductor
-    fuses into a few kernels (SDPA was a cuDNN call plus a mask copy per layer and step).
-    q: [B, H, T, hd]; k, v: [B, Hkv, M, hd]; mask: bool [1, 1, T, M] (True = attend). -> [B, H, T, hd]"""
-    B, H, T, hd = q.shape
-    Hkv, M = k.shape[1], k.shape[2]
-    rep = H // Hkv
-    qg = q.reshape(B, Hkv, rep * T, hd).float()  # [B, Hkv, rep*T, hd]: heads sharing a KV head
-    s = (qg[:, :, :, None, :] * k[:, :, None, :, :].float()).sum(-1) * hd ** -0.5  # [B, Hkv, rep*T, M]
-    m = mask.expand(1, 1, T, M)[:, :, None].expand(1, 1, rep, T, M).reshape(1, 1, rep * T, M)
-    p = s.masked_fill(~m, float("-inf")).softmax(-1)  # [B, Hkv, rep*T, M]
-    o = (p[..., None] * v[:, :, None, :, :].float()).sum(-2)  # [B, Hkv, rep*T, hd]
-    return o.to(q.dtype).reshape(B, H, T, hd)
+    def unavailable(self, mode: CompileMode) -> str | None:
+        """None when `mode` can run here, else why not."""
+        if self.eager_only and mode is not CompileMode.EAGER:
+            return "this engine runs all-eager (enforce_eager)"
+        if MODES[mode].needs_cuda and not self.cuda:
+            return "needs a CUDA GPU (CUDA graphs); this engine runs on CPU"
+        return None
 
+    def predictor(self, mode: CompileMode) -> FastPath | None:
+        """The CodePredictor's implementation in `mode` (None: the reference modules)."""
+        inductor = MODES[mode].inductor
+        return None if inductor is None else self._fast_path(inductor)
 
-# ---------------------------------------------------------------------------------------- fused weights
-def _adjacent(params: list[torch.Tensor]) -> bool:
-    """True when the tensors are contiguous and lie back to back in one storage (already fused)."""
-    ptr, off = params[0].untyped_storage().data_ptr(), params[0].storage_offset()
-    for p in params:
-        if not p.is_contiguous() or p.untyped_storage().data_ptr() != ptr or p.storage_offset() != off:
-            return False
-        off += p.numel()
-    return True
+    def graphs(self, mode: CompileMode) -> bool:
+        """Whether the runner captures the talker (always, on CUDA) and the CodePredictor (per mode)."""
+        return self.cuda and not self.eager_only and MODES[mode].graphs
 
+    @property
+    def talker_graphs(self) -> bool:
+        return self.talker is not None
 
-def fuse_rows(params: list[torch.Tensor]) -> torch.Tensor:
-    """One tensor stacking `params` along dim 0 ([sum rows, ...]) whose row blocks ARE the parameters:
-    each is re-pointed (`p.data = view`) at its block, so the reference modules and the fast path share
-    storage (no second copy of the weights; values and module objects unchanged). Idempotent: already
-    fused parameters give back a view over their shared storage. Anything that later re-points a
-    parameter (`p.data = ...`, e.g. cast_parameters or Module.to) breaks the sharing: build FastPath after."""
-    first = params[0]
-    shape = (sum(p.shape[0] for p in params), *first.shape[1:])
-    if _adjacent(params):
-        packed = first.detach().as_strided(shape, first.stride(), first.storage_offset())
-    else:
-        with torch.no_grad():
-            packed = torch.cat([p.detach() for p in params])
-        off = 0
-        for p in params:
-            p.data = packed[off:off + p.shape[0]]
-            off += p.shape[0]
-    return nn.Parameter(packed, requires_grad=False)  # a parameter, as the module weights are to dynamo
+    def configure_kernels(self, batches: list[int], dtype: torch.dtype) -> str:
+        """Probe and switch on the Triton kernels (`tuning.kernels`) for the talker and the compiled
+        CodePredictor alike; reduce-overhead keeps Inductor's (ours cannot enter its graph trees).
+        -> '' or a notice of what was turned off and why."""
+        fast = self._fast.get("default")
+        if fast is None:
+            return ""
+        self.kernel_notice = fast.use_kernels(self.config.tuning, self.cuda and self.config.tuning.kernels,
+                                              batches, [], dtype)
+        return self.kernel_notice
 
+    def kernels_report(self, mode: CompileMode) -> str:
+        fast = self.predictor(mode)
+        return "reference modules" if fast is None else fast.kernels_report()
 
-def fuse_layer(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """-> (w_qkv [(H + 2 Hkv) hd, D], b_qkv [(H + 2 Hkv) hd] or None, w_gate_up [2 I, D]) of a DecoderLayer."""
-    a, m = layer.self_attn, layer.mlp
-    assert a.q_norm.eps == a.k_norm.eps and m.gate_proj.bias is None and m.up_proj.bias is None
-    lins = [a.q_proj, a.k_proj, a.v_proj]
-    b_qkv = fuse_rows([lin.bias for lin in lins]) if a.q_proj.bias is not None else None
-    return fuse_rows([lin.weight for lin in lins]), b_qkv, fuse_rows([m.gate_proj.weight, m.up_proj.weight])
+    def _fast_path(self, inductor: str) -> FastPath:
+        if inductor not in self._fast:
+            import torch._dynamo
 
-
-def qkv_fused(attn: Any, w: torch.Tensor, b: torch.Tensor | None, x: torch.Tensor, cos: torch.Tensor,
-              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Attention.qkv with one matmul and one norm + rope pass over q|k (same elementwise ops).
-    x: [B, T, D] -> q [B, H, T, hd], k/v [B, Hkv, T, hd]."""
-    B, T, _ = x.shape
-    H, Hkv, hd = attn.heads, attn.kv_heads, attn.head_dim
-    y = linear(x, w, b).view(B, T, H + 2 * Hkv, hd)  # [B, T, H + 2 Hkv, hd]
-    norm_w = torch.cat([attn.q_norm.weight.expand(H, hd), attn.k_norm.weight.expand(Hkv, hd)])  # [H + Hkv, hd]
-    qk = rms_norm(y[:, :, :H + Hkv], norm_w, attn.q_norm.eps).transpose(1, 2)  # [B, H + Hkv, T, hd]
-    qk = apply_rope(qk, cos, sin)
-    return qk[:, :H], qk[:, H:], y[:, :, H + Hkv:].transpose(1, 2)
-
-
-def mlp_fused(mlp: Any, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """MLP with gate|up in one matmul. x: [B, T, D], w: [2 I, D] -> [B, T, D]."""
-    gate, up = linear(x, w).chunk(2, dim=-1)  # [B, T, I] each
-    return linear(mlp.act(gate) * up, mlp.down_proj.weight)
-
-
-# ---------------------------------------------------------------------------------------- layer units
-def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.Tensor,
-                   cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rows: torch.Tensor,
-                   pos: torch.Tensor) -> torch.Tensor:
-    """First half of a talker layer: norm, q|k|v, rope, K/V written into the slot cache at (row, pos).
-    x: [B, 1, D]; w_*: fuse_layer(layer); kc/vc: this layer's cache rows [B, Hkv, M, hd]; pos, rows: [B].
-    -> q [B, H, 1, hd]"""
-    h = layer.input_layernorm(x)
-    q, k, v = qkv_fused(layer.self_attn, w_qkv, b_qkv, h, cos, sin)  # q: [B, H, 1, hd], k/v: [B, Hkv, 1, hd]
-    kc[rows, :, pos] = k[:, :, 0]  # kc: [B, Hkv, M, hd]
-    vc[rows, :, pos] = v[:, :, 0]
-    return q
-
-
-def talker_attn_out(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    """Second half: output projection + residual, then the MLP block. x: [B, 1, D], a: [B, H, 1, hd]."""
-    x = x + out_proj(layer.self_attn, a)  # [B, 1, D]
-    return x + mlp_fused(layer.mlp, w_gu, layer.post_attention_layernorm(x))
-
-
-def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_gu: torch.Tensor,
-                    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                    kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """x: [B, T, d] at positions pos [T] (same for every row); w_*: fuse_layer(layer); kc/vc:
-    [B, Hkv, 16, hd]; mask: [1, 1, T, 16]. -> [B, T, d]"""
-    h = layer.input_layernorm(x)
-    q, k, v = qkv_fused(layer.self_attn, w_qkv, b_qkv, h, cos, sin)  # q: [B, H, T, hd]
-    kc.index_copy_(2, pos, k)
-    vc.index_copy_(2, pos, v)
-    x = x + out_proj(layer.self_attn, small_attention(q, kc, vc, mask))  # [B, T, d]
-    return x + mlp_fused(layer.mlp, w_gu, layer.post_attention_layernorm(x))
-
-
-def predictor_head(norm: Any, head: Any, x: torch.Tensor, sp: sampling.SlotParams, seed: torch.Tensor,
-                   frame: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
-    """Final norm + this codebook's head on the last position, then its sampling. x: [B, T, d] -> [B]"""
-    return sampling.sample_codebook(linear(norm(x[:, -1]), head.weight), sp, seed, frame, codebook)
-
-
-def predictor_feed(embedding: Any, proj: Any, code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sampled code's embedding (talker width) and the predictor's next input. code: [B] -> [B, D], [B, 1, d]"""
-    e = embedding(code)  # [B, D]
-    x = linear(e[:, None], proj.weight, proj.bias) if isinstance(proj, nn.Linear) else proj(e[:, None])
-    return e, x
-
-
-def _cloned(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Copy a cudagraph-tree output out of Inductor's private pool before the next call reuses it
-    (without this, torch 2.11 raised 'accessing tensor output of CUDAGraphs that has been
-    overwritten by a subsequent run' on the H200, 2026-11-30)."""
-    def call(*args: Any) -> Any:
-        out = fn(*args)
-        return tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()
-
-    return call
-
-
-class FastPath:
-    """The compiled units of one CompileMode plus the two step bodies built from them."""
-
-    def __init__(self, model: Any, inductor_mode: str | None) -> None:
-        self.model = model
-        wrap: Callable[[Callable], Callable] = (
-            (lambda f: f) if inductor_mode is None else
-            (lambda f: torch.compile(f, mode=inductor_mode, dynamic=False, fullgraph=True)))
-        if inductor_mode == "reduce-overhead":  # its graphs' outputs are overwritten by the next replay
-            inner = wrap
-            wrap = lambda f: _cloned(inner(f))  # noqa: E731
-        # the talker layer is two units around an uncompiled attention call, so the attention can read
-        # only the first L cache positions (L chosen per step) without a recompile per L
-        self.talker_attn_in = wrap(talker_attn_in)
-        self.talker_attn_out = wrap(talker_attn_out)
-        self.predictor_layer = wrap(predictor_layer)
-        self.sample_talker = wrap(sampling.sample_talker)
-        self.predictor_head = wrap(predictor_head)
-        self.predictor_feed = wrap(predictor_feed)
-        cp = model.code_predictor
-        dev = model.device
-        # packed q|k|v and gate|up weights per layer; the modules' own weights become views into them
-        self.talker_w = [fuse_layer(layer) for layer in model.talker.layers]
-        self.predictor_w = [fuse_layer(layer) for layer in cp.layers]
-        self.n_pos = cp.num_groups  # 16 positions: talker hidden, code 0, codes 1..14
-        self.pos = [torch.tensor([t], device=dev) for t in range(self.n_pos)]
-        self.pos01 = torch.arange(2, device=dev)
-        key = torch.arange(self.n_pos, device=dev)
-        self.mask1 = [(key <= t)[None, None, None, :] for t in range(self.n_pos)]  # [1, 1, 1, 16]
-        self.mask01 = (key[None, :] <= self.pos01[:, None])[None, None]  # [1, 1, 2, 16]
-        cos, sin = cp.rope(key[None], model.dtype)  # [1, 16, hd]
-        self.cos, self.sin = cos, sin
-        self.codebook = [torch.tensor(j, device=dev) for j in range(self.n_pos)]
-        self.kernel_rows = 0  # predictor steps of at most this many rows run omni_tts.kernels.layers (set per mode)
-        self.talker_kernel_rows = 0  # the same for talker steps
-        self.head_kernel_rows = 0  # and for the predictor's per-codebook head, choice and feed (rows = batch)
-        self.talker_attn_kernel = False  # the talker's attention as talker_kernels.decode_attention (any batch)
-        self.kernel_pdl = False  # the predictor's kernels launched with programmatic dependent launch
-        self.talker_pdl_rows = 0  # the talker's, for steps of at most this many rows
-
-    def _predictor_layers(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int
-                          ) -> torch.Tensor:
-        """All predictor layers for x: [B, T, d] at positions pos0..pos0+T-1 (Triton kernels or Inductor's)."""
-        cp = self.model.code_predictor
-        B, T = x.shape[:2]
-        if B * T <= self.kernel_rows and all(kernels.supports(layer, B * T) for layer in cp.layers):
-            for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
-                x = kernels.predictor_layer(layer, *w, x, self.cos, self.sin, kc[i], vc[i], pos0, self.kernel_pdl)
-            return x
-        cos, sin = self.cos[:, pos0:pos0 + T], self.sin[:, pos0:pos0 + T]
-        mask, pos = (self.mask01, self.pos01) if T == 2 else (self.mask1[pos0], self.pos[pos0])
-        for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
-            x = self.predictor_layer(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
-        return x
-
-    def talker_step(self, x: torch.Tensor, pos: torch.Tensor, cache: Any, b: int, kv_len: int | None = None
-                    ) -> torch.Tensor:
-        """x: [b, D] next inputs of rows [:b] at positions pos [b] -> final-normed hidden [b, D]. Attention
-        reads cache positions [0, kv_len) (default: all): every row's pos must be < kv_len."""
-        talker = self.model.talker
-        L = cache.max_len if kv_len is None else kv_len
-        cos, sin = talker.rope(pos[:, None], x.dtype)  # [b, 1, hd]
-        mask = None if self.talker_attn_kernel else (
-            torch.arange(L, device=x.device)[None, :] <= pos[:, None])[:, None, None]  # [b, 1, 1, L]
-        rows = torch.arange(b, device=x.device)
-        tri = b <= self.talker_kernel_rows and all(kernels.supports(layer, b) for layer in talker.layers)
-        pdl = b <= self.talker_pdl_rows
-        h = x[:, None]  # [b, 1, D]
-        for i, (layer, (w_qkv, b_qkv, w_gu)) in enumerate(zip(talker.layers, self.talker_w)):
-            kc, vc = cache.k[i, :b], cache.v[i, :b]  # [b, Hkv, M, hd]
-            if tri:  # programmatic dependent launch up to `talker_pdl_rows` (see config.py)
-                q = talker_kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, pdl)
-            else:
-                q = self.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, rows, pos)  # [b, H, 1, hd]
-            a = (talker_kernels.decode_attention(q, kc, vc, pos, L) if self.talker_attn_kernel
-                 else gqa_attention(q, kc[:, :, :L], vc[:, :, :L], mask))  # [b, H, 1, hd]
-            h = (talker_kernels.talker_attn_out(layer, w_gu, h, a, pdl) if tri
-                 else self.talker_attn_out(layer, w_gu, h, a))  # [b, 1, D]
-        return talker.norm(h)[:, 0]
-
-    def predict_frame(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,
-                      seed: torch.Tensor, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Same contract as CodePredictor.predict_frame: -> (codes 1..15 [B, 15], embedding sum [B, D])."""
-        cp = self.model.code_predictor
-        e0 = self.model.talker.codec_embedding(code0)  # [B, D]
-        B = hidden.shape[0]
-        x = cp.small_to_mtp_projection(torch.stack([hidden, e0.to(hidden.dtype)], dim=1))  # [B, 2, d]
-        kc = [x.new_zeros(B, cp.num_kv_heads, self.n_pos, cp.head_dim) for _ in cp.layers]
-        vc = [x.new_zeros(B, cp.num_kv_heads, self.n_pos, cp.head_dim) for _ in cp.layers]
-        if B <= self.head_kernel_rows and head_kernels.supports(sp, B, cp.vocab_size):
-            return self._predict_with_head_kernels(x, kc, vc, e0.to(hidden.dtype), sp, seed, frame)
-        codes, embeds = [], [e0.to(hidden.dtype)]
-        pos0 = 0  # x holds positions pos0.. (the first step: talker hidden and code 0 at 0 and 1)
-        for j in range(self.n_pos - 1):
-            x = self._predictor_layers(x, kc, vc, pos0)  # [B, T, d]
-            pos0 = j + 2  # the next input's position
-            code = self.predictor_head(cp.norm, cp.lm_head[j], x, sp, seed, frame, self.codebook[j + 1])  # [B]
-            codes.append(code)
-            if pos0 < self.n_pos:
-                e, x = self.predictor_feed(cp.codec_embedding[j], cp.small_to_mtp_projection, code)  # [B, D], [B, 1, d]
-                embeds.append(e)
-            else:
-                embeds.append(cp.codec_embedding[j](code))  # [B, D]
-        return torch.stack(codes, dim=1), torch.stack(embeds, dim=1).sum(1)  # [B, 15], [B, D]
-
-    def _predict_with_head_kernels(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor],
-                                   e0: torch.Tensor, sp: sampling.SlotParams, seed: torch.Tensor,
-                                   frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """predict_frame's loop with each codebook's head, choice and feed as omni_tts.kernels.heads."""
-        cp = self.model.code_predictor
-        proj = cp.small_to_mtp_projection
-        esum = e0.float()  # [B, D] running embedding sum
-        codes = []
-        for j in range(self.n_pos - 1):
-            x = self._predictor_layers(x, kc, vc, 0 if j == 0 else j + 1)  # [B, T, d]
-            table = cp.codec_embedding[j].weight  # [V, D]
-            code = head_kernels.head_choose(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1, table, esum,
-                                            self.kernel_pdl)  # [B]
-            codes.append(code)
-            if j + 2 < self.n_pos:
-                x = (head_kernels.feed(table, proj, code, self.kernel_pdl) if isinstance(proj, nn.Linear)
-                     else proj(F.embedding(code, table)[:, None]))  # [B, 1, d]
-        return torch.stack(codes, dim=1), esum.to(e0.dtype)  # [B, 15], [B, D]
-
-    # ------------------------------------------------------------------ hand-written kernels
-    def use_kernels(self, config: Any, on: bool, batches: list[int], kv_lens: list[int], dtype: torch.dtype) -> str:
-        """Choose the hand-written Triton kernels from `config` (an EngineConfig) when `on` (default+cudagraph
-        on CUDA): predictor layers and heads, talker layers, talker attention, and whether the predictor's
-        launch with programmatic dependent launch; each group is built now for every batch (and kv length)
-        a capture will use, and where one cannot be, Inductor's kernels (or SDPA) do.
-        -> '' or a notice saying what was turned off and why."""
-        on = on and kernels.available()
-        self.kernel_rows = config.predictor_kernel_rows if on else 0
-        self.talker_kernel_rows = config.talker_kernel_rows if on else 0
-        self.talker_attn_kernel = on and config.talker_attention_kernel
-        self.kernel_pdl = on and config.kernel_pdl and kernels.pdl_available(self.model.device)
-        self.talker_pdl_rows = config.talker_pdl_rows if self.kernel_pdl else 0
-        self.head_kernel_rows = 0
-        notices = []
-        if self.talker_kernel_rows or self.talker_attn_kernel:
-            err, self.talker_pdl_rows = _probe_pdl(lambda pdl: talker_kernels.probe(
-                self.model.talker.layers[0], self.talker_w[0], batches, self.talker_kernel_rows,
-                kv_lens if self.talker_attn_kernel else None, dtype, pdl), self.talker_pdl_rows, 0)
-            if err:
-                self.talker_kernel_rows, self.talker_attn_kernel, self.talker_pdl_rows = 0, False, 0
-                notices.append(f"Triton talker kernels unavailable on this GPU ({err}); using Inductor's and SDPA")
-        if self.kernel_rows:
-            notices.append(self._use_predictor_kernels(batches))
-        return "; ".join(n for n in notices if n)
-
-    def _use_predictor_kernels(self, batches: list[int]) -> str:
-        """Probe the predictor's layer kernels (with PDL, else without), then its head kernels."""
-        cp = self.model.code_predictor
-        args = (cp.layers[0], self.predictor_w[0], self.cos, self.sin, batches, self.kernel_rows)
-        err, self.kernel_pdl = _probe_pdl(lambda pdl: kernels.probe(*args, pdl), self.kernel_pdl, False)
-        if err:
-            self.kernel_rows = 0
-            return f"Triton predictor kernels unavailable on this GPU ({err}); using Inductor's"
-        self.head_kernel_rows = self.kernel_rows
-        err = head_kernels.probe(cp, batches, self.head_kernel_rows, sampling.TOPK_CAP, self.kernel_pdl)
-        if err and self.kernel_pdl and not head_kernels.probe(cp, batches, self.head_kernel_rows,
-                                                              sampling.TOPK_CAP, False):
-            self.kernel_pdl = False  # the heads build without programmatic dependent launch: all go without it
-            err = ""
-        if err:
-            self.head_kernel_rows = 0
-            return f"Triton predictor head kernels unavailable on this GPU ({err}); using Inductor's"
-        return ""
-
-    def kernels_report(self) -> str:
-        """One line: which kernels run the predictor's and the talker's layers (for the engine panel)."""
-        if not (self.kernel_rows or self.talker_kernel_rows or self.talker_attn_kernel):
-            return "Inductor kernels"
-        pdl = ", predictor with programmatic dependent launch" if self.kernel_pdl else ""
-        if self.kernel_pdl and self.talker_kernel_rows and self.talker_pdl_rows:
-            pdl += f" (talker: up to {min(self.talker_pdl_rows, self.talker_kernel_rows)} rows)"
-        head = " (+ heads and sampling)" if self.head_kernel_rows else ""
-        attn = "; talker attention: Triton" if self.talker_attn_kernel else "; talker attention: SDPA"
-        return (f"Triton kernels up to {self.kernel_rows} predictor rows{head} / {self.talker_kernel_rows} talker "
-                f"rows{pdl}, Inductor above{attn}")
-
-
-def _probe_pdl(probe: Callable[[Any], str], pdl: Any, off: Any) -> tuple[str, Any]:
-    """probe(pdl), and where that fails with programmatic dependent launch on, once more with `off`
-    -> (the last error or '', the PDL setting it ran with)."""
-    err = probe(pdl)
-    if err and pdl:
-        pdl = off
-        err = probe(off)
-    return err, pdl
-
-
-def kernel_tuning() -> Any:
-    """OMNI_TTS_KERNEL_TUNING=1: Inductor's coordinate-descent tuning of its kernels' block sizes while the
-    units compile (benchmarks candidate configs on the GPU: slower compiles; for measuring)."""
-    if os.environ.get("OMNI_TTS_KERNEL_TUNING") != "1":
-        return contextlib.nullcontext()
-    import torch._inductor.config as inductor_config
-
-    return inductor_config.patch(coordinate_descent_tuning=True)
-
-
-def cpu_fallback_mode() -> CompileMode:
-    """What a CUDA-graph mode runs as without CUDA: default when Inductor imports, else eager."""
-    try:
-        import torch._inductor  # noqa: F401
-    except Exception:
-        return CompileMode.EAGER
-    return CompileMode.DEFAULT
+            # per bucket: 2 layer units (+1 for the predictor's 2-token start) and 2 sampling units x 2 variants
+            buckets = len(self.config.resolved_buckets())
+            torch._dynamo.config.recompile_limit = max(64, 6 * buckets + 8)
+            self._fast[inductor] = FastPath(self.model, inductor)
+        return self._fast[inductor]

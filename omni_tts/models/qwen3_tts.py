@@ -1,13 +1,12 @@
-"""TTSModel: one loaded Qwen3-TTS checkpoint as tensors-in/tensors-out pieces plus a reference loop.
+"""TTSModel: one loaded Qwen3-TTS checkpoint as tensors-in/tensors-out pieces.
 
 Owns: building Talker + CodePredictor (+ the lazily built codec decoder) from a `Checkpoint` with
-strict weight loading; turning a request into a `Prompt` (omni_tts.models.text) and then into prefill
-embeddings exactly as the official generate assembles them; resolving a request's generation
-settings (request value, else generation_config.json, else the official hard default); the one
-frame `step` shared with the engine; and `generate_codes` / `synthesize`, the plain single-request
-reference loop used for exactness tests and the CLI. Voice-clone specifics (voice-prompt checks, the
-ICL prompt body, the reference cut, the cached encoders behind `voice_prompt`) live in omni_tts.models.voice_clone.
-Does not own batching, streaming policy, timing or compile modes (engine.py / runner.py).
+strict weight loading, and `prepare`, the one place a request becomes model input: checked against
+the checkpoint, tokenized into a `Prompt` (omni_tts.models.text), embedded into prefill rows exactly
+as the official generate assembles them, and given its resolved settings (request value, else
+generation_config.json, else the official hard default; the seed drawn once). Voice-clone specifics
+(voice-prompt checks, the ICL prompt body, the reference cut, the encoders behind `voice_prompt`) live
+in omni_tts.models.voice_clone. A frame is defined in omni_tts.engine.model_runner, not here.
 """
 
 from __future__ import annotations
@@ -26,7 +25,8 @@ from omni_tts.models.checkpoint import Checkpoint
 from omni_tts.models.code_predictor import CodePredictor
 from omni_tts.config import SynthesisParams
 from omni_tts.errors import CheckpointError, InputError, OmniTTSError
-from omni_tts.models.talker import KVCache, Talker, cast_parameters, load_strict
+from omni_tts.models.layers import KVCache, cast_parameters, load_strict
+from omni_tts.models.talker import Talker
 from omni_tts.models.text import Prompt, PromptBuilder, TextTokenizer
 
 # Official hard defaults, used when neither the request nor generation_config.json sets a value.
@@ -52,6 +52,24 @@ class Settings:
     seed: int
     max_frames: int  # frames to make at most (max_new_tokens - 1, as the official loop yields)
     fixed: bool  # True: ignore EOS and make exactly max_frames frames
+
+
+@dataclass
+class Prepared:
+    """A request as model input, built once at submit."""
+
+    prefill: Prefill
+    settings: Settings
+    max_frames: int  # frames to make at most, after fitting the prompt into max_seq_len
+    decoder_prefix: torch.Tensor | None  # [R, 16] codes decoded before the generated ones (ICL clone), CPU
+
+    @property
+    def prompt_len(self) -> int:
+        return self.prefill.embeds.shape[0]
+
+    @property
+    def fixed(self) -> bool:
+        return self.settings.fixed
 
 
 class TTSModel:
@@ -144,14 +162,28 @@ class TTSModel:
         return self.prompts.build(params.task, params.text, params.speaker, params.language, params.instruct,
                                   params.non_streaming_mode, ref_text=ref_text)
 
-    def check_request(self, params: SynthesisParams) -> None:
-        self.build_prompt(params)
-        self.resolve_settings(params)
+    @torch.no_grad()
+    def prepare(self, params: SynthesisParams, max_seq_len: int) -> Prepared:
+        """Check, tokenize and embed a request once (InputError with one line when it cannot be served);
+        frames beyond what fits in `max_seq_len` after the prompt are cut (a fixed-frames request errs)."""
+        prompt = self.build_prompt(params)
+        settings = self.resolve_settings(params)
+        pre = self.build_prefill(prompt, params.voice)  # embeds: [T, D], trailing: [N, D], pad: [D]
+        T, prefix = pre.embeds.shape[0], clone.decoder_prefix(params)
+        max_frames = settings.max_frames
+        if T + max_frames + 1 > max_seq_len:
+            if settings.fixed:  # a benchmark asking for exactly N frames must not silently get fewer
+                raise InputError(f"fixed_frames {max_frames} does not fit this engine (prompt {T} tokens + "
+                                 f"{max_frames} frames > max_seq_len {max_seq_len}); lower it or raise max_seq_len")
+            max_frames = max_seq_len - T - 1
+            if max_frames < 2:
+                raise InputError(clone.too_long(T, max_seq_len, prefix))
+        return Prepared(pre, settings, max_frames, prefix)
 
-    def _text(self, ids: list[int]) -> torch.Tensor:
+    def text_rows(self, ids: list[int]) -> torch.Tensor:
         return self.talker.embed_text(torch.tensor(ids, dtype=torch.long, device=self.device))  # [N, D]
 
-    def _codec_ids(self, ids: list[int]) -> torch.Tensor:
+    def codec_rows(self, ids: list[int]) -> torch.Tensor:
         return self.talker.embed_codec(torch.tensor(ids, dtype=torch.long, device=self.device))  # [N, D]
 
     @torch.no_grad()
@@ -163,18 +195,18 @@ class TTSModel:
         if isinstance(prompt, SynthesisParams):
             voice = prompt.voice
             prompt = self.build_prompt(prompt)
-        bos, eos, pad = self._text([prompt.tts_bos_id, prompt.tts_eos_id, prompt.tts_pad_id])  # 3 x [D]
-        prefix = self._codec_ids(prompt.codec_prefix_ids)  # [P, D]
-        spk = [] if prompt.speaker_id is None else [self._codec_ids([prompt.speaker_id])]
+        bos, eos, pad = self.text_rows([prompt.tts_bos_id, prompt.tts_eos_id, prompt.tts_pad_id])  # 3 x [D]
+        prefix = self.codec_rows(prompt.codec_prefix_ids)  # [P, D]
+        spk = [] if prompt.speaker_id is None else [self.codec_rows([prompt.speaker_id])]
         if prompt.task == "voice_clone":
             if voice is None:
                 raise InputError(clone.NEEDS_VOICE)
             spk = [voice.x_vector.to(self.device, self.dtype).reshape(1, -1)]  # [1, D]
-        codec = torch.cat([prefix, *spk, self._codec_ids([prompt.codec_pad_id, prompt.codec_bos_id])])  # [C, D]
+        codec = torch.cat([prefix, *spk, self.codec_rows([prompt.codec_pad_id, prompt.codec_bos_id])])  # [C, D]
         C = codec.shape[0]
         text_over_codec = torch.cat([pad[None].expand(C - 2, -1), bos[None]], dim=0) + codec[:-1]  # [C-1, D]
-        parts = [self._text(prompt.instruct_ids)] if prompt.instruct_ids else []
-        parts += [self._text(prompt.role_ids), text_over_codec]
+        parts = [self.text_rows(prompt.instruct_ids)] if prompt.instruct_ids else []
+        parts += [self.text_rows(prompt.role_ids), text_over_codec]
         if prompt.ref_text_ids is not None and voice is not None and getattr(voice, "ref_codes", None) is not None:
             body, trailing = clone.icl_body(self, prompt, voice.ref_codes, eos, pad)
         else:
@@ -183,10 +215,10 @@ class TTSModel:
 
     def _text_body(self, prompt: Prompt, eos: torch.Tensor, pad: torch.Tensor, codec_bos: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        text = self._text(prompt.text_ids)  # [n, D]
+        text = self.text_rows(prompt.text_ids)  # [n, D]
         if prompt.non_streaming_mode:
             n = text.shape[0]
-            whole = torch.cat([text, eos[None]], dim=0) + self._codec_ids([prompt.codec_pad_id] * (n + 1))  # [n+1, D]
+            whole = torch.cat([text, eos[None]], dim=0) + self.codec_rows([prompt.codec_pad_id] * (n + 1))  # [n+1, D]
             return torch.cat([whole, (pad + codec_bos)[None]], dim=0), pad[None]  # tts_pad over codec_bos last
         # streaming text: the first text token over codec_bos now, the rest (+ tts_eos) one per frame
         return (text[:1] + codec_bos[None]), torch.cat([text[1:], eos[None]], dim=0)
@@ -227,58 +259,6 @@ class TTSModel:
         seed = int(params.seed) if params.seed is not None else secrets.randbits(63)
         return Settings(talker, sub, seed, max_frames, fixed)
 
-    # ------------------------------------------------------------------ one frame
-    @torch.no_grad()
-    def step(self, hidden: torch.Tensor, code0: torch.Tensor, text_row: torch.Tensor, pos: torch.Tensor,
-             frame: torch.Tensor, seed: torch.Tensor, seen: torch.Tensor, allow_eos: torch.Tensor,
-             talker_sp: sampling.SlotParams, sub_sp: sampling.SlotParams, cache: KVCache,
-             slots: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Finish frame `frame` (code 0 already chosen) and choose the next frame's code 0.
-
-        hidden: [B, D] talker state that produced code0 [B]; text_row: [B, D] text added to this frame's
-        feedback; pos: [B] talker position of the feedback. -> (codes [B, 16] of this frame, next hidden
-        [B, D], next code 0 [B]); `seen` is updated in place with the next code 0."""
-        rest, fb = self.code_predictor.predict_frame(hidden, code0, sub_sp, seed, frame)  # [B, 15], [B, D]
-        codes = torch.cat([code0[:, None], rest], dim=1)  # [B, 16]
-        x = (fb + text_row)[:, None]  # [B, 1, D]
-        h = self.talker(x, pos[:, None], cache, slots)[:, 0]  # [B, D]
-        nxt = sampling.sample_talker(self.talker.logits(h), talker_sp, seen, frame + 1, allow_eos, seed,
-                                     self.sampling_constants)  # [B]
-        sampling.mark_seen(seen, nxt)
-        return codes, h, nxt
-
-    # ------------------------------------------------------------------ reference loop
-    @torch.no_grad()
-    def generate_codes(self, params: SynthesisParams) -> torch.Tensor:
-        """Single-request reference synthesis loop -> codes [frames, 16] int64 (CPU)."""
-        prompt = self.build_prompt(params)
-        st = self.resolve_settings(params)
-        pre = self.build_prefill(prompt, params.voice)
-        T = pre.embeds.shape[0]
-        dev = self.device
-        cache = self.talker.new_cache(1, T + st.max_frames + 1)
-        h = self.talker(pre.embeds[None], torch.arange(T, device=dev)[None], cache, None)[:, -1]  # [1, D]
-        seed = torch.tensor([st.seed], device=dev)
-        seen = torch.zeros(1, self.vocab_size, dtype=torch.bool, device=dev)
-        allow_eos = torch.tensor([not st.fixed], device=dev)
-        tsp = sampling.SlotParams.from_settings([st.talker], dev)
-        ssp = sampling.SlotParams.from_settings([st.subtalker], dev)
-        code0 = sampling.sample_talker(self.talker.logits(h), tsp, seen, torch.zeros(1, dtype=torch.long, device=dev),
-                                       allow_eos, seed, self.sampling_constants)  # [1]
-        sampling.mark_seen(seen, code0)
-        frames: list[torch.Tensor] = []
-        for t in range(st.max_frames):
-            if not st.fixed and int(code0[0]) == self.eos_id:
-                break
-            row = pre.trailing[t] if t < pre.trailing.shape[0] else pre.pad  # [D]
-            frame = torch.tensor([t], device=dev)
-            codes, h, code0 = self.step(h, code0, row[None], torch.tensor([T + t], device=dev), frame, seed, seen,
-                                        allow_eos, tsp, ssp, cache, None)
-            frames.append(codes[0])
-        if not frames:
-            return torch.zeros(0, self.num_groups, dtype=torch.long)
-        return torch.stack(frames).cpu()
-
     # ------------------------------------------------------------------ audio
     @property
     def codec(self) -> Any:
@@ -309,18 +289,6 @@ class TTSModel:
             return np.zeros(0, dtype=np.float32)
         wav = self.codec.decode(codes[None].to(self.device))  # [1, samples]
         return wav[0].float().cpu().numpy().astype(np.float32)
-
-    def synthesize(self, params: SynthesisParams) -> tuple[np.ndarray, torch.Tensor]:
-        """-> (waveform float32 at `sample_rate`, generated codes [frames, 16]).
-
-        Voice-clone ICL decodes [reference codes; generated codes] and cuts the reference part off the
-        audio as the official wrapper does (clone.reference_cut)."""
-        codes = self.generate_codes(params)
-        ref = clone.decoder_prefix(params)  # [R, 16] or None
-        if ref is None:
-            return self.decode(codes), codes
-        full = torch.cat([ref, codes], dim=0)  # [R + frames, 16]
-        return clone.cut_reference(self.decode(full), ref.shape[0], full.shape[0]), codes
 
     def streaming_decoder(self, initial_chunk_frames: int, chunk_frames: int, left_context_frames: int | None = None,
                           prefix_codes: torch.Tensor | None = None, grow: bool = False) -> Any:

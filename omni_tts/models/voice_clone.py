@@ -55,12 +55,12 @@ def icl_body(model: "TTSModel", prompt: "Prompt", ref_codes: torch.Tensor, eos: 
     reference frames' summed code embeddings ([Lc, D], Lc = R + 1). Non-streaming: all text over
     codec_pad, then the codec rows over tts_pad. Streaming: the two summed row by row; text beyond Lc
     trails one row per generated frame, or tts_pad fills the text side when the text is shorter."""
-    text = torch.cat([model._text(prompt.ref_text_ids + prompt.text_ids), eos[None]], dim=0)  # [Lt, D]
+    text = torch.cat([model.text_rows(prompt.ref_text_ids + prompt.text_ids), eos[None]], dim=0)  # [Lt, D]
     frames = model.frame_embedding(ref_codes.to(model.device))  # [R, D]
-    codec = torch.cat([model._codec_ids([prompt.codec_bos_id]), frames], dim=0)  # [Lc, D]
+    codec = torch.cat([model.codec_rows([prompt.codec_bos_id]), frames], dim=0)  # [Lc, D]
     Lt, Lc = text.shape[0], codec.shape[0]
     if prompt.non_streaming_mode:
-        body = torch.cat([text + model._codec_ids([prompt.codec_pad_id] * Lt), codec + pad[None]], dim=0)
+        body = torch.cat([text + model.codec_rows([prompt.codec_pad_id] * Lt), codec + pad[None]], dim=0)
         return body, pad[None]
     if Lt > Lc:
         return text[:Lc] + codec, text[Lc:]
@@ -75,6 +75,15 @@ def decoder_prefix(params: Any) -> torch.Tensor | None:
         return None
     codes = getattr(voice, "ref_codes", None)
     return None if codes is None else codes.detach().to("cpu", torch.long)
+
+
+def too_long(T: int, max_len: int, ref_codes: torch.Tensor | None) -> str:
+    """The one-line error for a prompt that leaves no room for 2 frames; names the reference audio for an ICL clone."""
+    if ref_codes is None:
+        return (f"text is too long for this engine (prompt {T} tokens, max_seq_len {max_len}); "
+                f"shorten it or raise max_seq_len")
+    return (f"text + reference audio is too long for this engine (prompt {T} tokens incl. {ref_codes.shape[0]} "
+            f"reference frames, max_seq_len {max_len}); shorten the text or the reference clip, or raise max_seq_len")
 
 
 def reference_cut(ref_frames: int, total_frames: int, samples: int) -> int:

@@ -1,0 +1,117 @@
+"""One request: the record the engine keeps while it is served, and the handle its caller holds.
+
+Owns `Request` (built once at submit: the checked, tokenized and embedded prompt with its resolved
+settings, plus the engine-side state of a request in a slot) and `RequestHandle` (stream / cancel /
+result for the caller; `deliver` / `complete` for the audio stage). Knows nothing about devices.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from omni_tts.config import SynthesisParams
+from omni_tts.engine.metrics import RequestMetrics, now
+from omni_tts.errors import Cancelled, EngineError, OmniTTSError
+
+_DONE = object()
+
+
+@dataclass
+class AudioChunk:
+    """One streamed piece of a request's audio."""
+
+    request_id: int
+    index: int
+    samples: np.ndarray  # float32 [n]
+    sample_rate: int
+    first_frame: int  # index of its first code frame within the request's audio
+    frames: int
+
+
+@dataclass
+class SynthesisResult:
+    wav: np.ndarray  # float32 [samples]
+    codes: np.ndarray  # int64 [frames, 16]
+    sample_rate: int
+    metrics: RequestMetrics
+
+
+class RequestHandle:
+    """What `Engine.submit` returns: iterate `stream()` for chunks, `result()` for the whole clip."""
+
+    def __init__(self, request_id: int, params: SynthesisParams, metrics: RequestMetrics) -> None:
+        self.id = request_id
+        self.params = params
+        self.metrics = metrics
+        self.sample_rate = metrics.sample_rate
+        self.cancel_requested = threading.Event()
+        self._events: queue.Queue = queue.Queue()
+        self._chunks: list[np.ndarray] = []
+        self._codes: list[np.ndarray] = []
+        self._error: OmniTTSError | None = None
+        self._finished = threading.Event()
+        self._frames_delivered = 0  # code frames whose audio has been delivered
+
+    # --- the caller's side ---
+    def stream(self, timeout: float | None = None) -> Iterator[AudioChunk]:
+        """Yield chunks as they are made; raises the request's error (Cancelled included) at the end."""
+        while True:
+            item = self._events.get(timeout=timeout)
+            if item is _DONE:
+                break
+            yield item
+        if self._error is not None:
+            raise self._error
+
+    def cancel(self) -> None:
+        self.cancel_requested.set()
+
+    @property
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def result(self, timeout: float | None = None) -> SynthesisResult:
+        """The whole clip; raises the request's error, or `Cancelled` (with `.partial`) after a cancel."""
+        if not self._finished.wait(timeout):
+            raise EngineError(f"request {self.id} did not finish within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self.partial()
+
+    def partial(self) -> SynthesisResult:
+        """What has been delivered so far: audio chunks and the code frames they hold."""
+        wav = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
+        codes = np.stack(self._codes) if self._codes else np.zeros((0, 16), np.int64)
+        return SynthesisResult(wav.astype(np.float32, copy=False), codes, self.sample_rate, self.metrics)
+
+    def fail_unstarted(self, status: str, error: OmniTTSError | None = None) -> None:
+        """A request that never got a slot (cancelled in the queue, refused at admission, shut down)."""
+        self.complete([], status, error)
+
+    # --- the engine's side (scheduler and audio stage) ---
+    def deliver(self, chunk: AudioChunk) -> None:
+        self._chunks.append(chunk.samples)
+        self._frames_delivered = chunk.first_frame + chunk.frames
+        self._events.put(chunk)
+
+    def complete(self, codes: list[np.ndarray], status: str, error: OmniTTSError | None = None) -> None:
+        """Finish: status done | cancelled | error. A cancelled request keeps only the frames its
+        delivered audio holds, so its codes and audio agree."""
+        m = self.metrics
+        m.status, m.finished_at = status, now()
+        if status == "cancelled":
+            codes = codes[:self._frames_delivered]
+            error = error or Cancelled(f"request {self.id} was cancelled")
+        m.frames = len(codes)
+        m.error = str(error) if error else None
+        self._codes = codes
+        if isinstance(error, Cancelled):
+            error.partial = self.partial()
+        self._error = error
+        self._finished.set()
+        self._events.put(_DONE)

@@ -1,0 +1,203 @@
+"""One mode's serving loop: admission into slots, the batched frame loop, leaving, failure isolation.
+
+Each resident mode has a `Scheduler` with its own runner (slots, KV cache, graphs) and its own thread,
+so a slow mode never sets the frame pace of a fast one. Every scheduler launches onto the engine's one
+step stream (graphs that share a pool must never run at the same time), and hands each frame's codes
+to the shared audio stage, which emits audio and completes requests. Knows nothing about Gradio.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from omni_tts.engine.audio_stage import Code2Wav
+from omni_tts.engine.metrics import EngineStats
+from omni_tts.engine.model_runner import Runner
+from omni_tts.engine.request import RequestHandle
+from omni_tts.errors import EngineError, OmniTTSError, as_engine_error, one_line
+from omni_tts.models.qwen3_tts import Prepared
+
+
+@dataclass(eq=False)  # identity: slots are found with `is`-equality
+class Request:
+    """A request as the engine keeps it: built once at submit, then its slot-side state."""
+
+    handle: RequestHandle
+    prep: Prepared
+    decoder: Any = None  # codec.StreamingDecoder, made at admission
+    codes: list[np.ndarray] = field(default_factory=list)
+    chunks: int = 0
+    failed: bool = False
+    left: bool = False  # out of its slot (finished, cancelled or failed): later step results are ignored
+
+
+class Scheduler:
+    """Serves the requests of one mode with one runner on one thread."""
+
+    def __init__(self, runner: Runner, config: Any, audio: Code2Wav, stats: EngineStats,
+                 step_stream: Callable[[], Any], make_decoder: Callable[[Prepared], Any]) -> None:
+        self.runner, self.config, self.audio, self.stats = runner, config, audio, stats
+        self.mode = runner.mode
+        self._step_stream, self._make_decoder = step_stream, make_decoder
+        self.waiting: "queue.Queue[Request]" = queue.Queue()
+        self.active: list[Request] = []  # index == slot (kept compact: slots 0..n-1)
+        # one frame of lookahead: the step launched last and the requests in its rows
+        self._pending: tuple[Any, list[Request]] | None = None
+        self.state = "queued"  # queued -> warming -> ready | failed
+        self.error = ""
+        self.ready = threading.Event()
+        self.warm_report: dict[str, Any] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"omni-tts-{self.mode.value}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ engine side
+    def put(self, request: Request) -> None:
+        self.waiting.put(request)
+        self._wake.set()
+
+    def warm(self, say: Callable[[str], None]) -> None:
+        """Compile and capture (called by the engine's warm-up thread, one mode at a time)."""
+        self.state = "warming"
+        try:
+            with self._step_stream():
+                self.warm_report = self.runner.warm(say)
+            self.state = "ready"
+        except Exception as e:  # a mode that cannot warm fails its requests, never the engine
+            self.state, self.error = "failed", one_line(e)
+            say(f"{self.mode.value} failed to warm: {self.error}")
+        self.ready.set()
+        self._wake.set()
+
+    def stop(self, timeout: float = 30) -> None:
+        self._stop.set()
+        self.ready.set()
+        self._wake.set()
+        self._thread.join(timeout=timeout)
+
+    # ------------------------------------------------------------------ the thread
+    def _loop(self) -> None:
+        self.ready.wait()
+        while not self._stop.is_set():
+            if self.state == "failed":
+                self._refuse_waiting(EngineError(f"mode {self.mode.value} is unavailable: {self.error}"))
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            with self._step_stream():
+                self._iterate()
+        self._pending = None
+        for a in self.active:
+            self._finish(a, "cancelled", EngineError("the engine shut down"))
+        self._refuse_waiting(EngineError("the engine shut down"), status="cancelled")
+
+    def _refuse_waiting(self, err: OmniTTSError, status: str = "error") -> None:
+        while not self.waiting.empty():
+            self.waiting.get().handle.fail_unstarted(status, err)
+
+    def _iterate(self) -> None:
+        """One pass: admissions, then one frame (or a short idle wait)."""
+        self._admit()
+        if not self.active:
+            self._guard(self._settle)
+            self._wake.wait(0.05)
+            self._wake.clear()
+            return
+        self._guard(self._step)
+
+    def _guard(self, fn: Callable[[], None]) -> None:
+        """Run a step-loop action; a device error fails the active requests and the loop keeps serving."""
+        try:
+            fn()
+        except Exception as e:
+            err = as_engine_error(e, "generation failed")
+            self._pending = None
+            for a in list(self.active):
+                self._finish(a, "error", err)
+            self.active.clear()
+
+    def _admit(self) -> None:
+        """Take waiting requests into free slots; their prompts are prefilled together (one talker pass
+        for up to 8). A batch that fails is retried one request at a time, so only the bad one fails."""
+        batch: list[Request] = []
+        while len(self.active) + len(batch) < self.runner.S and not self.waiting.empty():
+            r = self.waiting.get()
+            if r.handle.cancel_requested.is_set():
+                r.handle.fail_unstarted("cancelled")
+                continue
+            try:  # a failure here is this request's, never the loop's
+                r.decoder = self._make_decoder(r.prep)
+            except Exception as e:
+                r.handle.fail_unstarted("error", as_engine_error(e, "could not start the request"))
+                continue
+            batch.append(r)
+        if not batch:
+            return
+        self.runner.after_default_stream()  # prompts were embedded on the submitting threads
+        try:
+            self._prefill(batch)
+        except Exception:
+            for r in batch:  # one at a time: only a request that fails alone fails
+                try:
+                    self._prefill([r])
+                except Exception as e:
+                    r.handle.fail_unstarted("error", as_engine_error(e, "could not start the request"))
+
+    def _prefill(self, batch: list[Request]) -> None:
+        first = len(self.active)
+        self.runner.prefill_batch(first, [r.prep for r in batch])
+        self.active.extend(batch)
+
+    def _step(self) -> None:
+        """Launch the next frame of every active request, then take in the frame launched before it."""
+        ticket = self.runner.launch(len(self.active))
+        done, self._pending = self._pending, (ticket, list(self.active))
+        if done is not None:
+            self._take(*done)
+        if not self.config.tuning.lookahead:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Take in the frame still in flight, if any (when the loop idles)."""
+        done, self._pending = self._pending, None
+        if done is not None:
+            self._take(*done)
+
+    def _take(self, ticket: Any, rows: list[Request]) -> None:
+        """A launched frame's results: codes to each request (rows[i] held slot i at launch), finished
+        requests out of their slots. A request that left after the launch ignores its row."""
+        codes, eos = self.runner.collect(ticket)  # codes: [n, 16] int64 (frame just completed); eos: [n] bool (next)
+        self.stats.on_step(sum(not a.left for a in rows))
+        jobs: list[tuple] = []  # this step's code-to-wave jobs, queued as one item (decoded as one batch)
+        for i, a in enumerate(rows):
+            if a.left:
+                continue
+            a.codes.append(codes[i])
+            jobs.append(("push", a, codes[i:i + 1]))
+            if a.handle.cancel_requested.is_set():
+                jobs.append(("finish", a, "cancelled", None))
+                self._leave(a)
+            elif len(a.codes) >= a.prep.max_frames or (eos[i] and not a.prep.fixed):
+                jobs += [("flush", a), ("finish", a, "done", None)]
+                self._leave(a)
+        self.audio.put(jobs)
+
+    def _leave(self, a: Request) -> None:
+        """Free a's slot: the last active request moves into it (slots stay 0..n-1)."""
+        a.left = True
+        i, last = next(j for j, x in enumerate(self.active) if x is a), len(self.active) - 1
+        if i != last:
+            self.runner.move_slot(last, i)
+            self.active[i] = self.active[last]
+        self.active.pop()
+
+    def _finish(self, a: Request, status: str, error: OmniTTSError | None = None) -> None:
+        """The request leaves its slot; it completes after its audio is decoded."""
+        a.left = True
+        self.audio.put([("finish", a, status, error)])
