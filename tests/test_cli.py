@@ -100,3 +100,78 @@ def test_synth_with_only_text_uses_the_embedded_demo_on_a_fresh_machine(tmp_path
     wav, sr = sf.read(out)
     assert sr == 24000 and wav.shape[0] == 5 * 1920  # max_new_tokens 6 -> 5 frames
     assert (tmp_path / "omni").is_dir()
+
+
+# ------------------------------------------------------------------------------------------ at the door
+def cli_bytes(*args: str | bytes) -> subprocess.CompletedProcess:
+    """The CLI with raw argv bytes (what a shell passes for text that is not UTF-8)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", LC_ALL="C.UTF-8")
+    return subprocess.run([sys.executable, "-m", "omni_tts", *args], capture_output=True, env=env, cwd=REPO,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--seed", "9223372036854775808"], ["seed must be >= 0 and <= 9223372036854775807"]),
+    (["--seed", "-4"], ["seed must be >= 0"]),
+    (["--max-new-tokens", "1180591620717411303424"], ["max_new_tokens must be >= 2 and <= 8192",
+                                                      "an integer of 71 bits"]),
+    (["--max-new-tokens", "1e12"], ["--max-new-tokens: invalid int value: '1e12'"]),
+    (["--max-new-tokens", "100000"], ["max_new_tokens must be >= 2 and <= 8192"]),
+])
+def test_out_of_range_numbers_are_one_line_before_any_model_loads(tmp_path: Path, args, fragments):
+    """--model names no checkpoint: the number is refused first, so nothing was loaded or synthesized."""
+    r = cli("synth", "--model", str(tmp_path / "none"), "--text", "hi", "--out", str(tmp_path / "o.wav"), *args)
+    assert_one_line_error(r, *fragments)
+    assert not (tmp_path / "o.wav").exists()
+
+
+def test_invalid_utf8_text_is_one_line(tmp_path: Path) -> None:
+    r = cli_bytes("synth", "--model", str(fixture_dir("custom_voice")), "--text", b"caf\xe9 ok",
+                  "--out", str(tmp_path / "o.wav"))
+    assert_one_line_error(subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(),
+                                                      r.stderr.decode(errors="replace")),
+                          "--text is not valid UTF-8 (byte 0xe9 at character 3)")
+    assert not (tmp_path / "o.wav").exists()
+
+
+@pytest.mark.parametrize("out,fragment", [
+    ("{tmp}", "is a directory"),
+    ("{tmp}/o.xyz", "give a file name ending in .wav"),
+    ("{tmp}/o", "give a file name ending in .wav"),
+    ("{tmp}/missing/o.wav", "the directory"),
+])
+def test_bad_out_is_refused_before_loading_or_synthesizing(tmp_path: Path, out: str, fragment: str) -> None:
+    """The checkpoint path does not exist: an --out error, not a checkpoint error, shows the order."""
+    r = cli("synth", "--model", str(tmp_path / "none"), "--text", "hi", "--out", out.format(tmp=tmp_path))
+    assert_one_line_error(r, "--out", fragment)
+
+
+def test_existing_outputs_are_kept_unless_force(tmp_path: Path) -> None:
+    d = fixture_dir("custom_voice")
+    out, codes = tmp_path / "o.wav", tmp_path / "c.npy"
+    out.write_text("keep me")
+    base = ["synth", "--model", str(d), "--text", "hi", "--greedy", "--max-new-tokens", "4", "--out", str(out)]
+    assert_one_line_error(cli(*base), "--out", "exists; pass --force")
+    assert out.read_text() == "keep me"
+    codes.write_text("keep me too")
+    r = cli(*base[:-1], str(tmp_path / "new.wav"), "--codes-out", str(codes))
+    assert_one_line_error(r, "--codes-out", "exists")
+    assert codes.read_text() == "keep me too" and not (tmp_path / "new.wav").exists()
+    voice = tmp_path / "v.safetensors"
+    voice.write_text("not yet a voice")
+    r = cli("synth", "--model", str(tmp_path / "none"), "--task", "voice_clone", "--text", "hi", "--ref-audio",
+            str(tmp_path / "none.wav"), "--x-vector-only", "--save-voice", str(voice), "--out", str(tmp_path / "n.wav"))
+    assert_one_line_error(r, "--save-voice", "exists")
+    assert voice.read_text() == "not yet a voice"
+    r = cli(*base, "--codes-out", str(codes), "--force")
+    assert r.returncode == 0, r.stderr
+    wav, sr = sf.read(out)
+    assert sr == 24000 and wav.shape == (3 * 1920,) and np.load(codes).shape == (3, 16)
+
+
+def test_argument_errors_and_a_huge_maker_seed_are_one_line(tmp_path: Path) -> None:
+    assert_one_line_error(cli("synth", "--text", "hi"), "the following arguments are required: --out")
+    assert_one_line_error(cli("synth", "--text", "hi", "--out", "o.wav", "--dtype", "fp8"), "--dtype")
+    r = cli("make-checkpoint", "--size", "tiny", "--out", str(tmp_path / "m"), "--seed", str(2**70))
+    assert_one_line_error(r, "--seed must be >= 0 and <= 9223372036854775807")
+    assert not (tmp_path / "m").exists()

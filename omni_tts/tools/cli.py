@@ -2,22 +2,34 @@
 `make-checkpoint` (random weights in the released layout, via omni_tts.models.checkpoint_maker).
 
 Owns argument parsing, choosing the checkpoint (--model, else the embedded default), the voice-clone
-flags (reference audio -> voice prompt, saving/loading voice prompts), and turning every OmniTTSError
-into one `error: ...` line on stderr with exit status 2 (no traceback).
+flags (reference audio -> voice prompt, saving/loading voice prompts), checking every input and every
+output path before any work (invalid UTF-8, a directory or a non-.wav name for --out, an existing file
+without --force), and turning every OmniTTSError, argument errors included, into one `error: ...` line
+on stderr with exit status 2 (no traceback).
 Knows nothing about model internals: it calls omni_tts.models.qwen3_tts.TTSModel.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from omni_tts.errors import OmniTTSError
 
 EXIT_USER_ERROR = 2
 MAKER_TYPES = ("custom_voice", "voice_design")  # checkpoint types make-checkpoint writes
+TEXT_FLAGS = ("text", "instruct", "speaker", "language", "ref_text")  # synth flags whose value is spoken or looked up
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one `error: ...` line and exit status 2, like every other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
 
 
 def _bool(s: str) -> bool:
@@ -30,7 +42,7 @@ def _bool(s: str) -> bool:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m omni_tts", description="Qwen3-TTS-12Hz inference (omni-tts)")
+    ap = _Parser(prog="python -m omni_tts", description="Qwen3-TTS-12Hz inference (omni-tts)")
     sub = ap.add_subparsers(dest="command", required=True)
     s = sub.add_parser("synth", help="synthesize one text to a WAV file")
     s.add_argument("--model", help="checkpoint directory or Hugging Face Hub id (default: embedded demo model)")
@@ -49,12 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--voice", metavar="FILE.safetensors", help="a voice prompt saved with --save-voice")
     v.add_argument("--save-voice", metavar="FILE.safetensors", help="also save the voice prompt for reuse")
     s.add_argument("--greedy", action="store_true", help="argmax everywhere instead of sampling")
-    s.add_argument("--max-new-tokens", type=int)
+    s.add_argument("--max-new-tokens", type=int, help="at most this many tokens (frames + 1; at most 8192)")
     s.add_argument("--seed", type=int)
     s.add_argument("--device", default="cpu", help="cpu or cuda")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    s.add_argument("--out", required=True, help="output WAV path")
+    s.add_argument("--out", required=True, help="output WAV path (.wav)")
     s.add_argument("--codes-out", help="also save the [frames, 16] code matrix as .npy")
+    s.add_argument("--force", action="store_true", help="overwrite --out, --codes-out and --save-voice files")
     sp = sub.add_parser("speakers", help="list a checkpoint's built-in speakers")
     sp.add_argument("--model", help="checkpoint directory or Hub id (default: embedded demo model)")
     mk = sub.add_parser("make-checkpoint", help="write a RANDOM-weight checkpoint (its audio is noise) for speed work")
@@ -84,7 +97,52 @@ def _device(name: str):
         raise OmniTTSError("device cuda requested but CUDA is not available here; use --device cpu")
     if name != "cpu" and not name.startswith("cuda"):
         raise OmniTTSError(f"device must be cpu or cuda (got '{name}')")
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise OmniTTSError(f"device must be cpu, cuda or cuda:N (got '{name}')") from None
+
+
+def _utf8(args: argparse.Namespace) -> None:
+    """Text flags must be valid UTF-8: the OS hands undecodable bytes over as lone surrogates."""
+    for name in TEXT_FLAGS:
+        value = getattr(args, name, None)
+        bad = next((i for i, ch in enumerate(value or "") if "\ud800" <= ch <= "\udfff"), None)
+        if bad is not None:
+            byte = f"byte 0x{ord(value[bad]) - 0xDC00:02x}" if ord(value[bad]) >= 0xDC80 else "a lone surrogate"
+            raise OmniTTSError(f"--{name.replace('_', '-')} is not valid UTF-8 ({byte} at character {bad})")
+
+
+def _output(flag: str, path: str | None, force: bool, suffix: str) -> None:
+    """An output file that can be written without losing anything: checked before any work is done."""
+    if not path:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise OmniTTSError(f"{flag} {path}: is a directory; give a file name ending in {suffix}")
+    if p.suffix.lower() != suffix:
+        raise OmniTTSError(f"{flag} {path}: give a file name ending in {suffix}")
+    if not p.parent.is_dir():
+        raise OmniTTSError(f"{flag} {path}: the directory {p.parent} does not exist")
+    if not os.access(p.parent, os.W_OK):
+        raise OmniTTSError(f"{flag} {path}: cannot write in {p.parent}")
+    if p.exists() and not force:
+        raise OmniTTSError(f"{flag} {path}: the file exists; pass --force to overwrite it")
+
+
+def _outputs(args: argparse.Namespace) -> None:
+    """Each output flag's file (their suffixes differ, so no two can be the same file)."""
+    for flag, path, suffix in (("--out", args.out, ".wav"), ("--codes-out", args.codes_out, ".npy"),
+                               ("--save-voice", args.save_voice, ".safetensors")):
+        _output(flag, path, args.force, suffix)
+
+
+def _request(args: argparse.Namespace, task: str, voice=None):  # -> SynthesisParams
+    from omni_tts.config import SynthesisParams
+
+    return SynthesisParams(text=args.text, task=task, speaker=args.speaker, language=args.language,
+                           instruct=args.instruct, non_streaming_mode=args.non_streaming_mode, greedy=args.greedy,
+                           max_new_tokens=args.max_new_tokens, seed=args.seed, voice=voice)
 
 
 def _synth(args: argparse.Namespace) -> int:
@@ -92,12 +150,11 @@ def _synth(args: argparse.Namespace) -> int:
     import soundfile as sf
     import torch
 
-    from omni_tts.config import SynthesisParams
     from omni_tts.models.qwen3_tts import TTSModel
 
-    for path in filter(None, (args.out, args.codes_out, args.save_voice)):
-        if not Path(path).parent.is_dir():
-            raise OmniTTSError(f"{path}: the directory does not exist")
+    _utf8(args)
+    _outputs(args)
+    _request(args, args.task or "custom_voice").validate()  # every field bounded before anything loads
     ref_wav = _reference_audio(args)  # before loading the model: bad audio fails fast
     ckpt = _checkpoint(args.model)
     if ckpt.is_embedded_demo:
@@ -106,10 +163,7 @@ def _synth(args: argparse.Namespace) -> int:
     model = TTSModel.from_checkpoint(ckpt, device=_device(args.device), dtype=dtype)
     task = args.task or (model.tasks() or ["custom_voice"])[0]
     voice = _voice(args, model, task, ref_wav)
-    params = SynthesisParams(text=args.text, task=task, speaker=args.speaker, language=args.language,
-                             instruct=args.instruct, non_streaming_mode=args.non_streaming_mode, greedy=args.greedy,
-                             max_new_tokens=args.max_new_tokens, seed=args.seed, voice=voice)
-    wav, codes = model.synthesize(params)
+    wav, codes = model.synthesize(_request(args, task, voice))
     try:
         sf.write(args.out, wav, model.sample_rate, subtype="FLOAT")
         if args.codes_out:
@@ -186,8 +240,10 @@ def _speakers(args: argparse.Namespace) -> int:
 
 
 def _make_checkpoint(args: argparse.Namespace) -> int:
+    from omni_tts.config import LIMITS, check_number
     from omni_tts.models.checkpoint_maker import SIZES, make_checkpoint
 
+    check_number("--seed", args.seed, LIMITS["seed"])
     if args.size not in SIZES:
         raise OmniTTSError(f"unknown --size '{args.size}'; valid: {', '.join(SIZES)}")
     if args.type not in MAKER_TYPES:
