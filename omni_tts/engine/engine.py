@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import os
 import sys
 import threading
 import weakref
@@ -29,6 +28,7 @@ from omni_tts.engine.request import AudioChunk, RequestHandle, SynthesisResult
 from omni_tts.engine.scheduler import Request, Scheduler
 from omni_tts.engine.step_impl import MODES, StepImpls
 from omni_tts.errors import EngineError, InputError, OmniTTSError
+from omni_tts.models.loading import load_model
 from omni_tts.models.qwen3_tts import Prepared, TTSModel
 
 __all__ = ["AudioChunk", "Engine", "RequestHandle", "SynthesisResult"]
@@ -156,7 +156,7 @@ class Engine:
             state = lane.state if lane else "unavailable"
             out[m.value] = {"state": state, "reason": lane.error if lane else why, "note": MODES[m].note,
                             "seconds": lane.warm_report.get("seconds") if lane else None,
-                            "default": m is self.default_mode}
+                            "default": m is self.default_mode, "kernels": self.impls.kernels_report(m)}
         return out
 
     def available_modes(self) -> dict[str, str | None]:
@@ -223,37 +223,6 @@ class Engine:
         for lane in self.lanes.values():
             lane.stop()
         self._audio.stop(timeout=30)
-
-
-def load_model(config: EngineConfig, progress: Callable[[str], None] | None = None) -> TTSModel:
-    """The checkpoint `config.model` names (or the one model selection picks) on the configured device."""
-    from omni_tts.models.checkpoint import open_checkpoint
-
-    config.validate()
-    device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
-    if config.gpu_memory_limit_gb and device.type == "cuda":  # before anything is allocated
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, config.gpu_memory_limit_gb * (1 << 30) / total), device)
-    if device.type == "cpu":  # leave cores to the audio stage and the host (torch's default takes them all)
-        torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 2) // 2)))
-    model = TTSModel.from_checkpoint(open_checkpoint(config.model, progress=progress), device=device, dtype=dtype)
-    model.codec  # build the codec decoder now: a broken one is a CheckpointError here, not per request
-    return model
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise OmniTTSError("device cuda requested but CUDA is not available here; use --device cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 def _state(on: bool, error: str) -> str:

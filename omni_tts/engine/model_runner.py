@@ -19,11 +19,12 @@ import numpy as np
 import torch
 
 from omni_tts.models.codec.decoder import to_host_async
-from omni_tts.config import CompileMode, EngineConfig
+from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.engine.fast_path import FastPath
 from omni_tts.engine.step_impl import StepImpls
 from omni_tts.errors import InputError
+from omni_tts.models.loading import load_model
 from omni_tts.models.qwen3_tts import Prepared, TTSModel
 from omni_tts.models import sampling
 
@@ -217,9 +218,20 @@ class Runner:
             if current != default:
                 current.wait_stream(default)
 
-    def prefill(self, slot: int, prep: Prepared) -> None:
-        """Write one prepared request's prompt into `slot` and sample its first code 0."""
+    @classmethod
+    def from_config(cls, config: EngineConfig, mode: CompileMode | None = None) -> "Runner":
+        """A warmed runner of `mode` (default: the config's) over the model `config` loads (tools, tests)."""
+        model = load_model(config)
+        runner = cls(model, config, mode or config.default_mode(model.device.type == "cuda"))
+        runner.warm()
+        return runner
+
+    def prefill(self, slot: int, prep: Prepared | SynthesisParams) -> Prepared:
+        """Write one request's prompt into `slot` and sample its first code 0."""
+        if isinstance(prep, SynthesisParams):
+            prep = self.model.prepare(prep, self.max_len)
         self.prefill_batch(slot, [prep])
+        return prep
 
     def prefill_batch(self, first: int, items: list[Prepared]) -> None:
         """Prefill prepared requests into slots first, first+1, ... (up to P per talker pass) and sample

@@ -43,9 +43,9 @@ ROWS = [("Med TTFP (ms)", "med_ttfp_ms", "{:.1f}"), ("p90 TTFP (ms)", "p90_ttfp_
 
 
 def make_params(i: int, speaker: str | None, fixed_frames: int | None, seed: int = 1234,
-                task: str = "custom_voice", instruct: str | None = None) -> SynthesisParams:
+                task: str = "custom_voice", instruct: str | None = None, mode: str | None = None) -> SynthesisParams:
     return SynthesisParams(text=PROMPTS[i % len(PROMPTS)], task=task, speaker=speaker, language="English",
-                           instruct=instruct, seed=seed + i, fixed_frames=fixed_frames)
+                           instruct=instruct, seed=seed + i, fixed_frames=fixed_frames, mode=mode)
 
 
 def run_load(engine: Any, concurrency: int, num_prompts: int, make: Callable[[int], SynthesisParams],
@@ -104,39 +104,41 @@ def format_table(results: dict[str, dict[int, dict[str, float]]], concurrency: S
 
 
 def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: int,
-               make: Callable[[int], SynthesisParams], warmup: int, say: Callable[[str], None]
+               make: Callable[[int, str], SynthesisParams], warmup: int, say: Callable[[str], None]
                ) -> tuple[dict[int, dict[str, float]], dict[str, Any]]:
-    if engine.mode.value == mode:  # compiled and captured when the engine was built: not twice
-        report = dict(engine.runner.last_report)
-    else:
-        report = engine.set_compile_mode(mode, progress=lambda s: say(f"  [{mode}] {s}"))
+    """One mode's rows; the other resident modes idle meanwhile (they were warmed at start-up)."""
+    engine.wait_ready(mode)
+    report = engine.modes()[mode]
+    make_m = lambda i: make(i, mode)  # noqa: E731
     results: dict[int, dict[str, float]] = {}
-    if engine.runner.device.type == "cuda":
+    if engine.device.type == "cuda":
         import torch
 
         torch.cuda.reset_peak_memory_stats()
     for c in concurrency:
         try:
-            run_load(engine, c, max(warmup, c), make)  # warm-up, excluded
+            run_load(engine, c, max(warmup, c), make_m)  # warm-up, excluded
             done, n = [0], max(num_prompts, c)
 
             def tick(_m: RequestMetrics, c: int = c, n: int = n) -> None:
                 done[0] += 1
                 say(f"  [{mode}] concurrency {c}: {done[0]}/{n} requests")
 
-            records, wall = run_load(engine, c, n, make, on_done=tick)
+            records, wall = run_load(engine, c, n, make_m, on_done=tick)
             results[c] = summarize(records, wall)
         except OmniTTSError as e:
             results[c] = {"error": f"failed: {str(e)[:80]}"}
         except Exception as e:  # a CUDA error in one mode is a result, not a crash of the benchmark
             results[c] = {"error": f"{type(e).__name__}: {str(e)[:80]}"}
-    mem = gpu_memory(engine.runner.device, engine.runner.pool_bytes())
-    extra = {"actual mode": report.get("mode"), "capture/compile s": f"{report.get('seconds', 0):.1f}",
+    snap = engine.snapshot()
+    pool = snap["capture"].get(mode, {}).get("pool_bytes", 0)
+    mem = snap["memory"]
+    extra = {"state": report["state"], "capture/compile s": f"{report.get('seconds') or 0:.1f}",
              "peak GPU mem (GiB)": f"{mem['peak_gib']:.2f}" if mem else "-",
-             "graph pool (GiB)": f"{mem['graph_pool_gib']:.2f}" if mem else "-",
-             "layer kernels": engine.runner.layer_kernels()}
-    if report.get("notice"):  # e.g. kernels that could not be built here and what ran instead
-        extra["notice"] = report["notice"]
+             "graph pool of this mode's runner (GiB)": f"{pool / 2**30:.2f}" if mem else "-",
+             "CodePredictor kernels": report["kernels"]}
+    if report.get("reason"):
+        extra["notice"] = report["reason"]
     return results, extra
 
 
@@ -148,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return peers_main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m omni_tts.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint dir or hub id (default: embedded demo)")
-    ap.add_argument("--preset", default="default")
+    ap.add_argument("--preset", default="bench")
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="slots per mode (default: the largest concurrency)")
     ap.add_argument("--modes", default=",".join(m.value for m in CompileMode))
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--num-prompts", type=int, default=None, help="requests per concurrency, at least one per client (default 2x the largest conc, >= 12)")
@@ -159,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--json", default=None, help="write results as JSON here")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a preset key (repeatable), e.g. --set lookahead=false --set codec_fused=false")
+                    help="override a preset key (repeatable), e.g. --set kernels=false --set enforce_eager=true")
     args = ap.parse_args(argv)
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     try:
@@ -169,17 +172,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides = parse_sets(args.set)
         overrides.update({k: v for k, v in (("model", args.model), ("device", args.device), ("dtype", args.dtype))
                           if v is not None})
-        cfg = load_preset(args.preset, **overrides)
-        cfg.max_num_seqs = max(cfg.max_num_seqs, max(args.concurrency))
-        cfg.mode = modes[0]
-        engine = Engine.from_config(cfg, progress=say)
+        overrides.update(mode=modes[0], modes=modes, max_num_seqs=args.max_num_seqs or max(args.concurrency))
+        engine = Engine.from_config(load_preset(args.preset, **overrides), progress=say)
     except OmniTTSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    speaker = args.speaker or (engine.model.speakers() or [None])[0]
-    task = "custom_voice" if engine.model.speakers() else "voice_design"
+    speaker = args.speaker or (engine.speakers() or [None])[0]
+    task = "custom_voice" if engine.speakers() else "voice_design"
     instruct = "A clear, neutral voice." if task == "voice_design" else None
-    make = lambda i: make_params(i, speaker, args.fixed_frames, task=task, instruct=instruct)  # noqa: E731
+    make = lambda i, m: make_params(i, speaker, args.fixed_frames, task=task, instruct=instruct, mode=m)  # noqa: E731
     results: dict[str, dict[int, dict[str, float]]] = {}
     extra: dict[str, dict[str, Any]] = {}
     try:
