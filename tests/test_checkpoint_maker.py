@@ -99,7 +99,7 @@ def test_real_size_configs_have_plausible_parameter_counts(size: str, low: float
 def test_the_real_size_random_codec_keeps_its_activations_bounded() -> None:
     """The speech tokenizer's weights are drawn by fan-in (each layer halves its input's scale), so the
     1.7B-size random vocoder's SnakeBeta inputs stay small, as a trained codec's do: with a flat std they
-    grew to ~1e7, where sin() takes a slow path (on the H200 a 32-row window decoded 1.7x slower)."""
+    grow to ~1e7, where sin() takes a slow path (the codec then decodes several times slower)."""
     from omni_tts.models.checkpoint_maker import _module_shapes, _random_tensors
     from omni_tts.models.codec.decoder import CodecDecoder
     from omni_tts.models.codec.layers import SnakeBeta

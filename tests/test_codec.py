@@ -344,7 +344,7 @@ def test_precisions() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() and __import__("os").environ.get("OMNI_TTS_TEST_COMPILE") != "1",
-                    reason="compiles the activation (CPU: ~30 s with a C++ compiler); set OMNI_TTS_TEST_COMPILE=1")
+                    reason="compiles the activation (slow on a CPU: a C++ build); set OMNI_TTS_TEST_COMPILE=1")
 def test_fused_activations_decode_as_the_eager_ops() -> None:
     """set_fused(True) runs each SnakeBeta through one compiled function for any window and batch size;
     the audio equals the eager ops' to float rounding, and set_fused(False) is the eager path again."""

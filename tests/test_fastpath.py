@@ -160,7 +160,7 @@ def test_talker_step_reading_a_kv_prefix_equals_reading_the_whole_cache() -> Non
 
 def test_reduce_overhead_outputs_are_copied_out_single_or_tuple() -> None:
     """reduce-overhead's units hand back copies (the next replay overwrites Inductor's outputs); units that
-    return a tuple (the predictor feed) get each tensor copied (a tuple has no .clone: H200, 2026-11-30)."""
+    return a tuple (the predictor feed) get each tensor copied (a tuple has no .clone)."""
     from omni_tts.engine.step_impl import _cloned
 
     a, b = torch.arange(3.0), torch.ones(2)

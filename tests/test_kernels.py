@@ -186,7 +186,7 @@ def test_kernel_layers_reproduce_the_golden_greedy_codes(case: dict) -> None:
     fast.talker_attn_kernel = True
     gold = np.load(FIXTURES / "custom_voice" / "golden" / f"case{case['case']}_codes.npy")
     p = params_of(case)
-    p.max_new_tokens = 3  # the interpreter runs ~75 layer calls per frame at ~50 ms each
+    p.max_new_tokens = 3  # the interpreter runs every one of a frame's layer calls in Python: few frames
     codes, _ = run_loop(m, fast, p)
     assert len(codes) >= 2
     np.testing.assert_array_equal(codes.numpy(), gold[:len(codes)])

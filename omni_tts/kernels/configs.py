@@ -1,6 +1,6 @@
 """Launch configs of omni_tts.kernels.layers' projection kernel, per (rows, output width, input width).
 
-Owns: the table measured on the H200 (`TUNED`), extra entries from the JSON that OMNI_TTS_KERNEL_CONFIGS
+Owns: the table swept on an H200 (`TUNED`), extra entries from the JSON that OMNI_TTS_KERNEL_CONFIGS
 names (what `python -m omni_tts.tools.kernel_sweep` writes for the GPU at hand), and the lookup with its
 fallbacks (`config`). Knows nothing about the kernels' code, models or devices.
 """

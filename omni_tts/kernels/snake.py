@@ -4,7 +4,7 @@ Owns: `snake(x, alpha, beta, pad, bias, res, keep)`: h = x + bias + res (the bia
 it would have added, the residual stream), then h + sin^2(h * e^alpha) / (e^beta + eps) per channel,
 computed in float32 and stored in x's dtype, written into a new contiguous [B, C, pad + T] tensor whose
 first `pad` columns are zeros: the left padding of the causal conv that follows, so that conv needs no
-padded copy of its input (at 24 kHz and 32 rows each copy was ~0.2 ms on the H200); with `keep`, h too
+padded copy of its input (a full pass over the largest tensors of the decoder); with `keep`, h too
 (the residual stream's next value). One read of each input and one write of each output, where the
 eager ops take a pass per bias add, residual add and padding. x may be any strided view (a transposed
 conv's trimmed output). One program per (row, block of samples): the per-channel constants are loaded

@@ -217,10 +217,9 @@ def make_checkpoint(out: str | os.PathLike, size: str = "tiny", model_type: str 
     meta = {"format": "pt", "made_by": "omni_tts.models.checkpoint_maker", "note": "random weights: noise"}
     _save({k: v.cpu() for k, v in _random_tensors(model_shapes, gen, dev, dt, 0.02).items()},
           out / "model.safetensors", meta)
-    # the speech tokenizer's weights by fan-in: with a flat std its vocoder's activations grew to ~1e7, where
-    # sin() (SnakeBeta) takes its slow argument-reduction path: the snake kernels ran 5.5x slower and a
-    # 32-row window 1.7x slower than with bounded activations (H200, 2026-11-30); weight values must not
-    # change speed
+    # the speech tokenizer's weights by fan-in: with a flat std its vocoder's activations grow to ~1e7, where
+    # sin() (SnakeBeta) takes its slow argument-reduction path and the codec decodes several times slower
+    # than a trained one (docs/benchmarks.md); weight values must not change speed
     _save({k: v.cpu() for k, v in _random_tensors(speech_shapes, gen, dev, dt, 0.05, fan_in=True).items()},
           out / "speech_tokenizer" / "model.safetensors", meta)
     (out / "config.json").write_text(json.dumps(config, indent=1))

@@ -1,4 +1,4 @@
-"""The benchmark CLI: CodePredictor modes x concurrency, in the seed PR's table shape.
+"""The benchmark CLI: CodePredictor modes x concurrency, as rows of the seed table (docs/benchmarks.md).
 
     python -m omni_tts.bench --model DIR --preset NAME [--modes eager,default,...]
         [--concurrency 1 8 32] [--num-prompts N] [--fixed-frames N] [--json OUT]

@@ -10,7 +10,7 @@ predictor's and / or the talker's shapes) per candidate, launched as the engine 
 programmatic dependent launch where the GPU has it: the predictor's always, the talker's up to
 `--talker-pdl-rows` rows), in a CUDA graph of back-to-back launches whose weights rotate through
 enough copies to overflow the L2 cache (inside a frame 150 MB of predictor weights stream from HBM; a
-sweep that keeps one copy hot in the H200's 50 MB L2 picked configs for the wrong regime, 2026-11-30),
+sweep that keeps one copy hot in a 50 MB L2 picks configs for the wrong regime),
 and the choice of the fastest per (rows, shape). Weights are random at the size's shapes (values don't change speed).
 Knows nothing about the engine, requests or graphs pools.
 """
@@ -36,8 +36,8 @@ Config = kernel_configs.Config
 
 def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Config]:
     """(BN, BK, stages, warps, multiply-and-sum) to try for `rows` rows: tensor-core tiles always, narrow
-    multiply-and-sum tiles up to 8 rows (`quick`: 4 warps only and multiply-and-sum up to 2 rows, as every
-    pick on the H200 so far). With the input width K, up to 2 rows also get whole-row tiles (BK >= K: a
+    multiply-and-sum tiles up to 8 rows (`quick`: 4 warps only and multiply-and-sum up to 2 rows, where the
+    full sweep's picks fall). With the input width K, up to 2 rows also get whole-row tiles (BK >= K: a
     program's weights are one tile, all of it loaded before a PDL launch waits for the previous kernel)."""
     warps = (4,) if quick else (4, 8)
     out = [(bn, bk, st, wp, False) for bn, bk, st, wp in itertools.product((16, 32), (128, 256), (3, 4), warps)]

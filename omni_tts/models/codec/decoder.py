@@ -307,8 +307,8 @@ class CodecDecoder(nn.Module):
 
 def to_host(t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """`t` on the host, copied (into `out` when given, else a new pinned tensor; a CPU `t` without `out`
-    is returned as is) with an event wait: a pageable .cpu() waits inside the driver, where it stalled
-    the other engine thread's kernel launches on the H200."""
+    is returned as is) with an event wait: a pageable .cpu() waits inside the driver, where it stalls
+    the other engine thread's kernel launches."""
     if t.device.type != "cuda" and out is None:
         return t
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True) if out is None else out
