@@ -175,3 +175,18 @@ def test_argument_errors_and_a_huge_maker_seed_are_one_line(tmp_path: Path) -> N
     r = cli("make-checkpoint", "--size", "tiny", "--out", str(tmp_path / "m"), "--seed", str(2**70))
     assert_one_line_error(r, "--seed must be >= 0 and <= 9223372036854775807")
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("key,value,fragment", [
+    ("num_hidden_layers", -3, "talker_config.num_hidden_layers must be from 1 to 256 (got -3)"),
+    ("hidden_size", "64", "talker_config.hidden_size must be a whole number"),
+    ("num_hidden_layers", 1e6, "talker_config.num_hidden_layers must be a whole number"),
+])
+def test_absurd_checkpoint_sizes_are_one_line(tmp_path: Path, key: str, value, fragment: str) -> None:
+    d = tmp_path / "ckpt"
+    shutil.copytree(fixture_dir("custom_voice"), d, ignore=shutil.ignore_patterns("golden"))
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["talker_config"][key] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    r = cli("synth", "--model", str(d), "--text", "hi", "--out", str(tmp_path / "o.wav"))
+    assert_one_line_error(r, "config.json", fragment)

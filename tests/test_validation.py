@@ -1,18 +1,26 @@
 """Validation at the door: every request field bounded in one place (SynthesisParams.validate, via
 config.LIMITS), one InputError naming the field whatever it holds, and the engine refusing such a
-request at submit while it keeps serving good ones (real engine on the tiny fixture checkpoint, CPU)."""
+request at submit while it keeps serving good ones (real engine on the tiny fixture checkpoint, CPU);
+checkpoint configs bounded (sizes, ids, parameter estimate) before any tensor is read."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import shutil
 import typing
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from omni_tts.config import LIMITS, MAX_NEW_TOKENS, MAX_TOP_K, EngineConfig, SynthesisParams
 from omni_tts.engine.engine import Engine
-from omni_tts.errors import InputError
+from omni_tts.errors import CheckpointError, InputError
+from omni_tts.models.checkpoint import load_checkpoint
+from omni_tts.models.checkpoint_limits import check_configs, estimate_parameters
+from omni_tts.models.checkpoint_maker import _module_shapes, make_configs
 from omni_tts.models.text import TextTokenizer
 from _fixtures import fixture_dir
 
@@ -131,3 +139,63 @@ def test_engine_refuses_the_bad_request_at_submit_and_serves_the_others(engine, 
     results = [h.result(TIMEOUT) for h in handles]
     for r in results:  # the largest seed runs: the bound is what the device's int64 seed holds
         assert r.codes.shape == (3, 16) and 0 <= int(r.codes.min()) and int(r.codes.max()) < 2048
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+def _checkpoint_copy(tmp_path: Path, name: str = "custom_voice") -> Path:
+    d = tmp_path / name
+    shutil.copytree(fixture_dir(name), d, ignore=shutil.ignore_patterns("golden"))
+    return d
+
+
+def _edit_json(file: Path, path: str, value) -> None:
+    data = json.loads(file.read_text())
+    *parents, key = path.split(".")
+    node = data
+    for p in parents:
+        node = node[p]
+    node[key] = value
+    file.write_text(json.dumps(data))
+
+
+HUGE_BUT_EACH_IN_BOUNDS = {"num_hidden_layers": 256, "hidden_size": 16384, "intermediate_size": 131072,
+                           "num_attention_heads": 128, "num_key_value_heads": 128, "head_dim": 128}
+BAD_CONFIGS = [  # (file, dotted key, value, fragment)
+    ("config.json", "talker_config.num_hidden_layers", 1e6, "talker_config.num_hidden_layers must be a whole number"),
+    ("config.json", "talker_config.num_hidden_layers", 10**6, "num_hidden_layers must be from 1 to 256 (got 1000000)"),
+    ("config.json", "talker_config.hidden_size", 10**9, "talker_config.hidden_size must be from 1 to 32768"),
+    ("config.json", "talker_config.vocab_size", 10**10, "talker_config.vocab_size must be from 1 to 1048576"),
+    ("config.json", "talker_config.num_attention_heads", -4, "num_attention_heads must be from 1 to 256 (got -4)"),
+    ("config.json", "talker_config.intermediate_size", "big", "intermediate_size must be a whole number"),
+    ("config.json", "talker_config.code_predictor_config.num_hidden_layers", 0,
+     "code_predictor_config.num_hidden_layers must be from 1 to 256"),
+    ("config.json", "talker_config.code_predictor_config", HUGE_BUT_EACH_IN_BOUNDS, "billion parameters, more than"),
+    ("config.json", "tts_bos_token_id", 10**6, "tts_bos_token_id must be from 0 to 276"),
+    ("config.json", "talker_config.spk_id.ryan", 5000, "talker_config.spk_id.ryan must be from 0 to 3071"),
+    ("config.json", "talker_config.codec_eos_token_id", -1, "codec_eos_token_id must be from 0 to 3071"),
+    ("speech_tokenizer/config.json", "decoder_config.upsample_rates", [8, -5, 4, 3],
+     "decoder_config.upsample_rates[1] must be from 1 to 64"),
+    ("speech_tokenizer/config.json", "decoder_config.num_hidden_layers", 10**6, "decoder_config.num_hidden_layers"),
+    ("generation_config.json", "max_new_tokens", 10**12, "generation_config.json: max_new_tokens must be >= 2"),
+    ("generation_config.json", "temperature", NAN, "generation_config.json: temperature must be a finite number"),
+]
+
+
+@pytest.mark.parametrize("file,key,value,fragment", BAD_CONFIGS, ids=[f"{k}-{i}" for i, (_, k, _, _) in
+                                                                      enumerate(BAD_CONFIGS)])
+def test_absurd_checkpoint_configs_are_one_line_before_any_tensor(tmp_path, file, key, value, fragment):
+    d = _checkpoint_copy(tmp_path)
+    _edit_json(d / file, key, value)
+    (d / "model.safetensors").write_bytes(b"")  # were the weights read, the error would name this file instead
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(d)
+    assert fragment in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("size", ["tiny", "0.6B", "1.7B"])
+def test_parameter_estimate_is_close_to_the_modules_and_released_sizes_pass(size):
+    config, generation, codec = make_configs(size)
+    check_configs(config, codec, generation, size)
+    model, speech = _module_shapes(config, codec)
+    exact = sum(math.prod(s) for s in model.values()) + sum(math.prod(s) for s in speech.values())
+    assert 0.9 < estimate_parameters(config, codec) / exact < 1.1

@@ -2,7 +2,8 @@
 
 Owns: finding a checkpoint (local dir, or a Hub id fetched with huggingface_hub when there is
 network), reading `config.json`, `generation_config.json`, the (possibly sharded) safetensors, and
-`speech_tokenizer/`, with one-line errors naming the file and key that is wrong. Also the embedded
+`speech_tokenizer/`, with one-line errors naming the file and key that is wrong (sizes bounded by
+omni_tts.models.checkpoint_limits before any tensor is read). Also the embedded
 tiny random checkpoint (made by `omni_tts.models.checkpoint_maker`) used when no model is given.
 Does not know how the tensors are used: model modules read their own sizes from `Checkpoint.config`.
 """
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from omni_tts.errors import CheckpointError
+from omni_tts.models.checkpoint_limits import check_configs
 
 DEFAULT_HUB_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
 TEXT_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
@@ -154,11 +156,12 @@ def load_checkpoint(model: str | os.PathLike, *, embedded: bool = False) -> Chec
         require(config, key, directory / "config.json")
     gen_file = directory / "generation_config.json"
     generation_config = read_json(gen_file) if gen_file.is_file() else {}
+    codec_dir = directory / "speech_tokenizer"
+    codec_config = read_json(codec_dir / "config.json")
+    check_configs(config, codec_config, generation_config, directory)  # before any tensor is read or built
     weights = load_weights(directory)
     if not any(k.startswith("talker.") for k in weights):
         raise CheckpointError(f"{directory / 'model.safetensors'}: no 'talker.*' tensors (not a Qwen3-TTS model)")
-    codec_dir = directory / "speech_tokenizer"
-    codec_config = read_json(codec_dir / "config.json")
     codec_weights = load_weights(codec_dir)
     return Checkpoint(path=directory, config=config, generation_config=generation_config, weights=weights,
                       codec_config=codec_config, codec_weights=codec_weights, name=str(model),
