@@ -1,5 +1,5 @@
 """omni_tts.kernels.talker in Triton's CPU interpreter against the Inductor-path units they replace
-(omni_tts.engine.step_impl.talker_attn_in / talker_attn_out and talker.gqa_attention, run uncompiled) on the
+(omni_tts.engine.step_impl.talker_attn_in / talker_attn_out and models.layers.gqa_attention, run uncompiled) on the
 tiny checkpoint's real talker layers: q, layer output and the cache rows written at each row's own
 position, and the decode attention over each row's first pos+1 positions (blocks of 32, so a long
 cache streams several), float32 and bfloat16; and the probe. Skips where triton is not installed."""
@@ -15,7 +15,7 @@ pytest.importorskip("triton")  # conftest.py sets TRITON_INTERPRET=1 without CUD
 
 from omni_tts.kernels import talker as talker_kernels  # noqa: E402
 from omni_tts.engine.step_impl import fuse_layer, talker_attn_in, talker_attn_out  # noqa: E402
-from omni_tts.models.talker import gqa_attention  # noqa: E402
+from omni_tts.models.layers import gqa_attention  # noqa: E402
 from test_fastpath import model_and_fast  # noqa: E402
 
 

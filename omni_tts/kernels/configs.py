@@ -20,34 +20,35 @@ def _next_pow2(n: int) -> int:
 
 # Launch configs: (BN rows of the weight per program, BK columns per loop step, pipeline stages, warps,
 # multiply-and-sum instead of tensor cores) by (rows rounded up to a power of two, output width, input
-# width): `python -m omni_tts.tools.kernel_sweep --quick --rows ...` on the H200 (weights cold in L2), the code
-# predictor's shapes (both sizes) and the 1.7B talker's (the 0.6B talker's are the predictor's). One row:
-# seventh session (2026-11-30, `--rows 1`) with whole-row tiles (BK >= K: under programmatic dependent
-# launch a program's weights all load before it waits for the previous kernel), every launch with PDL as
-# the engine launches one-row steps: predictor projections 22-43 % faster than the configs they replace,
-# talker ones 15-39 % faster than its launches without PDL. 8 and 32 rows: fifth session (`--rows 1 8
-# 32`). 2..16 rows take the 8-row entry (the same 16-row tensor-core tile), 17..32 the 32-row one; untuned
-# shapes `config`'s default. OMNI_TTS_KERNEL_CONFIGS names a JSON of more entries ("rows,n,K": [...]).
+# width), from `python -m omni_tts.tools.kernel_sweep --quick --rows 1 8 32` on the H200 (weights cold in
+# L2) for the code predictor's shapes (both sizes) and the 1.7B talker's (the 0.6B talker's are the
+# predictor's). One-row entries use whole-row tiles (BK >= K: under programmatic dependent launch a
+# program's weights all load before it waits for the previous kernel) and were swept with PDL on, as the
+# engine launches one-row steps. 2..16 rows take the 8-row entry (the same 16-row tensor-core tile),
+# 17..32 the 32-row one; untuned shapes `config`'s default. OMNI_TTS_KERNEL_CONFIGS names a JSON of
+# more entries ("rows,n,K": [...]).
 Config = tuple[int, int, int, int, bool]
+# (n, K): one row (BN, BK, warps), multiply-and-sum, one stage; 8 rows and 32 rows (BN, BK, stages),
+# tensor cores, 4 warps
+_SWEPT: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
+    (1024, 2048): ((8, 2048, 4), (16, 256, 4), (16, 256, 4)),
+    (1024, 3072): ((2, 4096, 8), (16, 256, 4), (16, 256, 4)),
+    (2048, 2048): ((4, 2048, 4), (16, 256, 4), (16, 256, 4)),
+    (2048, 6144): ((4, 8192, 8), (16, 256, 4), (16, 256, 4)),
+    (3072, 1024): ((4, 1024, 4), (32, 256, 3), (16, 256, 3)),
+    (4096, 1024): ((8, 1024, 4), (32, 256, 3), (32, 256, 4)),
+    (4096, 2048): ((8, 2048, 4), (32, 256, 4), (32, 256, 3)),
+    (6144, 2048): ((2, 2048, 4), (32, 256, 3), (16, 128, 3)),
+}
 TUNED: dict[tuple[int, int, int], Config] = {
-    (1, 1024, 2048): (8, 2048, 1, 4, True), (1, 1024, 3072): (2, 4096, 1, 8, True),
-    (1, 3072, 1024): (4, 1024, 1, 4, True), (1, 4096, 1024): (8, 1024, 1, 4, True),
-    (1, 2048, 2048): (4, 2048, 1, 4, True), (1, 2048, 6144): (4, 8192, 1, 8, True),
-    (1, 4096, 2048): (8, 2048, 1, 4, True), (1, 6144, 2048): (2, 2048, 1, 4, True),
-    (8, 1024, 2048): (16, 256, 4, 4, False), (8, 1024, 3072): (16, 256, 4, 4, False),
-    (8, 2048, 2048): (16, 256, 4, 4, False), (8, 2048, 6144): (16, 256, 4, 4, False),
-    (8, 3072, 1024): (32, 256, 3, 4, False), (8, 4096, 1024): (32, 256, 3, 4, False),
-    (8, 4096, 2048): (32, 256, 4, 4, False), (8, 6144, 2048): (32, 256, 3, 4, False),
-    (32, 1024, 2048): (16, 256, 4, 4, False), (32, 1024, 3072): (16, 256, 4, 4, False),
-    (32, 2048, 2048): (16, 256, 4, 4, False), (32, 2048, 6144): (16, 256, 4, 4, False),
-    (32, 3072, 1024): (16, 256, 3, 4, False), (32, 4096, 1024): (32, 256, 4, 4, False),
-    (32, 4096, 2048): (32, 256, 3, 4, False), (32, 6144, 2048): (16, 128, 3, 4, False),
+    **{(1, n, k): (bn, bk, 1, w, True) for (n, k), ((bn, bk, w), _, _) in _SWEPT.items()},
+    **{(rows, n, k): (*cfg[i], 4, False) for (n, k), cfg in _SWEPT.items() for rows, i in ((8, 1), (32, 2))},
 }
 
 
 # warps of the sampling kernel (omni_tts.kernels.heads: one program per row); the JSON's "choose_warps" key.
-# 4: on the H200 (2026-11-30) it drew what omni_tts.models.sampling.choose draws in 1640 of 1640 sampled rows;
-# 8 and 16 warps were ~18% faster but drew differently from it, so they are not used
+# 4: it draws what omni_tts.models.sampling.choose draws in every sampled row tried; more warps are
+# faster but draw differently from it, so they are not used
 CHOOSE_WARPS = 4
 # rows with top-p 1 find top-k's cut as the k-th largest value (no sort); False: the top-64 sort for every
 # row (the JSON's "choose_sort_free" key)

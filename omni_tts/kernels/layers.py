@@ -1,7 +1,8 @@
-"""Hand-written Triton kernels for the code predictor's decoder layer at small batch.
+"""Triton kernels implementing omni_tts.engine.fast_path.predictor_layer (the compiled form of the code
+predictor's omni_tts.models.layers.DecoderLayer with its 16-position cache) at small batch.
 
-Owns: one predictor layer step as five kernels instead of Inductor's ~14 (H200 profile, 2026-11-30:
-1119 kernels per frame at batch 1, most of them ~1 us norms, cache writes and softmax pieces):
+Owns: one predictor layer step as five kernels instead of Inductor's many small ones (norms, cache
+writes and softmax pieces):
   1. input RMSNorm (recomputed per program, the row is 2 KB) + q|k|v projection (+ bias)
   2. q/k RMSNorm + rotary + K/V written into the 16-position cache + attention over it, per KV head
   3. o projection + residual
@@ -9,18 +10,19 @@ Owns: one predictor layer step as five kernels instead of Inductor's ~14 (H200 p
   5. down projection + residual
 The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16
 rows cost about the same); a one-row step runs them as a multiply-and-sum over narrow weight tiles
-(more programs reading the weights at once). The projection kernel also serves omni_tts.kernels.talker
-and head_kernels (its input rows may be strided or gathered from a table). With `pdl` (programmatic
-dependent launch, Hopper+: `pdl_available`) each kernel loads what no kernel writes (its first weight
-tile) before `_after_previous` waits for the previous kernel and lets the next one launch. Launch
-configs per (rows, shape) come from omni_tts.kernels.configs (measured on the H200, or
-`python -m omni_tts.tools.kernel_sweep` on the GPU at hand). Numerics follow omni_tts.engine.step_impl.predictor_layer: float32
-accumulation, values rounded to the model dtype where the reference rounds (norm output, q/k after
-rope, each projection, SiLU, residual sums); the summation order differs, so results agree to the
-dtype's rounding, not bit for bit. `predictor_layer` has fastpath.predictor_layer's contract except
-that the positions are a Python int (static per captured graph) and the mask is implied (causal).
+(more programs reading the weights at once). The projection kernel (`_proj`) and the K/V store
+(`_store_kv`) also serve omni_tts.kernels.talker and omni_tts.kernels.heads (the projection's input rows
+may be strided or gathered from a table). With `pdl` (programmatic dependent launch, Hopper+:
+`pdl_available`) each kernel loads what no kernel writes (its first weight tile) before
+`_after_previous` waits for the previous kernel and lets the next one launch. Launch configs per
+(rows, shape) come from omni_tts.kernels.configs. Numerics follow the reference: float32 accumulation,
+values rounded to the model dtype where the reference rounds (norm output, q/k after rope, each
+projection, SiLU, residual sums); the summation order differs, so results agree to the dtype's
+rounding, not bit for bit. `predictor_layer` has the reference's contract except that the positions
+are a Python int (static per captured graph) and the mask is implied (causal).
 Knows nothing about graphs, buckets, sampling or requests; which batch sizes use it is the caller's
-choice (`supports`). Runs on CUDA; tests run it in Triton's CPU interpreter (TRITON_INTERPRET=1).
+choice (`supports`). Runs on CUDA; tests run it in Triton's CPU interpreter (TRITON_INTERPRET=1)
+against the reference.
 """
 
 from __future__ import annotations
@@ -175,6 +177,29 @@ if triton is not None:
         return (na.to(tl.float32) * cos + rot * sin).to(dt).to(tl.float32)
 
     @triton.jit
+    def _lanes(HD: tl.constexpr, BD: tl.constexpr):
+        """This program's (row b, KV head g) and its head-dim lanes d [BD] with their mask (d < HD)."""
+        d = tl.arange(0, BD)
+        return tl.program_id(0), tl.program_id(1), d, d < HD
+
+    @triton.jit
+    def _rope_row(cos_ptr, sin_ptr, off, d, dm):
+        """The rotary table's row at offset `off` (one position): cos, sin [BD] in float32."""
+        cos = tl.load(cos_ptr + off + d, mask=dm, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + off + d, mask=dm, other=0.0).to(tl.float32)
+        return cos, sin
+
+    @triton.jit
+    def _store_kv(row, g, kn_ptr, cos, sin, eps, k_at, v_at, d, dm, H: tl.constexpr, HKV: tl.constexpr,
+                  HD: tl.constexpr, dt: tl.constexpr):
+        """KV head g of one token's q|k|v row (`row`: [(H+2HKV)*HD]): K RMS-normed with kn and rotated, stored
+        at the pointers k_at [BD]; V stored as it is at v_at."""
+        k = _normed_rope(row + (H + g) * HD, d, dm, HD // 2, HD, kn_ptr, cos, sin, eps, dt)
+        v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
+        tl.store(k_at, k.to(dt), mask=dm)
+        tl.store(v_at, v, mask=dm)
+
+    @triton.jit
     def _attn_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, pos0, eps, scale,
                      T: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, P: tl.constexpr,
                      BD: tl.constexpr, BP: tl.constexpr, PDL: tl.constexpr):
@@ -182,31 +207,24 @@ if triton is not None:
         [B, HKV, P, HD], then causal attention of the REP query heads sharing g. y: [B*T, (H+2HKV)*HD]."""
         dt = out_ptr.dtype.element_ty
         _after_previous(PDL)
-        b = tl.program_id(0)
-        g = tl.program_id(1)
+        b, g, d, dm = _lanes(HD, BD)
         REP: tl.constexpr = H // HKV
         HALF: tl.constexpr = HD // 2
         W: tl.constexpr = (H + 2 * HKV) * HD
-        d = tl.arange(0, BD)
-        dm = d < HD
         p = tl.arange(0, BP)
         cache = (b * HKV + g) * P * HD
         for t in tl.static_range(T):
-            row = y_ptr + (b * T + t) * W
-            cos = tl.load(cos_ptr + (pos0 + t) * HD + d, mask=dm, other=0.0).to(tl.float32)
-            sin = tl.load(sin_ptr + (pos0 + t) * HD + d, mask=dm, other=0.0).to(tl.float32)
-            k = _normed_rope(row + (H + g) * HD, d, dm, HALF, HD, kn_ptr, cos, sin, eps, dt)
-            v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
-            tl.store(kc_ptr + cache + (pos0 + t) * HD + d, k.to(dt), mask=dm)
-            tl.store(vc_ptr + cache + (pos0 + t) * HD + d, v, mask=dm)
+            cos, sin = _rope_row(cos_ptr, sin_ptr, (pos0 + t) * HD, d, dm)
+            at = cache + (pos0 + t) * HD + d
+            _store_kv(y_ptr + (b * T + t) * W, g, kn_ptr, cos, sin, eps, kc_ptr + at, vc_ptr + at, d, dm, H, HKV, HD,
+                      dt)
         tl.debug_barrier()  # the cache rows just written are read below by other threads
         kvmask = (p[:, None] < P) & dm[None, :]
         kk = tl.load(kc_ptr + cache + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0).to(tl.float32)  # [BP, BD]
         vv = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0).to(tl.float32)
         for t in tl.static_range(T):
             row = y_ptr + (b * T + t) * W
-            cos = tl.load(cos_ptr + (pos0 + t) * HD + d, mask=dm, other=0.0).to(tl.float32)
-            sin = tl.load(sin_ptr + (pos0 + t) * HD + d, mask=dm, other=0.0).to(tl.float32)
+            cos, sin = _rope_row(cos_ptr, sin_ptr, (pos0 + t) * HD, d, dm)
             for r in tl.static_range(REP):
                 h = g * REP + r
                 q = _normed_rope(row + h * HD, d, dm, HALF, HD, qn_ptr, cos, sin, eps, dt)
@@ -296,7 +314,7 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
 def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_gu: torch.Tensor,
                     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
                     pos0: int, pdl: bool = False) -> torch.Tensor:
-    """fastpath.predictor_layer in five kernels. x: [B, T, d] at positions pos0..pos0+T-1; cos/sin: the
+    """omni_tts.engine.fast_path.predictor_layer in five kernels. x: [B, T, d] at positions pos0..pos0+T-1; cos/sin: the
     rope table [1, P, hd] of all P cache positions; kc/vc: [B, Hkv, P, hd] (written). pdl: launch them
     with programmatic dependent launch (`pdl_available`). -> [B, T, d]"""
     attn, mlp = layer.self_attn, layer.mlp

@@ -1,17 +1,18 @@
-"""Hand-written Triton kernels for the talker's decode step (one new token per row) at small batch.
+"""Triton kernels implementing omni_tts.engine.fast_path.talker_attn_in / talker_attn_out (the compiled
+talker omni_tts.models.layers.DecoderLayer around its attention, one new token per row) and
+omni_tts.models.layers.gqa_attention over each row's own cache positions (`decode_attention`), at small
+batch.
 
 Owns: the talker layer around its attention in five kernels (norm + q|k|v, then q/k norm + rope with
 K/V written at each row's own cache position; o + residual, norm + gate|up + SiLU, down + residual:
 the projection kernel of omni_tts.kernels.layers), and the decode attention itself (`decode_attention`,
 any batch: one program per (row, KV head) streams that row's first pos+1 cache positions with an
-online softmax, float32, for the query heads sharing the KV head), meant to replace SDPA's cuDNN call
-plus the two fills and a copy that turning the boolean mask into an additive one cost per layer; it
-is off by default (`talker_attention_kernel`): on the H200 it matched SDPA at 128 cache positions and
-was slower at 1025, as it streams the whole kv bucket (2026-11-30). Numerics follow
-omni_tts.engine.step_impl.talker_attn_in / gqa_attention / talker_attn_out to the dtype's rounding (float32
-accumulation; the order of sums differs).
+online softmax, float32, for the query heads sharing the KV head), in place of SDPA's call plus the
+fills and copy that turning the boolean mask into an additive one costs per layer; it is off by
+default (`talker_attention_kernel`), as it streams the whole kv bucket. Numerics follow the references
+to the dtype's rounding (float32 accumulation; the order of sums differs).
 Knows nothing about graphs, buckets or requests; which batches use which kernel is the caller's
-choice. Runs on CUDA; tests run it in Triton's CPU interpreter.
+choice. Runs on CUDA; tests run it in Triton's CPU interpreter against the references.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ if kernels.triton is not None:
     import triton
     import triton.language as tl
 
-    from omni_tts.kernels.layers import _after_previous, _normed_rope
+    from omni_tts.kernels.layers import _after_previous, _lanes, _normed_rope, _rope_row, _store_kv
 
     @triton.jit
     def _rope_cache_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, q_ptr, eps,
@@ -37,23 +38,15 @@ if kernels.triton is not None:
         cache at the row's own position pos[b]; the query heads sharing g normed + rotated into q [B, H, HD].
         y: [B, (H+2HKV)*HD]; cos/sin: [B, HD] (each row's position); kc/vc: [B, HKV, M, HD] strided."""
         dt = q_ptr.dtype.element_ty
-        b = tl.program_id(0)
-        g = tl.program_id(1)
+        b, g, d, dm = _lanes(HD, BD)
         REP: tl.constexpr = H // HKV
         HALF: tl.constexpr = HD // 2
         W: tl.constexpr = (H + 2 * HKV) * HD
-        d = tl.arange(0, BD)
-        dm = d < HD
         _after_previous(PDL)
-        cos = tl.load(cos_ptr + b * HD + d, mask=dm, other=0.0).to(tl.float32)
-        sin = tl.load(sin_ptr + b * HD + d, mask=dm, other=0.0).to(tl.float32)
-        pos = tl.load(pos_ptr + b)
+        cos, sin = _rope_row(cos_ptr, sin_ptr, b * HD, d, dm)
         row = y_ptr + b * W
-        k = _normed_rope(row + (H + g) * HD, d, dm, HALF, HD, kn_ptr, cos, sin, eps, dt)
-        v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
-        at = b * kc_row + g * kc_head + pos * HD + d
-        tl.store(kc_ptr + at, k.to(dt), mask=dm)
-        tl.store(vc_ptr + at, v, mask=dm)
+        at = b * kc_row + g * kc_head + tl.load(pos_ptr + b) * HD + d
+        _store_kv(row, g, kn_ptr, cos, sin, eps, kc_ptr + at, vc_ptr + at, d, dm, H, HKV, HD, dt)
         for r in tl.static_range(REP):
             h = g * REP + r
             q = _normed_rope(row + h * HD, d, dm, HALF, HD, qn_ptr, cos, sin, eps, dt)
@@ -68,12 +61,9 @@ if kernels.triton is not None:
         of BL, those after pos masked (L is a kv bucket: one build per bucket). q: rows q_row and heads
         q_head apart; out: [B, H, HD]."""
         dt = out_ptr.dtype.element_ty
-        b = tl.program_id(0)
-        g = tl.program_id(1)
+        b, g, d, dm = _lanes(HD, BD)
         REP: tl.constexpr = H // HKV
         r = tl.arange(0, REP)
-        d = tl.arange(0, BD)
-        dm = d < HD
         n = tl.load(pos_ptr + b) + 1  # keys 0..pos
         q = tl.load(q_ptr + b * q_row + (g * REP + r[:, None]) * q_head + d[None, :], mask=dm[None, :], other=0.0)
         q = q.to(tl.float32) * scale  # [REP, BD]
@@ -122,7 +112,7 @@ def attention_supported(layer: Any) -> bool:
 def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.Tensor,
                    cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor,
                    pdl: bool = False) -> torch.Tensor:
-    """fastpath.talker_attn_in (rows 0..B-1) in two kernels: norm + q|k|v, then q/k norm + rope and K/V
+    """omni_tts.engine.fast_path.talker_attn_in (rows 0..B-1) in two kernels: norm + q|k|v, then q/k norm + rope and K/V
     written at each row's position. x: [B, 1, D]; cos/sin: [B, 1, hd]; kc/vc: [B, Hkv, M, hd] (last two dims
     contiguous); pos: [B]. -> q [B, H, 1, hd]"""
     attn = layer.self_attn
@@ -140,7 +130,7 @@ def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, 
 
 def talker_attn_out(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pdl: bool = False
                     ) -> torch.Tensor:
-    """fastpath.talker_attn_out in three kernels. x: [B, 1, D], a: [B, H, 1, hd] -> [B, 1, D]"""
+    """omni_tts.engine.fast_path.talker_attn_out in three kernels. x: [B, 1, D], a: [B, H, 1, hd] -> [B, 1, D]"""
     B, _, D = x.shape
     return kernels._mlp_block(layer, w_gu, x.reshape(B, D), a.reshape(B, -1), pdl).view(B, 1, D)
 

@@ -1,7 +1,7 @@
 """The code predictor ("sub-talker"): codebooks 1..15 of one frame from the talker's hidden state.
 
-Owns: the small Qwen3 decoder that reads [talker hidden, embed(code 0)] and then its own previous
-code each step, its input projection from the talker width (`small_to_mtp_projection`: a Linear when
+Owns: the small Qwen3 decoder (an omni_tts.models.layers.DecoderStack) that reads [talker hidden,
+embed(code 0)] and then its own previous code each step, its input projection from the talker width (`small_to_mtp_projection`: a Linear when
 the widths differ, identity otherwise, as the reference builds it), its 15 code embeddings (in the
 talker width) and 15 heads, and `predict`: an unrolled loop of fixed shapes with a per-call KV cache
 of 16 positions, so the whole call can be compiled and captured in one CUDA graph.
@@ -16,27 +16,18 @@ import torch
 from torch import nn
 
 from omni_tts.models import sampling
-from omni_tts.models.talker import DecoderLayer, RMSNorm, Rope, cfg_get, check_rope, gqa_attention
+from omni_tts.models.layers import DecoderStack, cfg_ints, gqa_attention
 
 
-class CodePredictor(nn.Module):
+class CodePredictor(DecoderStack):
     def __init__(self, cfg: dict[str, Any], talker_hidden: int, code0_embedding: nn.Embedding | None = None) -> None:
-        super().__init__()
-        w = "code_predictor_config"
-        check_rope(cfg, w)
-        self.hidden_size = int(cfg_get(cfg, "hidden_size", w))
-        self.num_groups = int(cfg_get(cfg, "num_code_groups", w))
-        self.vocab_size = int(cfg_get(cfg, "vocab_size", w))
-        self.num_kv_heads = int(cfg_get(cfg, "num_key_value_heads", w))
-        self.head_dim = int(cfg_get(cfg, "head_dim", w))
+        super().__init__(cfg, "code_predictor_config")
+        self.num_groups, self.vocab_size = cfg_ints(cfg, "code_predictor_config", "num_code_groups", "vocab_size")
         n = self.num_groups - 1
         self.codec_embedding = nn.ModuleList(nn.Embedding(self.vocab_size, talker_hidden) for _ in range(n))
-        self.layers = nn.ModuleList(DecoderLayer(cfg, w) for _ in range(int(cfg_get(cfg, "num_hidden_layers", w))))
-        self.norm = RMSNorm(self.hidden_size, float(cfg_get(cfg, "rms_norm_eps", w)))
         self.lm_head = nn.ModuleList(nn.Linear(self.hidden_size, self.vocab_size, bias=False) for _ in range(n))
         self.small_to_mtp_projection: nn.Module = (
             nn.Linear(talker_hidden, self.hidden_size, bias=True) if talker_hidden != self.hidden_size else nn.Identity())
-        self.rope = Rope(self.head_dim, float(cfg_get(cfg, "rope_theta", w)))
         # The talker's codec embedding (code 0 lives in the talker's vocabulary); shared, not owned.
         self._code0_embedding = [code0_embedding]
 
@@ -48,15 +39,13 @@ class CodePredictor(nn.Module):
         c, s = cos[:, start:end], sin[:, start:end]  # [1, T, hd]
         # queries start..end-1 over keys 0..end-1: causal only matters within this call's block
         causal = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(start)[None, None] if T > 1 else None
-        for i, layer in enumerate(self.layers):
-            h = layer.input_layernorm(x)
-            q, k, v = layer.self_attn.qkv(h, c, s)  # q: [B, H, T, hd], k/v: [B, Hkv, T, hd]
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             kcache[i][:, :, start:end] = k
             vcache[i][:, :, start:end] = v
-            a = gqa_attention(q, kcache[i][:, :, :end], vcache[i][:, :, :end], causal)  # [B, H, T, hd]
-            x = x + layer.self_attn.out(a)  # [B, T, d]
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.norm(x)
+            return gqa_attention(q, kcache[i][:, :, :end], vcache[i][:, :, :end], causal)  # [B, H, T, hd]
+
+        return self.run_layers(x, c, s, attend)
 
     def predict_frame(self, talker_hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,
                       seed: torch.Tensor, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,7 +29,8 @@ from torch import nn
 
 from omni_tts.models.audio import AudioLimits, AudioSource, load_reference_audio
 from omni_tts.models.checkpoint import Checkpoint
-from omni_tts.models.codec.encoder import CodecEncoder, load_prefixed_state
+from omni_tts.models.codec.encoder import CodecEncoder
+from omni_tts.models.layers import load_prefixed_state
 from omni_tts.errors import CheckpointError, InputError
 
 # The official front end hard-codes these (24 kHz, 1024-point STFT, hop 256, 128 mels, 0-12 kHz).

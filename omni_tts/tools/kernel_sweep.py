@@ -60,7 +60,7 @@ def configs_json(best: dict[tuple[int, int, int], Config]) -> dict[str, list]:
 
 def _layer(size: str, part: str, device: torch.device, dtype: torch.dtype) -> Any:
     from omni_tts.models.checkpoint_maker import make_configs
-    from omni_tts.models.talker import DecoderLayer
+    from omni_tts.models.layers import DecoderLayer
 
     cfg = make_configs(size)[0]["talker_config"]
     cfg, where = (cfg, "talker_config") if part == "talker" else (cfg["code_predictor_config"], "code_predictor_config")

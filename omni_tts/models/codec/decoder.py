@@ -1,12 +1,12 @@
 """Qwen3-TTS 12 Hz speech-tokenizer DECODER: codec codes [T, 16] -> 24 kHz waveform, whole or streamed.
 
-Owns: the decoder half of `speech_tokenizer/` assembled from the layers in `codec_layers.py` (split
+Owns: the decoder half of `speech_tokenizer/` assembled from the layers in `codec/layers.py` (split
 residual-VQ codebook lookup, causal pre-conv, sliding-window pre-transformer, ConvNeXt upsampler,
 SnakeBeta / transposed-conv vocoder), reading `decoder_config`, strict loading of its `decoder.*` tensors, the official decode conventions (codes clamped at 0, frames whose
 first code is -1 are padding, output clamped to [-1, 1], 300-frame segments decoded with 25 frames of
 left context), and exact chunked decoding (`decode_window`, `decode_frames`, `StreamingDecoder`), its
 chunks planned apart from decoding so many streams' chunks decode as one batch (`ChunkPlan`, `decode_plans`).
-Does not know: the codec encoder (`codec_encoder.py`), the talker, devices or chunk-size policy
+Does not know: the codec encoder (`codec/encoder.py`), the talker, devices or chunk-size policy
 (the engine picks those), audio file I/O.
 
 Streaming exactness. Every op is causal: convs pad on the left only, a transposed conv with kernel K
@@ -35,8 +35,9 @@ import torch
 from torch import nn
 
 from omni_tts.kernels import snake as codec_kernels
-from omni_tts.models.codec.layers import (ACTIVATIONS, CausalConv1d, CausalUpConv1d, CodebookGroup, ConvNeXtBlock,
-                                   SnakeBeta, VocoderStage, WindowTransformer, chain_lookback, fused_snake, snake)
+from omni_tts.models.codec.layers import (CausalConv1d, CausalUpConv1d, CodebookGroup, ConvNeXtBlock, SnakeBeta,
+                                          VocoderStage, WindowTransformer, chain_lookback, fused_snake, snake)
+from omni_tts.models.layers import ACTIVATIONS
 from omni_tts.errors import CheckpointError, InputError
 
 if TYPE_CHECKING:

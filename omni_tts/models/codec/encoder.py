@@ -7,7 +7,9 @@ from `speech_tokenizer/config.json` (`encoder_config`) and loads the `encoder.*`
 `encode` returns the codes of the first `encoder_valid_num_quantizers` quantizers, trimmed to
 ceil(samples / encode_downsample_rate) frames, exactly as the official tokenizer does.
 
-Does not know: the decoder (omni_tts/codec.py), how audio is loaded or resampled (omni_tts/audio.py),
+Its attention, rotary embedding, layer scale, activations and strict loading are those of
+omni_tts.models.codec.layers and omni_tts.models.layers.
+Does not know: the decoder (codec/decoder.py), how audio is loaded or resampled (models/audio.py),
 or what the codes are used for. Runs in float32 (the parity reference is float32).
 """
 
@@ -21,28 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_tts.models.checkpoint import Checkpoint, require
+from omni_tts.models.codec.layers import WindowAttention
+from omni_tts.models.layers import LayerScale, Rope, activation, load_prefixed_state
 from omni_tts.errors import CheckpointError, InputError
 
 _CODEBOOK_EPS = 1e-5  # clamp for the codebook usage counts when turning sums into centroids
-
-
-def load_prefixed_state(module: nn.Module, weights: dict[str, torch.Tensor], prefix: str, source: str) -> None:
-    """Load `weights[prefix + name]` into every parameter/buffer of `module`, strictly.
-
-    Raises CheckpointError naming the first missing, unexpected or mis-shaped tensor.
-    """
-    expected = module.state_dict()
-    present = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
-    for name, target in expected.items():
-        if name not in present:
-            raise CheckpointError(f"{source}: missing tensor '{prefix}{name}'")
-        if tuple(present[name].shape) != tuple(target.shape):
-            raise CheckpointError(f"{source}: tensor '{prefix}{name}' has shape {tuple(present[name].shape)}, "
-                                  f"expected {tuple(target.shape)}")
-    extra = sorted(set(present) - set(expected))
-    if extra:
-        raise CheckpointError(f"{source}: unexpected tensor '{prefix}{extra[0]}' (config and weights disagree)")
-    module.load_state_dict({k: present[k].to(target.dtype) for k, target in expected.items()}, strict=True)
 
 
 class _PaddedConv1d(nn.Module):
@@ -124,60 +109,12 @@ class _ConvStack(nn.Module):
         return x
 
 
-class _Attention(nn.Module):
-    def __init__(self, cfg: dict[str, Any]):
-        super().__init__()
-        h, bias = cfg["hidden_size"], cfg["attention_bias"]
-        self.n_heads = cfg["num_attention_heads"]
-        self.n_kv = cfg["num_key_value_heads"]
-        self.head_dim = cfg["head_dim"]
-        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=bias)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # x: [B, T, H]
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # [B, nh, T, hd]
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)  # [B, nkv, T, hd]
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        if self.n_kv != self.n_heads:
-            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-        # Plain causal attention over the whole clip: the reference applies no sliding window here.
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1)  # [B, nh, T, hd]
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [B, T, H]
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, half-split convention. x: [B, nh, T, hd]; cos/sin: [T, hd]."""
-    half = x.shape[-1] // 2
-    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + turned * sin
-
-
-class _LayerScale(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.scale
-
-
 class _Mlp(nn.Module):
     def __init__(self, cfg: dict[str, Any]):
         super().__init__()
         self.fc1 = nn.Linear(cfg["hidden_size"], cfg["intermediate_size"], bias=False)
         self.fc2 = nn.Linear(cfg["intermediate_size"], cfg["hidden_size"], bias=False)
-        act = cfg["hidden_act"]
-        acts = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu,
-                "gelu_new": lambda v: F.gelu(v, approximate="tanh"),
-                "gelu_pytorch_tanh": lambda v: F.gelu(v, approximate="tanh")}
-        if act not in acts:
-            raise CheckpointError(f"codec encoder: unsupported hidden_act '{act}'")
-        self.act = acts[act]
+        self.act = activation(cfg["hidden_act"], "speech_tokenizer encoder_config")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
@@ -188,14 +125,16 @@ class _TransformerLayer(nn.Module):
         super().__init__()
         h, eps = cfg["hidden_size"], cfg["norm_eps"]
         self.input_layernorm = nn.LayerNorm(h, eps=eps)
-        self.self_attn = _Attention(cfg)
-        self.self_attn_layer_scale = _LayerScale(h)
+        self.self_attn = WindowAttention(h, cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"],
+                                         cfg["attention_bias"])
+        self.self_attn_layer_scale = LayerScale(h)
         self.post_attention_layernorm = nn.LayerNorm(h, eps=eps)
         self.mlp = _Mlp(cfg)
-        self.mlp_layer_scale = _LayerScale(h)
+        self.mlp_layer_scale = LayerScale(h)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # x: [B, T, H]
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin))
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:  # x: [B, T, H]
+        # plain causal attention over the whole clip: the reference applies no sliding window here
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), rope, None))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -203,18 +142,12 @@ class _Transformer(nn.Module):
     def __init__(self, cfg: dict[str, Any]):
         super().__init__()
         self.layers = nn.ModuleList([_TransformerLayer(cfg) for _ in range(cfg["num_hidden_layers"])])
-        head_dim = cfg["head_dim"]
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        self.register_buffer("inv_freq", 1.0 / (float(cfg["rope_theta"]) ** exponents),
-                             persistent=False)
+        self.rope = Rope(cfg["head_dim"], cfg["rope_theta"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, H]
-        pos = torch.arange(x.shape[1], device=x.device, dtype=torch.float32)
-        angles = pos[:, None] * self.inv_freq[None, :]  # [T, hd/2]
-        angles = torch.cat((angles, angles), dim=-1)  # [T, hd]
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        rope = self.rope(torch.arange(x.shape[1], device=x.device)[None], x.dtype)  # [1, T, hd] each
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, rope)
         return x
 
 

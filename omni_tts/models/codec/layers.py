@@ -1,11 +1,12 @@
-"""Building blocks of the 12 Hz codec decoder (codec.py): causal convs, SnakeBeta vocoder stages,
-ConvNeXt blocks, the sliding-window transformer, and the split residual-VQ codebook groups.
+"""Building blocks of the 12 Hz speech tokenizer: for the decoder (decoder.py) causal convs, SnakeBeta
+vocoder stages, ConvNeXt blocks, the sliding-window transformer and the split residual-VQ codebook
+groups; for both halves the causal attention (`WindowAttention`; the encoder's runs without a window).
 
 Owns: each layer's math and parameter names (they match the checkpoint's `decoder.*` keys), and
-each layer's `lookback(j)` (the earliest input index output j depends on) that codec.py chains to
-compute the decoder's receptive field. The RMS norm, SwiGLU MLP and attention projections are the
-talker's (talker.py).
-Does not know: configs or checkpoint files (codec.py reads `decoder_config` and loads tensors),
+each layer's `lookback(j)` (the earliest input index output j depends on) that decoder.py chains to
+compute the decoder's receptive field. The RMS norm, rotary embedding, SwiGLU MLP, attention
+projections and layer scale are those of omni_tts.models.layers.
+Does not know: configs or checkpoint files (decoder.py reads `decoder_config` and loads tensors),
 devices, dtypes, streaming or segmentation policy.
 """
 
@@ -18,12 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_tts.kernels import snake as codec_kernels
-from omni_tts.models.talker import MLP, AttentionProjections, RMSNorm
+from omni_tts.models.layers import (MLP, AttentionProjections, LayerScale, RMSNorm, apply_rope, rope_cos_sin,
+                                    rope_frequencies)
 
 CONVNEXT_LN_EPS = 1e-6
 SNAKE_EPS = 1e-9
 RESIDUAL_DILATIONS = (1, 3, 9)
-ACTIVATIONS = ("silu", "gelu", "relu")  # the decoder's supported hidden_act values
 
 
 class Pending(NamedTuple):
@@ -195,35 +196,21 @@ def chain_lookback(layers: Any, j: int) -> int:
     return j
 
 
-class Scale(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
-
-
 class WindowAttention(AttentionProjections):
-    """Full-sequence attention under the caller's mask (the sliding window), RoPE on q and k."""
+    """Causal attention under the caller's mask (the decoder's sliding window; None: every earlier
+    position, as the encoder attends), RoPE on q and k, KV heads repeated for grouped queries."""
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # q: [B, nh, T, hd]
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # k: [B, nkv, T, hd]
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+                ) -> torch.Tensor:
+        t = x.shape[1]
+        q, k, v = (h.transpose(1, 2) for h in self.heads_of(x))  # q: [B, nh, T, hd], k/v: [B, nkv, T, hd]
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if self.kv_heads != self.heads:
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)  # k: [B, nh, T, hd]
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [B, T, H]
-
-
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    swapped = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + swapped * sin  # x: [B, n, T, hd]; cos/sin: [T, hd]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and t > 1,
+                                             scale=self.head_dim ** -0.5)  # [B, nh, T, hd]
+        return self.out(out)  # [B, T, H]
 
 
 class TransformerLayer(nn.Module):
@@ -233,10 +220,10 @@ class TransformerLayer(nn.Module):
         self.input_layernorm = RMSNorm(h, d["rms_norm_eps"])
         self.self_attn = WindowAttention(h, d["num_attention_heads"], d["num_key_value_heads"], d["head_dim"],
                                          d["attention_bias"])
-        self.self_attn_layer_scale = Scale(h)
+        self.self_attn_layer_scale = LayerScale(h)
         self.post_attention_layernorm = RMSNorm(h, d["rms_norm_eps"])
-        self.mlp = MLP(h, d["intermediate_size"], d["hidden_act"])
-        self.mlp_layer_scale = Scale(h)
+        self.mlp = MLP(h, d["intermediate_size"], d["hidden_act"], "speech_tokenizer decoder_config")
+        self.mlp_layer_scale = LayerScale(h)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), rope, mask))
@@ -256,11 +243,9 @@ class WindowTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, latent] (positions restart at 0)
         t, dev = x.shape[1], x.device
-        pos = torch.arange(t, device=dev, dtype=torch.float32)
-        exps = torch.arange(0, self.head_dim, 2, device=dev, dtype=torch.int64).float() / self.head_dim
-        angles = pos[:, None] * (1.0 / self.theta ** exps)[None, :]  # angles: [T, hd/2], float32
-        angles = torch.cat((angles, angles), dim=-1)
-        rope = (angles.cos().to(x.dtype), angles.sin().to(x.dtype))
+        # frequencies made on x's device each call, as the module's dtype may be bfloat16 (no float32 buffer)
+        rope = rope_cos_sin(torch.arange(t, device=dev)[None], rope_frequencies(self.head_dim, self.theta, dev),
+                            x.dtype)  # [1, T, hd] each
         q_idx = torch.arange(t, device=dev)[:, None]
         k_idx = torch.arange(t, device=dev)[None, :]
         mask = (k_idx <= q_idx) & (k_idx > q_idx - self.window)  # mask: [T, T], True = attend
