@@ -3,7 +3,9 @@ released layout that our loaders and TTSModel accept, deterministic per seed, at
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,14 +13,142 @@ from pathlib import Path
 import pytest
 import torch
 
+from omni_tts.engine import offline
 from omni_tts.models.checkpoint import load_checkpoint
-from omni_tts.models.checkpoint_maker import make_configs
+from omni_tts.models.checkpoint_maker import make_checkpoint, make_configs, shape_table
 from omni_tts.models.code_predictor import CodePredictor
 from omni_tts.config import SynthesisParams
 from omni_tts.models.qwen3_tts import TTSModel
 from omni_tts.models.talker import Talker
+from _fixtures import fixture_dir
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Every tensor of the released checkpoints (CustomVoice and VoiceDesign: the Base model adds its speaker
+# encoder), named as the official qwen-tts names them, at the tiny fixtures' sizes: {a,b} and {a-b} stand
+# for the listed indices. The tiny fixtures in tests/fixtures (made by the official implementation) hold
+# exactly these; the real sizes hold the same names with their own counts.
+RELEASED_TENSORS = {
+    "model.safetensors": """
+talker.code_predictor.lm_head.{0-14}.weight
+talker.code_predictor.model.codec_embedding.{0-14}.weight
+talker.code_predictor.model.layers.{0,1}.input_layernorm.weight
+talker.code_predictor.model.layers.{0,1}.mlp.down_proj.weight
+talker.code_predictor.model.layers.{0,1}.mlp.gate_proj.weight
+talker.code_predictor.model.layers.{0,1}.mlp.up_proj.weight
+talker.code_predictor.model.layers.{0,1}.post_attention_layernorm.weight
+talker.code_predictor.model.layers.{0,1}.self_attn.k_norm.weight
+talker.code_predictor.model.layers.{0,1}.self_attn.k_proj.weight
+talker.code_predictor.model.layers.{0,1}.self_attn.o_proj.weight
+talker.code_predictor.model.layers.{0,1}.self_attn.q_norm.weight
+talker.code_predictor.model.layers.{0,1}.self_attn.q_proj.weight
+talker.code_predictor.model.layers.{0,1}.self_attn.v_proj.weight
+talker.code_predictor.model.norm.weight
+talker.code_predictor.small_to_mtp_projection.bias
+talker.code_predictor.small_to_mtp_projection.weight
+talker.codec_head.weight
+talker.model.codec_embedding.weight
+talker.model.layers.{0-2}.input_layernorm.weight
+talker.model.layers.{0-2}.mlp.down_proj.weight
+talker.model.layers.{0-2}.mlp.gate_proj.weight
+talker.model.layers.{0-2}.mlp.up_proj.weight
+talker.model.layers.{0-2}.post_attention_layernorm.weight
+talker.model.layers.{0-2}.self_attn.k_norm.weight
+talker.model.layers.{0-2}.self_attn.k_proj.weight
+talker.model.layers.{0-2}.self_attn.o_proj.weight
+talker.model.layers.{0-2}.self_attn.q_norm.weight
+talker.model.layers.{0-2}.self_attn.q_proj.weight
+talker.model.layers.{0-2}.self_attn.v_proj.weight
+talker.model.norm.weight
+talker.model.text_embedding.weight
+talker.text_projection.linear_fc1.bias
+talker.text_projection.linear_fc1.weight
+talker.text_projection.linear_fc2.bias
+talker.text_projection.linear_fc2.weight
+""",
+    "speech_tokenizer/model.safetensors": """
+decoder.decoder.5.alpha
+decoder.decoder.5.beta
+decoder.decoder.{1-4}.block.{2-4}.act1.alpha
+decoder.decoder.{1-4}.block.{2-4}.act1.beta
+decoder.decoder.{1-4}.block.{2-4}.act2.alpha
+decoder.decoder.{1-4}.block.{2-4}.act2.beta
+decoder.decoder.{1-4}.block.0.alpha
+decoder.decoder.{1-4}.block.0.beta
+decoder.decoder.{1-4}.block.1.conv.bias
+decoder.decoder.{1-4}.block.1.conv.weight
+decoder.decoder.{1-4}.block.{2-4}.conv1.conv.bias
+decoder.decoder.{1-4}.block.{2-4}.conv1.conv.weight
+decoder.decoder.{1-4}.block.{2-4}.conv2.conv.bias
+decoder.decoder.{1-4}.block.{2-4}.conv2.conv.weight
+decoder.decoder.{0,6}.conv.bias
+decoder.decoder.{0,6}.conv.weight
+decoder.pre_conv.conv.bias
+decoder.pre_conv.conv.weight
+decoder.pre_transformer.input_proj.bias
+decoder.pre_transformer.input_proj.weight
+decoder.pre_transformer.layers.{0,1}.input_layernorm.weight
+decoder.pre_transformer.layers.{0,1}.mlp.down_proj.weight
+decoder.pre_transformer.layers.{0,1}.mlp.gate_proj.weight
+decoder.pre_transformer.layers.{0,1}.mlp.up_proj.weight
+decoder.pre_transformer.layers.{0,1}.mlp_layer_scale.scale
+decoder.pre_transformer.layers.{0,1}.post_attention_layernorm.weight
+decoder.pre_transformer.layers.{0,1}.self_attn.k_proj.weight
+decoder.pre_transformer.layers.{0,1}.self_attn.o_proj.weight
+decoder.pre_transformer.layers.{0,1}.self_attn.q_proj.weight
+decoder.pre_transformer.layers.{0,1}.self_attn.v_proj.weight
+decoder.pre_transformer.layers.{0,1}.self_attn_layer_scale.scale
+decoder.pre_transformer.norm.weight
+decoder.pre_transformer.output_proj.bias
+decoder.pre_transformer.output_proj.weight
+decoder.quantizer.rvq_first.input_proj.weight
+decoder.quantizer.rvq_first.output_proj.weight
+decoder.quantizer.rvq_first.vq.layers.0._codebook.cluster_usage
+decoder.quantizer.rvq_first.vq.layers.0._codebook.embedding_sum
+decoder.quantizer.rvq_rest.input_proj.weight
+decoder.quantizer.rvq_rest.output_proj.weight
+decoder.quantizer.rvq_rest.vq.layers.{0-14}._codebook.cluster_usage
+decoder.quantizer.rvq_rest.vq.layers.{0-14}._codebook.embedding_sum
+decoder.upsample.{0,1}.0.conv.bias
+decoder.upsample.{0,1}.0.conv.weight
+decoder.upsample.{0,1}.1.dwconv.conv.bias
+decoder.upsample.{0,1}.1.dwconv.conv.weight
+decoder.upsample.{0,1}.1.gamma
+decoder.upsample.{0,1}.1.norm.bias
+decoder.upsample.{0,1}.1.norm.weight
+decoder.upsample.{0,1}.1.pwconv1.bias
+decoder.upsample.{0,1}.1.pwconv1.weight
+decoder.upsample.{0,1}.1.pwconv2.bias
+decoder.upsample.{0,1}.1.pwconv2.weight
+encoder.downsample.conv.weight
+encoder.encoder.layers.{1,4,7,10}.block.{1,3}.conv.bias
+encoder.encoder.layers.{1,4,7,10}.block.{1,3}.conv.weight
+encoder.encoder.layers.{0,3,6,9,12,14}.conv.bias
+encoder.encoder.layers.{0,3,6,9,12,14}.conv.weight
+encoder.encoder_transformer.layers.0.input_layernorm.bias
+encoder.encoder_transformer.layers.0.input_layernorm.weight
+encoder.encoder_transformer.layers.0.mlp.fc1.weight
+encoder.encoder_transformer.layers.0.mlp.fc2.weight
+encoder.encoder_transformer.layers.0.mlp_layer_scale.scale
+encoder.encoder_transformer.layers.0.post_attention_layernorm.bias
+encoder.encoder_transformer.layers.0.post_attention_layernorm.weight
+encoder.encoder_transformer.layers.0.self_attn.k_proj.weight
+encoder.encoder_transformer.layers.0.self_attn.o_proj.weight
+encoder.encoder_transformer.layers.0.self_attn.q_proj.weight
+encoder.encoder_transformer.layers.0.self_attn.v_proj.weight
+encoder.encoder_transformer.layers.0.self_attn_layer_scale.scale
+encoder.quantizer.acoustic_residual_vector_quantizer.input_proj.weight
+encoder.quantizer.acoustic_residual_vector_quantizer.layers.{0-14}.codebook.cluster_usage
+encoder.quantizer.acoustic_residual_vector_quantizer.layers.{0-14}.codebook.embed_sum
+encoder.quantizer.acoustic_residual_vector_quantizer.layers.{0-14}.codebook.initialized
+encoder.quantizer.acoustic_residual_vector_quantizer.output_proj.weight
+encoder.quantizer.semantic_residual_vector_quantizer.input_proj.weight
+encoder.quantizer.semantic_residual_vector_quantizer.layers.0.codebook.cluster_usage
+encoder.quantizer.semantic_residual_vector_quantizer.layers.0.codebook.embed_sum
+encoder.quantizer.semantic_residual_vector_quantizer.layers.0.codebook.initialized
+encoder.quantizer.semantic_residual_vector_quantizer.output_proj.weight
+""",
+}
 
 
 def make(*args: str) -> subprocess.CompletedProcess:
@@ -40,7 +170,7 @@ def test_cli_checkpoint_loads_and_synthesizes(tmp_path: Path, kind: str, params:
     model = TTSModel.from_checkpoint(load_checkpoint(str(out)), device=torch.device("cpu"), dtype=torch.float32)
     assert model.tasks() == [kind]
     assert bool(model.speakers()) == (kind == "custom_voice")
-    wav, codes = model.synthesize(SynthesisParams(text="Hello there.", greedy=True, max_new_tokens=4, **params))
+    wav, codes = offline.synthesize(model, SynthesisParams(text="Hello there.", greedy=True, max_new_tokens=4, **params))
     assert 1 <= codes.shape[0] <= 4 and codes.shape[1] == 16
     assert len(wav) == codes.shape[0] * 1920
 
@@ -51,7 +181,7 @@ def test_voice_design_checkpoint_needs_instruct(tmp_path: Path) -> None:
     model = TTSModel.from_checkpoint(load_checkpoint(str(tmp_path / "vd")), device=torch.device("cpu"),
                                      dtype=torch.float32)
     with pytest.raises(Exception, match="instruct"):
-        model.synthesize(SynthesisParams(text="Hello.", task="voice_design", greedy=True, max_new_tokens=4))
+        offline.synthesize(model, SynthesisParams(text="Hello.", task="voice_design", greedy=True, max_new_tokens=4))
 
 
 def test_same_seed_same_bytes(tmp_path: Path) -> None:
@@ -117,3 +247,98 @@ def test_the_real_size_random_codec_keeps_its_activations_bounded() -> None:
     wav = codec.decode_window(torch.randint(0, 2048, (1, 14, 16), generator=torch.Generator().manual_seed(1)), 10)
     assert len(peaks) == 29 and 0 < max(peaks) < 1e3
     assert 1e-5 < float(wav.std()) < 0.1  # quiet noise, not silence
+
+
+def _expand(patterns: str) -> set[str]:
+    """The names a RELEASED_TENSORS entry stands for."""
+    def choices(m: re.Match) -> list[str]:
+        out: list[str] = []
+        for part in m.group(1).split(","):
+            lo, _, hi = part.partition("-")
+            out += [str(i) for i in range(int(lo), int(hi or lo) + 1)]
+        return out
+
+    names: set[str] = set()
+    for line in patterns.split():
+        fixed = re.split(r"\{[^}]*\}", line)
+        for pick in itertools.product(*(choices(m) for m in re.finditer(r"\{([^}]*)\}", line))):
+            names.add("".join(a + b for a, b in itertools.zip_longest(fixed, pick, fillvalue="")))
+    return names
+
+
+def _header(file: Path) -> dict[str, tuple]:
+    from safetensors import safe_open
+
+    with safe_open(str(file), "pt") as f:
+        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+
+def _indices_dropped(names: set[str]) -> set[str]:
+    return {re.sub(r"(?<=\.)\d+(?=\.)", "#", n) for n in names}
+
+
+@pytest.mark.parametrize("kind", ["custom_voice", "voice_design"])
+def test_made_checkpoint_holds_every_released_tensor_with_the_released_shapes(tmp_path: Path, kind: str) -> None:
+    out = make_checkpoint(tmp_path / kind, "tiny", kind, seed=3)
+    for file, patterns in RELEASED_TENSORS.items():
+        made, official = _header(out / file), _header(fixture_dir(kind) / file)
+        assert _expand(patterns) == set(official), f"{file}: the list above no longer matches the fixture"
+        assert set(made) == _expand(patterns), (file, sorted(set(made) ^ _expand(patterns))[:5])
+        assert made == official, [(k, made[k], official[k]) for k in made if made[k] != official[k]][:5]
+    assert all(k in _header(out / "speech_tokenizer/model.safetensors")
+               for k in ("decoder.quantizer.rvq_first.input_proj.weight", "encoder.downsample.conv.weight"))
+
+
+def test_made_checkpoints_speech_tokenizer_encoder_loads_strictly_and_encodes(tmp_path: Path) -> None:
+    from omni_tts.models.codec.encoder import CodecEncoder
+
+    ckpt = load_checkpoint(str(make_checkpoint(tmp_path / "cv", "tiny", seed=5)))
+    encoder = CodecEncoder.from_checkpoint(ckpt)
+    wav = torch.randn(1, 24000, generator=torch.Generator().manual_seed(0)) * 0.1
+    codes = encoder.encode(wav)
+    assert codes.shape == (1, 13, 16) and int(codes.min()) >= 0 and int(codes.max()) < 2048
+    assert len(set(codes[0, :, 1].tolist())) > 1  # random codebooks, but not all one code
+
+
+@pytest.mark.parametrize("size", ["0.6B", "1.7B"])
+def test_real_size_shape_tables_have_the_released_names(size: str) -> None:
+    """The same tensors as the released checkpoints, their counts from the real configs (the 0.6B talker is as
+    wide as its code predictor, so it has no small_to_mtp_projection, as the official model builds it)."""
+    table = shape_table(size)
+    for file, patterns in RELEASED_TENSORS.items():
+        want = _indices_dropped(_expand(patterns))
+        if size == "0.6B" and file == "model.safetensors":
+            want = {n for n in want if "small_to_mtp_projection" not in n}
+        assert _indices_dropped(set(table[file])) == want, file
+
+
+@pytest.mark.parametrize("size, file, name, shape", [
+    ("1.7B", "model.safetensors", "talker.model.layers.27.self_attn.q_proj.weight", (2048, 2048)),
+    ("1.7B", "model.safetensors", "talker.model.layers.27.self_attn.k_proj.weight", (1024, 2048)),
+    ("1.7B", "model.safetensors", "talker.model.text_embedding.weight", (151936, 2048)),
+    ("1.7B", "model.safetensors", "talker.codec_head.weight", (3072, 2048)),
+    ("1.7B", "model.safetensors", "talker.code_predictor.small_to_mtp_projection.weight", (1024, 2048)),
+    ("1.7B", "model.safetensors", "talker.code_predictor.model.layers.4.mlp.gate_proj.weight", (3072, 1024)),
+    ("0.6B", "model.safetensors", "talker.model.layers.27.mlp.down_proj.weight", (1024, 3072)),
+    ("0.6B", "model.safetensors", "talker.text_projection.linear_fc2.weight", (1024, 2048)),
+    ("0.6B", "model.safetensors", "talker.code_predictor.model.codec_embedding.14.weight", (2048, 1024)),
+    # the speech tokenizer is the same for both sizes: these are the shapes vLLM-Omni 0.26's strict loader
+    # asks for, and those of the released decoder
+    ("1.7B", "speech_tokenizer/model.safetensors", "encoder.encoder.layers.0.conv.weight", (64, 1, 7)),
+    ("1.7B", "speech_tokenizer/model.safetensors", "encoder.encoder.layers.12.conv.weight", (1024, 512, 16)),
+    ("1.7B", "speech_tokenizer/model.safetensors", "encoder.encoder.layers.14.conv.weight", (512, 1024, 3)),
+    ("0.6B", "speech_tokenizer/model.safetensors", "encoder.encoder_transformer.layers.7.mlp.fc1.weight",
+     (2048, 512)),
+    ("0.6B", "speech_tokenizer/model.safetensors", "encoder.downsample.conv.weight", (512, 512, 4)),
+    ("1.7B", "speech_tokenizer/model.safetensors",
+     "encoder.quantizer.acoustic_residual_vector_quantizer.input_proj.weight", (256, 512, 1)),
+    ("1.7B", "speech_tokenizer/model.safetensors",
+     "encoder.quantizer.acoustic_residual_vector_quantizer.layers.30.codebook.embed_sum", (2048, 256)),
+    ("1.7B", "speech_tokenizer/model.safetensors", "decoder.quantizer.rvq_rest.input_proj.weight", (256, 512, 1)),
+    ("1.7B", "speech_tokenizer/model.safetensors",
+     "decoder.quantizer.rvq_rest.vq.layers.14._codebook.embedding_sum", (2048, 256)),
+    ("1.7B", "speech_tokenizer/model.safetensors", "decoder.pre_transformer.layers.7.mlp.gate_proj.weight",
+     (1024, 512)),
+])
+def test_real_size_shape_tables_give_the_released_shapes(size: str, file: str, name: str, shape: tuple) -> None:
+    assert shape_table(size)[file][name] == shape

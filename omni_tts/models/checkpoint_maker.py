@@ -3,8 +3,10 @@ at the real 0.6B / 1.7B sizes for GPU speed work where real weights are absent.
 
 Owns: the size table, config.json / generation_config.json / speech_tokenizer config, a small
 byte-level tokenizer with the special tokens at the ids the config names, and deterministic random
-weights named exactly as the released checkpoints name them (derived from our own modules, so the
-loaders accept them). Weight values don't change speed; the audio of such a model is noise.
+weights for every tensor the released checkpoints hold, with their names and shapes (`shape_table`,
+derived from our own modules, so our loaders accept them; the speech tokenizer's encoder included, so
+loaders that want the whole released layout do too). Weight values don't change speed; the audio of
+such a model is noise.
 Knows nothing about serving or requests.
 """
 
@@ -21,20 +23,24 @@ import torch
 
 
 # (talker hidden, layers, intermediate, text hidden, predictor hidden, predictor layers, predictor
-#  intermediate, heads, kv heads, head dim, codec: decoder hidden, latent, decoder_dim, layers, heads)
+#  intermediate, heads, kv heads, head dim, codec decoder: hidden, latent, decoder_dim, layers, heads;
+#  codec encoder: hidden, conv filters, layers, heads, head dim, intermediate, codebook dim, quantizers)
+_RELEASED_ENCODER = dict(enc_hidden=512, enc_filters=64, enc_layers=8, enc_heads=8, enc_head_dim=64, enc_inter=2048,
+                         enc_codebook_dim=256, enc_quantizers=32)  # one speech tokenizer for both sizes
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": dict(hidden=64, layers=3, inter=128, text_hidden=48, text_vocab=277, cp_hidden=32, cp_layers=2,
                  cp_inter=64, heads=4, kv=2, head_dim=16, cp_heads=4, cp_kv=2, cp_head_dim=16,
                  dec_hidden=32, dec_latent=32, dec_dim=64, dec_layers=2, dec_heads=2, dec_head_dim=16,
-                 dec_inter=64, codebook_dim=16, model_size="tiny"),
+                 dec_inter=64, codebook_dim=16, model_size="tiny", enc_hidden=32, enc_filters=4, enc_layers=1,
+                 enc_heads=2, enc_head_dim=16, enc_inter=64, enc_codebook_dim=16, enc_quantizers=16),
     "0.6B": dict(hidden=1024, layers=28, inter=3072, text_hidden=2048, text_vocab=151936, cp_hidden=1024,
                  cp_layers=5, cp_inter=3072, heads=16, kv=8, head_dim=128, cp_heads=16, cp_kv=8, cp_head_dim=128,
                  dec_hidden=512, dec_latent=1024, dec_dim=1536, dec_layers=8, dec_heads=16, dec_head_dim=64,
-                 dec_inter=1024, codebook_dim=512, model_size="0b6"),
+                 dec_inter=1024, codebook_dim=512, model_size="0b6", **_RELEASED_ENCODER),
     "1.7B": dict(hidden=2048, layers=28, inter=6144, text_hidden=2048, text_vocab=151936, cp_hidden=1024,
                  cp_layers=5, cp_inter=3072, heads=16, kv=8, head_dim=128, cp_heads=16, cp_kv=8, cp_head_dim=128,
                  dec_hidden=512, dec_latent=1024, dec_dim=1536, dec_layers=8, dec_heads=16, dec_head_dim=64,
-                 dec_inter=1024, codebook_dim=512, model_size="1b7"),
+                 dec_inter=1024, codebook_dim=512, model_size="1b7", **_RELEASED_ENCODER),
 }
 SPEAKERS = {"vivian": 3065, "serena": 3066, "uncle_fu": 3010, "ryan": 3061, "aiden": 2861,
             "ono_anna": 2873, "sohee": 2864, "eric": 2875, "dylan": 2878}
@@ -89,6 +95,21 @@ def write_tokenizer_files(out: Path, size: str) -> None:
         "return_attention_mask": True}))
 
 
+def _encoder_config(s: dict[str, Any]) -> dict[str, Any]:
+    """speech_tokenizer/config.json's encoder_config (a Mimi-style encoder) for a row of SIZES."""
+    return dict(_frame_rate=12.5, attention_bias=False, attention_dropout=0.0, audio_channels=1,
+                codebook_dim=s["enc_codebook_dim"], codebook_size=2048, compress=2, dilation_growth_rate=2,
+                head_dim=s["enc_head_dim"], hidden_act="gelu", hidden_size=s["enc_hidden"], initializer_range=0.02,
+                intermediate_size=s["enc_inter"], kernel_size=7, last_kernel_size=3, layer_scale_initial_scale=0.01,
+                max_position_embeddings=8000, model_type="mimi", norm_eps=1e-5, num_attention_heads=s["enc_heads"],
+                num_filters=s["enc_filters"], num_hidden_layers=s["enc_layers"], num_key_value_heads=s["enc_heads"],
+                num_quantizers=s["enc_quantizers"], num_residual_layers=1, num_semantic_quantizers=1,
+                pad_mode="constant", residual_kernel_size=3, rope_theta=10000.0, sampling_rate=24000,
+                sliding_window=250, trim_right_ratio=1.0, upsample_groups=s["enc_hidden"],
+                upsampling_ratios=[8, 6, 5, 4], use_cache=False, use_causal_conv=True, use_conv_shortcut=False,
+                use_streaming=False, vector_quantization_hidden_dimension=s["enc_codebook_dim"])
+
+
 def make_configs(size: str, model_type: str = "custom_voice") -> tuple[dict, dict, dict]:
     """(config.json, generation_config.json, speech_tokenizer/config.json) for a size in SIZES."""
     s = SIZES[size]
@@ -127,16 +148,19 @@ def make_configs(size: str, model_type: str = "custom_voice") -> tuple[dict, dic
                attention_bias=False, attention_dropout=0.0, num_quantizers=16, upsample_rates=[8, 5, 4, 3],
                upsampling_ratios=[2, 2])
     codec = dict(architectures=["Qwen3TTSTokenizerV2Model"], model_type="qwen3_tts_tokenizer_12hz",
-                 decoder_config=dec, decode_upsample_rate=1920, encode_downsample_rate=1920,
+                 decoder_config=dec, encoder_config=_encoder_config(s), decode_upsample_rate=1920, encode_downsample_rate=1920,
                  encoder_valid_num_quantizers=16, input_sample_rate=24000, output_sample_rate=24000)
     return config, gen, codec
 
 
 def _module_shapes(config: dict, codec_config: dict) -> tuple[dict[str, tuple], dict[str, tuple]]:
-    """Checkpoint key -> shape for model.safetensors and speech_tokenizer/model.safetensors, read off
-    our own modules built on the meta device (no memory, no init cost)."""
+    """Checkpoint key -> shape for model.safetensors and speech_tokenizer/model.safetensors: every tensor
+    the released checkpoints hold, read off our own modules built on the meta device (no memory, no init
+    cost), plus what the released files keep beyond what our modules hold (the decoder's codebooks as
+    running sums, its quantizers' encoder-side input projections)."""
     from omni_tts.models.code_predictor import CodePredictor
     from omni_tts.models.codec.decoder import CodecDecoder
+    from omni_tts.models.codec.encoder import CodecEncoder
     from omni_tts.models.talker import Talker
 
     tc = config["talker_config"]
@@ -144,6 +168,7 @@ def _module_shapes(config: dict, codec_config: dict) -> tuple[dict[str, tuple], 
         talker = Talker(tc)
         predictor = CodePredictor(tc["code_predictor_config"], talker.hidden_size, talker.codec_embedding)
         codec = CodecDecoder(codec_config)
+        encoder = CodecEncoder(codec_config)
     model: dict[str, tuple] = {}
     for k, v in talker.state_dict().items():
         top = k.startswith(("text_projection.", "codec_head."))
@@ -152,12 +177,22 @@ def _module_shapes(config: dict, codec_config: dict) -> tuple[dict[str, tuple], 
         top = k.startswith(("lm_head.", "small_to_mtp_projection."))
         model[("talker.code_predictor." if top else "talker.code_predictor.model.") + k] = tuple(v.shape)
     speech: dict[str, tuple] = {"decoder." + k: tuple(v.shape) for k, v in codec.state_dict().items()}
+    speech.update({"encoder." + k: tuple(v.shape) for k, v in encoder.state_dict().items()})
     for name, group in codec.quantizer.items():
         n, size, dim = group.tables.shape
+        speech[f"decoder.quantizer.{name}.input_proj.weight"] = (dim, group.output_proj.out_channels, 1)
         for i in range(n):
             speech[f"decoder.quantizer.{name}.vq.layers.{i}._codebook.embedding_sum"] = (size, dim)
             speech[f"decoder.quantizer.{name}.vq.layers.{i}._codebook.cluster_usage"] = (size,)
     return model, speech
+
+
+def shape_table(size: str, model_type: str = "custom_voice") -> dict[str, dict[str, tuple]]:
+    """File (relative to the checkpoint) -> tensor name -> shape, as make_checkpoint writes them; builds
+    no weights, so it is cheap at every size."""
+    config, _, codec_config = make_configs(size, model_type)
+    model, speech = _module_shapes(config, codec_config)
+    return {"model.safetensors": model, "speech_tokenizer/model.safetensors": speech}
 
 
 def _random_tensors(shapes: dict[str, tuple], gen: torch.Generator, device: torch.device,
@@ -174,7 +209,7 @@ def _random_tensors(shapes: dict[str, tuple], gen: torch.Generator, device: torc
         elif len(shape) == 1:
             t = torch.zeros(shape, device=device, dtype=dtype)  # biases
         else:
-            scale = 0.5 / math.sqrt(math.prod(shape[1:])) if fan_in and "_codebook." not in key else std
+            scale = 0.5 / math.sqrt(math.prod(shape[1:])) if fan_in and "codebook." not in key else std
             t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).mul_(scale).to(dtype)
         out[key] = t.contiguous()
     return out
@@ -232,7 +267,7 @@ def make_checkpoint(out: str | os.PathLike, size: str = "tiny", model_type: str 
     return out
 
 
-EMBEDDED_VERSION = 2
+EMBEDDED_VERSION = 3
 
 
 def embedded_checkpoint_dir(cache_dir: str | os.PathLike | None = None) -> Path:
