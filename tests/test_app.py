@@ -1,42 +1,52 @@
-"""The Gradio app's layout and handlers, on the real engine over the tiny checkpoint on CPU.
+"""The Gradio app's page and handlers, on the real engine over the tiny checkpoint on CPU.
 
-Handlers are called directly (no server, no browser: tests/browser/ does that). No engine mocks.
-Also: model selection (local HF cache scan, fast offline fallback) and the pure UI helpers.
+Handlers are called directly (no server, no browser: tests/test_api.py serves over HTTP and
+tests/browser/ drives chromium). No engine mocks. Also: model selection (local HF cache scan, fast
+offline fallback), the private temp folder, the voice library and the pure UI helpers.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
+import stat
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import gradio as gr
 import numpy as np
 import pytest
 import soundfile as sf
+from _fixtures import FIXTURES  # noqa: E402
 
 import app
+from omni_tts.config import EngineConfig
+from omni_tts.ui import engine_actions, files, formatting, handlers, labels
 from omni_tts.ui import support as ui
-from omni_tts.config import EngineConfig, SynthesisParams
 
-from _fixtures import FIXTURES  # noqa: E402
 MAX_LEN = 20  # frames: keeps every synthesis well under a second on CPU
-SETTINGS = ("CustomVoice", "ryan", "Auto", "", 0.9, 50, 1.0, 1.05, MAX_LEN)  # task .. max_len
+# the tiny random checkpoint never ends a clip by itself: every clip stops at Max length and says so
+pytestmark = pytest.mark.filterwarnings("ignore:The clip stopped at Max length")
+
+
+def form(**kw):
+    return ui.form(**{"text": "Hello there.", "speaker": "ryan", "language": "english", "max_len": MAX_LEN,
+                      "seed": 3, **kw})
+
+
+def visitor(key: str):
+    return SimpleNamespace(session_hash=key)
 
 
 @pytest.fixture(scope="module")
 def engine():
-    """The real engine on the tiny CustomVoice fixture, or on the embedded tiny checkpoint without it."""
-    from omni_tts.models.checkpoint_maker import embedded_checkpoint_dir
     from omni_tts.engine.engine import Engine
 
-    model = FIXTURES / "custom_voice"
-    if not (model / "config.json").is_file():
-        model = embedded_checkpoint_dir()
-    eng = Engine.from_config(EngineConfig(model=str(model), device="cpu", max_num_seqs=2, max_seq_len=256,
-                                          mode="eager"))
+    eng = Engine.from_config(EngineConfig(model=str(FIXTURES / "custom_voice"), device="cpu", max_num_seqs=2,
+                                          max_seq_len=256, mode="eager", initial_chunk_frames=1, chunk_frames=4))
     yield eng
     eng.shutdown()
 
@@ -47,162 +57,150 @@ def _component(demo: gr.Blocks, elem_id: str):
     return found[0]
 
 
-def _switch_target(engine) -> str:
-    """The mode the switch tests go to: OMNI_TTS_TEST_SWITCH_MODE, else the current one again (re-applied
-    through the same path: on CPU, compiling 'default' with Inductor takes minutes, too slow here)."""
-    return os.environ.get("OMNI_TTS_TEST_SWITCH_MODE") or engine.snapshot()["mode"]
-
-
-def test_build_demo_fills_controls_from_the_checkpoint(engine):
-    demo = app.build_demo(engine)
-    assert isinstance(demo, gr.Blocks)
+def test_page_shows_the_checkpoint_in_users_words(engine):
+    demo = app.build_demo(engine, streaming=False)
     banner = _component(demo, "banner").value
-    assert "given with --model" in banner and str(engine.model.checkpoint.path) in banner
-    assert ("noise, not speech" in banner) == engine.model.checkpoint.is_embedded_demo
-    speakers = [c for c in demo.blocks.values() if isinstance(c, gr.Dropdown) and c.label == "Speaker"][0]
-    assert {"ryan", "vivian"} <= {v for v, _ in speakers.choices}
-    radio = _component(demo, "mode-radio")
-    assert [v for v, _ in radio.choices] == list(ui.MODES)
-    notes = _component(demo, "mode-notes").value
-    for mode, why in engine.available_modes().items():  # CPU: the CUDA-graph modes say why not
-        assert (why in notes) if why else (f"`{mode}`: available" in notes)
-    assert "unavailable" in notes
+    assert "given with --model" in banner and "Streaming off" in banner and "E2E" in banner
+    speakers = dict((v, k) for k, v in _component(demo, "speaker").choices)
+    assert speakers["ryan"].startswith("Ryan — dynamic male voice") and speakers["vivian"].startswith("Vivian — ")
+    langs = [k for k, _ in next(c for c in demo.blocks.values() if getattr(c, "label", "") == "Language").choices]
+    assert "English" in langs and "Auto (detect)" in langs and all(x[0].isupper() for x in langs)
+    assert [v for _, v in _component(demo, "mode-radio").choices] == list(formatting.MODES)
+    readiness = _component(demo, "mode-readiness").value
+    assert "`eager`: **ready, default**" in readiness and "`default+cudagraph`: **unavailable" in readiness
+    assert "TTFP: time to first packet" in _component(demo, "metric-definitions").value
+    assert _component(demo, "download").visible is False  # no empty download box before the first clip
+    assert _component(demo, "max-len").maximum <= engine.config.max_seq_len
+    examples = _component(demo, "examples")
+    assert any("Hello! This is omni-tts" in str(row) for row in examples.samples)
 
 
-def test_banner_of_the_embedded_demo_says_noise_and_how_to_load_a_real_model():
-    from omni_tts.models.checkpoint_maker import embedded_checkpoint_dir
-    from omni_tts.engine.engine import Engine
-
-    eng = Engine.from_config(EngineConfig(model=str(embedded_checkpoint_dir()), device="cpu", max_num_seqs=1,
-                                          max_seq_len=64, mode="eager"))
-    try:
-        banner = _component(app.build_demo(eng), "banner").value
-    finally:
-        eng.shutdown()
-    assert "embedded tiny random demo checkpoint" in banner and "noise, not speech" in banner
-    assert "--model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice" in banner
+def test_only_the_named_synthesize_endpoint_is_public(engine):
+    api = app.build_demo(engine).get_api_info()
+    assert list(api["named_endpoints"]) == ["/synthesize"] and not api.get("unnamed_endpoints")
+    params = api["named_endpoints"]["/synthesize"]["parameters"]
+    assert [p["parameter_name"] for p in params if not p["parameter_has_default"]] == ["text"]
+    assert {"speaker", "language", "instruct", "mode", "seed", "max_new_tokens", "ref_audio"} <= \
+        {p["parameter_name"] for p in params}
 
 
-def test_synthesis_streams_audio_then_the_file_and_metrics(engine):
-    session: dict = {}
-    outs = list(app.synthesize(engine, session, "Hello there.", 3, *SETTINGS))
-    chunks = [a for a, _, _ in outs[:-1]]
-    assert chunks and all(isinstance(c, bytes) and c[:4] == b"RIFF" for c in chunks)
-    audio, path, live = outs[-1]
-    wav, sr = sf.read(path)
-    assert sr == engine.model.sample_rate and wav.size > 0
-    assert re.search(r"\| last #\d+ \(eager\) \| \d+ ms \| \d+ ms \| \d+\.\d{3} \| \d+\.\d\d s \|", live), live
-    assert session["handle"].done and session["handle"].metrics.status == "done"
+def test_synthesis_streams_then_gives_file_history_and_figures(engine):
+    outs = list(handlers.synthesize(engine, form(), [], streaming=True, request=visitor("a")))
+    chunks = [o[0] for o in outs[:-1]]
+    assert len(chunks) > 1 and all(isinstance(c, bytes) and c[:4] == b"RIFF" for c in chunks)
+    _, whole, file, live, history, notice = outs[-1]
+    wav, sr = sf.read(file["value"])
+    assert sr == engine.sample_rate and wav.size > 0 and file["visible"] and file["label"] == "Download wav"
+    assert len(history) == 1 and history[0]["status"] == "done" and history[0]["mode"] == "eager"
+    assert re.search(r"\| last #\d+ \(eager\) \| \d+ ms \| \d+ ms \| \d+ ms \| \d\.\d{3} \| \d+\.\d\d s \|", live), live
+    assert history[0]["playable_ms"] == history[0]["ttfp_ms"]  # streaming: playable at the first chunk
+    off = list(handlers.synthesize(engine, form(), history, streaming=False))[-1]
+    sr2, pcm = off[1]
+    assert sr2 == engine.sample_rate and pcm.dtype == np.int16 and pcm.size > 0
+    assert off[4][-1]["playable_ms"] == off[4][-1]["e2e_ms"]  # not streaming: playable when finished
 
 
-def test_zero_gpu_handler_makes_the_same_clip_in_one_call(engine):
-    """The ZeroGPU handler (plain path, inside one GPU call) gives the engine's codes and audio."""
-    greedy = ("CustomVoice", "ryan", "English", "", 0.0, 50, 1.0, 1.05, MAX_LEN)  # temperature 0: greedy
-    (sr, pcm), path, live = app.synthesize_in_call(engine, {}, "Zero GPU check.", 5, *greedy)
-    streamed = list(app.synthesize(engine, {}, "Zero GPU check.", 5, *greedy, streaming=False))[-1]
-    assert sr == engine.model.sample_rate and pcm.dtype == np.int16 and pcm.size > 0
-    other = streamed[0][1]  # the engine's whole clip as pcm16 (joined chunks: float32 rounding apart)
-    assert pcm.shape == other.shape and np.abs(pcm.astype(int) - other.astype(int)).max() <= 1
-    wav, _ = sf.read(path)
-    assert wav.shape[0] == pcm.shape[0]
-    assert re.search(r"\| last #0 \(eager\) \|", live), live
+def test_history_and_running_request_are_per_visitor(engine):
+    mine = list(handlers.synthesize(engine, form(text="Mine."), [], request=visitor("me")))[-1][4]
+    theirs = list(handlers.synthesize(engine, form(text="Theirs."), [], request=visitor("them")))[-1][4]
+    live, panel, readiness, ttfp, rtf, plotted = handlers.refresh_panel(engine, mine, (-1, 0), visitor("me"))
+    assert f"last #{mine[-1]['request']} " in live and f"#{theirs[-1]['request']} " not in live
+    assert "all visitors" in panel and "ready, default" in readiness
+    assert list(ttfp["value"]["request"]) == [mine[-1]["request"]]  # only this visitor's points
+    assert ttfp["x_lim"][1] - ttfp["x_lim"][0] >= 10 and plotted == (mine[-1]["request"], 1)
+    plotted = handlers.refresh_panel(engine, mine, plotted, visitor("me"))[5]  # sent twice, then not again
+    assert "value" not in handlers.refresh_panel(engine, mine, plotted, visitor("me"))[3]
+    assert handlers.stop(visitor("me")) == "nothing running"  # the other visitor's requests are not ours
 
 
-def test_stop_cancels_the_running_request(engine):
-    session: dict = {}
-    gen = app.synthesize(engine, session, "A longer sentence to be stopped early. " * 3, 1,
-                         *SETTINGS[:-1], 200)
-    next(gen)  # first chunk is out
-    assert app.stop(session).startswith("stopped request")
-    list(gen)
-    assert session["handle"].metrics.status == "cancelled"
-    assert session["handle"].metrics.frames < 200
+def test_stop_keeps_the_partial_audio_and_records_the_request(engine):
+    gen = handlers.synthesize(engine, form(text="A longer sentence to be stopped early. " * 3, max_len=200), [],
+                              request=visitor("stopper"))
+    next(gen)  # the first chunk is out
+    assert handlers.stop(visitor("stopper")).startswith("stopped request")
+    outs = list(gen)
+    _, _, file, live, history, notice = outs[-1]
+    assert history[-1]["status"] == "cancelled" and "Stopped" in notice and "cancelled" in live
+    assert file["label"].startswith("Stopped: partial audio (") and Path(file["value"]).name.startswith("stopped")
+    wav, _ = sf.read(file["value"])
+    assert 0 < wav.size < 199 * 1920  # part of the clip: fewer samples than 199 frames would make
 
 
-@pytest.mark.parametrize("text, settings, message", [
-    ("", SETTINGS, "text is empty"),
-    ("hi", ("CustomVoice", "nobody", *SETTINGS[2:]), "nobody"),
-    ("hi", ("VoiceDesign", None, "Auto", "", *SETTINGS[4:]), "instruct"),
+def test_a_clip_cut_at_max_length_says_so(engine):
+    with pytest.warns(UserWarning, match="Max length"):
+        out = list(handlers.synthesize(engine, form(max_len=3)))[-1]
+    assert "stopped at Max length (2 frames" in out[5] and out[4][-1]["note"] == "capped"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"text": ""}, "Text is empty"),
+    ({"speaker": "nobody"}, "nobody"),
+    ({"max_len": 1}, "Max length"),
+    ({"seed": 1e300}, "Seed"),
+    ({"top_k": float("nan")}, "Top-k must be a finite number"),
+    ({"task": "voice_clone"}, "Reference audio is empty"),
+    ({"task": "voice_design", "instruct": "a calm voice"}, "cannot do task"),
 ])
-def test_bad_input_is_one_line_gr_error_and_the_next_request_works(engine, text, settings, message):
+def test_bad_input_is_one_toast_in_the_uis_words_and_one_log_line(engine, caplog, fields, message):
+    caplog.set_level(logging.WARNING, logger="omni_tts.app")
     with pytest.raises(gr.Error) as err:
-        list(app.synthesize(engine, {}, text, 0, *settings))
-    assert message in err.value.message and "\n" not in err.value.message
-    outs = list(app.synthesize(engine, {}, "Still serving.", 0, *SETTINGS))
-    assert Path(outs[-1][1]).is_file()
+        list(handlers.synthesize(engine, form(**fields)))
+    text = err.value.message
+    assert message in text and "\n" not in text and "max_new_tokens" not in text and "top_k" not in text
+    assert len(caplog.records) == 1 and caplog.records[0].exc_info is None
+    assert list(handlers.synthesize(engine, form(text="Still serving.")))[-1][4][0]["status"] == "done"
 
 
-def test_mode_switch_updates_the_panel_and_reports_cost(engine):
-    original, target = engine.snapshot()["mode"], _switch_target(engine)
-    try:
-        outs = list(app.apply_mode(engine, target))
-        status, panel = outs[-1]
-        assert f"now `{target}`" in status and re.search(r"took \d+\.\d s", status)
-        assert f"mode** `{target}`" in panel
-        # no Triton layers off CUDA: the reference modules in eager, Inductor's kernels in the compiled modes
-        want = "reference modules" if target == "eager" else "Inductor kernels"
-        assert f"layer kernels: {want}" in panel
-        # on CPU the codec runs exact float32, eager ops, no graphs; a clip adds to its decode counts
-        line = panel.split("**code-to-wave:** ")[1]
-        assert line.startswith("`float32` · fused activations off · first-chunk graphs off · ")
-        calls = engine.snapshot()["decode_calls"]
-        engine.synthesize(SynthesisParams(text="Hi.", speaker=engine.model.speakers()[0], max_new_tokens=3))
-        line = ui.engine_markdown(engine.snapshot()).split("**code-to-wave:** ")[1]
-        got = re.search(r"(\d+) chunks in (\d+) batched calls, \d+\.\d ms per call", line)
-        assert got and int(got[2]) > calls and int(got[1]) >= int(got[2])
-        assert target in engine.snapshot()["capture"]  # the engine recorded what the switch cost
-        live, panel2, ttfp_plot, rtf_plot, plotted = app.refresh_panel(engine, {})
-        assert f"`{target}`" in panel2 and len(ttfp_plot["value"]) >= 1 and plotted[1] == 1
-        plotted = app.refresh_panel(engine, {}, plotted)[4]  # the same plot goes out twice, then not again
-        assert "value" not in app.refresh_panel(engine, {}, plotted)[2]
-    finally:
-        list(app.apply_mode(engine, original))
-    assert engine.snapshot()["mode"] == original
-
-
-def test_unavailable_mode_warns_and_leaves_the_engine_alone(engine):
-    bad = [m for m, why in engine.available_modes().items() if why]
-    if not bad:
-        pytest.skip("every mode is available on this host")
-    before = engine.snapshot()["mode"]
+def test_default_mode_switch_shows_the_engines_real_mode(engine):
+    bad = next(m for m, why in engine.available_modes().items() if why)  # a CUDA mode on this CPU engine
     with pytest.warns(UserWarning, match="unavailable"):
-        status, _ = list(app.apply_mode(engine, bad[0]))[-1]
-    assert "unavailable" in status and engine.snapshot()["mode"] == before
+        status, radio, readiness = engine_actions.apply_mode(engine, bad)
+    assert "Not changed" in status and radio["value"] == engine.snapshot()["mode"] == "eager"
+    status, radio, _ = engine_actions.apply_mode(engine, "eager")
+    assert "now run `eager`" in status and radio["value"] == "eager"
+    public = ui.AdminPolicy(public=True)
+    with pytest.warns(UserWarning, match="OMNI_TTS_ADMIN_TOKEN"):
+        assert "Not changed" in engine_actions.apply_mode(engine, "eager", policy=public)[0]
+    guarded = ui.AdminPolicy(token="s3cret", public=True)
+    with pytest.warns(UserWarning, match="Admin token"):
+        engine_actions.apply_mode(engine, "eager", "wrong", guarded)
+    assert "Done" in engine_actions.apply_mode(engine, "eager", "s3cret", guarded)[0]
+
+
+def test_admin_policy_from_the_bind_address_and_env():
+    assert not ui.AdminPolicy.from_env("127.0.0.1", False, {}).public
+    assert ui.AdminPolicy.from_env("0.0.0.0", False, {}).public
+    assert ui.AdminPolicy.from_env("127.0.0.1", True, {}).public
+    assert ui.AdminPolicy.from_env("127.0.0.1", False, {"SPACE_ID": "u/x"}).public
+    assert ui.AdminPolicy.from_env("0.0.0.0", False, {ui.ADMIN_ENV: "t"}).asks_token
 
 
 def test_listening_test_gives_clips_verdict_exports_and_abx(engine):
-    original = engine.snapshot()["mode"]
-    modes = [original, _switch_target(engine)]
-    out = app.listening_test(engine, "Compare these modes.", 11, modes, *SETTINGS[:4], 1.2, 5, 0.9, 1.05, MAX_LEN)
-    clips, verdict, table, files, abx, x_path, _ = out[:4], *out[4:]
+    out = engine_actions.listening_test(engine, form(), "Compare these modes.", 11, ["eager", "eager"])
+    clips, verdict, table, exports, abx, x_path, _ = out[:4], *out[4:]
+    assert Path(x_path).name.startswith("X-")  # a neutral name: it must not give the answer away
     assert [c["visible"] for c in clips] == [True, True, False, False]
-    for c in clips[:2]:
-        assert sf.read(c["value"])[0].size > 0
-    assert re.search(r"code matrices \*\*(identical|differ)\*\*", verdict), verdict
-    if modes[0] == modes[1]:  # same mode, same seed, sampling on: must reproduce exactly
-        assert "**identical**" in verdict, verdict
-    assert list(table["mode"]) == modes and len(files) == 3 and files[-1].endswith(".csv")
-    assert engine.snapshot()["mode"] == original  # restored
-    state, line, _ = app.abx_guess(abx, abx["x_is"])
+    assert "**identical**" in verdict  # same mode, same seed, sampling on: must reproduce exactly
+    assert list(table["mode"]) == ["eager", "eager"] and exports[-1].endswith(".csv")
+    csv_text = Path(exports[-1]).read_text()
+    assert "/" not in csv_text and "clip-eager" in csv_text  # file names only, no server paths
+    assert all(len(str(v).split(".")[-1]) <= 3 for v in table["RTF"])  # rounded
+    state, line, _ = engine_actions.abx_guess(abx, abx["x_is"])
     assert state["trials"] == 1 and state["correct"] == 1 and "1 / 1" in line
-    wrong = "A" if state["x_is"] == "B" else "B"
-    state, line, _ = app.abx_guess(state, wrong)
-    assert state["trials"] == 2 and state["correct"] == 1
-    again = app.listening_test(engine, "Again.", 11, modes, *SETTINGS, tally=state)
-    assert again[7]["trials"] == 2 and again[7]["x_is"] in "AB"  # the session tally survives a new run
+    again = engine_actions.listening_test(engine, form(), "Again.", 11, ["eager", "eager"], state)
+    assert again[7]["trials"] == 1 and again[7]["x_is"] in "AB"  # the visitor's tally carries over
 
 
-def test_load_test_reports_the_seed_table(engine):
-    table, per, status = app.load_test(engine, 2, engine.snapshot()["mode"], "one\ntwo words", 0, *SETTINGS)
-    assert list(table.columns) == ["mode", "N", "med TTFP ms", "med E2E ms", "mean RTF", "req/s", "audio s/s"]
-    assert len(per) == 2 and set(per["status"]) == {"done"} and table["req/s"][0] > 0
-    assert status.startswith("2/2")
+def test_load_test_reports_rounded_tables_and_needs_admin_on_a_public_server(engine):
+    table, per, status = engine_actions.load_test(engine, form(), 2, "eager", "one\ntwo words", 0)
+    assert list(table.columns) == list(formatting.LOAD_COLUMNS) and status.startswith("2/2")
+    assert len(per) == 2 and set(per["status"]) == {"done"} and table["requests/s"][0] > 0
+    with pytest.raises(gr.Error, match="public server"):
+        engine_actions.load_test(engine, form(), 2, "eager", "one", 0, None, ui.AdminPolicy(public=True))
 
 
 @pytest.fixture(scope="module")
 def base_engine():
-    if not (FIXTURES / "base" / "config.json").is_file():
-        pytest.skip(f"tiny Base checkpoint fixture not found at {FIXTURES}/base")
     from omni_tts.engine.engine import Engine
 
     eng = Engine.from_config(EngineConfig(model=str(FIXTURES / "base"), device="cpu", max_num_seqs=1,
@@ -211,19 +209,69 @@ def base_engine():
     eng.shutdown()
 
 
-def test_voice_clone_from_reference_audio_and_a_saved_voice(base_engine):
-    demo = app.build_demo(base_engine)
-    task = [c for c in demo.blocks.values() if isinstance(c, gr.Radio) and c.label == "Task"][0]
-    assert [v for v, _ in task.choices] == ["Base (voice clone)"]
-    ref = (24000, np.load(FIXTURES / "base" / "golden_ref_audio.npy"))
-    clone = ("Base (voice clone)", None, "auto", "", 0.9, 50, 1.0, 1.05, MAX_LEN)
-    outs = list(app.synthesize(base_engine, {}, "Clone this voice.", 1, *clone, ref, "Hello reference.", False))
-    assert sf.read(outs[-1][1])[0].size > 0
-    with pytest.raises(gr.Error, match="too short"):
-        list(app.synthesize(base_engine, {}, "Clone.", 1, *clone, (24000, ref[1][:1000]), "x", False))
-    voice = app.voice_save(base_engine, ref, "", True)  # x-vector only: no transcript needed
-    outs = list(app.synthesize(base_engine, {}, "From the saved voice.", 1, *clone, None, "", False, voice))
-    assert sf.read(outs[-1][1])[0].size > 0
+def test_voice_clone_saved_voice_library_and_a_non_audio_reference(base_engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMNI_TTS_DATA_DIR", str(tmp_path / "data"))
+    ref = tmp_path / "ref.wav"
+    sf.write(ref, np.load(FIXTURES / "base" / "golden_ref_audio.npy"), 24000)
+    clone = dict(task="voice_clone", speaker=None, language="auto", ref_audio=str(ref), ref_text="Hello reference.")
+    assert sf.read(list(handlers.synthesize(base_engine, form(**clone)))[-1][2]["value"])[0].size > 0
+    junk = tmp_path / "notes.txt"
+    junk.write_text("not audio at all")
+    with pytest.raises(gr.Error) as err:
+        list(handlers.synthesize(base_engine, form(**{**clone, "ref_audio": str(junk)})))
+    assert "'notes.txt'" in err.value.message and str(tmp_path) not in err.value.message
+    dropdown, download = handlers.voice_save(base_engine, form(**clone, xvec_only=True), "My voice!")
+    assert dropdown["value"] == "My_voice" and "My_voice" in dropdown["choices"]
+    assert (tmp_path / "data" / "voices" / "My_voice.safetensors").is_file() and download["visible"]
+    again = list(handlers.synthesize(base_engine, form(**{**clone, "ref_audio": None, "saved_voice": "My_voice"})))
+    assert sf.read(again[-1][2]["value"])[0].size > 0
+    with pytest.raises(gr.Error, match="Voice name is empty"):
+        handlers.voice_save(base_engine, form(**clone), "../..")
+
+
+def test_out_dir_is_private_bounded_and_removed(tmp_path):
+    out = files.OutDir(max_files=3, max_bytes=10_000, parent=str(tmp_path))
+    assert stat.S_IMODE(out.path.stat().st_mode) == 0o700 and out.path.name.startswith("omni-tts-")
+    paths = []
+    for i in range(5):
+        p = out.new("clip", ".wav")
+        p.write_bytes(b"x" * 100)
+        os.utime(p, (i, i))
+        paths.append(p)
+    assert sum(p.exists() for p in paths) == 3 and not paths[0].exists()  # the oldest went first
+    big = out.new("big", ".wav")
+    big.write_bytes(b"x" * 9_950)
+    out.prune()
+    assert big.exists() and sum(p.exists() for p in paths) <= 1  # within the byte budget
+    assert len({out.new("a", ".wav").name for _ in range(20)}) == 20  # names are not guessable or reused
+    out.remove()
+    assert not out.path.exists()
+
+
+def test_data_dir_follows_the_platform_and_env():
+    assert files.data_dir({"OMNI_TTS_DATA_DIR": "/d"}) == Path("/d")
+    if os.name == "posix" and os.uname().sysname == "Linux":
+        assert files.data_dir({"HOME": "/h"}) == Path("/h/.local/share/omni_tts")
+        assert files.data_dir({"HOME": "/h", "XDG_DATA_HOME": "/x"}) == Path("/x/omni_tts")
+
+
+def test_messages_in_the_uis_words():
+    assert labels.in_ui_words("max_new_tokens must be >= 2 (got 1)") == "Max length must be >= 2 (got 1)"
+    assert labels.in_ui_words("reference audio /tmp/gradio/ab/c.txt: not readable") == \
+        "reference audio 'c.txt': not readable"
+    assert labels.in_ui_words("text is empty", labels.OPENAI_FIELDS) == "input is empty"
+    assert labels.speaker_label("uncle_fu").startswith("Uncle Fu — ") and labels.speaker_label("x_y") == "X Y"
+    assert labels.language_label("beijing_dialect") == "Beijing Dialect"
+
+
+def test_capped_notice_and_axis_limits():
+    assert formatting.capped_notice(10, 20, 21) == ""
+    assert "Max length" in formatting.capped_notice(20, 20, 21)
+    assert "length limit" in formatting.capped_notice(50, 50, 8192)
+    frame = formatting.history_frame([{"request": 7, "ttfp_ms": 10.0, "rtf": 0.5, "mode": "eager"}])
+    x, y = formatting.axis_limits(frame, "ttfp_ms")
+    assert x[0] < 7 < x[1] and x[1] - x[0] >= 10 and y[1] > 10.0
+    assert str(frame["request"].dtype) == "int64"
 
 
 def test_compare_codes_names_the_first_differing_frame():
@@ -234,7 +282,6 @@ def test_compare_codes_names_the_first_differing_frame():
     assert ui.compare_codes(a, b) == (False, 6)
     assert ui.compare_codes(a, a[:8]) == (False, 8)
     assert "**differ** (first differing frame 6; 10 vs 10 frames)" in ui.verdict_text("eager", "default", a, b)
-    assert "**identical** (10 frames)" in ui.verdict_text("eager", "default", a, a.copy())
 
 
 def test_bind_address_local_and_space():

@@ -1,118 +1,193 @@
-"""The Gradio components of the app's page: Synthesis inputs, engine panel, listening-test and load-test tabs.
+"""The Gradio components of the app's page: the Synthesis form, the engine panel, the listening-test
+and load-test tabs, and the hidden inputs of the named /synthesize API.
 
-Owns: which controls each part of the page has, their labels, ranges, initial values and element
-ids (the browser test finds them by id); each builder runs inside the caller's layout context and
-returns its components in a dict keyed by role. Knows nothing about event handling (app.py wires
-the components to its handlers) or device math: from the engine it reads only its snapshot and config.
+Owns: which controls each part of the page has, their labels, help texts (`info=`), ranges (from
+omni_tts.config.LIMITS), initial values and element ids (the browser test finds them by id); each
+builder runs inside the caller's layout context and returns its components in a dict keyed by role.
+Knows nothing about event handling (omni_tts.ui.layout wires them) or device math.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import gradio as gr
 
+from omni_tts import config
+from omni_tts.ui import files, formatting, labels
 from omni_tts.ui import support as ui
 
 DEFAULT_PROMPTS = ("Hello! This is omni-tts speaking.\nThe quick brown fox jumps over the lazy dog.\n"
                    "Streaming speech starts playing at the first chunk.\nHow fast can this engine talk?")
 N_CLIPS = 4  # listening-test clip slots (one per mode)
+MAX_TEXT = getattr(config, "MAX_TEXT_CHARS", 2000)
+COUNTER_JS = f"(t) => `${{(t || '').length}} / {MAX_TEXT} characters`"
 
 
-def synthesis_inputs(info: dict[str, Any], max_len: int) -> dict[str, Any]:
-    """Text, task, voice and sampling controls (created inside the caller's layout context)."""
+def _bounds(field: str, lo: float, hi: float) -> tuple[float, float]:
+    """A slider's range: the request limits where published, cut to what a slider can sensibly show."""
+    limit = getattr(config, "LIMITS", {}).get(field)
+    if limit is None:
+        return lo, hi
+    return max(lo, float(limit.low)), min(hi, float(limit.high))
+
+
+def synthesis_form(info: Mapping[str, Any], max_len: int, modes: list[str], streaming: bool) -> dict[str, Any]:
+    """Text, voice, Generate/Stop, output, clone fields, sampling and examples (inside the caller's layout)."""
     gen, c = info["generation"], {}
-    c["text"] = gr.Textbox(label="Text", lines=3, value="Hello! This is omni-tts speaking.", elem_id="text")
-    tasks = [ui.TASK_LABELS[t] for t in ui.TASK_LABELS if t in info["tasks"]]
-    with gr.Row():
-        c["task"] = gr.Radio(tasks, value=tasks[0] if tasks else None, label="Task")
-        c["speaker"] = gr.Dropdown(info["speakers"], value=(info["speakers"] or [None])[0], label="Speaker",
-                                   visible=tasks[:1] == ["CustomVoice"])
-        langs = info["languages"] or ["Auto"]
+    c["text"] = gr.Textbox(label="Text", lines=3, value="Hello! This is omni-tts speaking.", elem_id="text",
+                           max_length=MAX_TEXT)
+    c["counter"] = gr.Markdown(f"33 / {MAX_TEXT} characters", elem_id="char-counter", elem_classes="small")
+    tasks = [(ui.TASK_LABELS[t], t) for t in ui.TASK_LABELS if t in info["tasks"]]
+    first = tasks[0][1] if tasks else "custom_voice"
+    with gr.Row(equal_height=True):
+        c["task"] = gr.Radio(tasks, value=first, label="Task", scale=1)
+        c["speaker"] = gr.Dropdown(labels.speaker_choices(info["speakers"]), value=(info["speakers"] or [None])[0],
+                                   label="Speaker", visible=first == "custom_voice", scale=2, elem_id="speaker")
+        langs = info["languages"] or ["auto"]
         auto = next((x for x in langs if x.lower() == "auto"), langs[0])
-        c["language"] = gr.Dropdown(langs, value=auto, label="Language")
-    c["instruct"] = gr.Textbox(label="Instruct (voice / style description)", lines=2,
-                               visible=ui.instruct_visible(info, tasks[0] if tasks else ""))
-    with gr.Group(visible=tasks[:1] == [ui.TASK_LABELS["voice_clone"]]) as c["clone_group"]:
-        c["ref_audio"] = gr.Audio(sources=["upload", "microphone"], type="numpy", label="Reference audio")
-        c["ref_text"] = gr.Textbox(label="Reference text (what the reference says)")
-        c["xvec_only"] = gr.Checkbox(label="x-vector only (no reference text needed; lower fidelity)")
-        with gr.Row():
-            c["voice_file"] = gr.File(label="Load a saved voice", file_types=[".safetensors"], type="filepath",
-                                      height=90)
-            c["voice_save"] = gr.Button("Save voice file", size="sm")
-            c["voice_out"] = gr.File(label="Saved voice", interactive=False, height=90)
-    with gr.Accordion("Sampling", open=False, elem_id="sampling"):
-        with gr.Row():
-            c["temperature"] = gr.Slider(0.0, 2.0, value=gen.get("temperature", 0.9), step=0.05, label="Temperature")
-            c["top_k"] = gr.Slider(1, 200, value=gen.get("top_k", 50), step=1, label="Top-k")
-            c["top_p"] = gr.Slider(0.05, 1.0, value=gen.get("top_p", 1.0), step=0.05, label="Top-p")
-        with gr.Row():
-            c["rep"] = gr.Slider(1.0, 2.0, value=gen.get("repetition_penalty", 1.05), step=0.01,
-                                 label="Repetition penalty")
-            c["seed"] = gr.Number(value=-1, precision=0, label="Seed (-1: random)")
-            c["max_len"] = gr.Slider(1, max_len, value=min(max_len, int(gen.get("max_new_tokens", max_len))), step=1,
-                                     label="Max length (frames, 12.5 per second)", elem_id="max-len")
+        c["language"] = gr.Dropdown(labels.language_choices(langs), value=auto, label="Language", scale=1)
+    c["instruct"] = gr.Textbox(label="Instruct", lines=1, visible=ui.instruct_visible(info, first),
+                               info="How to speak (CustomVoice: tone, emotion, pace) or, for VoiceDesign, a "
+                                    "description of the voice itself", elem_id="instruct")
+    with gr.Row(equal_height=True):
+        c["go"] = gr.Button("Generate", variant="primary", elem_id="generate", scale=2)
+        c["stop"] = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
+        c["streaming"] = gr.Checkbox(streaming, label="Stream audio while it is made", interactive=streaming,
+                                     elem_id="streaming", scale=2)
+        c["mode"] = gr.Dropdown([("Engine default", "")] + [(m, m) for m in modes], value="", label="Mode",
+                                elem_id="request-mode", scale=2)
+    c["audio_stream"] = gr.Audio(label="Output", streaming=True, autoplay=True, interactive=False,
+                                 visible=streaming, elem_id="output-stream", buttons=["download"])
+    c["audio_full"] = gr.Audio(label="Output", autoplay=True, interactive=False, visible=not streaming,
+                               elem_id="output-audio", buttons=["download"])
+    c["notice"] = gr.Markdown("", elem_id="notice")
+    c["file"] = gr.File(label="Download wav", interactive=False, visible=False, elem_id="download", height=60)
+    c.update(_clone_fields(first == "voice_clone"))
+    c.update(_sampling(gen, max_len))
     return c
 
 
-def engine_panel(engine: Any, modes: list[str], notes: str) -> dict[str, Any]:
+def _clone_fields(visible: bool) -> dict[str, Any]:
     c: dict[str, Any] = {}
-    gr.Markdown("### Engine")
-    with gr.Row():
-        c["mode"] = gr.Radio(list(ui.MODES), value=engine.snapshot()["mode"], label="Compile mode",
-                             elem_id="mode-radio")
-        c["apply"] = gr.Button("Apply mode", elem_id="apply-mode")
-    c["mode_status"] = gr.Markdown("", elem_id="mode-status")
-    gr.Markdown(notes, elem_id="mode-notes")
-    c["live"] = gr.Markdown(ui.live_markdown(None, None), elem_id="live-metrics", elem_classes="metrics")
-    c["engine"] = gr.Markdown(ui.engine_markdown(engine.snapshot()), elem_id="engine-figures")
-    empty = ui.history_frame([])
-    c["ttfp_plot"] = gr.ScatterPlot(empty, x="request", y="ttfp_ms", color="mode", title="TTFP (ms), recent requests",
-                                    height=170, y_title="TTFP ms")
-    c["rtf_plot"] = gr.ScatterPlot(empty, x="request", y="rtf", color="mode", title="RTF, recent requests",
-                                   height=170, y_title="RTF")
+    with gr.Group(visible=visible, elem_id="clone") as c["clone_group"]:
+        with gr.Row(equal_height=True):
+            c["ref_audio"] = gr.Audio(sources=["upload", "microphone"], type="filepath", label="Reference audio",
+                                      elem_id="ref-audio", scale=1)
+            with gr.Column(scale=1):
+                c["ref_text"] = gr.Textbox(label="Reference text", lines=2,
+                                           info="What the reference clip says (needed unless the box below is ticked)")
+                c["xvec_only"] = gr.Checkbox(label="Voice from the clip only (no reference text; lower fidelity)")
+        with gr.Row(equal_height=True):
+            c["saved_voice"] = gr.Dropdown([""] + files.saved_voices(), value="", label="Saved voice",
+                                           info="Use a voice from the library instead of the clip", scale=2)
+            c["voice_file"] = gr.File(label="Or upload a voice file", file_types=[".safetensors"], type="filepath",
+                                      height=60, scale=2)
+        with gr.Row(equal_height=True):
+            c["voice_name"] = gr.Textbox(label="Save this voice as", placeholder="my voice", scale=2)
+            c["voice_save"] = gr.Button("Save voice", size="md", scale=1)
+            c["voice_out"] = gr.File(label="Saved voice file", interactive=False, visible=False, height=60, scale=2)
+    return c
+
+
+def _sampling(gen: Mapping[str, Any], max_len: int) -> dict[str, Any]:
+    c: dict[str, Any] = {}
+    with gr.Accordion("Sampling", open=False, elem_id="sampling"):
+        with gr.Row():
+            lo, hi = _bounds("temperature", 0.0, 2.0)
+            c["temperature"] = gr.Slider(lo, hi, value=gen.get("temperature", 0.9), step=0.05, label="Temperature",
+                                         info="0 always picks the likeliest sound")
+            lo, hi = _bounds("top_k", 0, 200)
+            c["top_k"] = gr.Slider(lo, hi, value=gen.get("top_k", 50), step=1, label="Top-k", info="0: off")
+            lo, hi = _bounds("top_p", 0.05, 1.0)
+            c["top_p"] = gr.Slider(max(lo, 0.05), hi, value=gen.get("top_p", 1.0), step=0.05, label="Top-p")
+        with gr.Row():
+            lo, hi = _bounds("repetition_penalty", 1.0, 2.0)
+            c["rep"] = gr.Slider(max(lo, 1.0), hi, value=gen.get("repetition_penalty", 1.05), step=0.01,
+                                 label="Repetition penalty")
+            seed_max = _bounds("seed", -1, 2**63 - 1)[1]
+            c["seed"] = gr.Number(value=-1, precision=0, minimum=-1, maximum=seed_max, label="Seed",
+                                  info="-1: a new random seed each time")
+            lo, hi = _bounds("max_new_tokens", 2, max_len)
+            c["max_len"] = gr.Slider(lo, hi, value=min(hi, int(gen.get("max_new_tokens", hi))), step=1,
+                                     label="Max length", info="in frames; 12.5 frames make one second",
+                                     elem_id="max-len")
+    return c
+
+
+def examples(c: Mapping[str, Any], info: Mapping[str, Any]) -> Any:
+    """The examples table for this checkpoint's tasks and languages (a click fills the form)."""
+    rows = labels.examples(info["tasks"], info["languages"], info["speakers"])
+    if not rows:
+        return None
+    return gr.Examples(rows, [c["text"], c["language"], c["task"], c["speaker"], c["instruct"]],
+                       label="Examples (click one to fill the form)", elem_id="examples",
+                       api_visibility="private")
+
+
+def engine_panel(policy: ui.AdminPolicy, current: str, readiness: str, snapshot: Mapping[str, Any]) -> dict:
+    """This visitor's figures and plots, then the engine-wide figures, readiness and the mode switch."""
+    c: dict[str, Any] = {}
+    c["live"] = gr.Markdown(formatting.live_markdown(None, None), elem_id="live-metrics", elem_classes="metrics")
+    gr.Markdown(f"<small>{labels.METRICS_INFO}</small>", elem_id="metric-definitions")
+    empty = formatting.history_frame([])
+    for key, y, title in (("ttfp_plot", "ttfp_ms", "TTFP (ms) of your requests"), ("rtf_plot", "rtf",
+                                                                                     "RTF of your requests")):
+        c[key] = gr.ScatterPlot(empty, x="request", y=y, color="mode", title=title, height=180, x_title="request #",
+                                y_title=title.split(" of")[0], color_map=formatting.MODE_COLORS,
+                                x_axis_format="d", x_lim=[0, 10], elem_id=key.replace("_", "-"))
+    c["engine"] = gr.Markdown(formatting.engine_markdown(snapshot), elem_id="engine-figures")
+    c["readiness"] = gr.Markdown(readiness, elem_id="mode-readiness")
+    with gr.Accordion("Default mode (for every visitor)", open=False, elem_id="engine-mode"):
+        with gr.Row(equal_height=True):
+            c["mode"] = gr.Radio(list(formatting.MODES), value=current, label="Default compile mode",
+                                 elem_id="mode-radio", scale=3)
+            c["apply"] = gr.Button("Set as default", elem_id="apply-mode", scale=1)
+        c["token"] = gr.Textbox(label="Admin token", type="password", visible=policy.asks_token,
+                                elem_id="admin-token", info="needed for engine-wide actions on this server")
+        c["mode_status"] = gr.Markdown("", elem_id="mode-status")
     c["timer"] = gr.Timer(1.0)
     return c
 
 
 def listening_tab(modes: list[str]) -> dict[str, Any]:
     c: dict[str, Any] = {}
-    gr.Markdown("Same text, same seed, run once per mode (the engine switches mode for each, then restores). "
-                "Voice, language and sampling come from the Synthesis tab.")
-    with gr.Row():
+    gr.Markdown("The same text and seed, once per mode; voice, language and sampling come from the Synthesis tab. "
+                "Then a blind A/B/X trial: can you hear which clip X is?")
+    with gr.Row(equal_height=True):
         c["text"] = gr.Textbox(label="Text", value="The quick brown fox jumps over the lazy dog.", scale=3)
-        c["seed"] = gr.Number(value=1234, precision=0, label="Seed", scale=1)
+        c["seed"] = gr.Number(value=1234, precision=0, minimum=0, label="Seed", scale=1)
     c["modes"] = gr.CheckboxGroup(modes, value=modes[:2], label="Modes to compare (two or more)")
     c["run"] = gr.Button("Run listening test", variant="primary")
     with gr.Row():
         c["clips"] = [gr.Audio(label=f"clip {i + 1}", visible=i < 2, interactive=False) for i in range(N_CLIPS)]
     c["verdict"] = gr.Markdown()
-    c["table"] = gr.Dataframe(label="Metrics per mode", interactive=False,
-                              headers=["mode", "ran_as", "ttfp_ms", "e2e_ms", "rtf", "audio_s", "frames"])
-    c["export"] = gr.File(label="Export: clips + results CSV", file_count="multiple", interactive=False)
+    c["table"] = gr.Dataframe(label="Figures per mode", interactive=False, wrap=True,
+                              headers=["mode", "ran as", *formatting.ROW_COLUMNS[3:], "frames", "same codes as first"])
+    c["export"] = gr.File(label="Export: clips + results CSV", file_count="multiple", interactive=False, height=80)
     gr.Markdown("#### Blind A/B/X")
-    c["abx_info"] = gr.Markdown("run the test, then listen to X and say which clip it matches")
-    c["x_audio"] = gr.Audio(label="X", interactive=False)
-    with gr.Row():
-        c["pick_a"], c["pick_b"] = gr.Button("X is A"), gr.Button("X is B")
+    c["abx_info"] = gr.Markdown("Run the test, then listen to X and say which clip it matches.")
+    with gr.Row(equal_height=True):
+        c["x_audio"] = gr.Audio(label="X", interactive=False, scale=2)
+        c["pick_a"], c["pick_b"] = gr.Button("X is A", scale=1), gr.Button("X is B", scale=1)
     c["tally"] = gr.Markdown()
     c["abx"] = gr.State({})
     return c
 
 
-def load_tab(engine: Any, modes: list[str]) -> dict[str, Any]:
+def load_tab(max_num_seqs: int, modes: list[str], current: str) -> dict[str, Any]:
     c: dict[str, Any] = {}
-    gr.Markdown("N concurrent requests (voice and sampling from the Synthesis tab), then the seed-PR table.")
-    with gr.Row():
-        top = engine.config.max_num_seqs
-        c["n"] = gr.Slider(1, max(2, top), value=top, step=1, label=f"Concurrent requests N (at most {top})")
-        c["mode"] = gr.Dropdown(modes, value=engine.snapshot()["mode"], label="Mode")
-        c["seed"] = gr.Number(value=0, precision=0, label="Seed")
+    gr.Markdown("N requests at once (voice and sampling from the Synthesis tab), then their figures. "
+                "The engine is shared: other visitors' requests wait meanwhile.")
+    with gr.Row(equal_height=True):
+        c["n"] = gr.Slider(1, max(2, max_num_seqs), value=max_num_seqs, step=1,
+                           label=f"Requests at once (at most {max_num_seqs})")
+        c["mode"] = gr.Dropdown(modes, value=current, label="Mode")
+        c["seed"] = gr.Number(value=0, precision=0, minimum=0, label="Seed")
     c["prompts"] = gr.Textbox(label="Prompts (one per line, cycled)", lines=4, value=DEFAULT_PROMPTS)
     c["run"] = gr.Button("Run load test", variant="primary")
     c["status"] = gr.Markdown()
-    c["table"] = gr.Dataframe(label="Run summary", interactive=False, headers=list(ui.LOAD_COLUMNS))
-    c["per"] = gr.Dataframe(label="Per request", interactive=False,
-                            headers=["request", "mode", "status", "ttfp_ms", "e2e_ms", "rtf", "audio_s"])
+    c["table"] = gr.Dataframe(label="Summary", interactive=False, headers=list(formatting.LOAD_COLUMNS), wrap=True)
+    c["per"] = gr.Dataframe(label="Per request", interactive=False, headers=list(formatting.ROW_COLUMNS), wrap=True)
     return c

@@ -1,0 +1,88 @@
+"""The app's one public Gradio API endpoint, `/synthesize`: named parameters with defaults (only `text`
+is required), a wav file and the request's metrics back.
+
+Owns: the endpoint's parameters, their defaults and descriptions, and its hidden input/output
+components (every other event of the page is private: omni_tts.ui.layout). Errors are the same
+one-line messages as the form's. Usage:
+
+    from gradio_client import Client
+    wav_path, metrics = Client("http://127.0.0.1:7860/").predict("Hello", api_name="/synthesize")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gradio as gr
+
+from omni_tts.ui import engine_access, files, formatting
+from omni_tts.ui import support as ui
+from omni_tts.ui.handlers import user_errors
+
+API_NAME = "synthesize"
+
+
+def synthesize_request(engine: Any, info: Mapping[str, Any], text: str, task: str = "",
+                       speaker: str = "", language: str = "auto", instruct: str = "", mode: str = "",
+                       temperature: float | None = None, top_k: float | None = None, top_p: float | None = None,
+                       repetition_penalty: float | None = None, max_new_tokens: float | None = None,
+                       seed: float | None = -1, ref_audio: str | None = None, ref_text: str = "",
+                       x_vector_only: bool = False, voice_file: str | None = None) -> tuple[str, dict[str, Any]]:
+    """One whole clip: (wav path, metrics). Empty task / speaker: the checkpoint's first; mode '': the
+    engine's default; sampling fields None: the checkpoint's generation defaults; seed -1: random."""
+    f = ui.form(text=text or "", task=task or (info["tasks"] or ["custom_voice"])[0],
+                speaker=speaker or (info["speakers"] or [None])[0], language=language or "auto",
+                instruct=instruct or "", mode=mode or "", temperature=temperature, top_k=top_k, top_p=top_p,
+                rep=repetition_penalty, max_len=max_new_tokens, seed=-1 if seed is None else seed,
+                ref_audio=ref_audio or None, ref_text=ref_text or "", xvec_only=bool(x_vector_only),
+                voice_file=voice_file or None)
+    with user_errors("synthesis"):
+        params = ui.make_params(engine, f, info)
+        result = engine.synthesize(engine_access.with_mode(params, f["mode"] or None))
+    path = files.write_wav(result.wav, result.sample_rate, "omni-tts")
+    m = result.metrics
+    metrics = {**formatting.record(m, streaming=False), "frames": int(m.frames), "sample_rate": int(result.sample_rate)}
+    metrics.pop("streaming", None)
+    metrics.pop("note", None)
+    return path, metrics
+
+
+def add_endpoint(engine: Any, info: Mapping[str, Any]) -> None:
+    """The hidden components and the `/synthesize` event (inside the caller's gr.Blocks)."""
+    gen = info["generation"]
+    with gr.Column(visible=False):
+        inputs = [
+            gr.Textbox(label="text"),
+            gr.Textbox(value="", label="task", info="custom_voice, voice_design or voice_clone ('' = the model's)"),
+            gr.Textbox(value="", label="speaker", info=f"one of {', '.join(info['speakers']) or 'none'} ('' = first)"),
+            gr.Textbox(value="auto", label="language"),
+            gr.Textbox(value="", label="instruct"),
+            gr.Textbox(value="", label="mode", info="'' = the engine's default mode"),
+            gr.Number(value=gen.get("temperature", 0.9), label="temperature"),
+            gr.Number(value=gen.get("top_k", 50), label="top_k", precision=0),
+            gr.Number(value=gen.get("top_p", 1.0), label="top_p"),
+            gr.Number(value=gen.get("repetition_penalty", 1.05), label="repetition_penalty"),
+            gr.Number(value=None, label="max_new_tokens", precision=0),
+            gr.Number(value=-1, label="seed", precision=0),
+            gr.Audio(type="filepath", label="ref_audio"),
+            gr.Textbox(value="", label="ref_text"),
+            gr.Checkbox(value=False, label="x_vector_only"),
+            gr.File(label="voice_file", type="filepath"),
+        ]
+        outputs = [gr.File(label="wav"), gr.JSON(label="metrics")]
+        trigger = gr.Button("synthesize")
+
+    def synthesize(text: str, task: str = "", speaker: str = "", language: str = "auto", instruct: str = "",
+                   mode: str = "", temperature: float | None = gen.get("temperature", 0.9),
+                   top_k: float | None = gen.get("top_k", 50), top_p: float | None = gen.get("top_p", 1.0),
+                   repetition_penalty: float | None = gen.get("repetition_penalty", 1.05),
+                   max_new_tokens: float | None = None, seed: float | None = -1, ref_audio: str | None = None,
+                   ref_text: str = "", x_vector_only: bool = False,
+                   voice_file: str | None = None) -> tuple[str, dict[str, Any]]:
+        """Synthesize `text`; returns the wav file and the request's metrics (TTFP, E2E, RTF, audio seconds)."""
+        return synthesize_request(engine, info, text, task, speaker, language, instruct, mode, temperature,
+                                  top_k, top_p, repetition_penalty, max_new_tokens, seed, ref_audio, ref_text,
+                                  x_vector_only, voice_file)
+
+    trigger.click(synthesize, inputs, outputs, api_name=API_NAME, concurrency_id="synthesis")

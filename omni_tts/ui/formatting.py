@@ -1,0 +1,138 @@
+"""What the app's panels say: per-request figures, the visitor's history and plots, engine-wide figures.
+
+Owns: the rounding of every figure shown (no 13-digit floats), a request's history record, the live
+table (this visitor's running and last request), the plots' DataFrame, the engine-wide panel text
+(labelled as covering all visitors), the per-mode readiness list, the mode-switch report and the
+load-test summary row. Pure Python (pandas for tables): knows nothing about Gradio or device math.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+
+MODES = ("eager", "default", "reduce-overhead", "default+cudagraph")
+MODE_COLORS = {"eager": "#6b7280", "default": "#2563eb", "reduce-overhead": "#d97706", "default+cudagraph": "#16a34a"}
+HISTORY_LEN = 50  # requests kept per visitor
+LOAD_COLUMNS = ("mode", "requests", "median TTFP (ms)", "median E2E (ms)", "mean RTF", "requests/s",
+                "audio s per s")
+ROW_COLUMNS = ("request", "mode", "status", "TTFP (ms)", "E2E (ms)", "RTF", "audio (s)")
+
+
+def fmt(x: float | None, unit: str = "", digits: int = 0) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:.{digits}f}{unit}"
+
+
+def _round(x: float | None, digits: int) -> float | None:
+    return None if x is None else round(float(x), digits)
+
+
+def record(m: Any, streaming: bool = True, note: str = "") -> dict[str, Any]:
+    """A finished (or stopped) request as the visitor's history keeps it, figures rounded."""
+    playable = m.ttfp_ms if streaming else m.e2e_ms
+    return {"request": int(m.request_id), "mode": m.mode, "status": m.status, "ttfp_ms": _round(m.ttfp_ms, 1),
+            "e2e_ms": _round(m.e2e_ms, 1), "rtf": _round(m.rtf, 3), "audio_s": round(float(m.audio_s), 2),
+            "playable_ms": _round(playable, 1), "streaming": bool(streaming), "note": note}
+
+
+def row(m: Any) -> dict[str, Any]:
+    """One request as a table row (ROW_COLUMNS), figures rounded."""
+    return dict(zip(ROW_COLUMNS, (int(m.request_id), m.mode, m.status, _round(m.ttfp_ms, 1), _round(m.e2e_ms, 1),
+                                  _round(m.rtf, 3), round(float(m.audio_s), 2))))
+
+
+def _line(label: str, r: Mapping[str, Any] | None) -> str:
+    if r is None:
+        return f"| {label} | – | – | – | – | – |"
+    status = "" if r["status"] in ("running", "done") else f", {r['status']}"
+    return (f"| {label} #{r['request']} ({r['mode']}{status}) | {fmt(r['ttfp_ms'], ' ms')} | "
+            f"{fmt(r['playable_ms'], ' ms')} | {fmt(r['e2e_ms'], ' ms')} | {fmt(r['rtf'], '', 3)} | "
+            f"{fmt(r['audio_s'], ' s', 2)} |")
+
+
+def live_markdown(running: Mapping[str, Any] | None, last: Mapping[str, Any] | None) -> str:
+    """This visitor's running and last request."""
+    head = "| your requests | TTFP | playable | E2E | RTF | audio |\n|---|---|---|---|---|---|"
+    return "\n".join([head, _line("running", running), _line("last", last)])
+
+
+def history_frame(history: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """The plots' data: one row per request with TTFP and RTF, mode as a category."""
+    rows = [r for r in history if r.get("ttfp_ms") is not None and r.get("rtf") is not None]
+    return pd.DataFrame({"request": pd.Series([r["request"] for r in rows], dtype="int64"),
+                         "ttfp_ms": pd.Series([r["ttfp_ms"] for r in rows], dtype="float64"),
+                         "rtf": pd.Series([r["rtf"] for r in rows], dtype="float64"),
+                         "mode": pd.Series([r["mode"] for r in rows], dtype="object")})
+
+
+def axis_limits(frame: pd.DataFrame, column: str) -> tuple[list[float], list[float]]:
+    """(x limits, y limits): padded so no point sits on an edge, at least 10 requests wide so the
+    request axis ticks on whole numbers."""
+    if not len(frame):
+        return [0.0, 10.0], [0.0, 1.0]
+    lo, hi = int(frame["request"].min()) - 1, int(frame["request"].max()) + 1
+    return [float(lo), float(max(hi, lo + 10))], [0.0, 1.2 * float(frame[column].max() or 1.0)]
+
+
+def engine_markdown(snap: Mapping[str, Any]) -> str:
+    """Engine-wide figures (every visitor's requests together)."""
+    mem = snap.get("memory") or {}
+    if mem:
+        memory = (f"{mem['allocated_gib']:.2f} GiB in use · {mem['reserved_gib']:.2f} GiB reserved · "
+                  f"peak {mem['peak_gib']:.2f} GiB · CUDA-graph pool {mem['graph_pool_gib']:.2f} GiB")
+    else:
+        memory = f"none (runs on {snap.get('device', '?')})"
+    calls = snap.get("decode_calls", 0)
+    return (f"**Engine, all visitors** · default mode `{snap['mode']}` on {snap['device']} ({snap['dtype']})\n\n"
+            f"- requests: {snap['active']} generating, {snap['waiting']} waiting, "
+            f"{snap['max_num_seqs']} at once at most per mode\n"
+            f"- speed: {snap['steps_per_s']:.1f} frames/s across requests · average requests per frame "
+            f"{snap['mean_occupancy']:.2f}\n"
+            f"- audio decoding: {snap.get('codec_precision', '?')}, {snap.get('chunk_decodes', 0)} chunks in "
+            f"{calls} batches, {1000 * snap.get('decode_seconds', 0.0) / max(calls, 1):.1f} ms per batch\n"
+            f"- layers run as: {snap.get('layer_kernels', '?')}\n- GPU memory: {memory}")
+
+
+def readiness_markdown(readiness: Mapping[str, str], notes: Mapping[str, str] | None = None) -> str:
+    """One line per mode: ready / not warmed / unavailable and why."""
+    notes = notes or {}
+    lines = []
+    for mode in MODES:
+        if mode in readiness:
+            about = notes.get(mode, "")
+            lines.append(f"- `{mode}`: **{readiness[mode]}**" + (f" — {about.split(':')[0]}" if about else ""))
+    return "**Modes**\n\n" + "\n".join(lines)
+
+
+def switch_markdown(result: Mapping[str, Any]) -> str:
+    """The report of a finished mode switch (what it cost)."""
+    mib = result.get("pool_bytes", 0) / float(1 << 20)
+    text = (f"**Done:** default mode is now `{result['mode']}` (compile and capture took "
+            f"{result.get('seconds', 0.0):.1f} s, CUDA-graph pool {mib:.1f} MiB)")
+    if result.get("notice"):
+        text += f"\n\n**Note:** {result['notice']}"
+    return text
+
+
+def load_row(mode: str, n: int, s: Mapping[str, float]) -> dict[str, Any]:
+    """The load test's summary row (LOAD_COLUMNS) from omni_tts.engine.metrics.summarize."""
+    figures = (mode, n, round(s["med_ttfp_ms"], 1), round(s["med_e2e_ms"], 1), round(s["mean_rtf"], 3),
+               round(s["req_per_s"], 2), round(s["audio_s_per_s"], 2))
+    return dict(zip(LOAD_COLUMNS, figures))
+
+
+def capped_notice(frames: int, cap: int | None, max_len_asked: int | None, frame_rate: float = 12.5) -> str:
+    """'' unless the clip stopped at its frame cap, else one line saying which limit cut it."""
+    if cap is None or frames < cap:
+        return ""
+    seconds = frames / frame_rate
+    if max_len_asked is not None and cap >= max_len_asked - 1:
+        return (f"The clip stopped at Max length ({frames} frames, {seconds:.1f} s) before the text ended: "
+                f"raise Max length in Sampling for longer clips.")
+    return (f"The clip stopped at the engine's length limit ({frames} frames, {seconds:.1f} s) before the "
+            f"text ended: split the text into shorter parts.")

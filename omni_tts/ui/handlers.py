@@ -1,0 +1,194 @@
+"""The Synthesis tab's handlers: generate (streamed or whole), stop, save a voice, refresh the panel.
+
+Owns: turning a form into a request and its audio, file and figures; the visitor's history (kept
+in the caller's gr.State, so every visitor sees only their own requests); the running request of
+each visitor (so Stop cancels only theirs); stopped requests' partial audio; the notice when a clip
+was cut at its length cap; every error as one toast in the UI's words plus one log line. Handlers are
+plain functions taking the engine first, so tests call them directly. Uses only the Engine's public
+API, plus omni_tts.ui.engine_access for what it does not expose yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import gradio as gr
+import numpy as np
+
+from omni_tts.errors import OmniTTSError
+from omni_tts.ui import engine_access, files, formatting, labels
+from omni_tts.ui import support as ui
+
+log = logging.getLogger("omni_tts.app")
+CHUNK_TIMEOUT_S = 600.0  # longest wait between two chunks (a CPU 'default' compile can pause requests minutes)
+_running: dict[str, Any] = {}  # visitor key -> their request in flight
+_running_lock = threading.Lock()
+
+
+def visitor(request: gr.Request | None) -> str:
+    """The key of this browser session ('local' when a handler is called directly)."""
+    return getattr(request, "session_hash", None) or "local"
+
+
+@contextlib.contextmanager
+def user_errors(what: str = "request") -> Iterator[None]:
+    """Any failure becomes one gr.Error toast in the UI's words and one log line (no traceback)."""
+    try:
+        yield
+    except gr.Error:
+        raise
+    except OmniTTSError as e:
+        message = labels.in_ui_words(str(e))
+        log.warning("%s refused: %s", what, message)
+        raise gr.Error(message, print_exception=False) from None
+    except Exception as e:  # a bug or device failure: still one line for the visitor and the log
+        message = f"{what} failed: {type(e).__name__}: {labels.in_ui_words((str(e).splitlines() or [''])[0])}"
+        log.error(message)
+        raise gr.Error(message, print_exception=False) from None
+
+
+def _start(engine: Any, f: Mapping[str, Any], info: Mapping[str, Any]) -> Any:
+    """Validate the form and submit it in the mode it asks for ('' = the engine's default)."""
+    params = ui.make_params(engine, f, info)
+    return engine.submit(engine_access.with_mode(params, f.get("mode") or None))
+
+
+def synthesize(engine: Any, f: Mapping[str, Any], history: list | None = None, streaming: bool = True,
+               request: gr.Request | None = None, info: Mapping[str, Any] | None = None) -> Iterator[tuple]:
+    """Generator over (streamed chunk, whole clip, file, live table, history, notice).
+
+    Streaming: each chunk goes to the streamed player as it is made; else the clip goes to the plain
+    player when finished. A stopped request keeps its partial audio as a labelled download and is
+    recorded in the history like any other."""
+    info = info or engine_access.model_info(engine)
+    history, key, samples = list(history or []), visitor(request), []
+    with user_errors("synthesis"):
+        handle = _start(engine, f, info)
+    with _running_lock:
+        _running[key] = handle
+    try:
+        with user_errors("synthesis"):
+            for chunk in _chunks(handle):
+                samples.append(chunk.samples)
+                audio = files.wav_bytes(chunk.samples, chunk.sample_rate) if streaming else gr.skip()
+                running = formatting.record(handle.metrics, streaming)
+                yield (audio, gr.skip(), gr.skip(), formatting.live_markdown(running, _last(history)), gr.skip(),
+                       gr.skip())
+    finally:
+        with _running_lock:
+            if _running.get(key) is handle:
+                del _running[key]
+        if not handle.done:
+            handle.cancel()
+    yield _finish(engine, handle, samples, history, streaming)
+
+
+def _finish(engine: Any, handle: Any, samples: list[np.ndarray], history: list, streaming: bool) -> tuple:
+    """The last yield: the whole clip (or what was made before Stop), its download, figures, notice."""
+    m, sr = handle.metrics, handle.sample_rate
+    wav = np.concatenate(samples) if samples else np.zeros(0, np.float32)
+    stopped = m.status == "cancelled"
+    note = ""
+    if stopped:
+        note = f"Stopped: request #{m.request_id} kept {len(wav) / sr:.1f} s of audio (partial download below)."
+    else:
+        cap = engine_access.frame_cap(engine, handle)
+        asked = handle.params.max_new_tokens or engine_access.model_info(engine)["generation"].get("max_new_tokens")
+        note = formatting.capped_notice(m.frames, cap, asked)
+        if note:
+            gr.Warning(note)
+    path = files.write_wav(wav, sr, "stopped-partial" if stopped else "omni-tts") if len(wav) else None
+    label = f"Stopped: partial audio ({len(wav) / sr:.1f} s)" if stopped else "Download wav"
+    entry = formatting.record(m, streaming, "stopped" if stopped else ("capped" if note else ""))
+    history = (history + [entry])[-formatting.HISTORY_LEN:]
+    whole = (sr, files.pcm16(wav)) if not streaming and len(wav) else gr.skip()
+    return (gr.skip(), whole, gr.update(value=path, label=label, visible=path is not None),
+            formatting.live_markdown(None, entry), history, note)
+
+
+def _last(history: list) -> Mapping[str, Any] | None:
+    return history[-1] if history else None
+
+
+def _chunks(handle: Any) -> Iterator[Any]:
+    """handle.stream(), but a silent engine ends in an error, not a hang; a stop ends it quietly."""
+    try:
+        yield from handle.stream(timeout=CHUNK_TIMEOUT_S)
+    except queue.Empty:
+        handle.cancel()
+        raise gr.Error(f"the engine made no audio for {CHUNK_TIMEOUT_S:.0f} s; the request was cancelled",
+                       print_exception=False) from None
+    except OmniTTSError:
+        if handle.metrics.status != "cancelled":  # a stop is not an error
+            raise
+
+
+def synthesize_in_call(engine: Any, f: Mapping[str, Any], history: list | None = None,
+                       info: Mapping[str, Any] | None = None) -> tuple:
+    """ZeroGPU: one whole synthesis inside the caller's GPU call (the scheduler thread has no GPU there)."""
+    from omni_tts.engine.metrics import RequestMetrics, now
+
+    info = info or engine_access.model_info(engine)
+    with user_errors("synthesis"):
+        params = ui.make_params(engine, f, info)
+        params.validate()
+        m = RequestMetrics(0, engine.snapshot()["mode"], now(), sample_rate=engine.sample_rate)
+        wav, frames = engine_access.synthesize_whole(engine, params)
+    m.first_audio_at = m.finished_at = now()  # the whole clip is the first audio here
+    m.frames, m.audio_samples, m.status = frames, int(wav.shape[0]), "done"
+    entry = formatting.record(m, streaming=False)
+    path = files.write_wav(wav, m.sample_rate, "omni-tts")
+    history = (list(history or []) + [entry])[-formatting.HISTORY_LEN:]
+    return (gr.skip(), (m.sample_rate, files.pcm16(wav)), gr.update(value=path, label="Download wav", visible=True),
+            formatting.live_markdown(None, entry), history, "")
+
+
+def stop(request: gr.Request | None = None) -> str:
+    """Cancel this visitor's running request; the toast says what happened."""
+    with _running_lock:
+        handle = _running.get(visitor(request))
+    if handle is not None and not handle.done:
+        handle.cancel()
+        gr.Info(f"Stopping request #{handle.id}: the audio made so far stays available")
+        return f"stopped request #{handle.id}"
+    gr.Info("Nothing to stop: no request of yours is running")
+    return "nothing running"
+
+
+def voice_save(engine: Any, f: Mapping[str, Any], name: str) -> tuple[Any, Any]:
+    """Make a voice from the clone fields, keep it in the voice library under `name`, offer it as a download.
+    Returns (the library dropdown's update, the download)."""
+    with user_errors("saving the voice"):
+        stem = files.voice_name(name)
+        prompt = ui.voice_prompt(engine, {**f, "voice_file": None, "saved_voice": ""})
+        target = files.voice_path(stem)
+        prompt.save(target)
+        download = files.copy_out(str(target), stem)
+    gr.Info(f"Saved voice '{stem}' to the voice library")
+    return gr.update(choices=[""] + files.saved_voices(), value=stem), gr.update(value=download, visible=True)
+
+
+def refresh_panel(engine: Any, history: list | None, plotted: tuple = (-1, 0),
+                  request: gr.Request | None = None) -> tuple:
+    """Timer tick: this visitor's live table, the engine-wide figures and readiness, and the plots when
+    the visitor's history changed (each new plot goes out on two ticks: the browser's plot sometimes
+    draws a fresh value without its newest point the first time)."""
+    history = list(history or [])
+    with _running_lock:
+        handle = _running.get(visitor(request))
+    running = formatting.record(handle.metrics) if handle is not None and not handle.done else None
+    newest = history[-1]["request"] if history else 0
+    plotted = (newest, plotted[1] + 1 if plotted[0] == newest else 1)
+    plots: tuple = (gr.skip(), gr.skip())
+    if plotted[1] <= 2:
+        frame = formatting.history_frame(history)
+        plots = tuple(gr.update(value=frame, x_lim=formatting.axis_limits(frame, y)[0],
+                                y_lim=formatting.axis_limits(frame, y)[1]) for y in ("ttfp_ms", "rtf"))
+    readiness = formatting.readiness_markdown(engine_access.mode_readiness(engine), engine.mode_notes())
+    return (formatting.live_markdown(running, _last(history)), formatting.engine_markdown(engine.snapshot()),
+            readiness, *plots, plotted)
