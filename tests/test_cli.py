@@ -190,3 +190,22 @@ def test_absurd_checkpoint_sizes_are_one_line(tmp_path: Path, key: str, value, f
     (d / "config.json").write_text(json.dumps(cfg))
     r = cli("synth", "--model", str(d), "--text", "hi", "--out", str(tmp_path / "o.wav"))
     assert_one_line_error(r, "config.json", fragment)
+
+
+def test_a_leftover_embedded_dir_without_config_is_rebuilt_and_said(tmp_path):
+    """An interrupted first run left the embedded demo's folder without config.json: the next run says so,
+    rebuilds it and synthesizes."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HOME=str(tmp_path),
+               HF_HOME=str(tmp_path / "hf"), OMNI_TTS_CACHE=str(tmp_path / "omni"), HF_HUB_OFFLINE="1")
+    env.pop("OMNI_TTS_MODEL", None)
+    from omni_tts.models.checkpoint_maker import EMBEDDED_VERSION
+
+    leftover = tmp_path / "omni" / f"embedded-tiny-custom_voice-v{EMBEDDED_VERSION}"
+    leftover.mkdir(parents=True)
+    (leftover / "model.safetensors").write_bytes(b"\x00" * 64)
+    r = subprocess.run([sys.executable, "-m", "omni_tts", "synth", "--text", "Hello.", "--out", str(tmp_path / "x.wav"),
+                        "--max-new-tokens", "4", "--greedy"], capture_output=True, text=True, env=env, cwd=REPO,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"embedded demo checkpoint at {leftover} is broken" in r.stderr and "rebuilding it" in r.stderr
+    assert (leftover / "config.json").is_file() and sf.read(tmp_path / "x.wav")[0].shape == (3 * 1920,)

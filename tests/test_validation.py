@@ -8,17 +8,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import shutil
 import typing
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from omni_tts.config import LIMITS, MAX_NEW_TOKENS, MAX_TOP_K, EngineConfig, SynthesisParams
 from omni_tts.engine.engine import Engine
 from omni_tts.errors import CheckpointError, InputError
-from omni_tts.models.checkpoint import load_checkpoint
+from omni_tts.models.checkpoint import load_checkpoint, load_embedded
 from omni_tts.models.checkpoint_limits import check_configs, estimate_parameters
 from omni_tts.models.checkpoint_maker import _module_shapes, make_configs
 from omni_tts.models.text import TextTokenizer
@@ -199,3 +202,46 @@ def test_parameter_estimate_is_close_to_the_modules_and_released_sizes_pass(size
     model, speech = _module_shapes(config, codec)
     exact = sum(math.prod(s) for s in model.values()) + sum(math.prod(s) for s in speech.values())
     assert 0.9 < estimate_parameters(config, codec) / exact < 1.1
+
+
+def _truncate(file: Path) -> None:
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+def _drop_a_tensor(file: Path) -> None:
+    tensors = load_file(str(file))
+    tensors.pop(sorted(tensors)[0])
+    save_file(tensors, str(file))
+
+
+DAMAGE = {  # what an interrupted or tampered cache can leave behind
+    "no config.json": lambda d: (d / "config.json").unlink(),
+    "truncated weights": lambda d: _truncate(d / "model.safetensors"),
+    "truncated codec weights": lambda d: _truncate(d / "speech_tokenizer" / "model.safetensors"),
+    "a tensor missing": lambda d: _drop_a_tensor(d / "model.safetensors"),
+    "no tokenizer": lambda d: (d / "vocab.json").unlink(),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_broken_embedded_checkpoint_is_rebuilt_with_a_message(tmp_path, damage):
+    said: list[str] = []
+    first = load_embedded(tmp_path, said.append)
+    assert said == [] and first.is_embedded_demo
+    good = {k: v.clone() for k, v in first.weights.items()}
+    DAMAGE[damage](first.path)
+    again = load_embedded(tmp_path, said.append)
+    assert len(said) == 1 and "is broken" in said[0] and "rebuilding it" in said[0] and str(first.path) in said[0]
+    assert again.path == first.path and again.weights.keys() == good.keys()
+    assert all(torch.equal(again.weights[k], v) for k, v in good.items())  # the same deterministic demo
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.path.name]  # nothing left aside
+
+
+def test_an_embedded_checkpoint_that_cannot_be_rebuilt_says_to_delete_it(tmp_path):
+    path = load_embedded(tmp_path).path
+    (path / "config.json").unlink()
+    (path / "config.json").mkdir()  # neither readable as a file nor removable by the maker's rename
+    (tmp_path / f".{path.name}.broken{os.getpid()}").mkdir()
+    (tmp_path / f".{path.name}.broken{os.getpid()}" / "keep").write_text("x")  # blocks moving it aside
+    with pytest.raises(CheckpointError, match=f"delete {path} and run again"):
+        load_embedded(tmp_path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,11 +273,61 @@ def select_model(explicit: str | None, hub_timeout_s: float = 3.0,
 
 def open_checkpoint(model: str | None, progress: Callable[[str], None] | None = None) -> Checkpoint:
     """`select_model` then `load_checkpoint`, with the reason for the choice in `notes` and the
-    embedded demo recognised by its directory name (no demo is built unless it is the one chosen)."""
+    embedded demo recognised by its directory name (no demo is built unless it is the one chosen); the
+    demo this selection chose itself is verified and rebuilt when broken (`load_embedded`)."""
     from omni_tts.models.checkpoint_maker import EMBEDDED_VERSION
 
     path, reason = select_model(model, progress=progress)
     embedded = Path(path).name == f"embedded-tiny-custom_voice-v{EMBEDDED_VERSION}"
-    ckpt = load_checkpoint(path, embedded=embedded)
+    chosen_here = embedded and not model and not os.environ.get("OMNI_TTS_MODEL", "").strip()
+    ckpt = load_embedded(Path(path).parent, progress) if chosen_here else load_checkpoint(path, embedded=embedded)
     ckpt.notes.append(reason)
+    return ckpt
+
+
+def load_embedded(cache_dir: str | os.PathLike | None = None,
+                  progress: Callable[[str], None] | None = None) -> Checkpoint:
+    """The embedded demo checkpoint (made on first use), verified: every file present and readable and every
+    tensor its modules need there with its shape. A broken one (a leftover of an interrupted run, a
+    truncated file) is moved aside and made again, said through `progress`."""
+    from omni_tts.models.checkpoint_maker import embedded_checkpoint_dir
+
+    say = progress or (lambda msg: None)
+    try:
+        path = embedded_checkpoint_dir(cache_dir)
+    except OSError as e:
+        raise CheckpointError(f"cannot make the embedded demo checkpoint ({str(e).splitlines()[0]})") from None
+    try:
+        return _verified_embedded(path)
+    except CheckpointError as e:
+        say(f"the embedded demo checkpoint at {path} is broken ({e}); rebuilding it")
+    try:
+        aside = path.with_name(f".{path.name}.broken{os.getpid()}")
+        try:
+            os.replace(path, aside)  # atomic: a concurrent run sees either the broken dir or none
+        except FileNotFoundError:
+            pass  # another run moved it first
+        shutil.rmtree(aside, ignore_errors=True)
+        return _verified_embedded(embedded_checkpoint_dir(cache_dir))
+    except (CheckpointError, OSError) as e:
+        raise CheckpointError(f"the embedded demo checkpoint at {path} is broken and could not be rebuilt "
+                              f"({str(e).splitlines()[0]}); delete {path} and run again") from None
+
+
+def _verified_embedded(path: Path) -> Checkpoint:
+    """load_checkpoint, then every tensor the maker writes present with its shape (strict loading would
+    find a missing one only later, inside the model)."""
+    from omni_tts.models.checkpoint_maker import _module_shapes
+
+    ckpt = load_checkpoint(path, embedded=True)
+    try:
+        model_shapes, speech_shapes = _module_shapes(ckpt.config, ckpt.codec_config)
+    except Exception as e:  # a config the modules cannot be built from, whatever the module raises
+        raise CheckpointError(f"{path / 'config.json'}: not the embedded demo's config ({e})") from None
+    for name, want, have in (("model.safetensors", model_shapes, ckpt.weights),
+                             ("speech_tokenizer/model.safetensors", speech_shapes, ckpt.codec_weights)):
+        bad = [k for k, shape in want.items() if k not in have or tuple(have[k].shape) != shape]
+        if bad:
+            raise CheckpointError(f"{path / name}: incomplete ({len(bad)} tensors missing or misshapen, "
+                                  f"e.g. '{bad[0]}')")
     return ckpt

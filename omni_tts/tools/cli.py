@@ -6,7 +6,8 @@ flags (reference audio -> voice prompt, saving/loading voice prompts), checking 
 output path before any work (invalid UTF-8, a directory or a non-.wav name for --out, an existing file
 without --force), and turning every OmniTTSError, argument errors included, into one `error: ...` line
 on stderr with exit status 2 (no traceback).
-Knows nothing about model internals: it calls omni_tts.models.qwen3_tts.TTSModel.
+Knows nothing about model internals: it loads an omni_tts.models.qwen3_tts.TTSModel and runs the
+plain single-request path (omni_tts.engine.offline).
 """
 
 from __future__ import annotations
@@ -150,6 +151,7 @@ def _synth(args: argparse.Namespace) -> int:
     import soundfile as sf
     import torch
 
+    from omni_tts.engine import offline
     from omni_tts.models.qwen3_tts import TTSModel
 
     _utf8(args)
@@ -163,7 +165,7 @@ def _synth(args: argparse.Namespace) -> int:
     model = TTSModel.from_checkpoint(ckpt, device=_device(args.device), dtype=dtype)
     task = args.task or (model.tasks() or ["custom_voice"])[0]
     voice = _voice(args, model, task, ref_wav)
-    wav, codes = model.synthesize(_request(args, task, voice))
+    wav, codes = offline.synthesize(model, _request(args, task, voice))
     try:
         sf.write(args.out, wav, model.sample_rate, subtype="FLOAT")
         if args.codes_out:
