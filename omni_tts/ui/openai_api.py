@@ -152,6 +152,9 @@ class SpeechService:
             raise ApiError(400, f"unknown task_type '{req.task_type}'; valid: CustomVoice, VoiceDesign, Base",
                            "task_type")
         task = task or (self.info["tasks"] or ["custom_voice"])[0]
+        if task not in self.info["tasks"]:
+            raise ApiError(400, f"task_type '{req.task_type}' is not what this model does; it does: "
+                           f"{', '.join(self.info['tasks'])}", "task_type")
         voice = req.voice.get("id") if isinstance(req.voice, dict) else req.voice
         speaker = None
         if task == "custom_voice":
