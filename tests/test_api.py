@@ -14,12 +14,11 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
+from _fixtures import FIXTURES
 
 import app
 from omni_tts.config import EngineConfig
 from omni_tts.ui import files
-
-from _fixtures import FIXTURES
 
 pytestmark = pytest.mark.filterwarnings("ignore:The clip stopped at Max length")
 SHORT = {"max_new_tokens": 24}  # frames + 1: about two seconds of audio, well under a second of CPU
