@@ -128,3 +128,23 @@ def test_limits_are_configurable(tmp_path):
     with pytest.raises(InputError, match="too long"):
         load_reference_audio((x, 24000), AudioLimits(max_seconds=1.5))
     assert load_reference_audio((x[:12000], 24000), AudioLimits(min_seconds=0.5)).numel() == 12000
+
+
+def test_sample_rates_above_the_ceiling_are_refused_before_resampling(tmp_path):
+    """A 1 MHz clip would cost a sinc filter hundreds of taps wide per output sample; it is refused at once."""
+    x = tone(200, 1_000_000, 1.5)
+    with pytest.raises(InputError, match="sample rate 1000000 Hz is too high \\(at most 384000 Hz\\)"):
+        load_reference_audio((x, 1_000_000))
+    sf.write(tmp_path / "hi.wav", x, 1_000_000)
+    with pytest.raises(InputError, match=f"reference audio {tmp_path / 'hi.wav'}: sample rate 1000000 Hz is too high"):
+        load_reference_audio(tmp_path / "hi.wav")
+    assert load_reference_audio((tone(200, 384_000, 1.5), 384_000)).shape == (36000,)  # the ceiling itself
+
+
+def test_arrays_that_are_not_samples_are_one_line_errors():
+    for bad, message in (([[0.1, 0.2], [0.3]], "not an array of samples"),
+                         (np.array(["a", "b"]), "expected numeric samples"),
+                         (np.zeros((2, 3, 4), np.float32), "expected \\[samples\\] or \\[samples, channels\\]")):
+        with pytest.raises(InputError, match=message) as info:
+            load_reference_audio((bad, 24000))
+        assert "\n" not in str(info.value)

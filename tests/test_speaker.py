@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 
 import numpy as np
 import pytest
@@ -157,3 +158,41 @@ def test_voice_prompt_validates_fields():
         VoicePrompt(ref_codes=None, x_vector=torch.zeros(2, 2), x_vector_only=True)
     with pytest.raises(InputError, match="LongTensor"):
         VoicePrompt(ref_codes=torch.zeros(3, 16), x_vector=torch.zeros(4), ref_text="hi")
+
+
+def _saved_prompt(tmp_path, x_vector: torch.Tensor, ref_text: str = "hi", frames: int = 5):
+    """A voice file as `save` writes it, with any tensor values (save itself refuses none)."""
+    from safetensors.torch import save_file
+
+    path = tmp_path / "voice.safetensors"
+    codes = torch.zeros(frames, 16, dtype=torch.long)
+    save_file({"x_vector": x_vector, "ref_codes": codes}, str(path),
+              metadata={"format": "omni-tts-voice-prompt", "version": "1", "mode": "icl",
+                        "ref_text": json.dumps(ref_text)})
+    return path
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_voice_file_with_a_non_finite_x_vector_is_refused(tmp_path, bad):
+    xv = torch.ones(64)
+    VoicePrompt.load(_saved_prompt(tmp_path, xv))  # the same file with finite values loads
+    xv[17] = bad
+    path = _saved_prompt(tmp_path, xv)
+    with pytest.raises(InputError, match=f"voice prompt {path}: x_vector has NaN or infinite values"):
+        VoicePrompt.load(path)
+    with pytest.raises(InputError, match="x_vector has NaN or infinite values"):
+        VoicePrompt(ref_codes=None, x_vector=xv, x_vector_only=True)
+
+
+def test_a_voice_file_out_of_bounds_is_refused(tmp_path):
+    with pytest.raises(InputError, match="ref_text has a character that is not valid Unicode"):
+        VoicePrompt.load(_saved_prompt(tmp_path, torch.ones(64), ref_text="hi \ud800"))
+    with pytest.raises(InputError, match="ref_text is too long"):
+        VoicePrompt.load(_saved_prompt(tmp_path, torch.ones(64), ref_text="x" * 2001))
+    with pytest.raises(InputError, match="5000 reference frames, more than 1024"):
+        VoicePrompt.load(_saved_prompt(tmp_path, torch.ones(64), frames=5000))
+    huge = tmp_path / "huge.safetensors"
+    with open(huge, "wb") as f:
+        f.truncate(17 * 2**20)  # sparse: nothing is written, the size alone is refused
+    with pytest.raises(InputError, match="far larger than a voice prompt"):
+        VoicePrompt.load(huge)

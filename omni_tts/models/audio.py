@@ -38,6 +38,7 @@ class AudioLimits:
     max_file_bytes: int = 50 * 1024 * 1024
     silence_peak: float = 1e-4  # a clip whose |peak| is below this (-80 dBFS) counts as silent
     min_sample_rate: int = 8000  # below this the clip lacks most of the band the encoders look at
+    max_sample_rate: int = 384000  # the highest rate audio hardware records; above it resampling cost explodes
 
 
 def _read_file(path: Path, limits: AudioLimits) -> tuple[np.ndarray, int]:
@@ -68,7 +69,10 @@ def _read_file(path: Path, limits: AudioLimits) -> tuple[np.ndarray, int]:
 def _as_array(x: object) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
-    arr = np.asarray(x)
+    try:
+        arr = np.asarray(x)
+    except (ValueError, TypeError) as e:  # ragged nested lists, objects numpy cannot hold
+        raise InputError(f"reference audio: not an array of samples ({str(e).splitlines()[0][:80]})") from None
     if arr.dtype.kind == "i":  # PCM integers (e.g. Gradio's int16): scale to [-1, 1)
         arr = arr.astype(np.float32) / float(2 ** (8 * arr.dtype.itemsize - 1))
     elif arr.dtype.kind == "u":
@@ -176,7 +180,7 @@ def load_reference_audio(source: AudioSource, limits: AudioLimits = AudioLimits(
     """A path or (array, sr) pair -> validated mono FloatTensor[N] at `target_sr`.
 
     Raises InputError (one line) for: missing/unreadable/non-audio files, files over the size limit,
-    sample rates below the limit, empty audio, NaN/inf samples, all-silent audio, and clips
+    sample rates outside the limits, empty audio, NaN/inf samples, all-silent audio, and clips
     shorter/longer than the limits.
     """
     if isinstance(source, (str, os.PathLike)):
@@ -191,6 +195,8 @@ def load_reference_audio(source: AudioSource, limits: AudioLimits = AudioLimits(
         raise InputError(f"reference audio: unsupported input type {type(source).__name__}")
     if sr < limits.min_sample_rate:
         raise InputError(f"{what}: sample rate {sr} Hz is too low (need at least {limits.min_sample_rate} Hz)")
+    if sr > limits.max_sample_rate:
+        raise InputError(f"{what}: sample rate {sr} Hz is too high (at most {limits.max_sample_rate} Hz)")
     wav = _to_mono(data)
     if wav.size == 0:
         raise InputError(f"{what}: the audio is empty (0 samples)")

@@ -31,6 +31,7 @@ from omni_tts.models.audio import AudioLimits, AudioSource, load_reference_audio
 from omni_tts.models.checkpoint import Checkpoint
 from omni_tts.models.codec.encoder import CodecEncoder
 from omni_tts.models.layers import load_prefixed_state
+from omni_tts.config import MAX_TEXT_CHARS, check_text
 from omni_tts.errors import CheckpointError, InputError
 
 # The official front end hard-codes these (24 kHz, 1024-point STFT, hop 256, 128 mels, 0-12 kHz).
@@ -238,6 +239,10 @@ class SpeakerEncoder(nn.Module):
 
 PROMPT_FORMAT = "omni-tts-voice-prompt"
 PROMPT_VERSION = "1"
+# A reference clip of at most 30 s makes 375 frames at 12.5 Hz; past 1024 the prompt alone would fill an
+# engine's default max_seq_len. A saved prompt is a few tens of KB; the file cap refuses anything else unread.
+MAX_REF_FRAMES = 1024
+MAX_PROMPT_FILE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass
@@ -257,6 +262,9 @@ class VoicePrompt:
         if not isinstance(self.x_vector, torch.Tensor) or self.x_vector.dim() != 1 \
                 or not self.x_vector.is_floating_point() or self.x_vector.numel() == 0:
             raise InputError("voice prompt: x_vector must be a non-empty 1-D float tensor")
+        if not bool(torch.isfinite(self.x_vector).all()):
+            raise InputError("voice prompt: x_vector has NaN or infinite values (a corrupt voice file?)")
+        check_text("ref_text", self.ref_text, MAX_TEXT_CHARS)
         if self.x_vector_only:
             return
         if self.ref_codes is None:
@@ -264,6 +272,9 @@ class VoicePrompt:
         if self.ref_codes.dim() != 2 or self.ref_codes.dtype != torch.long or self.ref_codes.shape[0] == 0:
             raise InputError(f"voice prompt: ref_codes must be a LongTensor[frames, codebooks], got "
                              f"{self.ref_codes.dtype} {tuple(self.ref_codes.shape)}")
+        if self.ref_codes.shape[0] > MAX_REF_FRAMES:
+            raise InputError(f"voice prompt: {self.ref_codes.shape[0]} reference frames, more than {MAX_REF_FRAMES} "
+                             f"(a reference clip of at most 30 s makes 375)")
         if not self.ref_text or not self.ref_text.strip():
             raise InputError("voice prompt: ICL mode needs ref_text, the transcript of the reference audio "
                              "(or use x_vector_only=True)")
@@ -287,6 +298,9 @@ class VoicePrompt:
         p = Path(path)
         if not p.is_file():
             raise InputError(f"voice prompt {p}: file not found")
+        if p.stat().st_size > MAX_PROMPT_FILE_BYTES:
+            raise InputError(f"voice prompt {p}: {p.stat().st_size / 2**20:.0f} MB is far larger than a voice "
+                             f"prompt (at most {MAX_PROMPT_FILE_BYTES // 2**20} MB)")
         try:
             with safe_open(str(p), framework="pt") as f:
                 meta = f.metadata() or {}
