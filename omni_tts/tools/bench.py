@@ -166,33 +166,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        from omni_tts.engine.engine import Engine
-
         modes = [CompileMode.parse(m).value for m in args.modes.split(",") if m.strip()]
         overrides = parse_sets(args.set)
         overrides.update({k: v for k, v in (("model", args.model), ("device", args.device), ("dtype", args.dtype))
                           if v is not None})
-        overrides.update(mode=modes[0], modes=modes, max_num_seqs=args.max_num_seqs or max(args.concurrency))
-        engine = Engine.from_config(load_preset(args.preset, **overrides), progress=say)
+        overrides["max_num_seqs"] = args.max_num_seqs or max(args.concurrency)
+        load_preset(args.preset, **overrides)  # a bad preset or key fails here, before any load
     except OmniTTSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    speaker = args.speaker or (engine.speakers() or [None])[0]
-    task = "custom_voice" if engine.speakers() else "voice_design"
-    instruct = "A clear, neutral voice." if task == "voice_design" else None
-    make = lambda i, m: make_params(i, speaker, args.fixed_frames, task=task, instruct=instruct, mode=m)  # noqa: E731
+    # reduce-overhead serves only in an engine of its own (its graph trees crash beside the engine's graphs)
+    ro = CompileMode.REDUCE_OVERHEAD.value
+    groups = [g for g in ([m for m in modes if m != ro], [ro] if ro in modes else []) if g]
     results: dict[str, dict[int, dict[str, float]]] = {}
     extra: dict[str, dict[str, Any]] = {}
-    try:
-        for mode in modes:
-            n = args.num_prompts
-            say(f"mode {mode}")
-            results[mode], extra[mode] = bench_mode(
-                engine, mode, args.concurrency, n or max(12, 2 * max(args.concurrency)),
-                make, args.warmup, say)
-    finally:
-        snapshot = engine.snapshot()
-        engine.shutdown()
+    for group in groups:
+        try:
+            snapshot = _bench_group(group, args, overrides, results, extra, say)
+        except OmniTTSError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     print(f"model: {snapshot['model']}\ndevice: {snapshot['device']}  dtype: {snapshot['dtype']}  "
           f"fixed_frames: {args.fixed_frames}")
     print(format_table(results, args.concurrency, extra))
@@ -203,6 +196,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "results": {m: {str(c): v for c, v in r.items()} for m, r in results.items()},
                        "extra": extra}, f, indent=1)
     return 0
+
+
+def _bench_group(modes: list[str], args: Any, overrides: dict[str, Any], results: dict, extra: dict,
+                 say: Callable[[str], None]) -> dict[str, Any]:
+    """Every mode of `modes` resident in one engine, benchmarked one after another."""
+    from omni_tts.engine.engine import Engine
+
+    engine = Engine.from_config(load_preset(args.preset, **overrides, mode=modes[0], modes=modes), progress=say)
+    speaker = args.speaker or (engine.speakers() or [None])[0]
+    task = "custom_voice" if engine.speakers() else "voice_design"
+    instruct = "A clear, neutral voice." if task == "voice_design" else None
+    make = lambda i, m: make_params(i, speaker, args.fixed_frames, task=task, instruct=instruct, mode=m)  # noqa: E731
+    try:
+        for mode in modes:
+            say(f"mode {mode}")
+            results[mode], extra[mode] = bench_mode(engine, mode, args.concurrency,
+                                                    args.num_prompts or max(12, 2 * max(args.concurrency)),
+                                                    make, args.warmup, say)
+    finally:
+        snapshot = engine.snapshot()
+        engine.shutdown()
+    return snapshot
 
 
 if __name__ == "__main__":
