@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from _fixtures import fixture_dir
 
+from omni_tts.config import SynthesisParams
 from omni_tts.engine import offline
 from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.models.checkpoint_maker import make_checkpoint, make_configs, shape_table
 from omni_tts.models.code_predictor import CodePredictor
-from omni_tts.config import SynthesisParams
 from omni_tts.models.qwen3_tts import TTSModel
 from omni_tts.models.talker import Talker
-from _fixtures import fixture_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -170,7 +170,8 @@ def test_cli_checkpoint_loads_and_synthesizes(tmp_path: Path, kind: str, params:
     model = TTSModel.from_checkpoint(load_checkpoint(str(out)), device=torch.device("cpu"), dtype=torch.float32)
     assert model.tasks() == [kind]
     assert bool(model.speakers()) == (kind == "custom_voice")
-    wav, codes = offline.synthesize(model, SynthesisParams(text="Hello there.", greedy=True, max_new_tokens=4, **params))
+    params = SynthesisParams(text="Hello there.", greedy=True, max_new_tokens=4, **params)
+    wav, codes = offline.synthesize(model, params)
     assert 1 <= codes.shape[0] <= 4 and codes.shape[1] == 16
     assert len(wav) == codes.shape[0] * 1920
 

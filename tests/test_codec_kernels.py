@@ -1,6 +1,6 @@
-"""omni_tts.kernels.snake: the Triton SnakeBeta (run here in Triton's CPU interpreter) against the eager
-ops of codec_layers.snake, alone (strided inputs, the conv padding it writes, the bias and residual sums
-it takes over) and inside the decoder (each activation alone, and the whole pending-sum vocoder)."""
+"""omni_tts.kernels.snake: the Triton SnakeBeta (run here in Triton's CPU interpreter) against the function
+it implements, omni_tts.models.codec.layers.snake, alone (strided inputs, the conv padding it writes, the bias
+and residual sums it takes over) and inside the decoder (each activation alone, and the whole pending-sum vocoder)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import torch
 
 pytest.importorskip("triton")  # conftest.py sets TRITON_INTERPRET=1 without CUDA
 
+from _fixtures import fixture_dir  # noqa: E402
+
 from omni_tts.kernels import snake as codec_kernels  # noqa: E402
 from omni_tts.models.checkpoint import load_checkpoint  # noqa: E402
 from omni_tts.models.codec.decoder import CodecDecoder  # noqa: E402
 from omni_tts.models.codec.layers import SNAKE_EPS, SnakeBeta, snake  # noqa: E402
-from _fixtures import FIXTURES  # noqa: E402
 
 
 @pytest.mark.parametrize("pad", [0, 6, 18])
@@ -21,7 +22,8 @@ def test_snake_kernel_equals_the_eager_ops_on_strided_inputs(pad: int) -> None:
     torch.manual_seed(0)
     base = torch.randn(2, 5, 2600) * 4
     alpha, beta = torch.randn(5) * 0.5, torch.randn(5) * 0.5
-    for x in (base, base[..., :2500], base.transpose(0, 1).contiguous().transpose(0, 1)[..., 7:]):  # plain, trimmed, rows permuted
+    permuted = base.transpose(0, 1).contiguous().transpose(0, 1)[..., 7:]  # rows in another memory order
+    for x in (base, base[..., :2500], permuted):  # plain, trimmed, permuted
         h, got = codec_kernels.snake(x, alpha, beta, pad, SNAKE_EPS)
         want = snake(x, alpha, beta, pad)
         assert h is None and got.shape == want.shape and got.is_contiguous()
@@ -31,7 +33,7 @@ def test_snake_kernel_equals_the_eager_ops_on_strided_inputs(pad: int) -> None:
 
 def test_decoder_with_the_kernel_decodes_as_with_the_eager_ops() -> None:
     """Every SnakeBeta through the kernel, each writing its conv's padding: the same audio."""
-    dec = CodecDecoder.from_checkpoint(load_checkpoint(FIXTURES / "custom_voice"))
+    dec = CodecDecoder.from_checkpoint(load_checkpoint(fixture_dir("custom_voice")))
     codes = torch.randint(0, 16, (2, 9, dec.num_quantizers), generator=torch.Generator().manual_seed(3))
     ref = dec.decode_window(codes, 4)
     acts = [m for m in dec.modules() if isinstance(m, SnakeBeta)]
@@ -71,7 +73,7 @@ def test_snake_kernel_sums_bias_and_residual_as_the_eager_adds_do(dtype: torch.d
 def test_pending_vocoder_decodes_as_the_module_vocoder() -> None:
     """CodecDecoder._vocode_pending (convs without their bias, the sums inside the snake kernels: the CUDA
     path of a fused codec) against the modules' own forward on the same latent."""
-    dec = CodecDecoder.from_checkpoint(load_checkpoint(FIXTURES / "custom_voice"))
+    dec = CodecDecoder.from_checkpoint(load_checkpoint(fixture_dir("custom_voice")))
     lat = torch.randn(2, dec.upsample[0][0].conv.in_channels, 5, generator=torch.Generator().manual_seed(4))
     x = lat
     with torch.inference_mode():

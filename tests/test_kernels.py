@@ -1,5 +1,5 @@
 """omni_tts.kernels.layers (the hand-written Triton predictor layer) and omni_tts.kernels.heads (its heads and
-sampling) in Triton's CPU interpreter against the Inductor-path units they replace (omni_tts.engine.step_impl's
+sampling) in Triton's CPU interpreter against the Inductor-path units they replace (omni_tts.engine.fast_path's
 predictor_layer / predictor_head / predictor_feed, run uncompiled) on the tiny checkpoint's real
 layers: outputs and cache rows, float32 and bfloat16, the 2-position first step and a later
 1-position step, greedy and sampled rows drawing the same noise; and a FastPath whose predictor and
@@ -16,12 +16,12 @@ import torch
 
 pytest.importorskip("triton")  # conftest.py sets TRITON_INTERPRET=1 without CUDA
 
-from omni_tts.kernels import layers as kernels
-
-from omni_tts.models import sampling  # noqa: E402
-from omni_tts.engine.step_impl import FastPath, fuse_layer, predictor_layer  # noqa: E402
-from test_fastpath import golden_cases, model_and_fast, params_of, run_loop  # noqa: E402
 from _fixtures import FIXTURES  # noqa: E402
+from test_fastpath import golden_cases, model_and_fast, params_of, run_loop  # noqa: E402
+
+from omni_tts.engine.fast_path import FastPath, fuse_layer, predictor_layer  # noqa: E402
+from omni_tts.kernels import layers as kernels
+from omni_tts.models import sampling  # noqa: E402
 
 
 def _layer_pair(dtype: torch.dtype, B: int, T: int, pos0: int) -> tuple[torch.Tensor, ...]:
@@ -147,13 +147,37 @@ def test_head_kernels_choose_like_the_sampling_module_for_many_draws() -> None:
         torch.testing.assert_close(esum, table[want])
 
 
+def test_head_and_feed_kernels_equal_the_units_they_implement() -> None:
+    """omni_tts.kernels.heads.head_choose / feed against omni_tts.engine.fast_path.predictor_head /
+    predictor_feed (run uncompiled) on the tiny checkpoint's real predictor head, embedding and projection."""
+    from omni_tts.engine.fast_path import predictor_feed, predictor_head
+    from omni_tts.kernels import heads as head_kernels
+
+    m, _ = model_and_fast()
+    cp = m.code_predictor
+    B, j = 5, 3
+    sp = _mixed_rows(B, 8)
+    torch.manual_seed(6)
+    x = torch.randn(B, 2, cp.hidden_size) * 2
+    seed, frame = torch.arange(B) * 13 + 1, torch.full((B,), 9)
+    table = cp.codec_embedding[j].weight
+    esum = torch.zeros(B, table.shape[1])
+    got = head_kernels.head_choose(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1, table, esum)
+    want = predictor_head(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1)
+    assert torch.equal(got, want) and len(set(want.tolist())) > 1
+    e, nxt = predictor_feed(cp.codec_embedding[j], cp.small_to_mtp_projection, want)
+    torch.testing.assert_close(esum, e.float())
+    torch.testing.assert_close(head_kernels.feed(table, cp.small_to_mtp_projection, want), nxt, rtol=1e-5,
+                               atol=1e-5)
+
+
 @pytest.mark.parametrize("sort_free", [True, False])
 def test_choice_kernel_top_k_cut_keeps_tied_values_like_the_sampling_module(sort_free: bool, monkeypatch) -> None:
     """Top-k alone (top-p 1: the kernel's sort-free path, or its top-CAP sort when told to) on logits full
     of ties and zeros: the k-th largest counted with repeats, every value equal to it kept, as
     sampling.warp_topk does."""
-    from omni_tts.kernels import heads as head_kernels
     from omni_tts.kernels import configs as kernel_configs
+    from omni_tts.kernels import heads as head_kernels
 
     monkeypatch.setattr(kernel_configs, "CHOOSE_SORT_FREE", sort_free)
 
@@ -183,7 +207,6 @@ def test_kernel_layers_reproduce_the_golden_greedy_codes(case: dict) -> None:
     m, _ = model_and_fast()
     fast = FastPath(m, None)
     fast.kernel_rows = fast.talker_kernel_rows = fast.head_kernel_rows = kernels.MAX_ROWS
-    fast.talker_attn_kernel = True
     gold = np.load(FIXTURES / "custom_voice" / "golden" / f"case{case['case']}_codes.npy")
     p = params_of(case)
     p.max_new_tokens = 3  # the interpreter runs every one of a frame's layer calls in Python: few frames
@@ -213,18 +236,17 @@ def test_probe_builds_every_variant_or_says_why_not() -> None:
 def test_fastpath_chooses_the_kernels_it_can_build_and_says_so() -> None:
     """FastPath.use_kernels (what the runner calls for default+cudagraph): builds each group for the given
     batches; a group that cannot run falls back with a notice; the panel line says what runs."""
-    from omni_tts.config import EngineConfig
+    from omni_tts.config import TuningConfig
 
     m, _ = model_and_fast()
     fast = FastPath(m, None)
-    cfg = EngineConfig(predictor_kernel_rows=2, talker_kernel_rows=1, talker_attention_kernel=True)
+    cfg = TuningConfig(predictor_kernel_rows=2, talker_kernel_rows=1)
     assert fast.use_kernels(cfg, False, [1, 2], [8], torch.float32) == ""
     assert fast.kernels_report() == "Inductor kernels" and fast.kernel_rows == fast.head_kernel_rows == 0
     assert fast.use_kernels(cfg, True, [1, 2], [8], torch.float32) == ""
     assert (fast.kernel_rows, fast.head_kernel_rows, fast.talker_kernel_rows) == (2, 2, 1)
-    assert fast.talker_attn_kernel and not fast.kernel_pdl  # no programmatic dependent launch off Hopper
-    report = fast.kernels_report()
-    assert "2 predictor rows (+ heads and sampling) / 1 talker rows" in report and "attention: Triton" in report
+    assert not fast.kernel_pdl  # no programmatic dependent launch off Hopper
+    assert "2 predictor rows (+ heads and sampling) / 1 talker rows" in fast.kernels_report()
     layer = m.talker.layers[0]
     act = layer.mlp.act
     layer.mlp.act = torch.nn.functional.gelu  # a talker the kernels do not implement: that group falls back
@@ -233,4 +255,4 @@ def test_fastpath_chooses_the_kernels_it_can_build_and_says_so() -> None:
     finally:
         layer.mlp.act = act
     assert notice.startswith("Triton talker kernels unavailable") and "activation" in notice
-    assert fast.talker_kernel_rows == 0 and not fast.talker_attn_kernel and fast.kernel_rows == 2
+    assert fast.talker_kernel_rows == 0 and fast.kernel_rows == 2

@@ -1,8 +1,8 @@
-"""omni_tts.kernels.talker in Triton's CPU interpreter against the Inductor-path units they replace
-(omni_tts.engine.step_impl.talker_attn_in / talker_attn_out and models.layers.gqa_attention, run uncompiled) on the
-tiny checkpoint's real talker layers: q, layer output and the cache rows written at each row's own
-position, and the decode attention over each row's first pos+1 positions (blocks of 32, so a long
-cache streams several), float32 and bfloat16; and the probe. Skips where triton is not installed."""
+"""omni_tts.kernels.talker in Triton's CPU interpreter against the units they implement
+(omni_tts.engine.fast_path.talker_attn_in / talker_attn_out, run uncompiled) on the tiny checkpoint's real
+talker layers: q, layer output and the cache rows written at each row's own position, float32 and
+bfloat16; a whole layer step around omni_tts.models.layers.gqa_attention against the reference
+DecoderLayer; and the probe. Skips where triton is not installed."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import torch
 
 pytest.importorskip("triton")  # conftest.py sets TRITON_INTERPRET=1 without CUDA
 
-from omni_tts.kernels import talker as talker_kernels  # noqa: E402
-from omni_tts.engine.step_impl import fuse_layer, talker_attn_in, talker_attn_out  # noqa: E402
-from omni_tts.models.layers import gqa_attention  # noqa: E402
 from test_fastpath import model_and_fast  # noqa: E402
+
+from omni_tts.engine.fast_path import fuse_layer, talker_attn_in, talker_attn_out  # noqa: E402
+from omni_tts.kernels import talker as talker_kernels  # noqa: E402
+from omni_tts.models.layers import gqa_attention  # noqa: E402
 
 
 def _talker_pair(dtype: torch.dtype, pos: list[int]) -> tuple[torch.Tensor, ...]:
@@ -59,46 +60,40 @@ def test_talker_kernels_agree_to_bfloat16_rounding() -> None:
         assert (g.float() - r.float()).abs().mean().item() <= 0.005 * scale
 
 
-def _attention_pair(dtype: torch.dtype, pos: list[int], M: int = 80) -> tuple[torch.Tensor, torch.Tensor]:
+def test_kernel_layer_step_equals_the_reference_decoder_layer() -> None:
+    """Both kernel halves around gqa_attention over each row's own positions: the reference
+    omni_tts.models.layers.DecoderLayer with the Talker's cache write and attention."""
     m, _ = model_and_fast()
-    a = m.talker.layers[0].self_attn
-    B = len(pos)
-    torch.manual_seed(M + sum(pos))
-    q = torch.randn(B, a.heads, 1, a.head_dim).to(dtype)
-    kc = torch.randn(B, a.kv_heads, M, a.head_dim).to(dtype)
-    vc = torch.randn_like(kc)
-    p = torch.tensor(pos)
-    L = max(pos) + 1  # the kv bucket: positions beyond a row's own are masked
-    mask = (torch.arange(L)[None, :] <= p[:, None])[:, None, None]
-    return talker_kernels.decode_attention(q, kc, vc, p, L), gqa_attention(q, kc[:, :, :L], vc[:, :, :L], mask)
+    layer = m.talker.layers[1]
+    w, a = fuse_layer(layer), layer.self_attn
+    B, M = 3, 10
+    torch.manual_seed(4)
+    x = torch.randn(B, 1, layer.input_layernorm.weight.shape[0])
+    p = torch.tensor([2, 7, 0])
+    cos, sin = m.talker.rope(p[:, None], torch.float32)  # [B, 1, hd]
+    kc0 = torch.randn(B, a.kv_heads, M, a.head_dim)
+    vc0 = torch.randn_like(kc0)
+    mask = (torch.arange(M)[None, :] <= p[:, None])[:, None, None]  # [B, 1, 1, M]
+    kc, vc = kc0.clone(), vc0.clone()
+    q = talker_kernels.talker_attn_in(layer, w[0], w[1], x, cos, sin, kc, vc, p)
+    got = talker_kernels.talker_attn_out(layer, w[2], x, gqa_attention(q, kc, vc, mask))
+    rk, rv = kc0.clone(), vc0.clone()
 
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rk[torch.arange(B), :, p] = k[:, :, 0]
+        rv[torch.arange(B), :, p] = v[:, :, 0]
+        return gqa_attention(q, rk, rv, mask)
 
-def test_decode_attention_equals_sdpa_over_each_rows_positions() -> None:
-    got, ref = _attention_pair(torch.float32, [0, 31, 32, 70])  # one key, a full block, a block edge, 3 blocks
-    assert got.shape == ref.shape
-    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-
-
-def test_decode_attention_agrees_to_bfloat16_rounding() -> None:
-    got, ref = _attention_pair(torch.bfloat16, [5, 40])
-    torch.testing.assert_close(got.float(), ref.float(), rtol=0.03, atol=0.03)
-
-
-def test_decode_attention_reads_strided_queries() -> None:
-    m, _ = model_and_fast()
-    a = m.talker.layers[0].self_attn
-    q = torch.randn(2, 1, a.heads, a.head_dim).transpose(1, 2)  # [B, H, 1, hd], not contiguous
-    kc = torch.randn(2, a.kv_heads, 8, a.head_dim)
-    p = torch.tensor([3, 7])
-    mask = (torch.arange(8)[None, :] <= p[:, None])[:, None, None]
-    torch.testing.assert_close(talker_kernels.decode_attention(q, kc, kc, p, 8), gqa_attention(q, kc, kc, mask),
-                               rtol=1e-5, atol=1e-5)
+    want = layer(x, cos, sin, attend)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kc, rk, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(kc, kc0)  # rows were written
 
 
 def test_probe_builds_the_talker_kernels() -> None:
     m, _ = model_and_fast()
     layer = m.talker.layers[0]
-    assert talker_kernels.probe(layer, fuse_layer(layer), [1, 2, 3], 2, [8, 40], torch.float32) == ""
+    assert talker_kernels.probe(layer, fuse_layer(layer), [1, 2, 3], 2, torch.float32) == ""
     gelu = copy.deepcopy(layer)
     gelu.mlp.act = torch.nn.functional.gelu
-    assert "activation" in talker_kernels.probe(gelu, fuse_layer(gelu), [1], 2, None, torch.float32)
+    assert "activation" in talker_kernels.probe(gelu, fuse_layer(gelu), [1], 2, torch.float32)

@@ -319,7 +319,7 @@ class FastPath:
         if self.talker_kernel_rows:
             err, self.talker_pdl_rows = _probe_pdl(lambda pdl: talker_kernels.probe(
                 self.model.talker.layers[0], self.talker_w[0], batches, self.talker_kernel_rows,
-                None, dtype, pdl), self.talker_pdl_rows, 0)
+                dtype, pdl), self.talker_pdl_rows, 0)
             if err:
                 self.talker_kernel_rows, self.talker_pdl_rows = 0, 0
                 notices.append(f"Triton talker kernels unavailable on this GPU ({err}); using Inductor's and SDPA")

@@ -1,4 +1,6 @@
-"""Hand-written Triton kernels for the code predictor's per-codebook work between its layer steps.
+"""Triton kernels implementing omni_tts.engine.fast_path.predictor_head (final norm + codebook head +
+omni_tts.models.sampling.choose) and predictor_feed (code embedding + input projection): the code
+predictor's per-codebook work between its layer steps.
 
 Owns, for one codebook step of a frame (rows = batch):
   1. the final RMSNorm of each row's last position + this codebook's head -> logits [B, V]
@@ -26,7 +28,6 @@ from typing import Any
 import torch
 
 from omni_tts.kernels import configs as kernel_configs
-
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels.configs import _next_pow2
 
@@ -123,9 +124,9 @@ if kernels.triton is not None:
 
 def head_choose(norm: Any, head: Any, x: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tensor,
                 codebook: int, table: torch.Tensor, esum: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """fastpath.predictor_head + the code's embedding added to esum, for rows that `fits_topk(sp.topk_cap)`
-    (or all greedy). x: [B, T, d] (the last position is used); table: this codebook's embedding [V, D];
-    esum: [B, D] float32 (updated). -> codes [B] int64"""
+    """omni_tts.engine.fast_path.predictor_head + the code's embedding added to esum, for rows that
+    `fits_topk(sp.topk_cap)` (or all greedy). x: [B, T, d] (the last position is used); table: this codebook's
+    embedding [V, D]; esum: [B, D] float32 (updated). -> codes [B] int64"""
     logits = kernels._proj(x[:, -1], head.weight, n=head.weight.shape[0], norm=norm, pdl=pdl)  # [B, V]
     return choose(logits, sp, seed, frame, codebook, table, esum, pdl)
 
@@ -147,7 +148,8 @@ def choose(logits: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tenso
 
 
 def feed(table: torch.Tensor, proj: Any, code: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """fastpath.predictor_feed's next input for a Linear projection: proj(table[code]). code: [B] -> [B, 1, d]"""
+    """omni_tts.engine.fast_path.predictor_feed's next input for a Linear projection: proj(table[code]).
+    code: [B] -> [B, 1, d]"""
     out = kernels._proj(table, proj.weight, n=proj.weight.shape[0], bias=proj.bias, idx=code, pdl=pdl)  # [B, d]
     return out[:, None]
 

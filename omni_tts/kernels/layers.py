@@ -28,7 +28,8 @@ against the reference.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -317,7 +318,7 @@ def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
     """omni_tts.engine.fast_path.predictor_layer in five kernels. x: [B, T, d] at positions pos0..pos0+T-1; cos/sin: the
     rope table [1, P, hd] of all P cache positions; kc/vc: [B, Hkv, P, hd] (written). pdl: launch them
     with programmatic dependent launch (`pdl_available`). -> [B, T, d]"""
-    attn, mlp = layer.self_attn, layer.mlp
+    attn = layer.self_attn
     B, T, D = x.shape
     H, Hkv, hd, P = attn.heads, attn.kv_heads, attn.head_dim, kc.shape[2]
     x2 = x.reshape(B * T, D)  # [M, d]

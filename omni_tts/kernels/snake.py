@@ -1,4 +1,5 @@
-"""Hand-written Triton kernel for the codec vocoder's SnakeBeta activation on CUDA.
+"""Triton kernel implementing omni_tts.models.codec.layers.snake (the codec vocoder's SnakeBeta activation)
+on CUDA, with the sums before it and the next causal conv's padding after it.
 
 Owns: `snake(x, alpha, beta, pad, bias, res, keep)`: h = x + bias + res (the bias a conv run without
 it would have added, the residual stream), then h + sin^2(h * e^alpha) / (e^beta + eps) per channel,
@@ -9,7 +10,7 @@ padded copy of its input (a full pass over the largest tensors of the decoder); 
 eager ops take a pass per bias add, residual add and padding. x may be any strided view (a transposed
 conv's trimmed output). One program per (row, block of samples): the per-channel constants are loaded
 once per program, and no element needs an integer division to find its channel (Inductor's
-dynamic-shape kernel for the same function did). Same math as codec_layers.snake; the sum
+dynamic-shape kernel for the same function did). Same math as the reference; the sum
 may be contracted to a fused multiply-add, so results agree to float rounding, not bit for bit.
 Knows nothing about models, windows or streaming. Tests run it in Triton's CPU interpreter.
 """
@@ -21,7 +22,7 @@ import torch
 try:
     import triton
     import triton.language as tl
-except ImportError:  # CPU-only installs: codec_layers uses the compiled or eager function
+except ImportError:  # CPU-only installs: codec/layers.py uses the compiled or eager function
     triton = None
 
 BLOCK = 1024  # samples per program

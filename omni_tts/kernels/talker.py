@@ -1,18 +1,12 @@
-"""Triton kernels implementing omni_tts.engine.fast_path.talker_attn_in / talker_attn_out (the compiled
-talker omni_tts.models.layers.DecoderLayer around its attention, one new token per row) and
-omni_tts.models.layers.gqa_attention over each row's own cache positions (`decode_attention`), at small
-batch.
+"""Triton kernels implementing omni_tts.engine.fast_path.talker_attn_in / talker_attn_out: the compiled
+talker omni_tts.models.layers.DecoderLayer around its attention, one new token per row, at small batch.
 
 Owns: the talker layer around its attention in five kernels (norm + q|k|v, then q/k norm + rope with
 K/V written at each row's own cache position; o + residual, norm + gate|up + SiLU, down + residual:
-the projection kernel of omni_tts.kernels.layers), and the decode attention itself (`decode_attention`,
-any batch: one program per (row, KV head) streams that row's first pos+1 cache positions with an
-online softmax, float32, for the query heads sharing the KV head), in place of SDPA's call plus the
-fills and copy that turning the boolean mask into an additive one costs per layer; it is off by
-default (`talker_attention_kernel`), as it streams the whole kv bucket. Numerics follow the references
-to the dtype's rounding (float32 accumulation; the order of sums differs).
-Knows nothing about graphs, buckets or requests; which batches use which kernel is the caller's
-choice. Runs on CUDA; tests run it in Triton's CPU interpreter against the references.
+the projection kernel of omni_tts.kernels.layers). The attention between them stays the reference's.
+Numerics follow the references to the dtype's rounding (float32 accumulation; the order of sums
+differs). Knows nothing about graphs, buckets or requests; which batches use the kernels is the
+caller's choice. Runs on CUDA; tests run it in Triton's CPU interpreter against the references.
 """
 
 from __future__ import annotations
@@ -52,62 +46,6 @@ if kernels.triton is not None:
             q = _normed_rope(row + h * HD, d, dm, HALF, HD, qn_ptr, cos, sin, eps, dt)
             tl.store(q_ptr + (b * H + h) * HD + d, q.to(dt), mask=dm)
 
-    @triton.jit
-    def _decode_attn_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, out_ptr, scale, q_row, q_head, kc_row, kc_head,
-                            L: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
-                            BD: tl.constexpr, BL: tl.constexpr):
-        """Program (row b, KV head g): out[b, h] = softmax(q[b, h] . K[:pos+1] * scale) V[:pos+1] for the
-        REP query heads h sharing g, streaming the first L cache positions (every row's pos < L) in blocks
-        of BL, those after pos masked (L is a kv bucket: one build per bucket). q: rows q_row and heads
-        q_head apart; out: [B, H, HD]."""
-        dt = out_ptr.dtype.element_ty
-        b, g, d, dm = _lanes(HD, BD)
-        REP: tl.constexpr = H // HKV
-        r = tl.arange(0, REP)
-        n = tl.load(pos_ptr + b) + 1  # keys 0..pos
-        q = tl.load(q_ptr + b * q_row + (g * REP + r[:, None]) * q_head + d[None, :], mask=dm[None, :], other=0.0)
-        q = q.to(tl.float32) * scale  # [REP, BD]
-        m_i = tl.full([REP], float("-inf"), tl.float32)
-        l_i = tl.zeros([REP], tl.float32)
-        acc = tl.zeros([REP, BD], tl.float32)
-        base = b * kc_row + g * kc_head
-        for start in range(0, L, BL):
-            p = start + tl.arange(0, BL)
-            pm = p < n
-            kvm = pm[:, None] & dm[None, :]
-            k = tl.load(kc_ptr + base + p[:, None] * HD + d[None, :], mask=kvm, other=0.0).to(tl.float32)
-            v = tl.load(vc_ptr + base + p[:, None] * HD + d[None, :], mask=kvm, other=0.0).to(tl.float32)
-            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [REP, BL]
-            s = tl.where(pm[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            w = tl.exp(s - m_new[:, None])  # [REP, BL]
-            l_i = l_i * alpha + tl.sum(w, axis=1)
-            acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * v[None, :, :], axis=1)
-            m_i = m_new
-        o = acc / l_i[:, None]
-        tl.store(out_ptr + (b * H + g * REP + r[:, None]) * HD + d[None, :], o.to(dt), mask=dm[None, :])
-
-
-def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor, L: int) -> torch.Tensor:
-    """gqa_attention of one new token per row over that row's cache positions 0..pos[b] (< L).
-    q: [B, H, 1, hd]; kc/vc: [B, Hkv, M, hd] (last two dims contiguous); pos: [B]. -> [B, H, 1, hd]"""
-    B, H, _, hd = q.shape
-    Hkv = kc.shape[1]
-    assert kc.stride() == vc.stride() and kc.stride(3) == 1 and kc.stride(2) == hd and q.stride(3) == 1
-    out = torch.empty(B, H, 1, hd, device=q.device, dtype=q.dtype)  # [B, H, 1, hd]
-    _decode_attn_kernel[(B, Hkv)](q, kc, vc, pos, out, hd ** -0.5, q.stride(0), q.stride(1), kc.stride(0),
-                                  kc.stride(1), L=min(L, kc.shape[2]), H=H, HKV=Hkv, HD=hd, BD=_next_pow2(hd),
-                                  BL=32, num_warps=4)
-    return out
-
-
-def attention_supported(layer: Any) -> bool:
-    """True when `decode_attention` can run this layer's heads (query heads per KV head a power of two)."""
-    heads, kv_heads = layer.self_attn.heads, layer.self_attn.kv_heads
-    rep = heads // kv_heads
-    return kernels.triton is not None and rep * kv_heads == heads and rep & (rep - 1) == 0
-
 
 def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.Tensor,
                    cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor,
@@ -136,30 +74,23 @@ def talker_attn_out(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Te
 
 
 def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor], batches: list[int],
-          max_rows: int, kv_lens: list[int] | None, dtype: torch.dtype, pdl: int = 0) -> str:
-    """Build and run the talker kernels a capture will use: the layer kernels for every batch of at most
-    max_rows rows, the attention kernel for every batch and kv bucket in `kv_lens` (None: no attention
-    kernel), through `kernels.run_probe`; pdl: with PDL for batches of at most `pdl` rows. -> "" or why
-    not, one line."""
+          max_rows: int, dtype: torch.dtype, pdl: int = 0) -> str:
+    """Build and run the talker kernels a capture will use, for every batch of at most max_rows rows,
+    through `kernels.run_probe`; pdl: with PDL for batches of at most `pdl` rows. -> "" or why not, one
+    line."""
     a, dev = layer.self_attn, layer.input_layernorm.weight.device
     D = layer.input_layernorm.weight.shape[0]
 
     def build() -> str:
-        if kv_lens is not None and not attention_supported(layer):
-            return "the talker's query heads per KV head are not a power of two"
-        for b in batches:
-            kc = torch.zeros(b, a.kv_heads, max(kv_lens or [4]), a.head_dim, device=dev, dtype=dtype)
-            vc, pos = torch.zeros_like(kc), torch.zeros(b, dtype=torch.long, device=dev)
-            q = torch.zeros(b, a.heads, 1, a.head_dim, device=dev, dtype=dtype)
-            if b <= max_rows:
-                if not kernels.supports(layer, b):
-                    return "the talker layer's activation or norms are not what the kernels implement"
-                x = torch.zeros(b, 1, D, device=dev, dtype=dtype)
-                rope = torch.zeros(b, 1, a.head_dim, device=dev, dtype=dtype)
-                q = talker_attn_in(layer, w[0], w[1], x, rope, rope, kc, vc, pos, b <= pdl)
-                talker_attn_out(layer, w[2], x, q, b <= pdl)
-            for L in kv_lens or []:
-                decode_attention(q, kc, vc, pos, L)
+        for b in (b for b in batches if b <= max_rows):
+            if not kernels.supports(layer, b):
+                return "the talker layer's activation or norms are not what the kernels implement"
+            kc = torch.zeros(b, a.kv_heads, 4, a.head_dim, device=dev, dtype=dtype)
+            pos = torch.zeros(b, dtype=torch.long, device=dev)
+            x = torch.zeros(b, 1, D, device=dev, dtype=dtype)
+            rope = torch.zeros(b, 1, a.head_dim, device=dev, dtype=dtype)
+            q = talker_attn_in(layer, w[0], w[1], x, rope, rope, kc, torch.zeros_like(kc), pos, b <= pdl)
+            talker_attn_out(layer, w[2], x, q, b <= pdl)
         return ""
 
     return kernels.run_probe(dev, build)

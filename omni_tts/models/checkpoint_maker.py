@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-
 # (talker hidden, layers, intermediate, text hidden, predictor hidden, predictor layers, predictor
 #  intermediate, heads, kv heads, head dim, codec decoder: hidden, latent, decoder_dim, layers, heads;
 #  codec encoder: hidden, conv filters, layers, heads, head dim, intermediate, codebook dim, quantizers)
@@ -148,8 +147,9 @@ def make_configs(size: str, model_type: str = "custom_voice") -> tuple[dict, dic
                attention_bias=False, attention_dropout=0.0, num_quantizers=16, upsample_rates=[8, 5, 4, 3],
                upsampling_ratios=[2, 2])
     codec = dict(architectures=["Qwen3TTSTokenizerV2Model"], model_type="qwen3_tts_tokenizer_12hz",
-                 decoder_config=dec, encoder_config=_encoder_config(s), decode_upsample_rate=1920, encode_downsample_rate=1920,
-                 encoder_valid_num_quantizers=16, input_sample_rate=24000, output_sample_rate=24000)
+                 decoder_config=dec, encoder_config=_encoder_config(s), decode_upsample_rate=1920,
+                 encode_downsample_rate=1920, encoder_valid_num_quantizers=16, input_sample_rate=24000,
+                 output_sample_rate=24000)
     return config, gen, codec
 
 

@@ -1,10 +1,10 @@
 """The code predictor ("sub-talker"): codebooks 1..15 of one frame from the talker's hidden state.
 
-Owns: the small Qwen3 decoder (an omni_tts.models.layers.DecoderStack) that reads [talker hidden,
-embed(code 0)] and then its own previous code each step, its input projection from the talker width (`small_to_mtp_projection`: a Linear when
-the widths differ, identity otherwise, as the reference builds it), its 15 code embeddings (in the
-talker width) and 15 heads, and `predict`: an unrolled loop of fixed shapes with a per-call KV cache
-of 16 positions, so the whole call can be compiled and captured in one CUDA graph.
+Owns: the small Qwen3 decoder (an omni_tts.models.layers.DecoderStack) that reads [talker hidden, embed(code 0)]
+and then its own previous code each step, its input projection from the talker width (`small_to_mtp_projection`:
+a Linear when the widths differ, identity otherwise, as the reference builds it), its 15 code embeddings (in the
+talker width) and 15 heads, and `predict`: an unrolled loop of fixed shapes with a per-call KV cache of 16
+positions, so the whole call can be compiled and captured in one CUDA graph.
 Knows nothing about prompts or requests; sampling rules live in omni_tts.models.sampling.
 """
 
@@ -26,8 +26,9 @@ class CodePredictor(DecoderStack):
         n = self.num_groups - 1
         self.codec_embedding = nn.ModuleList(nn.Embedding(self.vocab_size, talker_hidden) for _ in range(n))
         self.lm_head = nn.ModuleList(nn.Linear(self.hidden_size, self.vocab_size, bias=False) for _ in range(n))
+        wide = talker_hidden != self.hidden_size
         self.small_to_mtp_projection: nn.Module = (
-            nn.Linear(talker_hidden, self.hidden_size, bias=True) if talker_hidden != self.hidden_size else nn.Identity())
+            nn.Linear(talker_hidden, self.hidden_size, bias=True) if wide else nn.Identity())
         # The talker's codec embedding (code 0 lives in the talker's vocabulary); shared, not owned.
         self._code0_embedding = [code0_embedding]
 

@@ -14,7 +14,8 @@ functions; tests hold them to it. Knows nothing about checkpoints' files, prompt
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -1,11 +1,12 @@
 """Qwen3-TTS 12 Hz speech-tokenizer DECODER: codec codes [T, 16] -> 24 kHz waveform, whole or streamed.
 
-Owns: the decoder half of `speech_tokenizer/` assembled from the layers in `codec/layers.py` (split
-residual-VQ codebook lookup, causal pre-conv, sliding-window pre-transformer, ConvNeXt upsampler,
-SnakeBeta / transposed-conv vocoder), reading `decoder_config`, strict loading of its `decoder.*` tensors, the official decode conventions (codes clamped at 0, frames whose
-first code is -1 are padding, output clamped to [-1, 1], 300-frame segments decoded with 25 frames of
-left context), and exact chunked decoding (`decode_window`, `decode_frames`, `StreamingDecoder`), its
-chunks planned apart from decoding so many streams' chunks decode as one batch (`ChunkPlan`, `decode_plans`).
+Owns: the decoder half of `speech_tokenizer/` assembled from the layers in `codec/layers.py` (split residual-VQ
+codebook lookup, causal pre-conv, sliding-window pre-transformer, ConvNeXt upsampler, SnakeBeta /
+transposed-conv vocoder), reading `decoder_config`, strict loading of its `decoder.*` tensors, the official
+decode conventions (codes clamped at 0, frames whose first code is -1 are padding, output clamped to [-1, 1],
+300-frame segments decoded with 25 frames of left context), and exact chunked decoding (`decode_window`,
+`decode_frames`, `StreamingDecoder`), its chunks planned apart from decoding so many streams' chunks decode as
+one batch (`ChunkPlan`, `decode_plans`).
 Does not know: the codec encoder (`codec/encoder.py`), the talker, devices or chunk-size policy
 (the engine picks those), audio file I/O.
 
@@ -27,18 +28,29 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from omni_tts.kernels import snake as codec_kernels
-from omni_tts.models.codec.layers import (CausalConv1d, CausalUpConv1d, CodebookGroup, ConvNeXtBlock, SnakeBeta,
-                                          VocoderStage, WindowTransformer, chain_lookback, fused_snake, snake)
-from omni_tts.models.layers import ACTIVATIONS
 from omni_tts.errors import CheckpointError, InputError
+from omni_tts.kernels import snake as codec_kernels
+from omni_tts.models.codec.layers import (
+    CausalConv1d,
+    CausalUpConv1d,
+    CodebookGroup,
+    ConvNeXtBlock,
+    SnakeBeta,
+    VocoderStage,
+    WindowTransformer,
+    chain_lookback,
+    fused_snake,
+    snake,
+)
+from omni_tts.models.layers import ACTIVATIONS
 
 if TYPE_CHECKING:
     from omni_tts.models.checkpoint import Checkpoint
@@ -125,7 +137,7 @@ class CodecDecoder(nn.Module):
         self.precision = "float32"
         self.fused = False  # set_fused
 
-    def set_precision(self, precision: str) -> "CodecDecoder":
+    def set_precision(self, precision: str) -> CodecDecoder:
         """'float32' (IEEE, exact: what the tests and the golden waveforms use), 'tf32' (float32 weights,
         cuDNN TF32 convs on CUDA: ~5e-5 off, several times faster) or 'bfloat16' (weights and activations;
         one way: the rounded weights cannot go back to float32)."""
@@ -137,7 +149,7 @@ class CodecDecoder(nn.Module):
         self.precision = precision
         return self
 
-    def set_fused(self, on: bool) -> "CodecDecoder":
+    def set_fused(self, on: bool) -> CodecDecoder:
         """Run the vocoder's SnakeBeta activations as one kernel each (`fused_snake`: Triton on CUDA, else
         compiled) or as eager ops. Same math; the fused sum may differ in the last bit. The first decode
         compiles (seconds; on the CPU again for a new batch size class): warm it before serving."""
@@ -368,7 +380,8 @@ def decode_plans(plans: list[ChunkPlan], fast: Callable[[Any, torch.Tensor, int]
             calls += 1
             batch = torch.stack(rows)  # [B, C+N, Q]
             wav = fast(codec, batch, ctx) if fast is not None else None
-            wavs: list[Any] = list(to_host(wav if wav is not None else codec.decode_window(batch, ctx)))  # B x [N*upsample]
+            wav = wav if wav is not None else codec.decode_window(batch, ctx)
+            wavs: list[Any] = list(to_host(wav))  # B x [N*upsample]
         except Exception as e:
             if len(rows) == 1:
                 wavs = [e]
@@ -392,9 +405,10 @@ def decode_plans(plans: list[ChunkPlan], fast: Callable[[Any, torch.Tensor, int]
 class StreamingDecoder:
     """Per-request incremental decode: `push` frames as they arrive, `flush` at the end.
 
-    The first chunk is emitted once `initial_chunk_frames` frames are in, then one every
-    `chunk_frames` (with `grow`, chunk sizes double from the first up to `chunk_frames`); each chunk is decoded with max(left_context_frames, the decoder's receptive field)
-    frames of left context, so the concatenated chunks equal `CodecDecoder.decode` of all frames.
+    The first chunk is emitted once `initial_chunk_frames` frames are in, then one every `chunk_frames` (with
+    `grow`, chunk sizes double from the first up to `chunk_frames`); each chunk is decoded with
+    max(left_context_frames, the decoder's receptive field) frames of left context, so the concatenated chunks
+    equal `CodecDecoder.decode` of all frames.
     Chunks are 1-D float32 numpy arrays of frames * decode_upsample_rate samples.
     `prefix_codes` [P, Q] (voice-clone reference codes) prime the decoder: they are left context of the
     pushed frames but never emitted, so the chunks equal `decode([prefix; pushed])` minus its first

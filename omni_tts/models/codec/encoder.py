@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_tts.errors import CheckpointError, InputError
 from omni_tts.models.checkpoint import Checkpoint, require
 from omni_tts.models.codec.layers import WindowAttention
 from omni_tts.models.layers import LayerScale, Rope, activation, load_prefixed_state
-from omni_tts.errors import CheckpointError, InputError
 
 _CODEBOOK_EPS = 1e-5  # clamp for the codebook usage counts when turning sums into centroids
 
@@ -263,7 +263,7 @@ class CodecEncoder(nn.Module):
         self.quantizer = _SplitQuantizer(cfg)
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint) -> "CodecEncoder":
+    def from_checkpoint(cls, ckpt: Checkpoint) -> CodecEncoder:
         """Build from `ckpt.codec_config` and load the `encoder.*` tensors of `ckpt.codec_weights` strictly."""
         cfg_file = str(ckpt.path / "speech_tokenizer" / "config.json")
         model = cls(ckpt.codec_config, source=cfg_file)

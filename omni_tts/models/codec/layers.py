@@ -12,15 +12,23 @@ devices, dtypes, streaming or segmentation policy.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from omni_tts.kernels import snake as codec_kernels
-from omni_tts.models.layers import (MLP, AttentionProjections, LayerScale, RMSNorm, apply_rope, rope_cos_sin,
-                                    rope_frequencies)
+from omni_tts.models.layers import (
+    MLP,
+    AttentionProjections,
+    LayerScale,
+    RMSNorm,
+    apply_rope,
+    rope_cos_sin,
+    rope_frequencies,
+)
 
 CONVNEXT_LN_EPS = 1e-6
 SNAKE_EPS = 1e-9
