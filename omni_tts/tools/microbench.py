@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from omni_tts.tools.bench import PROMPTS
-from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, parse_sets
+from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, build_config, parse_sets
 from omni_tts.engine.metrics import gpu_memory
 
 
@@ -155,7 +155,8 @@ def prefill_costs(runner: Any, speaker: str | None) -> dict[str, float]:
         out[f"T{t}_ms"] = time_ms(lambda: runner.prefill(0, params), iters=10)
     if runner.S >= 8:
         ps = [SynthesisParams(text=PROMPTS[i], speaker=speaker, language="English", fixed_frames=8) for i in range(8)]
-        out["x8_prompts_ms"] = time_ms(lambda: runner.prefill_batch(0, [runner.prepare(p) for p in ps]), iters=10)
+        out["x8_prompts_ms"] = time_ms(lambda: runner.prefill_batch(0, [runner.model.prepare(p, runner.max_len)
+                                                                         for p in ps]), iters=10)
     return out
 
 
@@ -171,9 +172,10 @@ def first_diff(a: torch.Tensor, b: torch.Tensor) -> int | None:
     return int(neq[0]) if len(neq) else None
 
 
-def load_test(runner: Any, mode: str, concurrency: Sequence[int], fixed_frames: int, num_prompts: int,
-              say: Callable[[str], None], slots: Sequence[int] | None = None) -> dict[str, Any]:
-    """The seed table for one mode on this runner, through a real Engine (admits up to max(concurrency))."""
+def load_test(model: Any, cfg: EngineConfig, mode: str, concurrency: Sequence[int], fixed_frames: int,
+              num_prompts: int, say: Callable[[str], None], slots: Sequence[int] | None = None) -> dict[str, Any]:
+    """The seed table for one mode through a real Engine over `model` with only that mode resident
+    (admits up to max(concurrency), or each of `slots`)."""
     import dataclasses
 
     from omni_tts.tools.bench import make_params, run_load
@@ -181,12 +183,13 @@ def load_test(runner: Any, mode: str, concurrency: Sequence[int], fixed_frames: 
     from omni_tts.engine.metrics import summarize
 
     out: dict[str, Any] = {}
-    speaker = (runner.model.speakers() or [None])[0]
+    speaker = (model.speakers() or [None])[0]
     make = lambda i: make_params(i, speaker, fixed_frames)  # noqa: E731
     for i, c in enumerate(concurrency):
-        s = min(slots[i] if slots else c, runner.S)
-        engine = Engine(runner, dataclasses.replace(runner.config, max_num_seqs=s))
+        s = min(slots[i] if slots else c, cfg.max_num_seqs)
+        engine = Engine(model, dataclasses.replace(cfg, max_num_seqs=s, mode=mode, modes=[mode]))
         try:
+            engine.wait_ready(mode)
             run_load(engine, c, c, make)  # warm-up, excluded
             records, wall = run_load(engine, c, max(num_prompts, c), make)
             key = str(c) if not slots else f"{c}@{s}slots"
@@ -202,44 +205,64 @@ def load_test(runner: Any, mode: str, concurrency: Sequence[int], fixed_frames: 
     return out
 
 
+def make_config(model: str, buckets: Sequence[int], dtype: str, overrides: dict[str, Any] | None = None
+                ) -> EngineConfig:
+    """The runners' config: slots for the largest bucket, exactly these buckets, then `overrides`
+    ({key or 'tuning.key': value}, as parse_sets gives them)."""
+    flat: dict[str, Any] = {"model": model, "mode": "eager", "max_num_seqs": max(buckets), "max_seq_len": 512,
+                            "dtype": dtype, "initial_chunk_frames": 1, "tuning.buckets": list(buckets)}
+    flat.update(overrides or {})
+    return build_config(flat)
+
+
+def measure_mode(runner: Any, buckets: Sequence[int], speaker: str | None, report: dict[str, Any],
+                 say: Callable[[str], None]) -> dict[str, Any]:
+    """Step costs per bucket (both sampling variants; per attention length where graphed) and prefill costs."""
+    mode = runner.mode.value
+    fill_slots(runner, max(buckets), speaker)
+    row: dict[str, Any] = {"setup_s": report["seconds"], "actual_mode": report["mode"], "per_bucket": {},
+                           "layer_kernels": runner.layer_kernels(), "notice": report.get("notice", "")}
+    for b in buckets:
+        cp, talker = step_callables(runner, b)
+        row["per_bucket"][b] = {"cp_ms": time_ms(cp), "talker_ms": time_ms(talker), "kv_len": runner.kv_len(b),
+                                "variant": "full sort" if runner.variant(b) else "top-k selection"}
+        cp_s, talker_s = runner.step_fns(b, sort=True)  # the full-sort variant (top-p without top-k)
+        row["per_bucket"][b].update(cp_ms_full_sort=time_ms(cp_s), talker_ms_full_sort=time_ms(talker_s))
+        if runner.graphs:  # the talker step's cost against the attention length it reads
+            row["per_bucket"][b]["talker_ms_by_kv_len"] = {
+                L: time_ms(step_callables(runner, b, L)[1]) for L in runner.kv_buckets}
+        say(f"{mode} b={b}: {row['per_bucket'][b]}")
+    row["prefill"] = prefill_costs(runner, speaker)
+    return row
+
+
 def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, dtype: str,
         say: Callable[[str], None], load: dict[str, Any] | None = None, out_json: str | None = None,
         profile_dir: str | None = None, profile_buckets: Sequence[int] = (1,), skip_codec: bool = False,
         overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     from omni_tts.engine.model_runner import Runner
+    from omni_tts.engine.step_impl import StepImpls
+    from omni_tts.models.loading import load_model
 
-    cfg = EngineConfig(model=model, mode="eager", max_num_seqs=max(buckets), buckets=list(buckets),
-                       max_seq_len=512, dtype=dtype, initial_chunk_frames=1)
-    for key, value in (overrides or {}).items():
-        setattr(cfg, key, value)
+    cfg = make_config(model, buckets, dtype, overrides)
     t0 = time.perf_counter()
-    runner = Runner.from_config(cfg, progress=say)
+    tts = load_model(cfg, progress=say)
     say(f"loaded in {time.perf_counter() - t0:.1f} s")
-    speaker = (runner.model.speakers() or [None])[0]
+    impls = StepImpls(tts, cfg)  # one set of compiled units for every mode's runner, as the engine shares them
+    impls.configure_kernels(cfg.resolved_buckets(), tts.dtype)
+    speaker = (tts.speakers() or [None])[0]
     result: dict[str, Any] = {"buckets": list(buckets), "modes": {},
-                              "codec": {} if skip_codec else codec_costs(runner.model)}
+                              "codec": {} if skip_codec else codec_costs(tts)}
     say(f"codec decode_window costs (ms): {result['codec']}")
     ref: list[torch.Tensor] | None = None
     agree_n = min(4, max(buckets))
     for mode in modes:
+        runner = None
         try:
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
-            report = runner.set_mode(CompileMode.parse(mode), progress=say)
-            fill_slots(runner, max(buckets), speaker)
-            row: dict[str, Any] = {"setup_s": report["seconds"], "actual_mode": report["mode"], "per_bucket": {},
-                                   "layer_kernels": runner.layer_kernels(), "notice": report.get("notice", "")}
-            for b in buckets:
-                cp, talker = step_callables(runner, b)
-                row["per_bucket"][b] = {"cp_ms": time_ms(cp), "talker_ms": time_ms(talker), "kv_len": runner.kv_len(b),
-                                        "variant": "full sort" if runner.variant(b) else "top-k selection"}
-                cp_s, talker_s = runner.step_fns(b, sort=True)  # the full-sort variant (top-p without top-k)
-                row["per_bucket"][b].update(cp_ms_full_sort=time_ms(cp_s), talker_ms_full_sort=time_ms(talker_s))
-                if runner.graphs:  # the talker step's cost against the attention length it reads
-                    row["per_bucket"][b]["talker_ms_by_kv_len"] = {
-                        L: time_ms(step_callables(runner, b, L)[1]) for L in runner.kv_buckets}
-                say(f"{mode} b={b}: {row['per_bucket'][b]}")
-            row["prefill"] = prefill_costs(runner, speaker)
+            runner = Runner(tts, cfg, CompileMode.parse(mode), impls)
+            row = measure_mode(runner, buckets, speaker, runner.warm(say), say)
             result["modes"][mode] = row
             _save(result, out_json)  # what is measured so far survives a run cut short
             codes = greedy_codes(runner, agree_n, frames, speaker)
@@ -249,19 +272,20 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
             row["agree_with_first_mode"] = {"identical": sum(d is None for d in diffs), "of": len(diffs),
                                             "first_diff_frames": diffs}
             row["memory"] = gpu_memory(runner.device, runner.pool_bytes())
-            if load and load["concurrency"] and mode in load.get("modes", [mode]):
-                row["load"] = load_test(runner, mode, load["concurrency"], load["fixed_frames"],
-                                        load["num_prompts"], say)
-                _save(result, out_json)
-            if load and load.get("stress_slots") and mode in load.get("stress_modes", [mode]):
-                n = len(load["stress_slots"])
-                row["stress"] = load_test(runner, mode, [load["stress_clients"]] * n, load["fixed_frames"],
-                                          load["stress_clients"], say, slots=load["stress_slots"])
             if profile_dir and runner.graphs:
                 try:
                     row["profile"] = profile_steps(runner, profile_buckets, profile_dir)
                 except Exception as e:
                     row["profile"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            runner = None  # its slots and graphs are freed before an engine of the same mode is built
+            if load and load["concurrency"] and mode in load.get("modes", [mode]):
+                row["load"] = load_test(tts, cfg, mode, load["concurrency"], load["fixed_frames"],
+                                        load["num_prompts"], say)
+                _save(result, out_json)
+            if load and load.get("stress_slots") and mode in load.get("stress_modes", [mode]):
+                n = len(load["stress_slots"])
+                row["stress"] = load_test(tts, cfg, mode, [load["stress_clients"]] * n, load["fixed_frames"],
+                                          load["stress_clients"], say, slots=load["stress_slots"])
         except Exception as e:  # a mode that fails is a result
             row = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             say(f"{mode} FAILED: {row['error']}")

@@ -77,7 +77,7 @@ def ours(model: str, device: str, frames: int, speaker: str) -> Callable[[str], 
     from omni_tts.engine.engine import Engine
 
     mode = None if device.startswith("cuda") else "eager"  # graph modes need CUDA (CPU: compile takes minutes)
-    engine = Engine.from_config(load_preset("graph-bs1", model=model, device=device, mode=mode))
+    engine = Engine.from_config(load_preset("bench", model=model, device=device, mode=mode, max_num_seqs=1))
     atexit.register(engine.shutdown)  # its threads must stop before the interpreter tears down
 
     def one(text: str) -> Clip:
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype = torch.bfloat16 if a.device.startswith("cuda") else torch.float32
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(a.num_prompts)]
     systems: dict[str, Callable[[], Callable[[str], Clip]]] = {
-        "omni-tts (engine, graph-bs1 preset, streaming)": lambda: ours(a.model, a.device, a.frames, a.speaker)}
+        "omni-tts (engine, bench preset, 1 slot, streaming)": lambda: ours(a.model, a.device, a.frames, a.speaker)}
     names = [p.strip() for p in a.peers.split(",") if p.strip()]
     if "qwen-tts" in names:
         systems["qwen-tts (official, whole clip)"] = lambda: official(a.model, a.device, dtype, a.frames, a.speaker)
