@@ -7,8 +7,8 @@ import pytest
 import soundfile as sf
 import torch
 
-from omni_tts.models.audio import AudioLimits, load_reference_audio, resample
 from omni_tts.errors import InputError
+from omni_tts.models.audio import AudioLimits, load_reference_audio, resample
 
 
 def tone(freq: float, sr: int, seconds: float, amp: float = 0.5) -> np.ndarray:

@@ -94,7 +94,8 @@ def test_synth_with_only_text_uses_the_embedded_demo_on_a_fresh_machine(tmp_path
     env.pop("OMNI_TTS_MODEL", None)
     out = tmp_path / "x.wav"
     r = subprocess.run([sys.executable, "-m", "omni_tts", "synth", "--text", "Hello there.", "--out", str(out),
-                        "--max-new-tokens", "6", "--greedy"], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+                        "--max-new-tokens", "6", "--greedy"], capture_output=True, text=True, env=env, cwd=REPO,
+                       timeout=300)
     assert r.returncode == 0, r.stderr
     assert "noise" in r.stderr and "embedded" in r.stderr
     wav, sr = sf.read(out)

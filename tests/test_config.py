@@ -8,8 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from omni_tts.config import (PRESET_DIR, CompileMode, EngineConfig, SynthesisParams, load_preset, parse_sets,
-                             preset_names)
+from omni_tts.config import (
+    PRESET_DIR,
+    CompileMode,
+    EngineConfig,
+    SynthesisParams,
+    load_preset,
+    parse_sets,
+    preset_names,
+)
 from omni_tts.errors import InputError, OmniTTSError
 
 PRESETS = sorted(PRESET_DIR.glob("*.yaml"))
@@ -170,7 +177,8 @@ def test_switches_load_from_a_preset_and_from_set_pairs(tmp_path: Path):
     f.write_text("codec_fused: false\nlookahead: false\nfirst_chunk_graphs: false\nkernel_pdl: false\n"
                  "priority_streams: false\n")
     cfg = load_preset(f)
-    assert (cfg.codec_fused, cfg.lookahead, cfg.first_chunk_graphs, cfg.kernel_pdl, cfg.priority_streams) == (False,) * 5
+    switches = (cfg.codec_fused, cfg.lookahead, cfg.first_chunk_graphs, cfg.kernel_pdl, cfg.priority_streams)
+    assert switches == (False,) * 5
     d = EngineConfig()
     assert (d.codec_fused, d.lookahead, d.first_chunk_graphs, d.kernel_pdl, d.priority_streams) == (True,) * 5
     sets = parse_sets(["lookahead=false", "max_num_seqs=16", "buckets=[1, 4, 16]", "mode=default"])

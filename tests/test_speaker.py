@@ -8,13 +8,18 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-
 from _fixtures import FIXTURES, fixture_dir
+
+from omni_tts.errors import CheckpointError, InputError
 from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.models.codec.encoder import CodecEncoder
-from omni_tts.errors import CheckpointError, InputError
-from omni_tts.models.speaker import (SpeakerEncoder, VoicePrompt, create_voice_prompt, log_mel_spectrogram,
-                              slaney_mel_filterbank)
+from omni_tts.models.speaker import (
+    SpeakerEncoder,
+    VoicePrompt,
+    create_voice_prompt,
+    log_mel_spectrogram,
+    slaney_mel_filterbank,
+)
 
 BASE = FIXTURES / "base"
 

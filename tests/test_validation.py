@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _fixtures import fixture_dir
 from safetensors.torch import load_file, save_file
 
 from omni_tts.config import LIMITS, MAX_NEW_TOKENS, MAX_TOP_K, EngineConfig, SynthesisParams
@@ -25,7 +26,6 @@ from omni_tts.models.checkpoint import load_checkpoint, load_embedded
 from omni_tts.models.checkpoint_limits import check_configs, estimate_parameters
 from omni_tts.models.checkpoint_maker import _module_shapes, make_configs
 from omni_tts.models.text import TextTokenizer
-from _fixtures import fixture_dir
 
 TIMEOUT = 120.0
 NAN, INF = float("nan"), float("inf")

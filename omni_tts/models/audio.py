@@ -16,7 +16,6 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 import soundfile as sf
@@ -26,7 +25,7 @@ from omni_tts.errors import InputError
 
 TARGET_SR = 24000
 
-AudioSource = Union[str, os.PathLike, tuple]  # a path, or (array, sample_rate) / (sample_rate, array)
+AudioSource = str | os.PathLike | tuple  # a path, or (array, sample_rate) / (sample_rate, array)
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,8 @@ def estimate_parameters(config: dict[str, Any], codec_config: dict[str, Any]) ->
     groups = (cp.get("num_code_groups") or t.get("num_code_groups") or 1) - 1
     n += _decoder_stack(cp) + groups * (cp.get("vocab_size") or 0) * (h + (cp.get("hidden_size") or 0))
     d = codec_config.get("decoder_config") or {}
-    n += _decoder_stack(d) + (d.get("num_quantizers") or 0) * (d.get("codebook_size") or 0) * (d.get("codebook_dim") or 0)
+    codebooks = (d.get("num_quantizers") or 0) * (d.get("codebook_size") or 0) * (d.get("codebook_dim") or 0)
+    n += _decoder_stack(d) + codebooks
     width = d.get("decoder_dim") or 0
     n += (d.get("latent_dim") or 0) * width * 7
     for rate in d.get("upsample_rates") or []:  # each vocoder stage: a transposed conv, then residual convs

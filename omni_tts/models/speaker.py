@@ -27,12 +27,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from omni_tts.config import MAX_TEXT_CHARS, check_text
+from omni_tts.errors import CheckpointError, InputError
 from omni_tts.models.audio import AudioLimits, AudioSource, load_reference_audio
 from omni_tts.models.checkpoint import Checkpoint
 from omni_tts.models.codec.encoder import CodecEncoder
 from omni_tts.models.layers import load_prefixed_state
-from omni_tts.config import MAX_TEXT_CHARS, check_text
-from omni_tts.errors import CheckpointError, InputError
 
 # The official front end hard-codes these (24 kHz, 1024-point STFT, hop 256, 128 mels, 0-12 kHz).
 MEL_SAMPLE_RATE = 24000
@@ -207,7 +207,7 @@ class SpeakerEncoder(nn.Module):
         self.fc = nn.Conv1d(2 * ch[-1], self.dim, 1)
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint) -> "SpeakerEncoder":
+    def from_checkpoint(cls, ckpt: Checkpoint) -> SpeakerEncoder:
         """Build from `config.json`'s speaker_encoder_config; load `speaker_encoder.*` strictly."""
         cfg_file = str(ckpt.path / "config.json")
         cfg = ckpt.config.get("speaker_encoder_config")
@@ -293,7 +293,7 @@ class VoicePrompt:
         save_file(tensors, str(path), metadata=meta)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "VoicePrompt":
+    def load(cls, path: str | os.PathLike) -> VoicePrompt:
         """Read a file written by `save`; anything else raises InputError naming the file."""
         p = Path(path)
         if not p.is_file():

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omni_tts.models.checkpoint import read_json
 from omni_tts.errors import CheckpointError, InputError
+from omni_tts.models.checkpoint import read_json
 
 _NEEDED = "the text tokenizer needs it"  # why a missing tokenizer file is an error
 
