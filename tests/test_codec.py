@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from omni_tts.models.checkpoint import load_checkpoint, load_weights
-from omni_tts.models.codec.decoder import CodecDecoder, StreamingDecoder, decode_plans
+from omni_tts.models.codec.decoder import CodecDecoder
+from omni_tts.models.codec.streaming import StreamingDecoder, decode_plans
 from omni_tts.errors import CheckpointError, InputError
 
 from _fixtures import FIXTURES  # noqa: E402

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_tts.models.codec.decoder import ChunkPlan, decode_plans
+from omni_tts.models.codec.streaming import ChunkPlan, decode_plans
 from omni_tts.errors import OmniTTSError, as_engine_error, one_line
 from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.engine.metrics import EngineStats, now

@@ -294,7 +294,7 @@ class TTSModel:
                           prefix_codes: torch.Tensor | None = None, grow: bool = False) -> Any:
         """A codec.StreamingDecoder; `prefix_codes` [R, 16] (clone.decoder_prefix) are decoded as left
         context only, so the chunks are the audio of the pushed frames alone; `grow`: chunk sizes double."""
-        from omni_tts.models.codec.decoder import StreamingDecoder
+        from omni_tts.models.codec.streaming import StreamingDecoder
 
         return StreamingDecoder(self.codec, initial_chunk_frames, chunk_frames, left_context_frames,
                                 prefix_codes=prefix_codes, grow=grow)
