@@ -1,16 +1,14 @@
 """The engine on the real tiny checkpoints (CPU, float32), no mocks: exactness against the plain
 single-request path and the goldens, no cross-talk between concurrent sampled requests while slots are
-reused and compacted, cancellation, mode switches under load, streaming == one-shot decode, input
-errors that leave the engine serving, metrics arithmetic and fixed-length benchmark requests.
-
-The real torch.compile switch ('default', and 'reduce-overhead' falling back to it on CPU) takes up
-to minutes on a small CPU (cold Inductor cache): it runs only with OMNI_TTS_TEST_COMPILE=1.
+reused and compacted, cancellation, per-request modes, streaming == one-shot decode, input
+errors that leave the engine serving, metrics arithmetic and fixed-length benchmark requests. Several
+resident modes served at once are tested in test_modes.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import shutil
 import threading
 import time
@@ -19,25 +17,33 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from omni_tts.engine import offline
-from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
-from omni_tts.engine.engine import Engine, RequestHandle
-from omni_tts.models import sampling
-from omni_tts.errors import CheckpointError, InputError, OmniTTSError
 from _fixtures import FIXTURES, fixture_dir
+
+from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, TuningConfig, build_config
+from omni_tts.engine import offline
+from omni_tts.engine.engine import Engine, RequestHandle
+from omni_tts.engine.scheduler import Scheduler
+from omni_tts.errors import Cancelled, CheckpointError, InputError, OmniTTSError
+from omni_tts.models import sampling
 
 SR = 24000
 SPF = 1920  # samples per 12.5 Hz frame at 24 kHz (0.08 s)
 TIMEOUT = 120.0  # a hang fails the test instead of the suite
-
+_TUNING = {f.name for f in dataclasses.fields(TuningConfig)}
 
 
 def make_engine(model: Path | str, **kw) -> Engine:
+    """An eager CPU engine; tuning keys may be given bare, as in a preset."""
     cfg = dict(mode="eager", device="cpu", max_num_seqs=3, max_seq_len=256, initial_chunk_frames=1,
                chunk_frames=4)
     cfg.update(kw)
-    return Engine.from_config(EngineConfig(model=str(model), **cfg))
+    flat = {f"tuning.{k}" if k in _TUNING else k: v for k, v in cfg.items()}
+    return Engine.from_config(build_config({"model": str(model), **flat}))
+
+
+def lane(eng: Engine, mode: CompileMode = CompileMode.EAGER) -> Scheduler:
+    """The scheduler (thread, runner, slots) serving `mode` in `eng`."""
+    return eng.lanes[mode]
 
 
 
@@ -119,8 +125,9 @@ def test_with_and_without_lookahead_the_engine_gives_the_same_audio_and_codes(_o
     for lookahead in (True, False):
         eng = make_engine(fixture_dir("custom_voice"), lookahead=lookahead)
         overlapped: list[bool] = []  # per launch: was a launched frame still unread?
-        launch = eng.runner.launch
-        eng.runner.launch = lambda n: overlapped.append(eng._pending is not None) or launch(n)
+        sched = lane(eng)
+        launch = sched.runner.launch
+        sched.runner.launch = lambda n: overlapped.append(sched._pending is not None) or launch(n)
         try:
             ps = [greedy("Short.", max_new_tokens=6), greedy("A longer request here.", fixed_frames=9)]
             for p, h in zip(ps, [eng.submit(p) for p in ps]):
@@ -241,8 +248,10 @@ def test_fast_path_engine_with_kv_length_buckets_equals_the_plain_path(_one_thre
 
     eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=2)
     try:
-        eng._call_on_loop(lambda: setattr(eng.runner, "fast", FastPath(eng.model, None)))
-        assert eng.runner.kv_buckets == [64, 128, 257]
+        runner = lane(eng).runner  # idle (nothing submitted yet): its step implementations can be swapped
+        fast = FastPath(eng.model, None)
+        runner.talker_impl, runner.cp_impl = fast, fast
+        assert runner.kv_buckets == [64, 128, 257]
         ps = [greedy(t, fixed_frames=n) for t, n in (("One.", 70), ("Second request here.", 30),
                                                        ("A third, a bit longer, text.", 50))]
         handles = [eng.submit(p) for p in ps]
@@ -281,10 +290,15 @@ def test_cancel_mid_stream_frees_the_slot_and_the_others_finish_unchanged():
         ha, hb, hc = eng.submit(long), eng.submit(b), eng.submit(c)
         first = next(iter(ha.stream(timeout=TIMEOUT)))
         ha.cancel()
-        rest = collect(ha)  # the stream ends (no error) once the cancel is seen
-        ra = ha.result(TIMEOUT)
+        rest: list = []
+        with pytest.raises(Cancelled):  # the stream ends with Cancelled once the cancel is seen
+            for chunk in ha.stream(timeout=TIMEOUT):
+                rest.append(chunk)
+        with pytest.raises(Cancelled) as e:
+            ha.result(TIMEOUT)
+        ra = e.value.partial
         assert first.index == 0 and first.samples.size == SPF
-        assert ha.metrics.status == "cancelled" and ha.metrics.error is None
+        assert ha.metrics.status == "cancelled" and "cancelled" in ha.metrics.error
         assert 1 <= ra.codes.shape[0] < 400 and ha.metrics.frames == ra.codes.shape[0]
         assert ha.metrics.audio_samples == sum(c.samples.size for c in [first, *rest]) == ra.wav.size
         for p, h in ((b, hb), (c, hc)):
@@ -307,112 +321,75 @@ def test_cancelling_a_queued_request_never_runs_it():
         hq.cancel()
         next(iter(ha.stream(timeout=TIMEOUT)))
         ha.cancel()
-        assert collect(hq) == []
-        rq = hq.result(TIMEOUT)
+        got: list = []
+        with pytest.raises(Cancelled):
+            for chunk in hq.stream(timeout=TIMEOUT):
+                got.append(chunk)
+        assert got == []
+        with pytest.raises(Cancelled) as e:
+            hq.result(TIMEOUT)
+        rq = e.value.partial
         assert hq.metrics.status == "cancelled" and rq.codes.shape == (0, 16) and rq.wav.size == 0
         assert hq.metrics.finished_at is not None and hq.metrics.first_audio_at is None
-        assert ha.result(TIMEOUT).metrics.status == "cancelled"
+        with pytest.raises(Cancelled):
+            ha.result(TIMEOUT)
+        assert ha.metrics.status == "cancelled"
         good(eng)
     finally:
         eng.shutdown()
 
 
-# ------------------------------------------------------------------------------------------ mode switch
-def _switch_under_load(eng: Engine, target: str, ps: list[SynthesisParams]) -> dict:
-    """Submit ps, switch to `target` from another thread after the first chunk, check every result
-    equals its plain-path output. Returns the switch report."""
-    for p in ps:
-        plain(eng, p)
-    hs = [eng.submit(p) for p in ps]
-    next(iter(hs[0].stream(timeout=TIMEOUT)))
-    report: dict = {}
-    in_flight: list[bool] = []
-    errors: list[BaseException] = []
-
-    def switch() -> None:
-        try:
-            in_flight.extend(not h.done for h in hs)
-            report.update(eng.set_compile_mode(target))
-        except BaseException as e:
-            errors.append(e)
-
-    t = threading.Thread(target=switch)
-    t.start()
-    t.join(600)
-    assert not errors, errors[0]
-    assert all(in_flight), "the switch must happen while every request is still generating"
-    for p, h in zip(ps, hs):
-        r = h.result(TIMEOUT)
-        assert r.metrics.status == "done"
-        assert_same_as_plain(eng, p, r.codes, r.wav)
-    return report
+# ------------------------------------------------------------------------------------------ modes
+def test_a_request_names_its_mode_and_an_absent_or_unknown_one_is_refused_at_submit(engine):
+    """mode=None and mode='eager' both run in the eager lane; a mode that is not resident here (CPU: only
+    the default) or unknown is one InputError at submit, nothing is queued, and the engine keeps serving."""
+    p = greedy("per request mode", max_new_tokens=6)
+    r_none = engine.synthesize(p, timeout=TIMEOUT)
+    r_eager = engine.synthesize(dataclasses.replace(p, mode="eager"), timeout=TIMEOUT)
+    assert r_none.metrics.mode == r_eager.metrics.mode == "eager"
+    np.testing.assert_array_equal(r_none.codes, r_eager.codes)
+    waiting = engine.snapshot()["waiting"]
+    for mode, match in (("default", "mode default is not available: not resident"),
+                        ("default+cudagraph", "mode default\\+cudagraph is not available: needs a CUDA GPU"),
+                        ("turbo", "unknown compile mode 'turbo'")):
+        with pytest.raises(InputError, match=match) as e:
+            engine.submit(dataclasses.replace(p, mode=mode))
+        assert "\n" not in str(e.value)
+    assert engine.snapshot()["waiting"] == waiting
+    good(engine)
 
 
-def test_mode_switch_while_requests_stream_loses_none(engine):
-    """Re-applies a mode through the real switch path between steps (set OMNI_TTS_TEST_SWITCH_MODE to
-    switch to another mode; on CPU a compiled mode takes minutes to build, see the next test)."""
-    target = os.environ.get("OMNI_TTS_TEST_SWITCH_MODE", "eager")
-    ps = [greedy("switch one", max_new_tokens=18), greedy("switch two", speaker="vivian", max_new_tokens=22),
-          greedy("switch three", speaker="dylan", max_new_tokens=14),
-          greedy("switch four (queued)", speaker="eric", max_new_tokens=6)]
-    report = _switch_under_load(engine, target, ps)
-    assert report["mode"] == engine.mode.value
-    assert engine.stats.capture[report["mode"]]["seconds"] == report["seconds"]
-    engine.set_compile_mode("eager")
-
-
-@pytest.mark.skipif(os.environ.get("OMNI_TTS_TEST_COMPILE") != "1",
-                    reason="torch.compile on CPU takes minutes with a cold cache; set OMNI_TTS_TEST_COMPILE=1")
-def test_real_compile_switches_under_load_default_then_reduce_overhead_fallback():
-    eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=1, buckets=[1], max_seq_len=128)
-    try:
-        ps = [greedy("compile one", max_new_tokens=24), greedy("compile two", speaker="vivian", max_new_tokens=10)]
-        report = _switch_under_load(eng, "default", ps)
-        assert report["mode"] == "default" and report["notice"] == "" and eng.mode is CompileMode.DEFAULT
-        if eng.available_modes()["reduce-overhead"] is None:
-            pytest.skip("CUDA host: reduce-overhead does not fall back")
-        ps = [greedy("fallback one", speaker="eric", max_new_tokens=24), greedy("fallback two", max_new_tokens=8)]
-        report = _switch_under_load(eng, "reduce-overhead", ps)
-        assert report["mode"] == "default" and eng.mode is CompileMode.DEFAULT
-        assert "reduce-overhead needs CUDA" in report["notice"] and "default" in report["notice"]
-        _switch_under_load(eng, "eager", [greedy("back to eager", max_new_tokens=12)])
-        assert eng.mode is CompileMode.EAGER
-    finally:
-        eng.shutdown()
-
-
-def test_mode_notes_say_what_each_mode_runs_and_that_reduce_overhead_is_the_slow_comparison_mode(engine):
-    from types import SimpleNamespace
-
-    from omni_tts.engine.model_runner import Runner
+def test_mode_notes_say_what_each_mode_runs_and_the_cpu_engine_says_why_the_graph_modes_are_out(engine):
+    from omni_tts.engine.step_impl import MODES
 
     notes = engine.mode_notes()
-    assert list(notes) == list(engine.available_modes()) == [m.value for m in CompileMode]
+    assert list(notes) == list(engine.available_modes()) == list(engine.modes()) == [m.value for m in CompileMode]
     assert all(n.strip() and "\n" not in n for n in notes.values())
     assert "no compile" in notes["eager"] and "guard" in notes["default"]
-    assert all(w in notes["default+cudagraph"] for w in ("shared pool", "talker decode", "prefill"))
+    assert "private pool" in notes["reduce-overhead"] and "shared pool" in notes["default+cudagraph"]
+    modes = engine.modes()
+    assert modes["eager"]["state"] == "ready" and modes["eager"]["default"]
+    assert engine.available_modes()["eager"] is None
     for mode in ("reduce-overhead", "default+cudagraph"):  # this engine is on CPU
-        assert engine.available_modes()[mode] is not None and "needs CUDA" in notes[mode]
-    # on CUDA (a stand-in runner: only the device matters) reduce-overhead is available but flagged
-    on_cuda = SimpleNamespace(device=torch.device("cuda"))
-    assert Runner.available_modes(on_cuda)["reduce-overhead"] is None
-    ro = Runner.mode_notes(on_cuda)["reduce-overhead"]
-    assert "comparison mode" in ro and "slow" in ro and "mutated inputs" in ro and "needs CUDA" not in ro
-    assert "crashed" in ro and "pause" in ro and "default+cudagraph" in ro  # why the first-chunk graphs pause
-    assert "Triton" in Runner.mode_notes(on_cuda)["default+cudagraph"]
+        assert modes[mode]["state"] == "unavailable" and not modes[mode]["default"]
+        assert "needs a CUDA GPU" in engine.available_modes()[mode] == modes[mode]["reason"]
+    assert "not resident" in engine.available_modes()["default"]  # CPU: only the default mode unless listed
+    # what decides it: the graph modes need CUDA, default and eager do not
+    assert [m.value for m in CompileMode if MODES[m].needs_cuda] == ["reduce-overhead", "default+cudagraph"]
+    assert MODES[CompileMode.DEFAULT_CUDAGRAPH].graphs and not MODES[CompileMode.REDUCE_OVERHEAD].graphs
 
 
 def test_first_chunk_graphs_are_skipped_while_paused(engine):
     """The audio stage asks its first-chunk graphs (CUDA only; a recording stand-in here that declines, so
-    the chunk decodes eagerly) only while graphs_on; reduce-overhead turns it off (Engine.set_compile_mode)."""
+    the chunk decodes eagerly) only while graphs_on; off, every first chunk decodes eagerly."""
     calls: list[tuple[int, int]] = []
 
     def first(codec, rows, context):
         calls.append((rows.shape[0], context))
         return None
 
-    c2w = engine._c2w
-    assert c2w.graphs_on  # eager on CPU
+    c2w = engine._audio
+    assert c2w.graphs_on and engine.snapshot()["first_chunk_graphs"] == "off"  # CPU: never built
     old = c2w.first
     c2w.first = first
     try:
@@ -421,17 +398,18 @@ def test_first_chunk_graphs_are_skipped_while_paused(engine):
         assert calls and calls[0] == (1, 0)  # the first chunk: one row, no left context
         calls.clear()
         c2w.graphs_on = False
-        assert engine.snapshot()["first_chunk_graphs"].startswith("paused")
         r = engine.submit(p).result(TIMEOUT)
         assert calls == [] and r.wav.size == 3 * SPF  # still decoded, eagerly
     finally:
         c2w.first, c2w.graphs_on = old, True
 
 
-def test_unknown_mode_is_refused_and_the_engine_keeps_its_mode(engine):
-    with pytest.raises(OmniTTSError, match="unknown compile mode 'turbo'"):
-        engine.set_compile_mode("turbo")
-    assert engine.mode is CompileMode.EAGER
+def test_an_unknown_default_mode_is_refused_and_the_engine_keeps_its_mode(engine):
+    for mode, match in (("turbo", "unknown compile mode 'turbo'"), ("default", "not available")):
+        with pytest.raises(OmniTTSError, match=match):
+            engine.set_default_mode(mode)
+        assert engine.mode is engine.default_mode is CompileMode.EAGER
+    assert engine.set_default_mode("eager") is CompileMode.EAGER
     good(engine)
 
 
@@ -469,12 +447,19 @@ def test_chunks_of_requests_started_together_are_decoded_in_shared_calls():
         refs = [plain(eng, p) for p in ps]
         assert len({r[1].tobytes() for r in refs}) == 4
         entered, gate = threading.Event(), threading.Event()
-        holder = threading.Thread(target=eng._call_on_loop, args=(lambda: (entered.set(), gate.wait(TIMEOUT)),))
-        holder.start()  # the scheduler waits in a control call, so all four are admitted in the same pass
-        assert entered.wait(TIMEOUT)
+        sched = lane(eng)
+        admit = sched._admit
+
+        def held() -> None:  # the scheduler waits before its next admission, then admits as always
+            entered.set()
+            gate.wait(TIMEOUT)
+            sched._admit = admit
+            admit()
+
+        sched._admit = held
+        assert entered.wait(TIMEOUT)  # so all four are admitted in the same pass
         hs = [eng.submit(p) for p in ps]
         gate.set()
-        holder.join(TIMEOUT)
         for p, h in zip(ps, hs):
             chunks = collect(h)
             r = h.result(TIMEOUT)
@@ -520,13 +505,9 @@ def test_text_too_long_for_max_seq_len_fails_that_request_only():
         ok = greedy("short", max_new_tokens=8)
         plain(eng, ok)
         h_ok = eng.submit(ok)
-        h_bad = eng.submit(greedy("this text is far too long for a 32-position cache", max_new_tokens=8))
         with pytest.raises(InputError, match="too long for this engine.*max_seq_len 32") as e:
-            collect(h_bad)
-        assert "\n" not in str(e.value)
-        with pytest.raises(InputError, match="max_seq_len"):
-            h_bad.result(TIMEOUT)
-        assert h_bad.metrics.status == "error" and "max_seq_len" in h_bad.metrics.error
+            eng.submit(greedy("this text is far too long for a 32-position cache", max_new_tokens=8))
+        assert "\n" not in str(e.value)  # refused at submit (the prompt is built there), nothing queued
         r = h_ok.result(TIMEOUT)
         assert_same_as_plain(eng, ok, r.codes, r.wav)
         # a request asking for more frames than the cache holds is capped, not failed
@@ -558,7 +539,8 @@ def test_missing_or_corrupt_checkpoint_is_a_checkpoint_error(tmp_path, monkeypat
 def test_a_codec_that_cannot_be_built_fails_at_load_or_per_request_never_hangs(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from omni_tts.engine.model_runner import Runner
+    from omni_tts.models.checkpoint import load_checkpoint
+    from omni_tts.models.qwen3_tts import TTSModel
 
     d = tmp_path / "broken_codec"
     shutil.copytree(fixture_dir("custom_voice"), d, ignore=shutil.ignore_patterns("golden"))
@@ -571,7 +553,9 @@ def test_a_codec_that_cannot_be_built_fails_at_load_or_per_request_never_hangs(t
     cfg = EngineConfig(model=str(d), device="cpu", mode="eager", max_num_seqs=1, max_seq_len=64)
     with pytest.raises(CheckpointError, match=f"missing tensor '{gone}'"):
         Engine.from_config(cfg)
-    eng = Engine(Runner.from_config(cfg), cfg)  # the plain constructor builds the codec on first use
+    model = TTSModel.from_checkpoint(load_checkpoint(str(d)), device=torch.device("cpu"), dtype=torch.float32)
+    eng = Engine(model, cfg)  # the plain constructor builds the codec on first use
+    eng.wait_ready()
     try:
         for _ in range(2):  # the scheduler survives the first failure and answers the next request too
             h = eng.submit(greedy("hello", max_new_tokens=4))
