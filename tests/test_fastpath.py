@@ -1,4 +1,4 @@
-"""The fast path's fused projections (omni_tts.engine.step_impl, uncompiled: FastPath(model, None)) against the
+"""The fast path's fused projections (omni_tts.engine.fast_path, uncompiled: FastPath(model, None)) against the
 reference modules on the tiny checkpoints (CPU, float32): packed q|k|v and gate|up weights shared with
 the modules, equal greedy golden codes, equal sampled codes and hidden states within float32 tolerance."""
 
@@ -13,7 +13,7 @@ import torch
 from omni_tts.models import sampling
 from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.config import SynthesisParams
-from omni_tts.engine.step_impl import FastPath, fuse_layer, mlp_fused, qkv_fused
+from omni_tts.engine.fast_path import FastPath, fuse_layer, mlp_fused, qkv_fused
 from omni_tts.models.qwen3_tts import TTSModel
 from _fixtures import FIXTURES, fixture_dir
 
@@ -161,7 +161,7 @@ def test_talker_step_reading_a_kv_prefix_equals_reading_the_whole_cache() -> Non
 def test_reduce_overhead_outputs_are_copied_out_single_or_tuple() -> None:
     """reduce-overhead's units hand back copies (the next replay overwrites Inductor's outputs); units that
     return a tuple (the predictor feed) get each tensor copied (a tuple has no .clone)."""
-    from omni_tts.engine.step_impl import _cloned
+    from omni_tts.engine.fast_path import _cloned
 
     a, b = torch.arange(3.0), torch.ones(2)
     one = _cloned(lambda x: x)(a)

@@ -16,8 +16,8 @@ def test_batched_prefill_equals_one_prompt_at_a_time(_one_thread):
     texts = ["Hi.", "A somewhat longer sentence for the second slot.", "Third, with sampling on."]
     ps = [SynthesisParams(text=t, speaker=sp, language="English", greedy=i != 2, seed=5 + i)
           for i, (t, sp) in enumerate(zip(texts, ["ryan", "vivian", "eric"]))]
-    items = [runner.prepare(p) for p in ps]
-    T = [a.pre.embeds.shape[0] for a in items]
+    items = [runner.model.prepare(p, runner.max_len) for p in ps]
+    T = [a.prompt_len for a in items]
     assert len(set(T)) == 3  # really different lengths (right padding exercised)
 
     def state(i: int) -> tuple:
@@ -47,7 +47,7 @@ def test_two_frames_in_flight_give_the_codes_of_two_waited_steps(_one_thread):
     runs = []
     for overlapped in (False, True):
         runner = Runner.from_config(cfg)
-        runner.prefill_batch(0, [runner.prepare(p) for p in ps])
+        runner.prefill_batch(0, [runner.model.prepare(p, runner.max_len) for p in ps])
         frames = []
         if overlapped:
             pending = runner.launch(2)
