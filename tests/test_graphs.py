@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_tts.config import EngineConfig
+from omni_tts.config import EngineConfig, TuningConfig
 from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, pick_bucket
 
 
@@ -25,7 +25,8 @@ def test_pick_bucket_is_the_smallest_bucket_that_fits(n, buckets, want):
     (3, [3], [3]), (5, [], [1, 2, 4, 5]),  # an empty list means the default
 ])
 def test_resolved_buckets(max_num_seqs, buckets, want):
-    assert EngineConfig(max_num_seqs=max_num_seqs, buckets=buckets).resolved_buckets() == want
+    cfg = EngineConfig(max_num_seqs=max_num_seqs, tuning=TuningConfig(buckets=buckets))
+    assert cfg.resolved_buckets() == want
 
 
 def test_every_batch_size_up_to_max_num_seqs_has_a_bucket():
