@@ -3,7 +3,6 @@ keys are refused with one line naming them, CompileMode parsing, EngineConfig / 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,21 @@ from omni_tts.config import (
 from omni_tts.errors import InputError, OmniTTSError
 
 PRESETS = sorted(PRESET_DIR.glob("*.yaml"))
-PREFIX_MODE = {"eager": "eager", "default": "default", "ro": "reduce-overhead", "graph": "default+cudagraph"}
 
 
-def test_the_preset_folder_ships_the_seed_benchmark_grid():
-    names = preset_names()
-    assert names == sorted(p.stem for p in PRESETS) and "default" in names
-    for prefix in PREFIX_MODE:
-        assert {f"{prefix}-bs1", f"{prefix}-bs8", f"{prefix}-bs32"} <= set(names), prefix
+def test_the_preset_folder_ships_the_app_default_the_benchmark_and_the_all_eager_baseline():
+    assert preset_names() == sorted(p.stem for p in PRESETS) == ["all-eager", "bench", "default"]
+    default, bench, eager = load_preset("default"), load_preset("bench"), load_preset("all-eager")
+    assert default.mode == "auto" and default.modes is None and default.tuning.buckets is None
+    assert default.chunk_growth and not default.enforce_eager
+    assert bench.mode == "default+cudagraph" and bench.max_num_seqs == 32 and not bench.chunk_growth
+    assert eager.enforce_eager and eager.mode == "eager" and eager.modes == ["eager"]
+    for cuda in (True, False):  # all-eager keeps only eager; the others follow the device
+        assert eager.resident_modes(cuda) == [CompileMode.EAGER] and eager.default_mode(cuda) is CompileMode.EAGER
+    # CUDA: every mode but reduce-overhead (it serves only in an engine of its own); CPU: only the default
+    assert default.resident_modes(True) == [m for m in CompileMode if m is not CompileMode.REDUCE_OVERHEAD]
+    assert default.resident_modes(False) == [CompileMode.EAGER]
+    assert default.default_mode(True) is CompileMode.DEFAULT_CUDAGRAPH
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=[p.stem for p in PRESETS])
@@ -36,19 +42,15 @@ def test_every_preset_loads_and_matches_its_name(path: Path):
     assert cfg == load_preset(path)  # by name or by path: the same record
     assert cfg.name == path.stem and cfg.description
     cfg.validate()
-    mode = cfg.mode if cfg.mode == "auto" else CompileMode.parse(cfg.mode).value
+    assert cfg.mode == "auto" or CompileMode.parse(cfg.mode)
     assert cfg.max_seq_len > 0 and cfg.initial_chunk_frames >= 1 and cfg.chunk_frames >= 1
     assert cfg.resolved_buckets()[-1] == cfg.max_num_seqs
-    m = re.fullmatch(r"(eager|default|ro|graph)-bs(\d+)", path.stem)
-    if m:  # the grid: NAME = MODE-bsN says the mode and the slot count, and so does the description
-        assert mode == PREFIX_MODE[m.group(1)] and cfg.max_num_seqs == int(m.group(2))
-        assert cfg.description == f"{mode}, max_num_seqs {cfg.max_num_seqs}"
 
 
 def test_overrides_replace_preset_values_and_none_keeps_them():
-    cfg = load_preset("eager-bs8", model="/some/dir", device="cpu", max_num_seqs=None, dtype=None)
+    cfg = load_preset("all-eager", model="/some/dir", device="cpu", max_num_seqs=None, dtype=None)
     assert (cfg.model, cfg.device, cfg.max_num_seqs, cfg.dtype) == ("/some/dir", "cpu", 8, "auto")
-    assert load_preset("eager-bs8", max_num_seqs=3).resolved_buckets() == [1, 2, 3]
+    assert load_preset("all-eager", max_num_seqs=3).resolved_buckets() == [1, 2, 3]
 
 
 def test_unknown_keys_are_refused_with_a_message_naming_them(tmp_path: Path):
@@ -82,10 +84,14 @@ def test_bad_preset_values_are_one_line_errors(tmp_path: Path, text: str, match:
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("line,key", [('max_num_seqs: "eight"', "max_num_seqs"), ("buckets: 3", "buckets"),
-                                      ("use_vllm_pool: 1", "use_vllm_pool"), ("max_seq_len: true", "max_seq_len"),
+@pytest.mark.parametrize("line,key", [('max_num_seqs: "eight"', "max_num_seqs"), ("buckets: 3", "tuning.buckets"),
+                                      ("use_vllm_pool: 1", "tuning.use_vllm_pool"),
+                                      ("max_seq_len: true", "max_seq_len"),
                                       ("mode: 7", "mode"), ("gpu_memory_limit_gb: big", "gpu_memory_limit_gb"),
-                                      ("codec_fused: 1", "codec_fused"), ('lookahead: "sometimes"', "lookahead")])
+                                      ("codec_fused: 1", "tuning.codec_fused"),
+                                      ('lookahead: "sometimes"', "tuning.lookahead"),
+                                      ("tuning: {lookahead: 1}", "tuning.lookahead"), ("modes: eager", "modes"),
+                                      ("modes: [eager, 3]", "modes"), ("enforce_eager: yes please", "enforce_eager")])
 def test_a_preset_value_of_the_wrong_type_is_an_omnitts_error(tmp_path: Path, line: str, key: str):
     f = tmp_path / "typed.yaml"
     f.write_text(line + "\n")
@@ -164,7 +170,7 @@ def test_synthesis_params_validate():
                                            ("predictor_kernel_rows: true", "must be an integer"),
                                            ("talker_kernel_rows: -1", "talker_kernel_rows must be 0..32"),
                                            ("talker_pdl_rows: 33", "talker_pdl_rows must be 0..32"),
-                                           ("kernel_pdl: 1", "'kernel_pdl' must be true or false")])
+                                           ("kernel_pdl: 1", "'tuning.kernel_pdl' must be true or false")])
 def test_out_of_range_preset_values_are_one_line_errors(tmp_path: Path, line: str, fragment: str):
     f = tmp_path / "range.yaml"
     f.write_text(line + "\n")
@@ -174,22 +180,26 @@ def test_out_of_range_preset_values_are_one_line_errors(tmp_path: Path, line: st
 
 def test_switches_load_from_a_preset_and_from_set_pairs(tmp_path: Path):
     f = tmp_path / "switches.yaml"
-    f.write_text("codec_fused: false\nlookahead: false\nfirst_chunk_graphs: false\nkernel_pdl: false\n"
-                 "priority_streams: false\n")
-    cfg = load_preset(f)
-    switches = (cfg.codec_fused, cfg.lookahead, cfg.first_chunk_graphs, cfg.kernel_pdl, cfg.priority_streams)
-    assert switches == (False,) * 5
-    d = EngineConfig()
+    f.write_text("codec_fused: false\nlookahead: false\nfirst_chunk_graphs: false\ntuning:\n  kernel_pdl: false\n"
+                 "  priority_streams: false\n")
+    cfg = load_preset(f)  # tuning keys bare or under `tuning:` land in the same place
+    t = cfg.tuning
+    assert (t.codec_fused, t.lookahead, t.first_chunk_graphs, t.kernel_pdl, t.priority_streams) == (False,) * 5
+    d = EngineConfig().tuning
     assert (d.codec_fused, d.lookahead, d.first_chunk_graphs, d.kernel_pdl, d.priority_streams) == (True,) * 5
-    sets = parse_sets(["lookahead=false", "max_num_seqs=16", "buckets=[1, 4, 16]", "mode=default"])
-    assert sets == {"lookahead": False, "max_num_seqs": 16, "buckets": [1, 4, 16], "mode": "default"}
-    cfg = load_preset("graph-bs32", **sets)
-    assert (cfg.lookahead, cfg.max_num_seqs, cfg.buckets, cfg.mode) == (False, 16, [1, 4, 16], "default")
-    assert parse_sets(None) == {} and parse_sets([]) == {}
-    for bad, match in (("turbo=1", "unknown key 'turbo'"), ("lookahead", "KEY=VALUE"), ("=3", "KEY=VALUE"),
-                       ("max_num_seqs=many", "'max_num_seqs' must be an integer"),
-                       ("buckets=[1, 2", "cannot read")):
-        with pytest.raises(OmniTTSError, match=match) as e:
-            parse_sets([bad])
-        assert "\n" not in str(e.value)
+    sets = parse_sets(["lookahead=false", "max_num_seqs=16", "buckets=[1, 4, 16]", "mode=default",
+                       "tuning.kernels=false", "modes=[eager, default]"])
+    assert sets == {"tuning.lookahead": False, "max_num_seqs": 16, "tuning.buckets": [1, 4, 16], "mode": "default",
+                    "tuning.kernels": False, "modes": ["eager", "default"]}
+    cfg = load_preset("bench", **sets)
+    assert (cfg.tuning.lookahead, cfg.max_num_seqs, cfg.tuning.buckets, cfg.mode) == (False, 16, [1, 4, 16], "default")
+    assert not cfg.tuning.kernels and cfg.resident_modes(False) == [CompileMode.EAGER, CompileMode.DEFAULT]
 
+
+def test_a_tuning_section_that_is_not_a_mapping_or_has_unknown_keys_is_refused(tmp_path: Path):
+    for text, match in (("tuning: 3\n", "'tuning' is a mapping"), ("tuning: {turbo: true}\n", "tuning.turbo")):
+        f = tmp_path / "tuning.yaml"
+        f.write_text(text)
+        with pytest.raises(OmniTTSError, match=match) as e:
+            load_preset(f)
+        assert "\n" not in str(e.value)
