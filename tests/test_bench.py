@@ -37,7 +37,7 @@ def table_rows(stdout: str) -> list[list[str]]:
 def test_bench_cli_runs_end_to_end_and_writes_a_table_and_json(tmp_path):
     model = fixture_dir("custom_voice")
     out = tmp_path / "bench.json"
-    p = run_bench("--model", str(model), "--preset", "eager-bs1", "--modes", "eager", "--concurrency", "1", "2",
+    p = run_bench("--model", str(model), "--preset", "all-eager", "--modes", "eager", "--concurrency", "1", "2",
                   "--num-prompts", "3", "--fixed-frames", "5", "--json", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"model: {model}" in p.stdout and "device: cpu  dtype: float32  fixed_frames: 5" in p.stdout
@@ -49,16 +49,16 @@ def test_bench_cli_runs_end_to_end_and_writes_a_table_and_json(tmp_path):
     for r in body[:len(want)]:
         assert re.fullmatch(r"\d+\.\d+", r[2]), r  # a computed number, not '-' or an error
     extra = {r[0]: r[2] for r in body[len(want):]}
-    assert extra["actual mode"] == "eager" and re.fullmatch(r"\d+\.\d", extra["capture/compile s"])
-    assert extra["layer kernels"] == "reference modules"  # what ran the predictor, in the table
-    assert "notice" not in extra  # a row only when the mode ran something other than asked (kernels off, ...)
-    assert extra["peak GPU mem (GiB)"] == "-" and extra["graph pool (GiB)"] == "-"
-    assert "concurrency 2: 3/3 requests" in p.stderr
+    assert extra["state"] == "ready" and re.fullmatch(r"\d+\.\d", extra["capture/compile s"])
+    assert extra["CodePredictor kernels"] == "reference modules"  # what ran the predictor, in the table
+    assert "notice" not in extra  # a row only when the mode has a reason to report (failed, unavailable)
+    assert extra["peak GPU mem (GiB)"] == "-" and extra["graph pool of this mode's runner (GiB)"] == "-"
+    assert "[eager] concurrency 2: 3/3 requests" in p.stderr
 
     data = json.loads(out.read_text())
     assert data["device"] == "cpu" and data["dtype"] == "float32" and data["fixed_frames"] == 5
     assert data["concurrency"] == [1, 2] and list(data["results"]) == ["eager"]
-    assert data["extra"]["eager"]["actual mode"] == "eager"
+    assert data["extra"]["eager"]["state"] == "ready"
     table = {(r[0], r[1]): r[2] for r in body[:len(want)]}
     for c in ("1", "2"):
         s = data["results"]["eager"][c]
@@ -76,7 +76,7 @@ def test_bench_cli_runs_end_to_end_and_writes_a_table_and_json(tmp_path):
 def test_bench_serves_a_checkpoint_without_speakers_with_voice_design(tmp_path, capsys):
     model = fixture_dir("voice_design")
     out = tmp_path / "vd.json"
-    rc = bench.main(["--model", str(model), "--preset", "eager-bs1", "--modes", "eager", "--concurrency", "1",
+    rc = bench.main(["--model", str(model), "--preset", "all-eager", "--modes", "eager", "--concurrency", "1",
                      "--num-prompts", "1", "--fixed-frames", "2", "--warmup", "1", "--json", str(out)])
     assert rc == 0
     s = json.loads(out.read_text())["results"]["eager"]["1"]
@@ -88,13 +88,13 @@ def test_bench_reports_a_bad_preset_as_one_line_and_exit_2(capsys):
     assert bench.main(["--preset", "no-such-preset", "--modes", "eager"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("error: preset 'no-such-preset' not found; available:")
-    assert "eager-bs1" in err and err.count("\n") == 1
+    assert all(n in err for n in ("all-eager", "bench", "default")) and err.count("\n") == 1
 
 
 def test_bench_set_overrides_are_checked_before_loading_anything(capsys):
-    assert bench.main(["--preset", "eager-bs1", "--modes", "eager", "--set", "lookahead=maybe"]) == 2
+    assert bench.main(["--preset", "all-eager", "--modes", "eager", "--set", "lookahead=maybe"]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err == "error: --set: preset key 'lookahead' must be true or false (got 'maybe')\n"
+    assert out == "" and err == "error: --set: preset key 'tuning.lookahead' must be true or false (got 'maybe')\n"
 
 
 def test_bench_refuses_an_unknown_mode_before_loading_anything(capsys):
@@ -131,7 +131,7 @@ def test_bench_peers_measures_our_engine_and_names_missing_peers(tmp_path, capsy
     assert bench.main(["peers", "--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--frames", "4",
                        "--num-prompts", "2", "--peers", "qwen-tts,faster-qwen3-tts", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    ours = rows["omni-tts (engine, graph-bs1 preset, streaming)"]
+    ours = rows["omni-tts (engine, bench preset, 1 slot, streaming)"]
     assert ours["requests"] == 2 and math.isclose(ours["audio_s"], 2 * 4 * 0.08)
     assert 0 < ours["med_ttfp_ms"] and ours["mean_rtf"] > 0
     for name, module in (("qwen-tts (official, whole clip)", "qwen_tts"),
@@ -139,4 +139,4 @@ def test_bench_peers_measures_our_engine_and_names_missing_peers(tmp_path, capsy
         if importlib.util.find_spec(module) is None:
             assert rows[name] == {"error": f"not installed ({module})"}
     table = capsys.readouterr().out
-    assert "| omni-tts (engine, graph-bs1 preset, streaming) |" in table and "| Med TTFP (ms) |" in table
+    assert "| omni-tts (engine, bench preset, 1 slot, streaming) |" in table and "| Med TTFP (ms) |" in table
