@@ -208,6 +208,8 @@ def _bench_group(modes: list[str], args: Any, overrides: dict[str, Any], results
     task = "custom_voice" if engine.speakers() else "voice_design"
     instruct = "A clear, neutral voice." if task == "voice_design" else None
     make = lambda i, m: make_params(i, speaker, args.fixed_frames, task=task, instruct=instruct, mode=m)  # noqa: E731
+    for mode in modes:  # measure only once every mode is warm: a warming mode competes for the GPU
+        engine.wait_ready(mode)
     try:
         for mode in modes:
             say(f"mode {mode}")
