@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[omni-tts] %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # gradio's own start-up probes
     say = lambda s: print(f"[omni-tts] {s}", file=sys.stderr, flush=True)  # noqa: E731
     zero = ui.zero_gpu()
     try:

@@ -24,7 +24,7 @@ from _fixtures import FIXTURES  # noqa: E402
 
 import app
 from omni_tts.config import EngineConfig
-from omni_tts.ui import engine_actions, files, formatting, handlers, labels
+from omni_tts.ui import engine_actions, files, formatting, handlers, labels, plots
 from omni_tts.ui import support as ui
 
 MAX_LEN = 20  # frames: keeps every synthesis well under a second on CPU
@@ -103,13 +103,12 @@ def test_synthesis_streams_then_gives_file_history_and_figures(engine):
 def test_history_and_running_request_are_per_visitor(engine):
     mine = list(handlers.synthesize(engine, form(text="Mine."), [], request=visitor("me")))[-1][4]
     theirs = list(handlers.synthesize(engine, form(text="Theirs."), [], request=visitor("them")))[-1][4]
-    live, panel, readiness, ttfp, rtf, plotted = handlers.refresh_panel(engine, mine, (-1, 0), visitor("me"))
+    live, panel, readiness, ttfp, rtf, plotted = handlers.refresh_panel(engine, mine, -1, visitor("me"))
     assert f"last #{mine[-1]['request']} " in live and f"#{theirs[-1]['request']} " not in live
     assert "all visitors" in panel and "ready, default" in readiness
-    assert list(ttfp["value"]["request"]) == [mine[-1]["request"]]  # only this visitor's points
-    assert ttfp["x_lim"][1] - ttfp["x_lim"][0] >= 10 and plotted == (mine[-1]["request"], 1)
-    plotted = handlers.refresh_panel(engine, mine, plotted, visitor("me"))[5]  # sent twice, then not again
-    assert "value" not in handlers.refresh_panel(engine, mine, plotted, visitor("me"))[3]
+    assert ttfp.count('class="point"') == 1 and f"#{mine[-1]['request']} eager" in ttfp  # only this visitor's
+    assert plotted == mine[-1]["request"]
+    assert handlers.refresh_panel(engine, mine, plotted, visitor("me"))[3] is not ttfp  # unchanged: not re-sent
     assert handlers.stop(visitor("me")) == "nothing running"  # the other visitor's requests are not ours
 
 
@@ -264,14 +263,22 @@ def test_messages_in_the_uis_words():
     assert labels.language_label("beijing_dialect") == "Beijing Dialect"
 
 
-def test_capped_notice_and_axis_limits():
+def test_capped_notice():
     assert formatting.capped_notice(10, 20, 21) == ""
     assert "Max length" in formatting.capped_notice(20, 20, 21)
     assert "length limit" in formatting.capped_notice(50, 50, 8192)
-    frame = formatting.history_frame([{"request": 7, "ttfp_ms": 10.0, "rtf": 0.5, "mode": "eager"}])
-    x, y = formatting.axis_limits(frame, "ttfp_ms")
-    assert x[0] < 7 < x[1] and x[1] - x[0] >= 10 and y[1] > 10.0
-    assert str(frame["request"].dtype) == "int64"
+
+
+def test_plot_colours_every_point_by_mode_from_the_first_one():
+    history = [{"request": 7, "ttfp_ms": 10.0, "mode": "eager"}, {"request": 8, "ttfp_ms": 30.0, "mode": "default"}]
+    svg = plots.scatter_svg(history[:1], "ttfp_ms", "TTFP")
+    assert svg.count('class="point"') == 1 and 'data-mode="eager" cx=' in svg
+    assert f'fill="{formatting.MODE_COLORS["eager"]}" stroke="white"' in svg  # coloured on its own
+    assert all(m in svg for m in formatting.MODES)  # the legend names every mode from the start
+    ticks = re.findall(r'class="xtick">([^<]+)<', plots.scatter_svg(history, "ttfp_ms", "TTFP"))
+    assert ticks and all(t.isdigit() for t in ticks) and "7" in ticks and "8" in ticks  # whole request numbers
+    both = plots.scatter_svg(history, "ttfp_ms", "TTFP")
+    assert 'data-mode="default" cx=' in both and f'fill="{formatting.MODE_COLORS["default"]}" stroke' in both
 
 
 def test_compare_codes_names_the_first_differing_frame():

@@ -1,21 +1,19 @@
 """What the app's panels say: per-request figures, the visitor's history and plots, engine-wide figures.
 
 Owns: the rounding of every figure shown (no 13-digit floats), a request's history record, the live
-table (this visitor's running and last request), the plots' DataFrame, the engine-wide panel text
-(labelled as covering all visitors), the per-mode readiness list, the mode-switch report and the
-load-test summary row. Pure Python (pandas for tables): knows nothing about Gradio or device math.
+table (this visitor's running and last request), the modes' plot colours, the engine-wide panel text
+(labelled as covering all visitors), the per-mode readiness list and the load-test summary row.
+Pure Python: knows nothing about Gradio or device math.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import pandas as pd
-
 MODES = ("eager", "default", "reduce-overhead", "default+cudagraph")
-MODE_COLORS = {"eager": "#6b7280", "default": "#2563eb", "reduce-overhead": "#d97706", "default+cudagraph": "#16a34a"}
+MODE_COLORS = {"eager": "#f97316", "default": "#2563eb", "reduce-overhead": "#9333ea", "default+cudagraph": "#16a34a"}
 HISTORY_LEN = 50  # requests kept per visitor
 LOAD_COLUMNS = ("mode", "requests", "median TTFP (ms)", "median E2E (ms)", "mean RTF", "requests/s",
                 "audio s per s")
@@ -61,24 +59,6 @@ def live_markdown(running: Mapping[str, Any] | None, last: Mapping[str, Any] | N
     return "\n".join([head, _line("running", running), _line("last", last)])
 
 
-def history_frame(history: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """The plots' data: one row per request with TTFP and RTF, mode as a category."""
-    rows = [r for r in history if r.get("ttfp_ms") is not None and r.get("rtf") is not None]
-    return pd.DataFrame({"request": pd.Series([r["request"] for r in rows], dtype="int64"),
-                         "ttfp_ms": pd.Series([r["ttfp_ms"] for r in rows], dtype="float64"),
-                         "rtf": pd.Series([r["rtf"] for r in rows], dtype="float64"),
-                         "mode": pd.Series([r["mode"] for r in rows], dtype="object")})
-
-
-def axis_limits(frame: pd.DataFrame, column: str) -> tuple[list[float], list[float]]:
-    """(x limits, y limits): padded so no point sits on an edge, at least 10 requests wide so the
-    request axis ticks on whole numbers."""
-    if not len(frame):
-        return [0.0, 10.0], [0.0, 1.0]
-    lo, hi = int(frame["request"].min()) - 1, int(frame["request"].max()) + 1
-    return [float(lo), float(max(hi, lo + 10))], [0.0, 1.2 * float(frame[column].max() or 1.0)]
-
-
 def engine_markdown(snap: Mapping[str, Any]) -> str:
     """Engine-wide figures (every visitor's requests together)."""
     mem = snap.get("memory") or {}
@@ -107,16 +87,6 @@ def readiness_markdown(readiness: Mapping[str, str], notes: Mapping[str, str] | 
             about = notes.get(mode, "")
             lines.append(f"- `{mode}`: **{readiness[mode]}**" + (f" — {about.split(':')[0]}" if about else ""))
     return "**Modes**\n\n" + "\n".join(lines)
-
-
-def switch_markdown(result: Mapping[str, Any]) -> str:
-    """The report of a finished mode switch (what it cost)."""
-    mib = result.get("pool_bytes", 0) / float(1 << 20)
-    text = (f"**Done:** default mode is now `{result['mode']}` (compile and capture took "
-            f"{result.get('seconds', 0.0):.1f} s, CUDA-graph pool {mib:.1f} MiB)")
-    if result.get("notice"):
-        text += f"\n\n**Note:** {result['notice']}"
-    return text
 
 
 def load_row(mode: str, n: int, s: Mapping[str, float]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import gradio as gr
 import numpy as np
 
 from omni_tts.errors import OmniTTSError
-from omni_tts.ui import engine_access, files, formatting, labels
+from omni_tts.ui import engine_access, files, formatting, labels, plots
 from omni_tts.ui import support as ui
 
 log = logging.getLogger("omni_tts.app")
@@ -173,22 +173,19 @@ def voice_save(engine: Any, f: Mapping[str, Any], name: str) -> tuple[Any, Any]:
     return gr.update(choices=[""] + files.saved_voices(), value=stem), gr.update(value=download, visible=True)
 
 
-def refresh_panel(engine: Any, history: list | None, plotted: tuple = (-1, 0),
+def refresh_panel(engine: Any, history: list | None, plotted: int = -1,
                   request: gr.Request | None = None) -> tuple:
     """Timer tick: this visitor's live table, the engine-wide figures and readiness, and the plots when
-    the visitor's history changed (each new plot goes out on two ticks: the browser's plot sometimes
-    draws a fresh value without its newest point the first time)."""
+    the visitor's history changed since `plotted` (the newest request drawn)."""
     history = list(history or [])
     with _running_lock:
         handle = _running.get(visitor(request))
     running = formatting.record(handle.metrics) if handle is not None and not handle.done else None
-    newest = history[-1]["request"] if history else 0
-    plotted = (newest, plotted[1] + 1 if plotted[0] == newest else 1)
-    plots: tuple = (gr.skip(), gr.skip())
-    if plotted[1] <= 2:
-        frame = formatting.history_frame(history)
-        plots = tuple(gr.update(value=frame, x_lim=formatting.axis_limits(frame, y)[0],
-                                y_lim=formatting.axis_limits(frame, y)[1]) for y in ("ttfp_ms", "rtf"))
+    newest = history[-1]["request"] if history else -1
+    drawn: tuple = (gr.skip(), gr.skip())
+    if newest != plotted:
+        drawn = (plots.scatter_svg(history, "ttfp_ms", "TTFP of your requests (ms)", " ms"),
+                 plots.scatter_svg(history, "rtf", "RTF of your requests"))
     readiness = formatting.readiness_markdown(engine_access.mode_readiness(engine), engine.mode_notes())
     return (formatting.live_markdown(running, _last(history)), formatting.engine_markdown(engine.snapshot()),
-            readiness, *plots, plotted)
+            readiness, *drawn, newest)

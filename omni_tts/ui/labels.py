@@ -117,6 +117,11 @@ def examples(tasks: list[str], languages: list[str], speakers: list[str]) -> lis
     return rows
 
 
+def default_speaker(speakers: list[str]) -> str | None:
+    """The form's first speaker: one whose native language is English (the default text is English)."""
+    return _speaker_for("English", speakers) or None
+
+
 def _speaker_for(language: str, speakers: list[str]) -> str:
     """A speaker whose native language is `language`, else the first one."""
     for s in speakers:

@@ -48,7 +48,7 @@ def build_demo(engine: Any, model_reason: str = "", zero: bool = False,
     readiness = formatting.readiness_markdown(engine_access.mode_readiness(engine), engine.mode_notes())
     with gr.Blocks(title="omni-tts", delete_cache=DELETE_CACHE) as demo:
         gr.Markdown(banner_markdown(info, model_reason or info["reason"], streaming), elem_id="banner")
-        history, plotted = gr.State([]), gr.State((-1, 0))
+        history, plotted = gr.State([]), gr.State(-1)
         with gr.Row():
             with gr.Column(scale=3):
                 with gr.Tab("Synthesis", elem_id="tab-synthesis"):
@@ -82,7 +82,7 @@ def _wire_synthesis(ctx: dict, s: dict, p: dict, history: Any) -> None:
         def on_generate(hist, streaming, *vals):
             return handlers.synthesize_in_call(engine, dict(zip(ui.FORM_FIELDS, vals)), hist, info)
     else:
-        def on_generate(hist, streaming, *vals, request: gr.Request):
+        def on_generate(request: gr.Request, hist, streaming, *vals):  # Gradio fills `request` itself
             yield from handlers.synthesize(engine, dict(zip(ui.FORM_FIELDS, vals)), hist, streaming, request, info)
     s["go"].click(lambda: ("", gr.update(visible=False)), None, [s["notice"], s["file"]], queue=False, **PRIVATE)
     s["go"].click(on_generate, [history, s["streaming"], *_form(s)], outputs, concurrency_id="synthesis",

@@ -15,7 +15,7 @@ from typing import Any
 import gradio as gr
 
 from omni_tts import config
-from omni_tts.ui import files, formatting, labels
+from omni_tts.ui import files, formatting, labels, plots
 from omni_tts.ui import support as ui
 
 DEFAULT_PROMPTS = ("Hello! This is omni-tts speaking.\nThe quick brown fox jumps over the lazy dog.\n"
@@ -43,8 +43,9 @@ def synthesis_form(info: Mapping[str, Any], max_len: int, modes: list[str], stre
     first = tasks[0][1] if tasks else "custom_voice"
     with gr.Row(equal_height=True):
         c["task"] = gr.Radio(tasks, value=first, label="Task", scale=1)
-        c["speaker"] = gr.Dropdown(labels.speaker_choices(info["speakers"]), value=(info["speakers"] or [None])[0],
-                                   label="Speaker", visible=first == "custom_voice", scale=2, elem_id="speaker")
+        c["speaker"] = gr.Dropdown(labels.speaker_choices(info["speakers"]),
+                                   value=labels.default_speaker(info["speakers"]), label="Speaker",
+                                   visible=first == "custom_voice", scale=2, elem_id="speaker")
         langs = info["languages"] or ["auto"]
         auto = next((x for x in langs if x.lower() == "auto"), langs[0])
         c["language"] = gr.Dropdown(labels.language_choices(langs), value=auto, label="Language", scale=1)
@@ -63,7 +64,7 @@ def synthesis_form(info: Mapping[str, Any], max_len: int, modes: list[str], stre
     c["audio_full"] = gr.Audio(label="Output", autoplay=True, interactive=False, visible=not streaming,
                                elem_id="output-audio", buttons=["download"])
     c["notice"] = gr.Markdown("", elem_id="notice")
-    c["file"] = gr.File(label="Download wav", interactive=False, visible=False, elem_id="download", height=60)
+    c["file"] = gr.File(label="Download wav", interactive=False, visible=False, elem_id="download")
     c.update(_clone_fields(first == "voice_clone"))
     c.update(_sampling(gen, max_len))
     return c
@@ -83,11 +84,11 @@ def _clone_fields(visible: bool) -> dict[str, Any]:
             c["saved_voice"] = gr.Dropdown([""] + files.saved_voices(), value="", label="Saved voice",
                                            info="Use a voice from the library instead of the clip", scale=2)
             c["voice_file"] = gr.File(label="Or upload a voice file", file_types=[".safetensors"], type="filepath",
-                                      height=60, scale=2)
+                                      height=90, scale=2)
         with gr.Row(equal_height=True):
             c["voice_name"] = gr.Textbox(label="Save this voice as", placeholder="my voice", scale=2)
             c["voice_save"] = gr.Button("Save voice", size="md", scale=1)
-            c["voice_out"] = gr.File(label="Saved voice file", interactive=False, visible=False, height=60, scale=2)
+            c["voice_out"] = gr.File(label="Saved voice file", interactive=False, visible=False, scale=2)
     return c
 
 
@@ -131,12 +132,9 @@ def engine_panel(policy: ui.AdminPolicy, current: str, readiness: str, snapshot:
     c: dict[str, Any] = {}
     c["live"] = gr.Markdown(formatting.live_markdown(None, None), elem_id="live-metrics", elem_classes="metrics")
     gr.Markdown(f"<small>{labels.METRICS_INFO}</small>", elem_id="metric-definitions")
-    empty = formatting.history_frame([])
-    for key, y, title in (("ttfp_plot", "ttfp_ms", "TTFP (ms) of your requests"), ("rtf_plot", "rtf",
-                                                                                     "RTF of your requests")):
-        c[key] = gr.ScatterPlot(empty, x="request", y=y, color="mode", title=title, height=180, x_title="request #",
-                                y_title=title.split(" of")[0], color_map=formatting.MODE_COLORS,
-                                x_axis_format="d", x_lim=[0, 10], elem_id=key.replace("_", "-"))
+    c["ttfp_plot"] = gr.HTML(plots.scatter_svg([], "ttfp_ms", "TTFP of your requests (ms)", " ms"),
+                             elem_id="ttfp-plot")
+    c["rtf_plot"] = gr.HTML(plots.scatter_svg([], "rtf", "RTF of your requests"), elem_id="rtf-plot")
     c["engine"] = gr.Markdown(formatting.engine_markdown(snapshot), elem_id="engine-figures")
     c["readiness"] = gr.Markdown(readiness, elem_id="mode-readiness")
     with gr.Accordion("Default mode (for every visitor)", open=False, elem_id="engine-mode"):
