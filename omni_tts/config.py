@@ -74,7 +74,7 @@ class CompileMode(str, enum.Enum):
     DEFAULT_CUDAGRAPH = "default+cudagraph"  # compile default + our per-bucket graphs in one shared pool
 
     @classmethod
-    def parse(cls, value: "str | CompileMode") -> "CompileMode":
+    def parse(cls, value: str | CompileMode) -> CompileMode:
         if isinstance(value, CompileMode):
             return value
         for m in cls:
@@ -200,7 +200,8 @@ class TuningConfig:
 
     def validate(self) -> None:
         if self.codec_precision not in ("auto", "float32", "tf32", "bfloat16"):
-            raise OmniTTSError(f"codec_precision must be auto, float32, tf32 or bfloat16 (got '{self.codec_precision}')")
+            raise OmniTTSError(f"codec_precision must be auto, float32, tf32 or bfloat16 "
+                               f"(got '{self.codec_precision}')")
         for key in ("predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows"):
             if not 0 <= getattr(self, key) <= 32:
                 raise OmniTTSError(f"{key} must be 0..32 (got {getattr(self, key)})")
@@ -230,7 +231,8 @@ class EngineConfig:
 
     def resolved_buckets(self) -> list[int]:
         if self.tuning.buckets:
-            return sorted({int(b) for b in self.tuning.buckets if 0 < int(b) <= self.max_num_seqs} | {self.max_num_seqs})
+            fit = {int(b) for b in self.tuning.buckets if 0 < int(b) <= self.max_num_seqs}
+            return sorted(fit | {self.max_num_seqs})
         out, b = [], 1
         while b < self.max_num_seqs:
             out.append(b)

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from _fixtures import fixture_dir
 
 from omni_tts.tools import bench
-from _fixtures import fixture_dir
 
 REPO = Path(__file__).resolve().parents[1]
 LABELS = ["Med TTFP (ms)", "p90 TTFP (ms)", "Med E2E (ms)", "Mean RTF", "Req/s", "Audio tput (s/s)"]

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _fixtures import FIXTURES  # noqa: E402
 
+from omni_tts.errors import CheckpointError, InputError
 from omni_tts.models.checkpoint import load_checkpoint, load_weights
 from omni_tts.models.codec.decoder import CodecDecoder
 from omni_tts.models.codec.streaming import StreamingDecoder, decode_plans
-from omni_tts.errors import CheckpointError, InputError
 
-from _fixtures import FIXTURES  # noqa: E402
 MODELS = ("custom_voice", "voice_design", "base")
 STREAM_TOL = 1e-4
 

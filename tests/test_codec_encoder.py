@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
-
 from _fixtures import FIXTURES, fixture_dir
+
+from omni_tts.errors import CheckpointError, InputError
 from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.models.codec.encoder import CodecEncoder
-from omni_tts.errors import CheckpointError, InputError
 
 BASE = FIXTURES / "base"
 

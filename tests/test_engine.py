@@ -229,7 +229,7 @@ def test_eight_concurrent_sampled_requests_with_three_slots_get_exactly_their_so
     running.clear()
     watcher.join()
     assert not errors, errors[0]
-    for p, (chunks, res), ref in zip(ps, out, refs):
+    for p, (chunks, res), _ref in zip(ps, out, refs):
         assert_same_as_plain(engine, p, res.codes, res.wav)
         np.testing.assert_array_equal(np.concatenate([c.samples for c in chunks]), res.wav)
         assert res.codes.shape[0] == p.max_new_tokens - 1 and res.metrics.status == "done"

@@ -9,13 +9,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from _fixtures import FIXTURES, fixture_dir
 
-from omni_tts.models import sampling
-from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.config import SynthesisParams
 from omni_tts.engine.fast_path import FastPath, fuse_layer, mlp_fused, qkv_fused
+from omni_tts.models import sampling
+from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.models.qwen3_tts import TTSModel
-from _fixtures import FIXTURES, fixture_dir
 
 _CACHE: dict[str, tuple[TTSModel, FastPath]] = {}
 

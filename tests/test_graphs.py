@@ -100,10 +100,11 @@ def test_batch_above_the_largest_bucket_runs_ungraphed_and_correct():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_first_chunk_graphs_equal_the_eager_decode():
-    from omni_tts.models.checkpoint import load_checkpoint
-    from omni_tts.engine.audio_stage import FirstChunkGraphs
-    from omni_tts.models.codec.decoder import CodecDecoder
     from _fixtures import fixture_dir
+
+    from omni_tts.engine.audio_stage import FirstChunkGraphs
+    from omni_tts.models.checkpoint import load_checkpoint
+    from omni_tts.models.codec.decoder import CodecDecoder
 
     codec = CodecDecoder.from_checkpoint(load_checkpoint(fixture_dir("custom_voice"))).cuda().set_precision("tf32")
     first = FirstChunkGraphs(codec, 1, [1, 4])

@@ -9,10 +9,7 @@ import pytest
 import torch
 
 from omni_tts.kernels import configs as kernel_configs
-
 from omni_tts.tools import kernel_sweep
-
-from omni_tts.kernels import layers as kernels
 
 
 def test_candidates_offer_multiply_and_sum_tiles_only_up_to_8_rows() -> None:

@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _fixtures import FIXTURES, fixture_dir
 
+from omni_tts.config import SynthesisParams
 from omni_tts.engine import offline
+from omni_tts.errors import CheckpointError, InputError
 from omni_tts.models import sampling
 from omni_tts.models.checkpoint import load_checkpoint
-from omni_tts.config import SynthesisParams
-from omni_tts.errors import CheckpointError, InputError
 from omni_tts.models.qwen3_tts import TTSModel
-from _fixtures import FIXTURES, fixture_dir
 
 _MODELS: dict[str, TTSModel] = {}
 

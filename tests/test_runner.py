@@ -4,10 +4,10 @@ different lengths equals prefilling each alone (hidden state, first code, KV cac
 from __future__ import annotations
 
 import torch
+from _fixtures import fixture_dir
 
 from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.engine.model_runner import Runner
-from _fixtures import fixture_dir
 
 
 def test_batched_prefill_equals_one_prompt_at_a_time(_one_thread):

@@ -98,8 +98,10 @@ def test_talker_eos_min_frames_and_suppression() -> None:
     logits[0, eos], logits[0, 2500], logits[0, 17] = 10.0, 20.0, 5.0
     sp = sp_of(RowSettings(greedy=True))
     seen = torch.zeros(1, V, dtype=torch.bool)
-    pick = lambda frame, allow: sampling.sample_talker(logits, sp, seen, torch.tensor([frame]), torch.tensor([allow]),
-                                                       torch.tensor([0]), consts).item()
+    def pick(frame: int, allow: bool) -> int:
+        return sampling.sample_talker(logits, sp, seen, torch.tensor([frame]), torch.tensor([allow]),
+                                      torch.tensor([0]), consts).item()
+
     assert pick(0, True) == 17 and pick(1, True) == 17  # EOS masked before 2 frames, 2500 suppressed
     assert pick(2, True) == eos
     assert pick(5, False) == 17  # fixed-length rows never stop

@@ -11,12 +11,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from _fixtures import fixture_dir
 
 from omni_tts.errors import CheckpointError, InputError
 from omni_tts.models.text import PromptBuilder, TextTokenizer, assistant_template
-from _fixtures import fixture_dir
-
-
 
 
 def builder(name: str = "custom_voice") -> PromptBuilder:
@@ -134,7 +132,8 @@ def test_instruct_dropped_for_0b6_custom_voice(tmp_path: Path) -> None:
     cfg = json.loads((d / "config.json").read_text())
     assert PromptBuilder(cfg, TextTokenizer(d)).build("custom_voice", "hi", "ryan", instruct="slow").instruct_ids
     cfg["tts_model_size"] = "0b6"
-    assert PromptBuilder(cfg, TextTokenizer(d)).build("custom_voice", "hi", "ryan", instruct="slow").instruct_ids is None
+    prompt = PromptBuilder(cfg, TextTokenizer(d)).build("custom_voice", "hi", "ryan", instruct="slow")
+    assert prompt.instruct_ids is None
 
 
 def test_broken_tokenizer_files(tmp_path: Path) -> None:

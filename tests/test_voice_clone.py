@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from _fixtures import FIXTURES, fixture_dir
 
-from omni_tts.engine import offline
-from omni_tts.models.checkpoint import load_checkpoint
-from omni_tts.models.voice_clone import reference_cut
 from omni_tts.config import EngineConfig, SynthesisParams
+from omni_tts.engine import offline
 from omni_tts.errors import InputError
+from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.models.qwen3_tts import TTSModel
 from omni_tts.models.speaker import VoicePrompt
-from _fixtures import FIXTURES, fixture_dir
+from omni_tts.models.voice_clone import reference_cut
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = FIXTURES / "base"
@@ -287,7 +287,8 @@ def test_icl_prompt_too_long_names_the_reference_audio(engine, model, ref_audio)
     """The tiny ICL prompt is 34 rows (25 reference frames) whatever the short text; an x-vector prompt is 9."""
     from omni_tts.engine.engine import Engine
 
-    small = Engine.from_config(EngineConfig(model=str(fixture_dir("base")), device="cpu", max_num_seqs=2, max_seq_len=34,
+    small = Engine.from_config(EngineConfig(model=str(fixture_dir("base")), device="cpu", max_num_seqs=2,
+                                            max_seq_len=34,
                                             mode="eager"))
     try:
         icl = engine.voice_prompt((ref_audio, SR), "the reference words")

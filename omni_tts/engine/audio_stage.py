@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_tts.models.codec.streaming import ChunkPlan, decode_plans
-from omni_tts.errors import OmniTTSError, as_engine_error, one_line
 from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.engine.metrics import EngineStats, now
 from omni_tts.engine.request import AudioChunk
+from omni_tts.errors import OmniTTSError, as_engine_error, one_line
+from omni_tts.models.codec.streaming import ChunkPlan, decode_plans
 
 
 def _error(e: Exception) -> OmniTTSError:
@@ -113,7 +113,7 @@ class Code2Wav:
                 self.first = FirstChunkGraphs(*first_chunk, priority=priority)
             except Exception as e:  # never fatal: first chunks then decode eagerly
                 self.first_error = one_line(e)
-        self._jobs: "queue.Queue[list[tuple] | None]" = queue.Queue()
+        self._jobs: queue.Queue[list[tuple] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="omni-tts-code2wav", daemon=True)
         self._thread.start()
 

@@ -10,9 +10,10 @@ Knows nothing about what the captured function computes: it takes a callable ove
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 

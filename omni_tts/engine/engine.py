@@ -14,8 +14,9 @@ import itertools
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ __all__ = ["AudioChunk", "Engine", "RequestHandle", "SynthesisResult"]
 # The scheduler and code-to-wave threads share the GIL; a short switch interval keeps a thread that waits
 # for it from waiting a large part of a frame (a process-wide setting; it only ever lowers it).
 GIL_SWITCH_INTERVAL_S = 0.0005
-_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 class Engine:
@@ -80,7 +81,7 @@ class Engine:
 
     @classmethod
     def from_config(cls, config: EngineConfig, progress: Callable[[str], None] | None = None,
-                    wait: bool = True) -> "Engine":
+                    wait: bool = True) -> Engine:
         """Load the model and start serving; `wait`: return once the default mode is warm (the others
         keep warming in the background)."""
         engine = cls(load_model(config, progress), config, progress)

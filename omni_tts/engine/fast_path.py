@@ -14,21 +14,18 @@ Knows nothing about requests, graphs or how buckets are chosen.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from omni_tts.kernels import heads as head_kernels
-
 from omni_tts.kernels import layers as kernels
-
-from omni_tts.models import sampling
-
 from omni_tts.kernels import talker as talker_kernels
+from omni_tts.models import sampling
 from omni_tts.models.layers import apply_rope, gqa_attention, rms_norm
-
 
 # Rows (batch x tokens) up to which a projection runs as multiply-and-sum: Inductor makes it one reduction
 # kernel that reads the weight once and fuses its neighbours (cuBLAS's GEMV wins from two rows on).

@@ -13,20 +13,21 @@ Does not own requests, streaming or timing (scheduler.py), nor graph capture mec
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from omni_tts.models.codec.decoder import to_host_async
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.engine.fast_path import FastPath
 from omni_tts.engine.step_impl import StepImpls
 from omni_tts.errors import InputError
+from omni_tts.models import sampling
+from omni_tts.models.codec.decoder import to_host_async
 from omni_tts.models.loading import load_model
 from omni_tts.models.qwen3_tts import Prepared, TTSModel
-from omni_tts.models import sampling
 
 
 class Runner:
@@ -219,7 +220,7 @@ class Runner:
                 current.wait_stream(default)
 
     @classmethod
-    def from_config(cls, config: EngineConfig, mode: CompileMode | None = None) -> "Runner":
+    def from_config(cls, config: EngineConfig, mode: CompileMode | None = None) -> Runner:
         """A warmed runner of `mode` (default: the config's) over the model `config` loads (tools, tests)."""
         model = load_model(config)
         runner = cls(model, config, mode or config.default_mode(model.device.type == "cuda"))
@@ -262,7 +263,8 @@ class Runner:
             self.cp_sp.set(slot, a.settings.subtalker)
             self.seed[slot] = a.settings.seed
             self.allow_eos[slot] = not a.settings.fixed
-            self.needs_sort[slot] = not (sampling.fits_topk(a.settings.talker) and sampling.fits_topk(a.settings.subtalker))
+            fits = sampling.fits_topk(a.settings.talker) and sampling.fits_topk(a.settings.subtalker)
+            self.needs_sort[slot] = not fits
         s = slice(first, first + k)
         self.pos[s] = torch.tensor(T)
         self.pos_host[s] = T

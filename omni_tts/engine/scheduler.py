@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,7 @@ class Scheduler:
         self.runner, self.config, self.audio, self.stats = runner, config, audio, stats
         self.mode = runner.mode
         self._step_stream, self._make_decoder = step_stream, make_decoder
-        self.waiting: "queue.Queue[Request]" = queue.Queue()
+        self.waiting: queue.Queue[Request] = queue.Queue()
         self.active: list[Request] = []  # index == slot (kept compact: slots 0..n-1)
         # one frame of lookahead: the step launched last and the requests in its rows
         self._pending: tuple[Any, list[Request]] | None = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -25,7 +25,7 @@ def load_model(config: EngineConfig, progress: Callable[[str], None] | None = No
     if device.type == "cpu":  # leave cores to the audio stage and the host (torch's default takes them all)
         torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 2) // 2)))
     model = TTSModel.from_checkpoint(open_checkpoint(config.model, progress=progress), device=device, dtype=dtype)
-    model.codec  # build the codec decoder now: a broken one is a CheckpointError here, not per request
+    _ = model.codec  # build the codec decoder now: a broken one is a CheckpointError here, not per request
     return model
 
 

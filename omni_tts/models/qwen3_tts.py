@@ -18,14 +18,13 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from omni_tts.models import voice_clone as clone
-
-from omni_tts.models import sampling
-from omni_tts.models.checkpoint import Checkpoint
-from omni_tts.models.code_predictor import CodePredictor
 from omni_tts.config import SynthesisParams
 from omni_tts.errors import CheckpointError, InputError, OmniTTSError
-from omni_tts.models.layers import KVCache, cast_parameters, load_strict
+from omni_tts.models import sampling
+from omni_tts.models import voice_clone as clone
+from omni_tts.models.checkpoint import Checkpoint
+from omni_tts.models.code_predictor import CodePredictor
+from omni_tts.models.layers import cast_parameters, load_strict
 from omni_tts.models.talker import Talker
 from omni_tts.models.text import Prompt, PromptBuilder, TextTokenizer
 
@@ -91,7 +90,7 @@ class TTSModel:
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, device: torch.device | str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "TTSModel":
+                        dtype: torch.dtype = torch.float32) -> TTSModel:
         tc = ckpt.talker_config
         pc = tc.get("code_predictor_config")
         if not isinstance(pc, dict):

@@ -52,7 +52,7 @@ class SamplingConstants:
 
     @classmethod
     def for_talker(cls, vocab_size: int, eos_id: int, device: torch.device | str,
-                   num_control: int = 1024, min_frames: int = 2) -> "SamplingConstants":
+                   num_control: int = 1024, min_frames: int = 2) -> SamplingConstants:
         """The official rule: ids [vocab - 1024, vocab) are control tokens, suppressed except EOS."""
         ids = torch.arange(vocab_size, device=device)
         eos = ids == eos_id
@@ -75,13 +75,13 @@ class SlotParams:
         self.topk_cap = topk_cap
 
     @classmethod
-    def zeros(cls, n: int, device: torch.device | str = "cpu") -> "SlotParams":
+    def zeros(cls, n: int, device: torch.device | str = "cpu") -> SlotParams:
         return cls(torch.ones(n, dtype=torch.bool, device=device), torch.ones(n, device=device),
                    torch.zeros(n, dtype=torch.long, device=device), torch.ones(n, device=device),
                    torch.ones(n, device=device))
 
     @classmethod
-    def from_settings(cls, rows: list[RowSettings], device: torch.device | str = "cpu") -> "SlotParams":
+    def from_settings(cls, rows: list[RowSettings], device: torch.device | str = "cpu") -> SlotParams:
         sp = cls.zeros(len(rows), device)
         for i, r in enumerate(rows):
             sp.set(i, r)
@@ -91,12 +91,12 @@ class SlotParams:
     def _fields(self) -> tuple[torch.Tensor, ...]:
         return self.greedy, self.temperature, self.top_k, self.top_p, self.penalty
 
-    def span(self, start: int, n: int, topk_cap: int = 0) -> "SlotParams":
+    def span(self, start: int, n: int, topk_cap: int = 0) -> SlotParams:
         """Rows [start, start + n) as views (with that `topk_cap` hint)."""
         return SlotParams(*(t[start:start + n] for t in self._fields()), all_greedy=self.all_greedy,
                           topk_cap=topk_cap)
 
-    def rows(self, b: int, topk_cap: int = 0) -> "SlotParams":
+    def rows(self, b: int, topk_cap: int = 0) -> SlotParams:
         return self.span(0, b, topk_cap)
 
     def set(self, i: int, r: RowSettings) -> None:

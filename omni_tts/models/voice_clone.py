@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -47,7 +48,7 @@ def check_voice(voice: Any, hidden_size: int, num_groups: int, codebook_size: in
     return voice.ref_text
 
 
-def icl_body(model: "TTSModel", prompt: "Prompt", ref_codes: torch.Tensor, eos: torch.Tensor, pad: torch.Tensor
+def icl_body(model: TTSModel, prompt: Prompt, ref_codes: torch.Tensor, eos: torch.Tensor, pad: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Voice-clone ICL body -> (prefill rows [L, D], trailing text rows [N, D]).
 
@@ -116,7 +117,7 @@ class VoiceEncoders:
     Both run in float32 on `device` with TF32 off, so prompts equal the official float32 ones. Calls are
     serialised by a lock (encoding a clip takes milliseconds to a second; the engine keeps generating)."""
 
-    def __init__(self, model: "TTSModel") -> None:
+    def __init__(self, model: TTSModel) -> None:
         self.model = model
         self._lock = threading.Lock()
         self._speaker: Any = None
@@ -134,8 +135,8 @@ class VoiceEncoders:
             self._speaker = SpeakerEncoder.from_checkpoint(m.ckpt).to(m.device, torch.float32)
             self._codec = CodecEncoder.from_checkpoint(m.ckpt).to(m.device, torch.float32)
 
-    def prompt(self, audio: "AudioSource | torch.Tensor", ref_text: str | None = None, x_vector_only: bool = False,
-               limits: Any = None) -> "VoicePrompt":
+    def prompt(self, audio: AudioSource | torch.Tensor, ref_text: str | None = None, x_vector_only: bool = False,
+               limits: Any = None) -> VoicePrompt:
         """Reference clip (path, (array, sample_rate), or FloatTensor[N] at 24 kHz) -> VoicePrompt.
 
         ICL (default) needs `ref_text`, the clip's transcript; x-vector-only mode needs none."""

@@ -16,11 +16,12 @@ import json
 import sys
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from omni_tts.config import CompileMode, SynthesisParams, load_preset, parse_sets
+from omni_tts.engine.metrics import RequestMetrics, summarize
 from omni_tts.errors import OmniTTSError
-from omni_tts.engine.metrics import RequestMetrics, gpu_memory, summarize
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog near the river bank.",
@@ -154,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=None, help="slots per mode (default: the largest concurrency)")
     ap.add_argument("--modes", default=",".join(m.value for m in CompileMode))
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--num-prompts", type=int, default=None, help="requests per concurrency, at least one per client (default 2x the largest conc, >= 12)")
+    ap.add_argument("--num-prompts", type=int, default=None, help="requests per concurrency, at least one per client "
+                    "(default 2x the largest conc, >= 12)")
     ap.add_argument("--fixed-frames", type=int, default=None, help="every request makes exactly N frames")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--speaker", default=None)

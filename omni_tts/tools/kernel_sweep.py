@@ -22,14 +22,14 @@ import itertools
 import json
 import math
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
+from omni_tts.engine.fast_path import fuse_layer
 from omni_tts.kernels import configs as kernel_configs
-
 from omni_tts.kernels import layers as kernels
-from omni_tts.engine.step_impl import fuse_layer
 
 Config = kernel_configs.Config
 
@@ -109,7 +109,7 @@ def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], 
     dev, dt = torch.device("cuda"), torch.bfloat16
     layer = _layer(size, part, dev, dt)
     w_qkv, _, w_gu = fuse_layer(layer)
-    D, I = layer.mlp.down_proj.out_features, layer.mlp.down_proj.in_features
+    D, I = layer.mlp.down_proj.out_features, layer.mlp.down_proj.in_features  # noqa: E741 (the paper's names)
     A = layer.self_attn.o_proj.in_features
     shapes = {"qkv": (w_qkv.shape[0], D, w_qkv, dict(norm=layer.input_layernorm)),
               "o": (D, A, layer.self_attn.o_proj.weight, dict(res=True)),

@@ -16,14 +16,15 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from omni_tts.tools.bench import PROMPTS
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, build_config, parse_sets
 from omni_tts.engine.metrics import gpu_memory
+from omni_tts.tools.bench import PROMPTS
 
 
 def time_ms(fn: Callable[[], Any], iters: int = 20, warmup: int = 3) -> float:
@@ -178,9 +179,9 @@ def load_test(model: Any, cfg: EngineConfig, mode: str, concurrency: Sequence[in
     (admits up to max(concurrency), or each of `slots`)."""
     import dataclasses
 
-    from omni_tts.tools.bench import make_params, run_load
     from omni_tts.engine.engine import Engine
     from omni_tts.engine.metrics import summarize
+    from omni_tts.tools.bench import make_params, run_load
 
     out: dict[str, Any] = {}
     speaker = (model.speakers() or [None])[0]

@@ -14,7 +14,8 @@ import json
 import statistics
 import sys
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.engine.engine import Engine

@@ -20,7 +20,8 @@ import json
 import statistics
 import sys
 import time
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ Clip = tuple[float, float, float]  # (ttfp s, wall s, audio s)
 
 def _timed_stream(chunks: Iterable[tuple[np.ndarray, int]]) -> Clip:
     t0, first, samples, sr = time.perf_counter(), None, 0, 24000
-    for wav, sr in chunks:
+    for wav, _sr in chunks:
         if first is None:
             first = time.perf_counter() - t0
         samples += int(np.asarray(wav).reshape(-1).shape[0])
