@@ -169,3 +169,42 @@ def test_reduce_overhead_outputs_are_copied_out_single_or_tuple() -> None:
     assert torch.equal(one, a) and one.data_ptr() != a.data_ptr()
     assert isinstance(pair, tuple) and [torch.equal(p, q) for p, q in zip(pair, (a, b))] == [True, True]
     assert pair[0].data_ptr() != a.data_ptr() and pair[1].data_ptr() != b.data_ptr()
+
+
+@pytest.mark.parametrize("case", golden_cases("custom_voice"))
+def test_reduce_overhead_frame_without_a_cache_equals_golden_codes(case: dict) -> None:
+    m, _ = model_and_fast()
+    fast = FastPath(m, None)
+    fast.full_sequence = True  # reduce-overhead's predictor: every step over the whole [B, 16, d] buffer
+    gold = np.load(FIXTURES / "custom_voice" / "golden" / f"case{case['case']}_codes.npy")
+    codes, _ = run_loop(m, fast, params_of(case))
+    np.testing.assert_array_equal(codes.numpy(), gold)
+
+
+def test_reduce_overhead_frame_without_a_cache_equals_the_reference_when_sampling() -> None:
+    m, _ = model_and_fast()
+    fast = FastPath(m, None)
+    fast.full_sequence = True
+    p = SynthesisParams(text="the weather is nice today", speaker="ryan", language="English", max_new_tokens=16,
+                        seed=3, temperature=0.9, top_k=50, subtalker_temperature=1.1, subtalker_top_p=0.8)
+    assert torch.equal(run_loop(m, fast, p)[0], run_loop(m, None, p)[0])
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_reduce_overhead_records_its_graph_trees_without_skipping() -> None:
+    """Inductor's CUDA graph trees record the reduce-overhead predictor: no 'skipping cudagraphs'."""
+    from torch._dynamo.utils import counters
+
+    m = TTSModel.from_checkpoint(load_checkpoint(fixture_dir("custom_voice")), device="cuda")
+    fast = FastPath(m, "reduce-overhead")
+    B = 2
+    h = torch.randn(B, m.hidden_size, device="cuda")
+    code0 = torch.randint(0, 2000, (B,), device="cuda")
+    sp = sampling.SlotParams.from_settings([sampling.RowSettings(greedy=True, temperature=1.0, top_k=50,
+                                                                 top_p=1.0)] * B, "cuda")
+    seed, frame = torch.zeros(B, dtype=torch.long, device="cuda"), torch.zeros(B, dtype=torch.long, device="cuda")
+    counters.clear()
+    outs = [fast.predict_frame(h, code0, sp, seed, frame)[0] for _ in range(4)]  # warm-up, record, replay
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])  # replays give the recorded run's codes

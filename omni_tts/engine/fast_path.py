@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_tts.engine.packed_weights import fuse_layer
 from omni_tts.kernels import heads as head_kernels
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import talker as talker_kernels
@@ -60,46 +61,6 @@ def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     p = s.masked_fill(~m, float("-inf")).softmax(-1)  # [B, Hkv, rep*T, M]
     o = (p[..., None] * v[:, :, None, :, :].float()).sum(-2)  # [B, Hkv, rep*T, hd]
     return o.to(q.dtype).reshape(B, H, T, hd)
-
-
-# ---------------------------------------------------------------------------------------- fused weights
-def _adjacent(params: list[torch.Tensor]) -> bool:
-    """True when the tensors are contiguous and lie back to back in one storage (already fused)."""
-    ptr, off = params[0].untyped_storage().data_ptr(), params[0].storage_offset()
-    for p in params:
-        if not p.is_contiguous() or p.untyped_storage().data_ptr() != ptr or p.storage_offset() != off:
-            return False
-        off += p.numel()
-    return True
-
-
-def fuse_rows(params: list[torch.Tensor]) -> torch.Tensor:
-    """One tensor stacking `params` along dim 0 ([sum rows, ...]) whose row blocks ARE the parameters:
-    each is re-pointed (`p.data = view`) at its block, so the reference modules and the fast path share
-    storage (no second copy of the weights; values and module objects unchanged). Idempotent: already
-    fused parameters give back a view over their shared storage. Anything that later re-points a
-    parameter (`p.data = ...`, e.g. cast_parameters or Module.to) breaks the sharing: build FastPath after."""
-    first = params[0]
-    shape = (sum(p.shape[0] for p in params), *first.shape[1:])
-    if _adjacent(params):
-        packed = first.detach().as_strided(shape, first.stride(), first.storage_offset())
-    else:
-        with torch.no_grad():
-            packed = torch.cat([p.detach() for p in params])
-        off = 0
-        for p in params:
-            p.data = packed[off:off + p.shape[0]]
-            off += p.shape[0]
-    return nn.Parameter(packed, requires_grad=False)  # a parameter, as the module weights are to dynamo
-
-
-def fuse_layer(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """-> (w_qkv [(H + 2 Hkv) hd, D], b_qkv [(H + 2 Hkv) hd] or None, w_gate_up [2 I, D]) of a DecoderLayer."""
-    a, m = layer.self_attn, layer.mlp
-    assert a.q_norm.eps == a.k_norm.eps and m.gate_proj.bias is None and m.up_proj.bias is None
-    lins = [a.q_proj, a.k_proj, a.v_proj]
-    b_qkv = fuse_rows([lin.bias for lin in lins]) if a.q_proj.bias is not None else None
-    return fuse_rows([lin.weight for lin in lins]), b_qkv, fuse_rows([m.gate_proj.weight, m.up_proj.weight])
 
 
 def qkv_fused(attn: Any, w: torch.Tensor, b: torch.Tensor | None, x: torch.Tensor, cos: torch.Tensor,
@@ -154,6 +115,18 @@ def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
     return x + mlp_fused(layer.mlp, w_gu, layer.post_attention_layernorm(x))
 
 
+def predictor_stack(layers: Any, weights: list[tuple], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    mask: torch.Tensor) -> torch.Tensor:
+    """Every predictor layer over a whole frame's positions with no cache (nothing is written in place, so
+    Inductor's CUDA graph trees can record it). x: [B, 16, d]; mask: causal [1, 1, 16, 16] -> [B, 16, d]"""
+    for layer, (w_qkv, b_qkv, w_gu) in zip(layers, weights):
+        h = layer.input_layernorm(x)
+        q, k, v = qkv_fused(layer.self_attn, w_qkv, b_qkv, h, cos, sin)  # q: [B, H, 16, hd], k/v: [B, Hkv, 16, hd]
+        x = x + out_proj(layer.self_attn, small_attention(q, k, v, mask))  # [B, 16, d]
+        x = x + mlp_fused(layer.mlp, w_gu, layer.post_attention_layernorm(x))
+    return x
+
+
 def predictor_head(norm: Any, head: Any, x: torch.Tensor, sp: sampling.SlotParams, seed: torch.Tensor,
                    frame: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
     """Final norm + this codebook's head on the last position, then its sampling. x: [B, T, d] -> [B]"""
@@ -197,6 +170,9 @@ class FastPath:
         self.sample_talker = wrap(sampling.sample_talker)
         self.predictor_head = wrap(predictor_head)
         self.predictor_feed = wrap(predictor_feed)
+        self.predictor_stack = wrap(predictor_stack)
+        # reduce-overhead recomputes the frame's positions each step instead of writing a KV cache in place
+        self.full_sequence = inductor_mode == "reduce-overhead"
         cp = model.code_predictor
         dev = model.device
         # packed q|k|v and gate|up weights per layer; the modules' own weights become views into them
@@ -208,6 +184,7 @@ class FastPath:
         key = torch.arange(self.n_pos, device=dev)
         self.mask1 = [(key <= t)[None, None, None, :] for t in range(self.n_pos)]  # [1, 1, 1, 16]
         self.mask01 = (key[None, :] <= self.pos01[:, None])[None, None]  # [1, 1, 2, 16]
+        self.causal = (key[None, :] <= key[:, None])[None, None]  # [1, 1, 16, 16]
         cos, sin = cp.rope(key[None], model.dtype)  # [1, 16, hd]
         self.cos, self.sin = cos, sin
         self.codebook = [torch.tensor(j, device=dev) for j in range(self.n_pos)]
@@ -258,6 +235,8 @@ class FastPath:
     def predict_frame(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,
                       seed: torch.Tensor, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Same contract as CodePredictor.predict_frame: -> (codes 1..15 [B, 15], embedding sum [B, D])."""
+        if self.full_sequence:
+            return self._predict_full_sequence(hidden, code0, sp, seed, frame)
         cp = self.model.code_predictor
         e0 = self.model.talker.codec_embedding(code0)  # [B, D]
         B = hidden.shape[0]
@@ -275,6 +254,29 @@ class FastPath:
             codes.append(code)
             if pos0 < self.n_pos:
                 e, x = self.predictor_feed(cp.codec_embedding[j], cp.small_to_mtp_projection, code)  # [B, D], [B, 1, d]
+                embeds.append(e)
+            else:
+                embeds.append(cp.codec_embedding[j](code))  # [B, D]
+        return torch.stack(codes, dim=1), torch.stack(embeds, dim=1).sum(1)  # [B, 15], [B, D]
+
+    def _predict_full_sequence(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,
+                               seed: torch.Tensor, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """predict_frame without a cache: each codebook step runs every layer over the frame's fixed
+        [B, 16, d] buffer (positions past the step are masked), the next input written between calls."""
+        cp = self.model.code_predictor
+        e0 = self.model.talker.codec_embedding(code0).to(hidden.dtype)  # [B, D]
+        head = cp.small_to_mtp_projection(torch.stack([hidden, e0], dim=1))  # [B, 2, d]
+        buf = head.new_zeros(head.shape[0], self.n_pos, head.shape[-1])  # [B, 16, d]
+        buf[:, :2] = head
+        codes, embeds = [], [e0]
+        for j in range(self.n_pos - 1):
+            x = self.predictor_stack(cp.layers, self.predictor_w, buf, self.cos, self.sin, self.causal)  # [B, 16, d]
+            code = self.predictor_head(cp.norm, cp.lm_head[j], x[:, j + 1:j + 2], sp, seed, frame,
+                                       self.codebook[j + 1])  # [B]
+            codes.append(code)
+            if j + 2 < self.n_pos:
+                e, nxt = self.predictor_feed(cp.codec_embedding[j], cp.small_to_mtp_projection, code)
+                buf[:, j + 2:j + 3] = nxt  # e: [B, D], nxt: [B, 1, d]
                 embeds.append(e)
             else:
                 embeds.append(cp.codec_embedding[j](code))  # [B, D]
