@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from _fixtures import fixture_dir
 
-from omni_tts.tools import bench
+from omni_tts.tools import bench, load
 
 REPO = Path(__file__).resolve().parents[1]
 LABELS = ["Med TTFP (ms)", "p90 TTFP (ms)", "Med E2E (ms)", "Mean RTF", "Req/s", "Audio tput (s/s)"]
@@ -117,7 +117,7 @@ def test_format_table_shows_errors_and_missing_values():
 
 
 def test_make_params_cycles_prompts_and_seeds():
-    a, b = bench.make_params(0, "ryan", 5), bench.make_params(len(bench.PROMPTS), "ryan", 5)
+    a, b = load.make_params(0, "ryan", 5), load.make_params(len(load.PROMPTS), "ryan", 5)
     assert a.text == b.text and a.seed != b.seed and a.fixed_frames == 5 and a.speaker == "ryan"
     a.validate()
 

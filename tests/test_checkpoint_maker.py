@@ -231,12 +231,12 @@ def test_the_real_size_random_codec_keeps_its_activations_bounded() -> None:
     """The speech tokenizer's weights are drawn by fan-in (each layer halves its input's scale), so the
     1.7B-size random vocoder's SnakeBeta inputs stay small, as a trained codec's do: with a flat std they
     grow to ~1e7, where sin() takes a slow path (the codec then decodes several times slower)."""
-    from omni_tts.models.checkpoint_maker import _module_shapes, _random_tensors
+    from omni_tts.models.checkpoint_maker import _random_tensors, module_shapes
     from omni_tts.models.codec.decoder import CodecDecoder
     from omni_tts.models.codec.layers import SnakeBeta
 
     config, _, codec_config = make_configs("1.7B")
-    _, speech = _module_shapes(config, codec_config)
+    _, speech = module_shapes(config, codec_config)
     speech = {k: v for k, v in speech.items() if k.startswith("decoder.")}
     weights = _random_tensors(speech, torch.Generator().manual_seed(0), torch.device("cpu"), torch.float32, 0.05,
                               fan_in=True)

@@ -22,9 +22,10 @@ from safetensors.torch import load_file, save_file
 from omni_tts.config import LIMITS, MAX_NEW_TOKENS, MAX_TOP_K, EngineConfig, SynthesisParams
 from omni_tts.engine.engine import Engine
 from omni_tts.errors import CheckpointError, InputError
-from omni_tts.models.checkpoint import load_checkpoint, load_embedded
+from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.models.checkpoint_limits import check_configs, estimate_parameters
-from omni_tts.models.checkpoint_maker import _module_shapes, make_configs
+from omni_tts.models.checkpoint_maker import make_configs, module_shapes
+from omni_tts.models.selection import load_embedded
 from omni_tts.models.text import TextTokenizer
 
 TIMEOUT = 120.0
@@ -199,7 +200,7 @@ def test_absurd_checkpoint_configs_are_one_line_before_any_tensor(tmp_path, file
 def test_parameter_estimate_is_close_to_the_modules_and_released_sizes_pass(size):
     config, generation, codec = make_configs(size)
     check_configs(config, codec, generation, size)
-    model, speech = _module_shapes(config, codec)
+    model, speech = module_shapes(config, codec)
     exact = sum(math.prod(s) for s in model.values()) + sum(math.prod(s) for s in speech.values())
     assert 0.9 < estimate_parameters(config, codec) / exact < 1.1
 

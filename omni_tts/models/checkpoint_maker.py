@@ -153,7 +153,7 @@ def make_configs(size: str, model_type: str = "custom_voice") -> tuple[dict, dic
     return config, gen, codec
 
 
-def _module_shapes(config: dict, codec_config: dict) -> tuple[dict[str, tuple], dict[str, tuple]]:
+def module_shapes(config: dict, codec_config: dict) -> tuple[dict[str, tuple], dict[str, tuple]]:
     """Checkpoint key -> shape for model.safetensors and speech_tokenizer/model.safetensors: every tensor
     the released checkpoints hold, read off our own modules built on the meta device (no memory, no init
     cost), plus what the released files keep beyond what our modules hold (the decoder's codebooks as
@@ -191,7 +191,7 @@ def shape_table(size: str, model_type: str = "custom_voice") -> dict[str, dict[s
     """File (relative to the checkpoint) -> tensor name -> shape, as make_checkpoint writes them; builds
     no weights, so it is cheap at every size."""
     config, _, codec_config = make_configs(size, model_type)
-    model, speech = _module_shapes(config, codec_config)
+    model, speech = module_shapes(config, codec_config)
     return {"model.safetensors": model, "speech_tokenizer/model.safetensors": speech}
 
 
@@ -248,7 +248,7 @@ def make_checkpoint(out: str | os.PathLike, size: str = "tiny", model_type: str 
         gen_cfg["max_new_tokens"] = max_new_tokens
     dev, dt = torch.device(device), getattr(torch, dtype)
     gen = torch.Generator(dev).manual_seed(seed)
-    model_shapes, speech_shapes = _module_shapes(config, codec_cfg)
+    model_shapes, speech_shapes = module_shapes(config, codec_cfg)
     meta = {"format": "pt", "made_by": "omni_tts.models.checkpoint_maker", "note": "random weights: noise"}
     _save({k: v.cpu() for k, v in _random_tensors(model_shapes, gen, dev, dt, 0.02).items()},
           out / "model.safetensors", meta)

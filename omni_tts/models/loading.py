@@ -14,7 +14,7 @@ from omni_tts.models.qwen3_tts import TTSModel
 
 def load_model(config: EngineConfig, progress: Callable[[str], None] | None = None) -> TTSModel:
     """The checkpoint `config.model` names (or the one model selection picks) on the configured device."""
-    from omni_tts.models.checkpoint import open_checkpoint
+    from omni_tts.models.selection import open_checkpoint
 
     config.validate()
     device = resolve_device(config.device)

@@ -1,12 +1,12 @@
 """Voice cloning on a Base checkpoint: prompt checks, the ICL prompt body, the reference cut, the encoders.
 
-Split out of model.py (which would otherwise pass ~400 lines): everything TTSModel does only for
-task voice_clone. Owns: checking a `VoicePrompt` against a checkpoint; the ICL prompt body (reference
-transcript + target text laid over [codec_bos, reference frames], as the official generate_icl_prompt
-does); which codes the decoder gets before the generated ones (ICL: the reference codes) and the
-official cut of the reference part of the audio; and `VoiceEncoders`, one model's speaker + codec
-encoders, built lazily once, in float32 on the model's device.
-Does not own the encoders' maths (speaker.py, codec_encoder.py) nor audio intake (audio.py).
+Everything TTSModel does only for task voice_clone. Owns: checking a `VoicePrompt` against a
+checkpoint; the ICL prompt body (reference transcript + target text laid over [codec_bos, reference
+frames], as the official generate_icl_prompt does); which codes the decoder gets before the
+generated ones (ICL: the reference codes) and the official cut of the reference part of the audio; and
+`VoiceEncoders`, one model's speaker + codec encoders, built lazily once, in float32 on the model's
+device.
+Does not own the encoders' maths (speaker.py, codec/encoder.py) nor audio intake (audio.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from omni_tts.errors import InputError
 
 if TYPE_CHECKING:  # imported lazily at run time: speaker.py pulls in soundfile and the encoders
     from omni_tts.models.audio import AudioSource
-    from omni_tts.models.qwen3_tts import TTSModel
     from omni_tts.models.speaker import VoicePrompt
     from omni_tts.models.text import Prompt
 
@@ -48,7 +47,7 @@ def check_voice(voice: Any, hidden_size: int, num_groups: int, codebook_size: in
     return voice.ref_text
 
 
-def icl_body(model: TTSModel, prompt: Prompt, ref_codes: torch.Tensor, eos: torch.Tensor, pad: torch.Tensor
+def icl_body(model: Any, prompt: Prompt, ref_codes: torch.Tensor, eos: torch.Tensor, pad: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Voice-clone ICL body -> (prefill rows [L, D], trailing text rows [N, D]).
 
@@ -117,7 +116,7 @@ class VoiceEncoders:
     Both run in float32 on `device` with TF32 off, so prompts equal the official float32 ones. Calls are
     serialised by a lock (encoding a clip takes milliseconds to a second; the engine keeps generating)."""
 
-    def __init__(self, model: TTSModel) -> None:
+    def __init__(self, model: Any) -> None:  # a TTSModel (its module imports this one)
         self.model = model
         self._lock = threading.Lock()
         self._speaker: Any = None

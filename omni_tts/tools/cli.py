@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _checkpoint(model: str | None):  # -> Checkpoint
     """--model, else OMNI_TTS_MODEL, the HF cache, the Hub, or the embedded demo (said on stderr)."""
-    from omni_tts.models.checkpoint import open_checkpoint
+    from omni_tts.models.selection import open_checkpoint
 
     ckpt = open_checkpoint(model, progress=lambda s: print(s, file=sys.stderr))
     if not model and not ckpt.is_embedded_demo:  # the embedded demo gets its own note below

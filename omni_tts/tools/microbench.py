@@ -24,7 +24,7 @@ import torch
 
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, build_config, parse_sets
 from omni_tts.engine.metrics import gpu_memory
-from omni_tts.tools.bench import PROMPTS
+from omni_tts.tools.load import PROMPTS
 
 
 def time_ms(fn: Callable[[], Any], iters: int = 20, warmup: int = 3) -> float:
@@ -181,7 +181,7 @@ def load_test(model: Any, cfg: EngineConfig, mode: str, concurrency: Sequence[in
 
     from omni_tts.engine.engine import Engine
     from omni_tts.engine.metrics import summarize
-    from omni_tts.tools.bench import make_params, run_load
+    from omni_tts.tools.load import make_params, run_load
 
     out: dict[str, Any] = {}
     speaker = (model.speakers() or [None])[0]

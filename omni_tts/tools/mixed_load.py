@@ -20,7 +20,7 @@ from typing import Any
 from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.engine.engine import Engine
 from omni_tts.errors import OmniTTSError
-from omni_tts.tools.bench import make_params
+from omni_tts.tools.load import make_params
 
 
 def burst(engine: Engine, modes: list[str], n: int, make: Any) -> dict[str, dict[str, Any]]:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from omni_tts.tools.bench import PROMPTS
+from omni_tts.tools.load import PROMPTS
 
 Clip = tuple[float, float, float]  # (ttfp s, wall s, audio s)
 

@@ -1,0 +1,71 @@
+"""The benchmark's prompts and its closed-loop load generator, shared by bench, peers and the other tools.
+
+Owns the prompt list, `make_params` (one prompt as a request) and `run_load` (c clients, each sending
+its next request when the last one finished). Uses only the Engine's public API.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from omni_tts.config import SynthesisParams
+from omni_tts.engine.metrics import RequestMetrics
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Please remember to bring your umbrella, it might rain this afternoon.",
+    "Our new store opens next Monday at nine in the morning.",
+    "I have never seen such a beautiful sunset over the mountains.",
+    "The meeting has been moved to Thursday, so we have more time to prepare.",
+    "Could you tell me the way to the nearest train station?",
+    "She finished reading the book in a single evening.",
+    "Thank you for calling, all of our agents are currently busy.",
+    "The museum is free to visit on the first Sunday of every month.",
+    "He plays the piano every night before going to bed.",
+    "Turn left at the second traffic light and the hotel is on your right.",
+    "Fresh bread and coffee make the best breakfast in the world.",
+]
+
+def make_params(i: int, speaker: str | None, fixed_frames: int | None, seed: int = 1234,
+                task: str = "custom_voice", instruct: str | None = None, mode: str | None = None) -> SynthesisParams:
+    return SynthesisParams(text=PROMPTS[i % len(PROMPTS)], task=task, speaker=speaker, language="English",
+                           instruct=instruct, seed=seed + i, fixed_frames=fixed_frames, mode=mode)
+
+
+def run_load(engine: Any, concurrency: int, num_prompts: int, make: Callable[[int], SynthesisParams],
+             on_done: Callable[[RequestMetrics], None] | None = None) -> tuple[list[RequestMetrics], float]:
+    """Closed loop: `concurrency` clients share `num_prompts` requests. Returns (records, wall s)."""
+    lock = threading.Lock()
+    nxt = iter(range(num_prompts))
+    records: list[RequestMetrics] = []
+    errors: list[BaseException] = []
+
+    def client() -> None:
+        while True:
+            with lock:
+                i = next(nxt, None)
+            if i is None:
+                return
+            try:
+                res = engine.submit(make(i)).result()
+            except BaseException as e:  # recorded, the run goes on
+                errors.append(e)
+                continue
+            with lock:
+                records.append(res.metrics)
+            if on_done:
+                on_done(res.metrics)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors and not records:
+        raise errors[0]
+    return records, wall
