@@ -180,8 +180,8 @@ def test_listening_test_gives_clips_verdict_exports_and_abx(engine):
     assert Path(x_path).name.startswith("X-")  # a neutral name: it must not give the answer away
     assert [c["visible"] for c in clips] == [True, True, False, False]
     assert "**identical**" in verdict  # same mode, same seed, sampling on: must reproduce exactly
-    assert list(table["mode"]) == ["eager", "eager"] and exports[-1].endswith(".csv")
-    csv_text = Path(exports[-1]).read_text()
+    assert list(table["mode"]) == ["eager", "eager"] and exports["visible"] and exports["value"][-1].endswith(".csv")
+    csv_text = Path(exports["value"][-1]).read_text()
     assert "/" not in csv_text and "clip-eager" in csv_text  # file names only, no server paths
     assert all(len(str(v).split(".")[-1]) <= 3 for v in table["RTF"])  # rounded
     state, line, _ = engine_actions.abx_guess(abx, abx["x_is"])
@@ -301,7 +301,7 @@ def test_bind_address_local_and_space():
 def test_select_model_prefers_a_cached_snapshot(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from omni_tts.models.checkpoint import select_model
+    from omni_tts.models.selection import select_model
 
     for repo in ("Qwen3-TTS-12Hz-1.7B-Base", "Qwen3-TTS-12Hz-0.6B-CustomVoice"):
         snap = tmp_path / f"models--Qwen--{repo}" / "snapshots" / "abc"
@@ -320,7 +320,7 @@ def test_select_model_prefers_a_cached_snapshot(tmp_path, monkeypatch):
 def test_select_model_offline_falls_back_fast(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from omni_tts.models.checkpoint import select_model
+    from omni_tts.models.selection import select_model
 
     silent = socket.socket()  # accepts connections, never answers: the worst case for a probe
     silent.bind(("127.0.0.1", 0))

@@ -88,7 +88,8 @@ def listening_test(engine: Any, f: Mapping[str, Any], text: str, seed: float, mo
            "modes": (clips[0]["mode"], clips[1]["mode"])}
     abx_state, x_path = new_abx_trial(abx)
     table = pd.DataFrame(rows).drop(columns=["file"])
-    return (*audio, "\n\n".join(verdicts), table, [c["path"] for c in clips] + [csv_path], abx_state, x_path,
+    exports = gr.update(value=[c["path"] for c in clips] + [csv_path], visible=True)
+    return (*audio, "\n\n".join(verdicts), table, exports, abx_state, x_path,
             f"A = `{abx['modes'][0]}`, B = `{abx['modes'][1]}`. Which one is X?")
 
 

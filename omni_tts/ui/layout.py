@@ -91,7 +91,8 @@ def _wire_synthesis(ctx: dict, s: dict, p: dict, history: Any) -> None:
     def on_stop(request: gr.Request):
         handlers.stop(request)
 
-    s["stop"].click(on_stop, None, None, queue=False, **PRIVATE)
+    # queued (a toast needs the queue's event stream) but never waiting behind other events
+    s["stop"].click(on_stop, None, None, concurrency_limit=None, show_progress="hidden", **PRIVATE)
     s["text"].change(None, [s["text"]], [s["counter"]], js=tabs.COUNTER_JS, queue=False, **PRIVATE)
     s["streaming"].change(lambda on: (gr.update(visible=on), gr.update(visible=not on)), [s["streaming"]],
                           [s["audio_stream"], s["audio_full"]], queue=False, **PRIVATE)

@@ -163,12 +163,12 @@ def listening_tab(modes: list[str]) -> dict[str, Any]:
     c["verdict"] = gr.Markdown()
     c["table"] = gr.Dataframe(label="Figures per mode", interactive=False, wrap=True,
                               headers=["mode", "ran as", *formatting.ROW_COLUMNS[3:], "frames", "same codes as first"])
-    c["export"] = gr.File(label="Export: clips + results CSV", file_count="multiple", interactive=False, height=80)
-    gr.Markdown("#### Blind A/B/X")
+    c["export"] = gr.File(label="Export: clips + results CSV", file_count="multiple", interactive=False, visible=False)
+    gr.Markdown("#### Blind test: which clip is X?")
     c["abx_info"] = gr.Markdown("Run the test, then listen to X and say which clip it matches.")
     with gr.Row(equal_height=True):
         c["x_audio"] = gr.Audio(label="X", interactive=False, scale=2)
-        c["pick_a"], c["pick_b"] = gr.Button("X is A", scale=1), gr.Button("X is B", scale=1)
+        c["pick_a"], c["pick_b"] = gr.Button("X is clip A", scale=1), gr.Button("X is clip B", scale=1)
     c["tally"] = gr.Markdown()
     c["abx"] = gr.State({})
     return c

@@ -1,9 +1,12 @@
 """End-to-end: `python app.py` in a subprocess, driven by headless Debian chromium through selenium.
 
-Checks that empty text gives a one-line error toast, types a text, clicks Generate, waits for playable
-audio and the downloadable wav, waits for TTFP/RTF in the engine panel, switches the compile mode and
-waits for the panel to report it, generates once more, and saves docs/screenshot.png. Skips only when
-/usr/bin/chromium is missing and CI is unset; under CI=true anything missing is a failure. Never
+One visit, in order: the page and its examples table (a click fills the form), an empty text gives a
+one-line error toast and no traceback, a clip plays and downloads, the TTFP and RTF plots draw its
+point in its mode's colour, Stop says so and keeps the partial audio as a labelled download, a request
+in a different mode (OMNI_TTS_BROWSER_MODE, default 'default', warmed in the background) draws a
+point of the second colour, and the default mode changes from the panel. Screenshots of each tab go
+to out/screenshots/ (ignored by git; copied by hand to docs/screenshots/ when they change). Skips only
+when /usr/bin/chromium is missing and CI is unset; under CI=true anything missing is a failure. Never
 downloads a browser or a driver (selenium drives Debian's /usr/bin/chromedriver, passed explicitly).
 """
 
@@ -23,9 +26,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests/fixtures/qwen3_tts_tiny/custom_voice"
+SHOTS = ROOT / "out" / "screenshots"  # ignored by git (/out/ in .gitignore)
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-SWITCH_TO = os.environ.get("OMNI_TTS_BROWSER_MODE", "eager")  # CPU: 'default' compiles for minutes
+OTHER_MODE = os.environ.get("OMNI_TTS_BROWSER_MODE", "default")  # on CPU its compile warms in the background
+WARM_TIMEOUT_S = float(os.environ.get("OMNI_TTS_BROWSER_WARM_S", "600"))
+assert OTHER_MODE in ("default", "reduce-overhead", "default+cudagraph"), "the switch needs a mode other than eager"
+COLORS = {"eager": "#f97316", "default": "#2563eb", "reduce-overhead": "#9333ea", "default+cudagraph": "#16a34a"}
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--window-size=1400,1500", "--autoplay-policy=no-user-gesture-required"]
@@ -52,23 +59,19 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """`python app.py` on a free port; yields (url, log path). Small preset: 2 slots, short KV cache."""
+    """`python app.py` on a free port; yields (url, log path). Small preset: 2 slots, short KV cache,
+    the second mode resident (warming in the background while the first steps run)."""
     tmp = tmp_path_factory.mktemp("app")
     preset = tmp / "browser.yaml"
-    preset.write_text("mode: eager\ndevice: cpu\nmax_num_seqs: 2\nmax_seq_len: 256\ninitial_chunk_frames: 1\n"
-                      "chunk_frames: 8\n")
-    if FIXTURE.is_dir():
-        model = str(FIXTURE)
-    else:
-        sys.path.insert(0, str(ROOT))
-        from omni_tts.models.checkpoint_maker import embedded_checkpoint_dir
-
-        model = str(embedded_checkpoint_dir())
+    modes = sorted({"eager", OTHER_MODE})
+    preset.write_text(f"mode: eager\nmodes: [{', '.join(modes)}]\ndevice: cpu\nmax_num_seqs: 2\nmax_seq_len: 256\n"
+                      "initial_chunk_frames: 1\nchunk_frames: 8\n")
     port, log = _free_port(), tmp / "server.log"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
+               OMNI_TTS_DATA_DIR=str(tmp / "data"))
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--host", "127.0.0.1",
-                                 "--model", model, "--preset", str(preset)],
+                                 "--model", str(FIXTURE), "--preset", str(preset)],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:
@@ -108,9 +111,10 @@ def _wait(driver, what: str, condition, timeout: float, log: Path):
     try:
         return WebDriverWait(driver, timeout, poll_frequency=0.25).until(lambda d: condition(d))
     except TimeoutException:
-        shot = Path(tempfile.gettempdir()) / "omni-tts-browser-failure.png"
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        shot = SHOTS / "failure.png"
         driver.save_screenshot(str(shot))
-        panel = {css: _text(driver, css) for css in ("#live-metrics", "#mode-status", "#engine-figures")}
+        panel = {css: _text(driver, css) for css in ("#live-metrics", "#mode-readiness", "#notice")}
         pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (screenshot {shot}); panel: {panel!r}; "
                     f"server log:\n{log.read_text()[-3000:]}")
 
@@ -121,48 +125,107 @@ def _text(driver, css: str) -> str:
     return " ".join(els[0].text.split()) if els else ""
 
 
-def test_generate_listen_switch_mode_and_screenshot(server, browser):
+def _points(driver, plot: str, mode: str) -> int:
+    """Points of `mode` drawn in a plot with that mode's colour."""
+    return driver.execute_script(
+        f"return document.querySelectorAll('#{plot} circle.point[data-mode=\"{mode}\"][fill=\"{COLORS[mode]}\"]')"
+        ".length")
+
+
+def _toast(driver, words: str) -> bool:
+    return any(words in e.text for e in driver.find_elements(By.CSS_SELECTOR, ".toast-body"))
+
+
+def _close_toasts(driver) -> None:
+    for close in driver.find_elements(By.CSS_SELECTOR, ".toast-close"):
+        try:
+            close.click()
+        except Exception:  # a toast that closed by itself meanwhile
+            pass
+
+
+def _set_number(driver, css: str, value: str) -> None:
+    box = driver.find_element(By.CSS_SELECTOR, css)
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(value, Keys.TAB)
+
+
+def _pick(driver, dropdown: str, value: str, log: Path) -> None:
+    """Choose `value` in a gr.Dropdown (its options list opens on a click of the input)."""
+    driver.find_element(By.CSS_SELECTOR, f"#{dropdown} input").click()
+    option = _wait(driver, f"option {value} of #{dropdown}", lambda d: d.find_elements(
+        By.CSS_SELECTOR, f'li[data-testid="dropdown-option"][aria-label="{value}"]'), 10, log)[0]
+    option.click()
+
+
+def _shot(driver, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    _close_toasts(driver)
+    time.sleep(0.5)
+    assert driver.save_screenshot(str(SHOTS / name)) and (SHOTS / name).stat().st_size > 10_000
+
+
+def test_a_first_visit(server, browser):
     url, log = server
     d = browser
     d.get(url)
     _wait(d, "the page", lambda d: d.find_elements(By.CSS_SELECTOR, "#generate"), 30, log)
-    assert "Model:" in _text(d, "#banner")
-    d.find_element(By.CSS_SELECTOR, "#sampling button.label-wrap").click()  # open the Sampling accordion
-    max_len = _wait(d, "the max-length box", lambda d: d.find_elements(
-        By.CSS_SELECTOR, "#max-len input[type=number]"), 10, log)[0]
-    max_len.send_keys(Keys.CONTROL, "a")
-    max_len.send_keys("24", Keys.TAB)
+    assert "Model:" in _text(d, "#banner") and "TTFP: time to first packet" in _text(d, "#metric-definitions")
+
+    first = _wait(d, "the examples table", lambda d: d.find_elements(By.CSS_SELECTOR, "#examples tbody tr"), 10, log)
+    first[0].click()  # an example fills the form
     box = d.find_element(By.CSS_SELECTOR, "#text textarea")
+    _wait(d, "the example's text in the form", lambda d: box.get_attribute("value").startswith("Hello! This is"),
+          10, log)
+    _wait(d, "the character counter", lambda d: re.fullmatch(r"\d+ / 2000 characters", _text(d, "#char-counter"))
+          and _text(d, "#char-counter") != "33 / 2000 characters", 10, log)
+
     box.send_keys(Keys.CONTROL, "a")
     box.send_keys(Keys.DELETE)
     d.find_element(By.CSS_SELECTOR, "#generate").click()  # bad input: a one-line error toast, no traceback
-    _wait(d, "the empty-text error toast", lambda d: any("text is empty" in e.text for e in d.find_elements(
-        By.CSS_SELECTOR, ".toast-body")), 15, log)
+    _wait(d, "the empty-text error toast", lambda d: _toast(d, "Text is empty"), 15, log)
     assert "Traceback" not in d.find_element(By.TAG_NAME, "body").text
+    assert "Traceback" not in log.read_text()
+
+    d.find_element(By.CSS_SELECTOR, "#sampling button.label-wrap").click()  # open the Sampling accordion
+    _wait(d, "the max-length box", lambda d: d.find_elements(By.CSS_SELECTOR, "#max-len input[type=number]"), 10, log)
+    _set_number(d, "#max-len input[type=number]", "24")
     box.send_keys("Hello from the browser test.")
     d.find_element(By.CSS_SELECTOR, "#generate").click()  # and the app still serves
-
     href = _wait(d, "the downloadable wav", lambda d: next((a.get_attribute("href") for a in d.find_elements(
         By.CSS_SELECTOR, "#download a") if ".wav" in (a.get_attribute("href") or "")), None), 60, log)
     with urllib.request.urlopen(href, timeout=10) as r:
         assert r.read(4) == b"RIFF", "the download is not a wav file"
-    _wait(d, "a playable audio element", lambda d: d.execute_script(
-        "const a = document.querySelector('#output-audio audio');"
-        "return !!a && !!a.src && a.readyState > 0 && a.duration > 0;"), 30, log)
-    _wait(d, "TTFP/E2E/RTF of the finished request in the panel", lambda d: re.search(
-        r"last #\d+ \(\S+\) \d+ ms \d+ ms \d+\.\d{3} \d+\.\d\d s", _text(d, "#live-metrics")), 15, log)
+    _wait(d, "TTFP/playable/E2E/RTF of the finished request", lambda d: re.search(
+        r"last #\d+ \(eager\) \d+ ms \d+ ms \d+ ms \d+\.\d{3} \d+\.\d\d s", _text(d, "#live-metrics")), 15, log)
+    _wait(d, "the request's point in both plots, in eager's colour", lambda d: _points(d, "ttfp-plot", "eager") == 1
+          and _points(d, "rtf-plot", "eager") == 1, 15, log)
 
-    assert "now" not in _text(d, "#mode-status")
-    d.find_element(By.CSS_SELECTOR, f'#mode-radio label[data-testid="{SWITCH_TO}-radio-label"]').click()
+    _set_number(d, "#max-len input[type=number]", "180")
+    d.find_element(By.CSS_SELECTOR, "#generate").click()
+    _wait(d, "the request running", lambda d: "running #" in _text(d, "#live-metrics"), 30, log)
+    d.find_element(By.CSS_SELECTOR, "#stop").click()
+    _wait(d, "the Stop toast", lambda d: _toast(d, "Stopping request"), 15, log)
+    _wait(d, "the partial audio download", lambda d: "Stopped: partial audio" in _text(d, "#download")
+          and "cancelled" in _text(d, "#live-metrics") and "Stopped:" in _text(d, "#notice"), 30, log)
+    _wait(d, "the stopped request in the plots", lambda d: _points(d, "ttfp-plot", "eager") == 2, 15, log)
+
+    _set_number(d, "#max-len input[type=number]", "24")
+    _pick(d, "request-mode", OTHER_MODE, log)  # the same form, a different mode for this request
+    d.find_element(By.CSS_SELECTOR, "#generate").click()
+    _wait(d, f"a {OTHER_MODE} point in both plots (its mode warms first)", lambda d: _points(
+        d, "ttfp-plot", OTHER_MODE) == 1 and _points(d, "rtf-plot", OTHER_MODE) == 1, WARM_TIMEOUT_S, log)
+    assert f"({OTHER_MODE})" in _text(d, "#live-metrics") and _points(d, "ttfp-plot", "eager") == 2
+    assert re.search(rf"{re.escape(OTHER_MODE)} ?: ready\b", _text(d, "#mode-readiness"))
+    _shot(d, "synthesis.png")
+
+    d.find_element(By.CSS_SELECTOR, "#engine-mode button.label-wrap").click()  # the panel's default mode
+    d.find_element(By.CSS_SELECTOR, f'#mode-radio label[data-testid="{OTHER_MODE}-radio-label"]').click()
     d.find_element(By.CSS_SELECTOR, "#apply-mode").click()
-    _wait(d, f"the panel to report mode {SWITCH_TO}", lambda d: f"now {SWITCH_TO}" in _text(d, "#mode-status")
-          and f"mode {SWITCH_TO}" in _text(d, "#engine-figures"), 90, log)
-    assert re.search(r"took \d+\.\d s", _text(d, "#mode-status"))
-    d.find_element(By.CSS_SELECTOR, "#generate").click()  # one more request, in the switched engine
-    _wait(d, "the second request in the panel", lambda d: "last #2 " in _text(d, "#live-metrics"), 60, log)
-    for close in d.find_elements(By.CSS_SELECTOR, ".toast-close"):  # a clean screenshot for the docs
-        close.click()
-    time.sleep(2.5)  # two more panel refreshes, so the plots show both requests
-    shot = ROOT / "docs" / "screenshot.png"
-    shot.parent.mkdir(exist_ok=True)
-    assert d.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    _wait(d, f"the engine to report default mode {OTHER_MODE}", lambda d: f"now run {OTHER_MODE}" in _text(
+        d, "#mode-status") and f"default mode {OTHER_MODE}" in _text(d, "#engine-figures"), 30, log)
+
+    for tab, name in (("Listening test", "listening.png"), ("Load test", "load.png")):
+        d.find_element(By.XPATH, f"//button[@role='tab' and normalize-space()='{tab}']").click()
+        time.sleep(1)
+        _shot(d, name)
