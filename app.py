@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from typing import Any
 
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     host, port = ui.bind_address(args.host, args.port)
     policy = ui.AdminPolicy.from_env(host, args.share)
     files.use_private_gradio_cache()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a plain kill still runs the exit clean-up
     say(f"files: {files.out_dir().path} (removed at exit); saved voices: {files.data_dir() / 'voices'}")
     demo = build_demo(engine, zero=zero, policy=policy)
     serve(engine, demo, host, port, args.share)
