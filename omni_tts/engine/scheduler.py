@@ -8,7 +8,9 @@ to the shared audio stage, which emits audio and completes requests. Knows nothi
 
 from __future__ import annotations
 
+import ctypes
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,6 +57,7 @@ class Scheduler:
         self.warm_report: dict[str, Any] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._idle = True
         self._thread = threading.Thread(target=self._loop, name=f"omni-tts-{self.mode.value}", daemon=True)
         self._thread.start()
 
@@ -107,9 +110,13 @@ class Scheduler:
         self._admit()
         if not self.active:
             self._guard(self._settle)
+            if not self._idle:
+                self._idle = True
+                trim_heap()
             self._wake.wait(0.05)
             self._wake.clear()
             return
+        self._idle = False
         self._guard(self._step)
 
     def _guard(self, fn: Callable[[], None]) -> None:
@@ -202,3 +209,13 @@ class Scheduler:
         """The request leaves its slot; it completes after its audio is decoded."""
         a.left = True
         self.audio.put([("finish", a, status, error)])
+
+
+def trim_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc): requests of many sizes on several threads leave
+    the allocator's arenas fragmented, so RSS would otherwise creep up under varied load."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass

@@ -10,7 +10,9 @@ whether the runner captures it as graphs.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -99,6 +101,9 @@ class StepImpls:
     def _fast_path(self, inductor: str) -> FastPath:
         if inductor not in self._fast:
             import torch._dynamo
+
+            # Inductor's compiled kernels persist across restarts, so a restart warms in a fraction of the time
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "omni_tts" / "inductor"))
 
             # per bucket: 2 layer units (+1 for the predictor's 2-token start) and 2 sampling units x 2 variants
             buckets = len(self.config.resolved_buckets())

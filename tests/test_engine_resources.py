@@ -1,0 +1,70 @@
+"""What an engine takes from its process: CPU threads, heap that stays flat under varied load, a clean exit."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from _fixtures import fixture_dir
+
+from omni_tts.config import EngineConfig, SynthesisParams
+from omni_tts.engine.engine import Engine
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _rss_mb() -> float:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_a_cpu_engine_leaves_cores_to_its_own_threads() -> None:
+    saved = torch.get_num_threads()
+    torch.set_num_threads(max(2, os.cpu_count() or 2))  # torch's default: every core
+    try:
+        engine = Engine.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), device="cpu"))
+        engine.shutdown()
+        assert torch.get_num_threads() <= max(1, (os.cpu_count() or 2) // 2)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_leaving_the_interpreter_with_a_live_engine_is_clean() -> None:
+    code = ("from omni_tts.config import EngineConfig, SynthesisParams\n"
+            "from omni_tts.engine.engine import Engine\n"
+            f"e = Engine.from_config(EngineConfig(model={str(fixture_dir('custom_voice'))!r}, device='cpu'))\n"
+            "e.submit(SynthesisParams(text='Still going when we leave.', speaker='ryan', max_new_tokens=40))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "terminate called" not in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads RSS from /proc")
+def test_memory_stays_flat_over_bursts_of_varied_requests() -> None:
+    engine = Engine.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), device="cpu", max_num_seqs=8))
+    rng = random.Random(0)
+
+    def bursts(n: int) -> None:
+        for _ in range(n):
+            handles = [engine.submit(SynthesisParams(text="Words to say. " * rng.randint(1, 8), speaker="ryan",
+                                                     max_new_tokens=rng.randint(3, 30), seed=i))
+                       for i in range(25)]
+            for h in handles:
+                h.result(120)
+
+    try:
+        bursts(4)  # warm-up
+        time.sleep(0.5)  # the scheduler has gone idle
+        before = _rss_mb()
+        bursts(12)
+        time.sleep(0.5)
+        grown = _rss_mb() - before
+    finally:
+        engine.shutdown()
+    assert grown < 40, f"RSS grew {grown:.1f} MB over 300 requests"
