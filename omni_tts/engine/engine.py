@@ -16,6 +16,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -100,8 +101,17 @@ class Engine:
         rid = next(self._ids)
         handle = RequestHandle(rid, params, RequestMetrics(rid, lane.mode.value, now(),
                                                            sample_rate=self.model.sample_rate))
+        handle.max_frames = prep.max_frames  # the most frames it can make (its length cap or the engine's room)
         lane.put(Request(handle, prep))
         return handle
+
+    def synthesize_offline(self, params: SynthesisParams) -> tuple[Any, Any]:
+        """One whole clip on the plain single-request path in the caller's thread (ZeroGPU, where the GPU
+        exists only inside the caller's call) -> (wav float32, codes [frames, 16])."""
+        params.validate()
+        from omni_tts.engine.offline import synthesize
+
+        return synthesize(self.model, params)
 
     def synthesize(self, params: SynthesisParams, timeout: float | None = None) -> SynthesisResult:
         return self.submit(params).result(timeout)
@@ -185,6 +195,17 @@ class Engine:
     @property
     def sample_rate(self) -> int:
         return self.model.sample_rate
+
+    def model_info(self) -> dict[str, Any]:
+        """What the loaded model is and offers: description, embedded-demo flag, why it was chosen,
+        speakers, languages, tasks, instruct support, generation defaults, sample rate, short name."""
+        ckpt = self.model.checkpoint
+        embedded = ckpt.is_embedded_demo
+        describe = f"embedded tiny random demo checkpoint (`{ckpt.path}`)" if embedded else ckpt.describe()
+        return {"speakers": list(self.speakers()), "languages": list(self.languages()), "tasks": list(self.tasks()),
+                "instruct": bool(self.model.supports_instruct()), "describe": describe, "embedded": embedded,
+                "generation": dict(ckpt.generation_config or {}), "reason": (ckpt.notes or [""])[-1],
+                "sample_rate": int(self.sample_rate), "name": Path(str(ckpt.path)).name or "omni-tts"}
 
     def snapshot(self) -> dict[str, Any]:
         """Engine-wide figures for dashboards (cheap)."""

@@ -49,6 +49,7 @@ class RequestHandle:
         self.params = params
         self.metrics = metrics
         self.sample_rate = metrics.sample_rate
+        self.max_frames: int | None = None  # the most frames this request can make (set at submit)
         self.cancel_requested = threading.Event()
         self._events: queue.Queue = queue.Queue()
         self._chunks: list[np.ndarray] = []
