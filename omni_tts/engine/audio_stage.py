@@ -100,13 +100,12 @@ class Code2Wav:
         priority: they replay on a high-priority stream (`FirstChunkGraphs`); the other windows decode on
         this stage's own normal-priority stream.
         They are captured here, on the caller's thread before this stage's thread starts: two captures at
-        once (this one and a step-graph capture on the scheduler thread) failed on the H200 with
-        'operation not permitted when stream is capturing'."""
+        once (this one and a step-graph capture on another thread) fail with 'operation not permitted
+        when stream is capturing'."""
         self.device, self.stats = device, stats
         self.first: FirstChunkGraphs | None = None
         self.first_error = ""
-        # False while the engine runs reduce-overhead: replaying these graphs on this thread beside Inductor's
-        # cudagraph trees crashed the process at 8 concurrent requests (H200, 2026-11-30; fine without them)
+        # False: decode first chunks eagerly (Inductor's cudagraph trees crash beside these graphs)
         self.graphs_on = True
         if first_chunk is not None:
             try:

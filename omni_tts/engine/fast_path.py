@@ -142,8 +142,8 @@ def predictor_feed(embedding: Any, proj: Any, code: torch.Tensor) -> tuple[torch
 
 def _cloned(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Copy a cudagraph-tree output out of Inductor's private pool before the next call reuses it
-    (without this, torch 2.11 raised 'accessing tensor output of CUDAGraphs that has been
-    overwritten by a subsequent run' on the H200, 2026-11-30)."""
+    (without this, torch raises 'accessing tensor output of CUDAGraphs that has been overwritten by
+    a subsequent run')."""
     def call(*args: Any) -> Any:
         out = fn(*args)
         return tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()

@@ -92,8 +92,8 @@ class Runner:
         self.allow_eos = torch.ones(S, dtype=torch.bool, **f)  # False: fixed-frames benchmark rows
         self.codes = torch.zeros(S, 16, dtype=torch.long, **f)
         # step results come back through these pinned buffers (codec.to_host_async + an event wait), never
-        # a pageable .cpu(): that waits inside the driver and stalled the code-to-wave thread's kernel
-        # launches on the H200 (TTFP ~590 ms at concurrency 1, 2026-11-30). Two of them, used in turn:
+        # a pageable .cpu(): that waits inside the driver and stalls the code-to-wave thread's kernel
+        # launches. Two of them, used in turn:
         # the engine launches step t+1 before it reads step t's results (one frame of lookahead).
         self._host = [torch.zeros(S, 17, dtype=torch.long, pin_memory=dev.type == "cuda") for _ in range(2)]
         self._turn = 0
