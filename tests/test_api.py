@@ -172,3 +172,18 @@ def test_files_the_app_did_not_hand_out_are_not_served(server):
     for route in (f"/gradio_api/file={secret}", f"/file={secret}", "/gradio_api/file=/etc/passwd"):
         r = httpx.get(url + route)
         assert r.status_code in (403, 404), (route, r.status_code)
+
+
+def test_bench_measures_the_server_through_its_speech_route(server, capsys):
+    """`python -m omni_tts.bench --http URL`: the closed loop through POST /v1/audio/speech, streamed pcm."""
+    from omni_tts.tools import bench
+
+    url, engine = server
+    assert bench.main(["--http", url, "--modes", "eager", "--concurrency", "1", "2", "--num-prompts", "2",
+                       "--fixed-frames", "6", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| Audio tput (s/s) | 2 |"))
+    assert float(row.split("|")[3]) > 0
+    ttfp = next(line for line in out.splitlines() if line.startswith("| Med TTFP (ms) | 1 |"))
+    e2e = next(line for line in out.splitlines() if line.startswith("| Med E2E (ms) | 1 |"))
+    assert 0 < float(ttfp.split("|")[3]) < float(e2e.split("|")[3])  # first bytes before the clip is finished

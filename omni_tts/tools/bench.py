@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="checkpoint dir or hub id (default: embedded demo)")
     ap.add_argument("--preset", default="bench")
     ap.add_argument("--max-num-seqs", type=int, default=None, help="slots per mode (default: the largest concurrency)")
-    ap.add_argument("--modes", default=",".join(m.value for m in CompileMode))
+    ap.add_argument("--modes", default=None, help="comma-separated modes (default: all; with --http: the server's)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--num-prompts", type=int, default=None, help="requests per concurrency, at least one per client "
                     "(default 2x the largest conc, >= 12)")
@@ -105,12 +105,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--json", default=None, help="write results as JSON here")
+    ap.add_argument("--http", default=None, metavar="URL",
+                    help="measure a running server through POST URL/v1/audio/speech (streamed pcm) instead of an "
+                         "in-process engine; --modes are sent as each request's mode, --fixed-frames as max_new_tokens")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a preset key (repeatable), e.g. --set kernels=false --set enforce_eager=true")
     args = ap.parse_args(argv)
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if args.http:
+        return _bench_over_http(args)
     try:
-        modes = [CompileMode.parse(m).value for m in args.modes.split(",") if m.strip()]
+        names = args.modes or ",".join(m.value for m in CompileMode)
+        modes = [CompileMode.parse(m).value for m in names.split(",") if m.strip()]
         overrides = parse_sets(args.set)
         overrides.update({k: v for k, v in (("model", args.model), ("device", args.device), ("dtype", args.dtype))
                           if v is not None})
@@ -139,6 +145,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "fixed_frames": args.fixed_frames, "concurrency": args.concurrency,
                        "results": {m: {str(c): v for c, v in r.items()} for m, r in results.items()},
                        "extra": extra}, f, indent=1)
+    return 0
+
+
+def _bench_over_http(args: Any) -> int:
+    """The same table through a server's OpenAI-compatible speech route (tools/http_load.py)."""
+    from omni_tts.tools.http_load import bench_http
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else [""]
+    frames = args.fixed_frames or 75
+    n = args.num_prompts or max(12, 2 * max(args.concurrency))
+    results = {(m or "server default"): bench_http(args.http, args.concurrency, n, frames, args.speaker, m or None,
+                                                   args.warmup) for m in modes}
+    print(f"server: {args.http}  max_new_tokens: {frames + 1} (streamed pcm; TTFP = first non-empty chunk)")
+    print(format_table(results, args.concurrency))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"http": args.http, "frames": frames, "concurrency": args.concurrency,
+                       "results": {m: {str(c): v for c, v in r.items()} for m, r in results.items()}}, f, indent=1)
     return 0
 
 

@@ -3,7 +3,7 @@
 
 Owns: the request body (OpenAI's fields `model`, `input`, `voice`, `instructions`, `response_format`,
 `speed`, `stream_format`, plus vLLM-Omni's `stream`, `task_type`, `language`, `ref_audio`, `ref_text`,
-`x_vector_only_mode`, `max_new_tokens` and sampling fields), the audio encodings (wav, pcm: 16-bit
+`x_vector_only_mode`, `max_new_tokens` and sampling fields; ours: `mode`), the audio encodings (wav, pcm: 16-bit
 little-endian mono at the model's rate; flac, mp3, opus through libsndfile; aac through ffmpeg when
 installed), streaming raw chunks as the engine makes them (`stream_format: "audio"` or `stream: true`,
 and pcm always) or as server-sent events (`stream_format: "sse"`), and errors as OpenAI-style JSON
@@ -69,6 +69,7 @@ class SpeechRequest(BaseModel):
     top_k: int | None = None
     top_p: float | None = None
     repetition_penalty: float | None = None
+    mode: str | None = None  # the CodePredictor's compile mode for this request (None: the engine's default)
 
 
 class ApiError(Exception):
@@ -163,7 +164,7 @@ class SpeechService:
         return SynthesisParams(text=req.input, task=task, speaker=speaker, language=req.language or "auto",
                                instruct=(req.instructions or "").strip() or None, temperature=req.temperature,
                                top_k=req.top_k, top_p=req.top_p, repetition_penalty=req.repetition_penalty,
-                               max_new_tokens=req.max_new_tokens, seed=req.seed, voice=prompt)
+                               max_new_tokens=req.max_new_tokens, seed=req.seed, voice=prompt, mode=req.mode)
 
     def _voice_prompt(self, req: SpeechRequest) -> Any:
         if not req.ref_audio:
