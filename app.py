@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             EngineConfig(model=args.model, mode=args.mode or "auto")
         if zero and config.mode not in ui.ZERO_GPU_MODES:
             config.mode = ui.ZERO_GPU_MODES[0]
-        engine = Engine.from_config(config, progress=say)
+        engine = Engine.from_config(config, progress=say, wait=False)  # the page never waits for a compile
     except OmniTTSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """The engine: the public API over one model, its resident modes and the shared audio stage.
 
 Owns: loading (`Engine.from_config`), the one scheduler per resident mode (each with its own runner and
-thread), warming the modes in the background in a fixed order (the default mode first), routing each
+thread), warming the modes in the background in a fixed order (eager, the default mode, the rest), routing each
 request to its mode, the shared step stream and graph pool, the audio stage, and the engine-wide
 snapshot. `submit` validates and prepares a request once, in the caller's thread; nothing here runs
 device math itself. Knows nothing about Gradio.
@@ -75,7 +75,8 @@ class Engine:
             runner = Runner(model, config, mode, self.impls, self.pool)
             self.lanes[mode] = Scheduler(runner, config, self._audio, self.stats, self._step_stream, self._decoder)
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
-        order = sorted(self.lanes, key=lambda m: (m is not self.default_mode, m is not CompileMode.EAGER))
+        # eager first (it only captures the talker), so a fresh page serves eager requests soonest
+        order = sorted(self.lanes, key=lambda m: (m is not CompileMode.EAGER, m is not self.default_mode))
         self._warmer = threading.Thread(target=self._warm_all, args=(order,), name="omni-tts-warm", daemon=True)
         self._warmer.start()
         _LIVE.add(self)
