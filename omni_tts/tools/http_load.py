@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from omni_tts.engine.metrics import RequestMetrics
-from omni_tts.tools.load import PROMPTS
+from omni_tts.tools.load import PROMPTS, closed_loop
 
 BYTES_PER_SAMPLE = 2  # pcm: 16-bit little-endian mono
 
@@ -43,30 +43,18 @@ def run_http_load(base_url: str, concurrency: int, num_prompts: int, frames: int
     import httpx
 
     url = base_url.rstrip("/") + "/v1/audio/speech"
-    lock, nxt, records = threading.Lock(), iter(range(num_prompts)), []
+    local = threading.local()  # one connection pool per client thread
 
-    def client_loop() -> None:
-        with httpx.Client() as client:
-            while True:
-                with lock:
-                    i = next(nxt, None)
-                if i is None:
-                    return
-                body = {"input": PROMPTS[i % len(PROMPTS)], "voice": voice, "response_format": "pcm",
-                        "stream": True, "max_new_tokens": frames + 1, "seed": 1234 + i, "language": "English"}
-                if mode:
-                    body["mode"] = mode
-                m = one_request(client, url, body, i, sample_rate)
-                with lock:
-                    records.append(m)
+    def work(i: int) -> RequestMetrics:
+        if not hasattr(local, "client"):
+            local.client = httpx.Client()
+        body = {"input": PROMPTS[i % len(PROMPTS)], "voice": voice, "response_format": "pcm", "stream": True,
+                "max_new_tokens": frames + 1, "seed": 1234 + i, "language": "English"}
+        if mode:
+            body["mode"] = mode
+        return one_request(local.client, url, body, i, sample_rate)
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return records, time.perf_counter() - t0
+    return closed_loop(concurrency, num_prompts, work)
 
 
 def bench_http(base_url: str, concurrency: Sequence[int], num_prompts: int, frames: int, voice: str | None,

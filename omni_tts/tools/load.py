@@ -35,12 +35,12 @@ def make_params(i: int, speaker: str | None, fixed_frames: int | None, seed: int
                            instruct=instruct, seed=seed + i, fixed_frames=fixed_frames, mode=mode)
 
 
-def run_load(engine: Any, concurrency: int, num_prompts: int, make: Callable[[int], SynthesisParams],
-             on_done: Callable[[RequestMetrics], None] | None = None) -> tuple[list[RequestMetrics], float]:
-    """Closed loop: `concurrency` clients share `num_prompts` requests. Returns (records, wall s)."""
-    lock = threading.Lock()
-    nxt = iter(range(num_prompts))
-    records: list[RequestMetrics] = []
+def closed_loop(concurrency: int, num_prompts: int, work: Callable[[int], Any]) -> tuple[list[Any], float]:
+    """`concurrency` clients share prompts 0..num_prompts-1, each sending its next when its last one is
+    done; work(i) -> a record, or raises (recorded, the run goes on). -> (records, wall seconds); the
+    first error is raised when nothing succeeded."""
+    lock, nxt = threading.Lock(), iter(range(num_prompts))
+    records: list[Any] = []
     errors: list[BaseException] = []
 
     def client() -> None:
@@ -50,14 +50,12 @@ def run_load(engine: Any, concurrency: int, num_prompts: int, make: Callable[[in
             if i is None:
                 return
             try:
-                res = engine.submit(make(i)).result()
-            except BaseException as e:  # recorded, the run goes on
+                record = work(i)
+            except BaseException as e:
                 errors.append(e)
                 continue
             with lock:
-                records.append(res.metrics)
-            if on_done:
-                on_done(res.metrics)
+                records.append(record)
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
@@ -65,7 +63,18 @@ def run_load(engine: Any, concurrency: int, num_prompts: int, make: Callable[[in
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
     if errors and not records:
         raise errors[0]
-    return records, wall
+    return records, time.perf_counter() - t0
+
+
+def run_load(engine: Any, concurrency: int, num_prompts: int, make: Callable[[int], SynthesisParams],
+             on_done: Callable[[RequestMetrics], None] | None = None) -> tuple[list[RequestMetrics], float]:
+    """Closed loop through the engine: `concurrency` clients share `num_prompts` requests."""
+    def work(i: int) -> RequestMetrics:
+        m = engine.submit(make(i)).result().metrics
+        if on_done:
+            on_done(m)
+        return m
+
+    return closed_loop(concurrency, num_prompts, work)
