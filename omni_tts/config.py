@@ -190,6 +190,7 @@ class TuningConfig:
     talker_kernel_rows: int = 8  # ...for talker steps of at most this many rows (cuBLAS wins above)
     kernel_pdl: bool = True  # Hopper+: the CodePredictor's kernels with programmatic dependent launch
     talker_pdl_rows: int = 1  # ...and the talker's for steps of at most this many rows (0: never)
+    kernel_configs: str | None = None  # a kernel sweep's JSON of launch configs for this GPU (tools/kernel_sweep)
     buckets: list[int] | None = None  # graph batch buckets; None: powers of two up to max_num_seqs
     use_vllm_pool: bool = True  # capture into vLLM's global graph pool when vllm is importable
     lookahead: bool = True  # launch frame t+1 before reading frame t
@@ -202,6 +203,8 @@ class TuningConfig:
         if self.codec_precision not in ("auto", "float32", "tf32", "bfloat16"):
             raise OmniTTSError(f"codec_precision must be auto, float32, tf32 or bfloat16 "
                                f"(got '{self.codec_precision}')")
+        if self.kernel_configs and not Path(self.kernel_configs).is_file():
+            raise OmniTTSError(f"kernel_configs: no such file '{self.kernel_configs}' (write one with kernel_sweep)")
         for key in ("predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows"):
             if not 0 <= getattr(self, key) <= 32:
                 raise OmniTTSError(f"{key} must be 0..32 (got {getattr(self, key)})")
@@ -285,7 +288,7 @@ def _check_types(data: dict[str, Any], path: Path) -> None:
     """Each preset value has its field's type (bool is not an int here), else one line naming the key."""
     for key, v in data.items():
         bare = key.removeprefix("tuning.")
-        if v is None and bare in ("model", "buckets", "modes", "gpu_memory_limit_gb"):
+        if v is None and bare in ("model", "buckets", "modes", "gpu_memory_limit_gb", "kernel_configs"):
             continue
         if bare in _INT_KEYS:
             ok, want = isinstance(v, int) and not isinstance(v, bool), "an integer"

@@ -1,5 +1,5 @@
 """omni_tts.tools.kernel_sweep's pure parts on the CPU: the candidate configs, the choice, the JSON it writes
-being what omni_tts.kernels.layers loads from OMNI_TTS_KERNEL_CONFIGS, and its refusal without CUDA."""
+being what omni_tts.kernels.layers loads from the preset key tuning.kernel_configs, and its refusal without CUDA."""
 
 from __future__ import annotations
 
@@ -38,12 +38,11 @@ def test_written_configs_are_what_the_kernels_load(tmp_path, monkeypatch) -> Non
     f.write_text(json.dumps(kernel_sweep.configs_json(best)))
     monkeypatch.setattr(kernel_configs, "TUNED", {})
     monkeypatch.setattr(kernel_configs, "_INTERPRET", False)  # config() answers from the table, as on a GPU
-    monkeypatch.setenv("OMNI_TTS_KERNEL_CONFIGS", str(f))
-    kernel_configs._load_configs()
+    kernel_configs.load_configs(str(f))
     assert kernel_configs.TUNED == best
     f.write_text(json.dumps({"choose_warps": 8}))
     monkeypatch.setattr(kernel_configs, "CHOOSE_WARPS", 4)
-    kernel_configs._load_configs()
+    kernel_configs.load_configs(str(f))
     assert kernel_configs.CHOOSE_WARPS == 8 and kernel_configs.TUNED == best
     assert kernel_configs.config(5, 4096, 1024) == (32, 256, 4, 4, False)  # 5 rows use the 8-row entry
     assert kernel_configs.config(12, 4096, 1024) == (32, 256, 4, 4, False)  # so do 9..16 (same 16-row tile)

@@ -90,6 +90,10 @@ class StepImpls:
         fast = self._fast.get("default")
         if fast is None:
             return ""
+        if self.config.tuning.kernel_configs:
+            from omni_tts.kernels import configs
+
+            configs.load_configs(self.config.tuning.kernel_configs)
         self.kernel_notice = fast.use_kernels(self.config.tuning, self.cuda and self.config.tuning.kernels,
                                               batches, [], dtype)
         return self.kernel_notice

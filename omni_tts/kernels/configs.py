@@ -1,6 +1,6 @@
 """Launch configs of omni_tts.kernels.layers' projection kernel, per (rows, output width, input width).
 
-Owns: the table swept on an H200 (`TUNED`), extra entries from the JSON that OMNI_TTS_KERNEL_CONFIGS
+Owns: the table swept on an H200 (`TUNED`), extra entries from the JSON that the preset key tuning.kernel_configs
 names (what `python -m omni_tts.tools.kernel_sweep` writes for the GPU at hand), and the lookup with its
 fallbacks (`config`). Knows nothing about the kernels' code, models or devices.
 """
@@ -25,7 +25,7 @@ def _next_pow2(n: int) -> int:
 # predictor's). One-row entries use whole-row tiles (BK >= K: under programmatic dependent launch a
 # program's weights all load before it waits for the previous kernel) and were swept with PDL on, as the
 # engine launches one-row steps. 2..16 rows take the 8-row entry (the same 16-row tensor-core tile),
-# 17..32 the 32-row one; untuned shapes `config`'s default. OMNI_TTS_KERNEL_CONFIGS names a JSON of
+# 17..32 the 32-row one; untuned shapes `config`'s default. the preset key tuning.kernel_configs names a JSON of
 # more entries ("rows,n,K": [...]).
 Config = tuple[int, int, int, int, bool]
 # (n, K): one row (BN, BK, warps), multiply-and-sum, one stage; 8 rows and 32 rows (BN, BK, stages),
@@ -55,20 +55,19 @@ CHOOSE_WARPS = 4
 CHOOSE_SORT_FREE = True
 
 
-def _load_configs() -> None:
+def load_configs(path: str) -> None:
+    """Add a kernel sweep's JSON (tools/kernel_sweep.py) to the table: the preset key `tuning.kernel_configs`."""
     global CHOOSE_WARPS, CHOOSE_SORT_FREE
-    path = os.environ.get("OMNI_TTS_KERNEL_CONFIGS")
-    if path:
-        with open(path) as f:
-            for key, value in json.load(f).items():
-                if key == "choose_warps":
-                    CHOOSE_WARPS = int(value)
-                    continue
-                if key == "choose_sort_free":
-                    CHOOSE_SORT_FREE = bool(value)
-                    continue
-                m, n, k = (int(v) for v in key.split(","))
-                TUNED[(m, n, k)] = (int(value[0]), int(value[1]), int(value[2]), int(value[3]), bool(value[4]))
+    with open(path) as f:
+        for key, value in json.load(f).items():
+            if key == "choose_warps":
+                CHOOSE_WARPS = int(value)
+                continue
+            if key == "choose_sort_free":
+                CHOOSE_SORT_FREE = bool(value)
+                continue
+            m, n, k = (int(v) for v in key.split(","))
+            TUNED[(m, n, k)] = (int(value[0]), int(value[1]), int(value[2]), int(value[3]), bool(value[4]))
 
 
 def config(M: int, n: int, K: int) -> Config:
@@ -81,5 +80,3 @@ def config(M: int, n: int, K: int) -> Config:
             return TUNED[(r, n, K)]
     return (8, 512, 3, 4, True) if rows == 1 else (16, 256, 3, 4, False)
 
-
-_load_configs()

@@ -1,5 +1,5 @@
 """Launch-config sweep of omni_tts.kernels.layers' projection kernel on this GPU, written as a JSON that
-OMNI_TTS_KERNEL_CONFIGS loads (and that kernel_configs.TUNED is updated from).
+the preset key tuning.kernel_configs loads (and that kernel_configs.TUNED is updated from).
 
     python -m omni_tts.tools.kernel_sweep [--size 1.7B] [--parts predictor talker] [--rows 1 2 8 16 32]
         [--no-pdl] [--talker-pdl-rows 1] [--quick] [--out kernel_configs.json]
@@ -54,7 +54,7 @@ def fastest(timings: dict[Config, float]) -> Config:
 
 
 def configs_json(best: dict[tuple[int, int, int], Config]) -> dict[str, list]:
-    """{(rows, n, K): config} -> the OMNI_TTS_KERNEL_CONFIGS format ({"rows,n,K": [BN, BK, stages, warps, vec]})."""
+    """{(rows, n, K): config} -> the tuning.kernel_configs format ({"rows,n,K": [BN, BK, stages, warps, vec]})."""
     return {f"{m},{n},{k}": list(cfg) for (m, n, k), cfg in sorted(best.items())}
 
 
@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     best = sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick, args.talker_pdl_rows)
     with open(args.out, "w") as f:
         json.dump(configs_json(best), f, indent=1)
-    say(f"wrote {args.out}: run with OMNI_TTS_KERNEL_CONFIGS={args.out}")
+    say(f"wrote {args.out}: run with --set kernel_configs={args.out}")
     return 0
 
 
