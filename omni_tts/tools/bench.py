@@ -85,12 +85,7 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
     return results, extra
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["peers"]:
-        from omni_tts.tools.peers import main as peers_main
-
-        return peers_main(argv[1:])
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m omni_tts.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint dir or hub id (default: embedded demo)")
     ap.add_argument("--preset", default="bench")
@@ -110,7 +105,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "in-process engine; --modes are sent as each request's mode, --fixed-frames as max_new_tokens")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a preset key (repeatable), e.g. --set kernels=false --set enforce_eager=true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["peers"]:
+        from omni_tts.tools.peers import main as peers_main
+
+        return peers_main(argv[1:])
+    args = _parser().parse_args(argv)
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.http:
         return _bench_over_http(args)
