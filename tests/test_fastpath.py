@@ -30,10 +30,7 @@ def model_and_fast(name: str = "custom_voice") -> tuple[TTSModel, FastPath]:
 
 
 def golden_cases(name: str) -> list[dict]:
-    f = FIXTURES / name / "golden" / "cases.json"
-    if not f.is_file():
-        return [pytest.param({}, marks=pytest.mark.skip(reason=f"fixtures not found at {FIXTURES}"))]
-    return json.loads(f.read_text())["cases"]
+    return json.loads((FIXTURES / name / "golden" / "cases.json").read_text())["cases"]
 
 
 def params_of(case: dict) -> SynthesisParams:

@@ -85,10 +85,8 @@ def test_speaker_encoder_strict_loading(ckpt):
 
 
 def test_non_base_checkpoint_has_no_speaker_encoder():
-    if not (FIXTURES / "custom_voice/config.json").is_file():
-        pytest.skip(f"custom_voice fixture not found under {FIXTURES}")
     with pytest.raises(CheckpointError, match="Base checkpoint"):
-        SpeakerEncoder.from_checkpoint(load_checkpoint(FIXTURES / "custom_voice"))
+        SpeakerEncoder.from_checkpoint(load_checkpoint(fixture_dir("custom_voice")))
 
 
 def test_create_icl_prompt_from_file_matches_golden(encoders, ref_audio, tmp_path):
