@@ -10,9 +10,11 @@ device math itself. Knows nothing about Gradio.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import itertools
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -37,6 +39,7 @@ __all__ = ["AudioChunk", "Engine", "RequestHandle", "SynthesisResult"]
 # The scheduler and code-to-wave threads share the GIL; a short switch interval keeps a thread that waits
 # for it from waiting a large part of a frame (a process-wide setting; it only ever lowers it).
 GIL_SWITCH_INTERVAL_S = 0.0005
+HEAP_TRIM_INTERVAL_S = 5.0
 _LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
@@ -79,6 +82,7 @@ class Engine:
         order = sorted(self.lanes, key=lambda m: (m is not CompileMode.EAGER, m is not self.default_mode))
         self._warmer = threading.Thread(target=self._warm_all, args=(order,), name="omni-tts-warm", daemon=True)
         self._warmer.start()
+        threading.Thread(target=self._trim_heap_periodically, name="omni-tts-trim", daemon=True).start()
         _LIVE.add(self)
 
     @classmethod
@@ -149,6 +153,14 @@ class Engine:
             lane.warm(self._say)
             if lane.warm_report:
                 self.stats.capture[mode.value] = {k: lane.warm_report[k] for k in ("seconds", "pool_bytes")}
+
+    def _trim_heap_periodically(self) -> None:
+        """Hand freed heap pages back to the OS now and then (glibc): requests of many sizes on several
+        threads fragment the allocator's arenas, and RSS would otherwise creep up under varied load."""
+        trim = _malloc_trim()
+        while trim is not None and not self._closed:
+            time.sleep(HEAP_TRIM_INTERVAL_S)
+            trim(0)
 
     def wait_ready(self, mode: str | CompileMode | None = None, timeout: float | None = None) -> bool:
         """Block until `mode` (default: the engine's default mode) is warm; False on timeout."""
@@ -251,6 +263,16 @@ class Engine:
 def _state(on: bool, error: str) -> str:
     """An optional accelerator for the snapshot: on, failed (why: it fell back), or off (not asked for)."""
     return "on" if on else f"failed: {error}" if error else "off"
+
+
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, or None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 @atexit.register

@@ -8,11 +8,8 @@ to the shared audio stage, which emits audio and completes requests. Knows nothi
 
 from __future__ import annotations
 
-import ctypes
 import queue
-import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +22,6 @@ from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import RequestHandle
 from omni_tts.errors import EngineError, OmniTTSError, as_engine_error, one_line
 from omni_tts.models.qwen3_tts import Prepared
-
-IDLE_TRIM_S = 1.0  # trim only after a real pause, never between the waves of a busy load
 
 
 @dataclass(eq=False)  # identity: slots are found with `is`-equality
@@ -60,8 +55,6 @@ class Scheduler:
         self.warm_report: dict[str, Any] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._idle_since: float | None = None  # when the loop last ran out of requests
-        self._trimmed = True
         self._thread = threading.Thread(target=self._loop, name=f"omni-tts-{self.mode.value}", daemon=True)
         self._thread.start()
 
@@ -114,15 +107,9 @@ class Scheduler:
         self._admit()
         if not self.active:
             self._guard(self._settle)
-            if self._idle_since is None:
-                self._idle_since = time.monotonic()
-            elif not self._trimmed and time.monotonic() - self._idle_since > IDLE_TRIM_S:
-                self._trimmed = True
-                trim_heap()
             self._wake.wait(0.05)
             self._wake.clear()
             return
-        self._idle_since, self._trimmed = None, False
         self._guard(self._step)
 
     def _guard(self, fn: Callable[[], None]) -> None:
@@ -215,13 +202,3 @@ class Scheduler:
         """The request leaves its slot; it completes after its audio is decoded."""
         a.left = True
         self.audio.put([("finish", a, status, error)])
-
-
-def trim_heap() -> None:
-    """Hand freed heap pages back to the OS (glibc): requests of many sizes on several threads leave
-    the allocator's arenas fragmented, so RSS would otherwise creep up under varied load."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc
-            pass
