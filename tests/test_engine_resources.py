@@ -68,3 +68,28 @@ def test_memory_stays_flat_over_bursts_of_varied_requests() -> None:
     finally:
         engine.shutdown()
     assert grown < 40, f"RSS grew {grown:.1f} MB over 300 requests"
+
+
+def test_compile_settings_reach_the_threads_that_compile() -> None:
+    """Dynamo's config is per thread: the limit on recompiles (one compile per bucket shape and variant)
+    must be set in the warm-up and scheduler threads, not only where the engine was built."""
+    import threading
+
+    import torch._dynamo
+
+    from omni_tts.engine.step_impl import StepImpls
+    from omni_tts.models.loading import load_model
+
+    cfg = EngineConfig(model=str(fixture_dir("custom_voice")), device="cpu", max_num_seqs=64)
+    impls = StepImpls(load_model(cfg), cfg)
+    seen: list[int] = []
+
+    def worker() -> None:
+        seen.append(torch._dynamo.config.recompile_limit)  # a new thread starts from the default
+        impls.compile_settings()
+        seen.append(torch._dynamo.config.recompile_limit)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen[1] >= 6 * len(cfg.resolved_buckets()) + 8 > seen[0]

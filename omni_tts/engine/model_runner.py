@@ -224,6 +224,7 @@ class Runner:
         """A warmed runner of `mode` (default: the config's) over the model `config` loads (tools, tests)."""
         model = load_model(config)
         runner = cls(model, config, mode or config.default_mode(model.device.type == "cuda"))
+        runner.impls.compile_settings()
         runner.warm()
         return runner
 

@@ -66,6 +66,7 @@ class Scheduler:
     def warm(self, say: Callable[[str], None]) -> None:
         """Compile and capture (called by the engine's warm-up thread, one mode at a time)."""
         self.state = "warming"
+        self.runner.impls.compile_settings()
         try:
             with self._step_stream():
                 self.warm_report = self.runner.warm(say)
@@ -84,6 +85,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the thread
     def _loop(self) -> None:
+        self.runner.impls.compile_settings()
         self.ready.wait()
         while not self._stop.is_set():
             if self.state == "failed":
