@@ -102,15 +102,18 @@ class StepImpls:
         fast = self.predictor(mode)
         return "reference modules" if fast is None else fast.kernels_report()
 
+    def compile_settings(self) -> None:
+        """Dynamo's settings for the calling thread (its config is per thread): call it in every thread
+        that compiles or runs the compiled units."""
+        import torch._dynamo
+
+        # per bucket: 2 layer units (+1 for the predictor's 2-token start) and 2 sampling units x 2 variants
+        torch._dynamo.config.recompile_limit = max(64, 6 * len(self.config.resolved_buckets()) + 8)
+
     def _fast_path(self, inductor: str) -> FastPath:
         if inductor not in self._fast:
-            import torch._dynamo
-
             # Inductor's compiled kernels persist across restarts, so a restart warms in a fraction of the time
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "omni_tts" / "inductor"))
-
-            # per bucket: 2 layer units (+1 for the predictor's 2-token start) and 2 sampling units x 2 variants
-            buckets = len(self.config.resolved_buckets())
-            torch._dynamo.config.recompile_limit = max(64, 6 * buckets + 8)
+            self.compile_settings()
             self._fast[inductor] = FastPath(self.model, inductor)
         return self._fast[inductor]
