@@ -72,10 +72,13 @@ class Engine:
         # one step stream for every mode: graphs that share a pool must never run at the same time
         self._stream = (torch.cuda.Stream(self.device, priority=-1 if tuning.priority_streams else 0)
                         if cuda else None)
-        self.pool = GraphPool(tuning.use_vllm_pool) if self.impls.talker_graphs else None
         self.lanes: dict[CompileMode, Scheduler] = {}
         for mode in resident:
-            runner = Runner(model, config, mode, self.impls, self.pool)
+            # one pool per mode (its graphs never run beside another mode's on the shared stream);
+            # default+cudagraph's is vLLM's global pool when vllm is importable, as in vLLM-Omni
+            vllm = tuning.use_vllm_pool and mode is CompileMode.DEFAULT_CUDAGRAPH
+            pool = GraphPool(vllm) if self.impls.talker_graphs else None
+            runner = Runner(model, config, mode, self.impls, pool)
             self.lanes[mode] = Scheduler(runner, config, self._audio, self.stats, self._step_stream, self._decoder)
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         # eager first (it only captures the talker), so a fresh page serves eager requests soonest
