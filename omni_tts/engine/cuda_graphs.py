@@ -3,7 +3,6 @@
 Owns: the shared pool (vLLM's global graph pool when vllm is importable on a CUDA host, else one
 the engine owns; a fresh one after every release, see `GraphPool.renew`), bucket selection, static
 input/output buffers, padded replay, and release. This is the only file that calls torch.cuda.graph.
-Also the stream graphs are replayed on (`ReplayStream`: high priority, or the default stream).
 Knows nothing about what the captured function computes: it takes a callable over tensors.
 """
 
@@ -11,9 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -135,34 +132,3 @@ class BucketedGraph:
         for cap in self.graphs.values():
             cap.graph.reset()
         self.graphs.clear()
-
-
-class ReplayStream:
-    """The stream one thread replays graphs on, chosen per pass of its loop: a high-priority stream (a graph's
-    kernels take the priority of the stream it is launched into, so they are scheduled ahead of other
-    streams' queued kernels) or the device's default stream. When the choice changes, the new stream first
-    waits for the old one's work, so the thread's state tensors stay ordered across the switch."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._high: Any = None  # made when first used
-        self._last: Any = None
-
-    def use(self, high: bool) -> AbstractContextManager:
-        """Context for one pass: the high-priority stream if `high`, else the default one (CPU: nothing)."""
-        if self.device.type != "cuda":
-            return nullcontext()
-        if high and self._high is None:
-            self._high = torch.cuda.Stream(self.device, priority=-1)
-        stream = self._high if high else torch.cuda.default_stream(self.device)
-        if stream != self._last:
-            stream.wait_stream(self._last if self._last is not None else torch.cuda.current_stream(self.device))
-            self._last = stream
-        return torch.cuda.stream(stream)
-
-    def after_default(self) -> None:
-        """Make the current stream wait for the default stream (tensors other threads made there)."""
-        if self.device.type == "cuda":
-            current, default = torch.cuda.current_stream(self.device), torch.cuda.default_stream(self.device)
-            if current != default:
-                current.wait_stream(default)
