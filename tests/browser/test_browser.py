@@ -220,7 +220,8 @@ def test_a_first_visit(server, browser):
     _shot(d, "synthesis.png")
 
     d.find_element(By.CSS_SELECTOR, "#engine-mode button.label-wrap").click()  # the panel's default mode
-    d.find_element(By.CSS_SELECTOR, f'#mode-radio label[data-testid="{OTHER_MODE}-radio-label"]').click()
+    radio = f'#mode-radio label[data-testid="{OTHER_MODE}-radio-label"]'
+    _wait(d, "the opened default-mode panel", lambda d: d.find_elements(By.CSS_SELECTOR, radio), 10, log)[0].click()
     d.find_element(By.CSS_SELECTOR, "#apply-mode").click()
     _wait(d, f"the engine to report default mode {OTHER_MODE}", lambda d: f"now run {OTHER_MODE}" in _text(
         d, "#mode-status") and f"default mode {OTHER_MODE}" in _text(d, "#engine-figures"), 30, log)
