@@ -30,11 +30,17 @@ def load_model(config: EngineConfig, progress: Callable[[str], None] | None = No
 
 
 def resolve_device(name: str) -> torch.device:
+    """auto | cpu | cuda | cuda:N -> a device that exists here (OmniTTSError with one line if not)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise OmniTTSError(f"device must be auto, cpu or cuda (got '{name}')")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise OmniTTSError("device cuda requested but CUDA is not available here; use --device cpu")
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise OmniTTSError(f"device must be auto, cpu, cuda or cuda:N (got '{name}')") from None
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

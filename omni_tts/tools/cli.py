@@ -92,19 +92,6 @@ def _checkpoint(model: str | None):  # -> Checkpoint
     return ckpt
 
 
-def _device(name: str):
-    import torch
-
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise OmniTTSError("device cuda requested but CUDA is not available here; use --device cpu")
-    if name != "cpu" and not name.startswith("cuda"):
-        raise OmniTTSError(f"device must be cpu or cuda (got '{name}')")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise OmniTTSError(f"device must be cpu, cuda or cuda:N (got '{name}')") from None
-
-
 def _utf8(args: argparse.Namespace) -> None:
     """Text flags must be valid UTF-8: the OS hands undecodable bytes over as lone surrogates."""
     for name in TEXT_FLAGS:
@@ -150,9 +137,9 @@ def _request(args: argparse.Namespace, task: str, voice=None):  # -> SynthesisPa
 def _synth(args: argparse.Namespace) -> int:
     import numpy as np
     import soundfile as sf
-    import torch
 
     from omni_tts.engine import offline
+    from omni_tts.models.loading import resolve_device, resolve_dtype
     from omni_tts.models.qwen3_tts import TTSModel
 
     _utf8(args)
@@ -162,8 +149,8 @@ def _synth(args: argparse.Namespace) -> int:
     ckpt = _checkpoint(args.model)
     if ckpt.is_embedded_demo:
         print(f"note: {ckpt.describe()}", file=sys.stderr)
-    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
-    model = TTSModel.from_checkpoint(ckpt, device=_device(args.device), dtype=dtype)
+    device = resolve_device(args.device)
+    model = TTSModel.from_checkpoint(ckpt, device=device, dtype=resolve_dtype(args.dtype, device))
     task = args.task or (model.tasks() or ["custom_voice"])[0]
     voice = _voice(args, model, task, ref_wav)
     wav, codes = offline.synthesize(model, _request(args, task, voice))
@@ -245,6 +232,7 @@ def _speakers(args: argparse.Namespace) -> int:
 def _make_checkpoint(args: argparse.Namespace) -> int:
     from omni_tts.config import LIMITS, check_number
     from omni_tts.models.checkpoint_maker import SIZES, make_checkpoint
+    from omni_tts.models.loading import resolve_device
 
     check_number("--seed", args.seed, LIMITS["seed"])
     if args.size not in SIZES:
@@ -254,7 +242,7 @@ def _make_checkpoint(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise OmniTTSError(f"{out}: exists and is not an empty directory; choose a new --out")
-    device = _device(args.device)
+    device = resolve_device(args.device)
     try:
         make_checkpoint(out, args.size, args.type, seed=args.seed, device=str(device), dtype=args.dtype)
     except OSError as e:
