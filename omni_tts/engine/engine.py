@@ -227,7 +227,7 @@ class Engine:
         """Engine-wide figures for dashboards (cheap)."""
         active = {m.value: len(lane.active) for m, lane in self.lanes.items()}
         waiting = {m.value: lane.waiting.qsize() for m, lane in self.lanes.items()}
-        pool = sum(lane.runner.pool_bytes_ for lane in self.lanes.values())
+        pool = sum(lane.runner.pool_bytes() for lane in self.lanes.values())
         return {
             "mode": self.default_mode.value,
             "modes": self.modes(),

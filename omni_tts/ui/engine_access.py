@@ -1,7 +1,7 @@
 """The app's reads of the engine, each behind one small function over the Engine's public API.
 
-Owns: the loaded model's description, a request's frame cap (to say when a clip was cut), a request's
-mode, per-mode readiness for the panel, and ZeroGPU's whole-clip synthesis. Knows nothing about Gradio.
+Owns: a request's mode, per-mode readiness for the panel, and ZeroGPU's whole-clip synthesis.
+Knows nothing about Gradio.
 """
 
 from __future__ import annotations
@@ -9,11 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from omni_tts.config import SynthesisParams
-
-
-def model_info(engine: Any) -> dict[str, Any]:
-    """Speakers, languages, tasks, instruct support, description and sampling defaults of the loaded model."""
-    return engine.model_info()
 
 
 def with_mode(params: SynthesisParams, mode: str | None) -> SynthesisParams:
@@ -33,11 +28,6 @@ def mode_readiness(engine: Any) -> dict[str, str]:
             state += f": {v['reason']}"
         out[mode] = state
     return out
-
-
-def frame_cap(engine: Any, handle: Any) -> int | None:
-    """The most frames a request could make (its Max length, or the engine's room after the prompt)."""
-    return handle.max_frames
 
 
 def synthesize_whole(engine: Any, params: SynthesisParams) -> tuple[Any, int]:

@@ -65,7 +65,7 @@ def synthesize(engine: Any, f: Mapping[str, Any], history: list | None = None, s
     Streaming: each chunk goes to the streamed player as it is made; else the clip goes to the plain
     player when finished. A stopped request keeps its partial audio as a labelled download and is
     recorded in the history like any other."""
-    info = info or engine_access.model_info(engine)
+    info = info or engine.model_info()
     history, key, samples = list(history or []), visitor(request), []
     with user_errors("synthesis"):
         handle = _start(engine, f, info)
@@ -97,8 +97,8 @@ def _finish(engine: Any, handle: Any, samples: list[np.ndarray], history: list, 
     if stopped:
         note = f"Stopped: request #{m.request_id} kept {len(wav) / sr:.1f} s of audio (partial download below)."
     else:
-        cap = engine_access.frame_cap(engine, handle)
-        asked = handle.params.max_new_tokens or engine_access.model_info(engine)["generation"].get("max_new_tokens")
+        cap = handle.max_frames
+        asked = handle.params.max_new_tokens or engine.model_info()["generation"].get("max_new_tokens")
         note = formatting.capped_notice(m.frames, cap, asked)
         if note:
             gr.Warning(note)
@@ -133,7 +133,7 @@ def synthesize_in_call(engine: Any, f: Mapping[str, Any], history: list | None =
     """ZeroGPU: one whole synthesis inside the caller's GPU call (the scheduler thread has no GPU there)."""
     from omni_tts.engine.metrics import RequestMetrics, now
 
-    info = info or engine_access.model_info(engine)
+    info = info or engine.model_info()
     with user_errors("synthesis"):
         params = ui.make_params(engine, f, info)
         params.validate()

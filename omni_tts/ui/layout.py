@@ -39,7 +39,7 @@ def banner_markdown(info: dict, reason: str, streaming: bool) -> str:
 def build_demo(engine: Any, model_reason: str = "", zero: bool = False,
                policy: ui.AdminPolicy = ui.LOCAL, streaming: bool | None = None) -> gr.Blocks:
     """The whole page over `engine`; nothing is launched."""
-    info = engine_access.model_info(engine)
+    info = engine.model_info()
     streaming = (ui.streaming_playback_supported() if streaming is None else streaming) and not zero
     available = engine.available_modes()
     modes = [m for m in formatting.MODES if available.get(m) is None and (not zero or m in ui.ZERO_GPU_MODES)]

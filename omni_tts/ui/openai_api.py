@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from omni_tts.config import SynthesisParams
 from omni_tts.errors import EngineError, InputError, OmniTTSError
-from omni_tts.ui import engine_access, files, labels
+from omni_tts.ui import files, labels
 
 log = logging.getLogger("omni_tts.openai")
 MAX_BODY_BYTES = 32 << 20  # a base64 reference clip of a few minutes fits; more is refused with 413
@@ -136,7 +136,7 @@ class SpeechService:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self.info = engine_access.model_info(engine)
+        self.info = engine.model_info()
         self.name = str(self.info.get("name") or "omni-tts")
 
     def voices(self) -> dict[str, Any]:
