@@ -14,7 +14,7 @@ import torch
 from _fixtures import fixture_dir
 
 from omni_tts.config import EngineConfig, SynthesisParams
-from omni_tts.engine.engine import Engine
+from omni_tts.engine.engine import HEAP_TRIM_INTERVAL_S, Engine
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,7 +36,7 @@ def test_a_cpu_engine_leaves_cores_to_its_own_threads() -> None:
 
 def test_leaving_the_interpreter_with_a_live_engine_is_clean() -> None:
     code = ("from omni_tts.config import EngineConfig, SynthesisParams\n"
-            "from omni_tts.engine.engine import Engine\n"
+            "from omni_tts.engine.engine import HEAP_TRIM_INTERVAL_S, Engine\n"
             f"e = Engine.from_config(EngineConfig(model={str(fixture_dir('custom_voice'))!r}, device='cpu'))\n"
             "e.submit(SynthesisParams(text='Still going when we leave.', speaker='ryan', max_new_tokens=40))\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -60,10 +60,11 @@ def test_memory_stays_flat_over_bursts_of_varied_requests() -> None:
 
     try:
         bursts(4)  # warm-up
-        time.sleep(0.5)  # the scheduler has gone idle
+        settle = HEAP_TRIM_INTERVAL_S + 1.0  # one of the engine's heap trims has run since the last burst
+        time.sleep(settle)
         before = _rss_mb()
         bursts(12)
-        time.sleep(0.5)
+        time.sleep(settle)
         grown = _rss_mb() - before
     finally:
         engine.shutdown()
