@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _fixtures import fixture_dir
 
@@ -122,21 +123,35 @@ def test_make_params_cycles_prompts_and_seeds():
     a.validate()
 
 
-def test_bench_peers_measures_our_engine_and_names_missing_peers(tmp_path, capsys):
-    """`bench peers` on the tiny checkpoint (CPU): our row is measured; a peer that is not importable
-    here is a row saying so, not a crash (the official package lives in its own venv, if anywhere)."""
+def test_bench_peers_runs_each_system_in_its_own_process(tmp_path, capsys):
+    """`bench peers` on the tiny checkpoint (CPU): our engine runs in a process of its own and is measured
+    at every concurrency with exactly the asked frames; a peer that is not importable on its import path
+    is a row saying so, not a crash, and the run goes on to the next system."""
     import importlib.util
 
     out = tmp_path / "peers.json"
     assert bench.main(["peers", "--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--frames", "4",
-                       "--num-prompts", "2", "--peers", "qwen-tts,faster-qwen3-tts", "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
-    ours = rows["omni-tts (engine, bench preset, 1 slot, streaming)"]
-    assert ours["requests"] == 2 and math.isclose(ours["audio_s"], 2 * 4 * 0.08)
-    assert 0 < ours["med_ttfp_ms"] and ours["mean_rtf"] > 0
-    for name, module in (("qwen-tts (official, whole clip)", "qwen_tts"),
-                         ("faster-qwen3-tts (non-streaming)", "faster_qwen3_tts")):
-        if importlib.util.find_spec(module) is None:
-            assert rows[name] == {"error": f"not installed ({module})"}
+                       "--num-prompts", "3", "--concurrency", "1", "2", "--peers", "vllm-omni,qwen-tts",
+                       "--json", str(out), "--log-dir", str(tmp_path / "logs")]) == 0
+    results = {r["system"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(results) == ["vllm-omni", "qwen-tts", "omni-tts"]
+    ours = results["omni-tts"]
+    assert set(ours["rows"]) == {"1", "2"} and ours["startup_s"] > 0 and "error" not in ours
+    for row in ours["rows"].values():
+        assert row["requests"] == 3 and math.isclose(row["audio_s"], 3 * 4 * 0.08)
+        assert row["frames_med"] == 4 and row["dup_chunks"] == 0
+        assert 0 < row["med_ttfp_ms"] <= row["med_e2e_ms"] and row["mean_rtf"] > 0
+    if importlib.util.find_spec("qwen_tts") is None:
+        assert results["qwen-tts"]["error"] == "not installed (qwen_tts)" and not results["qwen-tts"].get("rows")
+    assert "error" in results["vllm-omni"]  # vLLM-Omni needs CUDA (and is not installed in CI)
     table = capsys.readouterr().out
-    assert "| omni-tts (engine, bench preset, 1 slot, streaming) |" in table and "| Med TTFP (ms) |" in table
+    assert "| omni-tts | 2 |" in table and "| med TTFP ms |" in table and "not installed" in table
+
+
+def test_peer_tally_counts_a_repeated_chunk_once():
+    """A chunk equal to the one before it (vLLM-Omni's duplicated last chunk) is not audio twice."""
+    from omni_tts.tools.peer_run import timed
+
+    a, b = np.ones(480, np.float32), np.arange(480, dtype=np.float32)
+    m = timed(0, [np.zeros(0), a, b, b, a])
+    assert m.audio_samples == 3 * 480 and m.dups == 1 and m.first_audio_at is not None

@@ -1,149 +1,167 @@
-"""`python -m omni_tts.bench peers`: the same prompts and checkpoint through the peers a user would
-otherwise pick, each through its public API only, beside our engine, single stream.
+"""`python -m omni_tts.bench peers`: the systems a user would otherwise pick, beside our engine, on the
+same checkpoint and prompts with the same number of frames, measured the same way in one run.
 
-    python -m omni_tts.bench peers --model DIR [--frames 75] [--num-prompts N] [--device cuda]
-        [--peers qwen-tts,faster-qwen3-tts] [--chunk-size 8] [--json OUT]
+    python -m omni_tts.bench peers --model DIR [--peers vllm-omni,faster-qwen3-tts,qwen-tts]
+        [--path vllm-omni=/opt/vo --path qwen-tts=/opt/peers ...] [--concurrency 1 8 32]
+        [--num-prompts 32] [--frames 75] [--json OUT] [--log-dir DIR]
 
-Owns: loading each peer if it is importable (the official `qwen-tts` package: transformers generate,
-whole clip; `faster-qwen3-tts`: its CUDA-graph generator, streaming and not), timing them the way
-our metrics do (TTFP = request start -> first audio in hand; RTF = wall / audio seconds), and one
-table. A peer that is not installed or fails is a row saying so. On a machine without network,
-install the peers from wheels into a separate --target dir placed first on PYTHONPATH.
-Knows nothing about the peers' internals.
+Owns the orchestration: each system runs in a process of its own (omni_tts/tools/peer_run.py) with its
+own import path (`--path NAME=DIR` goes first on that process's PYTHONPATH; nothing of a peer is
+installed into ours), one after the other on an idle GPU; the GPU memory of every system is read alike
+from outside, as the device's memory in use (nvidia-smi, every 200 ms) minus what was in use before it
+started: once when it reports ready, and at its peak. One table, every system.
+A system that is not installed or fails is a row saying so; the run goes on.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
-import statistics
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from omni_tts.tools.load import PROMPTS
-
-Clip = tuple[float, float, float]  # (ttfp s, wall s, audio s)
-
-
-def _timed_stream(chunks: Iterable[tuple[np.ndarray, int]]) -> Clip:
-    t0, first, samples, sr = time.perf_counter(), None, 0, 24000
-    for wav, _sr in chunks:
-        if first is None:
-            first = time.perf_counter() - t0
-        samples += int(np.asarray(wav).reshape(-1).shape[0])
-    wall = time.perf_counter() - t0
-    return (first if first is not None else wall), wall, samples / float(sr)
+ROOT = Path(__file__).resolve().parents[2]  # the directory holding the omni_tts package
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+COLS = [("med TTFP ms", "med_ttfp_ms", "{:.1f}"), ("p90 TTFP ms", "p90_ttfp_ms", "{:.1f}"),
+        ("med E2E ms", "med_e2e_ms", "{:.0f}"), ("mean RTF", "mean_rtf", "{:.3f}"), ("req/s", "req_per_s", "{:.2f}"),
+        ("audio s/s", "audio_s_per_s", "{:.1f}"), ("frames", "frames_med", "{:.0f}")]
 
 
-def official(model: str, device: str, dtype: Any, frames: int, speaker: str) -> Callable[[str], Clip]:
-    from qwen_tts import Qwen3TTSModel  # type: ignore[import-not-found]
+class GpuMemory:
+    """The device's memory in use (MiB), as nvidia-smi reports it every 200 ms; inert without nvidia-smi."""
 
-    m = Qwen3TTSModel.from_pretrained(model, device_map=device, dtype=dtype, attn_implementation="sdpa")
+    def __init__(self, enabled: bool = True, index: int = 0) -> None:
+        self.latest: float | None = None
+        self.peak = 0.0
+        self._proc = None
+        exe = shutil.which("nvidia-smi") if enabled else None
+        if exe:
+            self._proc = subprocess.Popen([exe, "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                           "-i", str(index), "-lms", "200"], stdout=subprocess.PIPE, text=True)
+            threading.Thread(target=self._read, daemon=True).start()
+            for _ in range(50):
+                if self.latest is not None:
+                    break
+                time.sleep(0.1)
 
-    def one(text: str) -> Clip:
-        def gen():
-            wavs, sr = m.generate_custom_voice(text=text, speaker=speaker, language="English",
-                                               max_new_tokens=frames + 1)
-            yield wavs[0], sr
-        return _timed_stream(gen())  # whole clip: TTFP == wall
-    return one
+    def _read(self) -> None:
+        for line in self._proc.stdout:  # type: ignore[union-attr]
+            try:
+                self.latest = float(line.strip())
+            except ValueError:
+                continue
+            self.peak = max(self.peak, self.latest)
 
+    def settle(self, baseline: float | None, timeout: float = 90.0) -> None:
+        """Wait until a finished system's processes have given their memory back."""
+        t0 = time.monotonic()
+        while baseline is not None and self.latest is not None and self.latest > baseline + 512 \
+                and time.monotonic() - t0 < timeout:
+            time.sleep(0.5)
+        self.peak = self.latest or 0.0
 
-def faster(model: str, device: str, dtype: Any, frames: int, speaker: str, chunk_size: int | None
-           ) -> Callable[[str], Clip]:
-    from faster_qwen3_tts import FasterQwen3TTS  # type: ignore[import-not-found]
-
-    m = FasterQwen3TTS.from_pretrained(model, device=device, dtype=dtype)
-    kw = dict(speaker=speaker, language="English", max_new_tokens=frames + 1, min_new_tokens=frames + 1)
-
-    def one(text: str) -> Clip:
-        if chunk_size:
-            return _timed_stream((w, sr) for w, sr, _ in
-                                 m.generate_custom_voice_streaming(text=text, chunk_size=chunk_size, **kw))
-
-        def gen():
-            wavs, sr = m.generate_custom_voice(text=text, **kw)
-            yield wavs[0], sr
-        return _timed_stream(gen())
-    return one
-
-
-def ours(model: str, device: str, frames: int, speaker: str) -> Callable[[str], Clip]:
-    from omni_tts.config import SynthesisParams, load_preset
-    from omni_tts.engine.engine import Engine
-
-    mode = None if device.startswith("cuda") else "eager"  # graph modes need CUDA (CPU: compile takes minutes)
-    engine = Engine.from_config(load_preset("bench", model=model, device=device, mode=mode, max_num_seqs=1))
-    atexit.register(engine.shutdown)  # its threads must stop before the interpreter tears down
-
-    def one(text: str) -> Clip:
-        r = engine.synthesize(SynthesisParams(text=text, speaker=speaker, language="English", fixed_frames=frames))
-        m = r.metrics
-        return m.ttfp_ms / 1000.0, m.e2e_ms / 1000.0, m.audio_s
-    return one
+    def close(self) -> None:
+        if self._proc:
+            self._proc.terminate()
 
 
-def measure(make: Callable[[], Callable[[str], Clip]], prompts: Sequence[str]) -> dict[str, Any]:
-    try:
-        one = make()
-        one(prompts[0])  # warm-up (graph capture, autotune), excluded
-        clips = [one(p) for p in prompts]
-    except ImportError as e:
-        return {"error": f"not installed ({e.name or e})"}
-    except Exception as e:  # a failing peer is a result
-        return {"error": f"{type(e).__name__}: {str(e)[:120]}"}
-    return {"med_ttfp_ms": 1000 * statistics.median(c[0] for c in clips),
-            "mean_rtf": statistics.fmean(c[1] / c[2] for c in clips if c[2] > 0),
-            "audio_s": sum(c[2] for c in clips), "requests": len(clips)}
+def run_system(name: str, a: argparse.Namespace, paths: dict[str, str], mem: GpuMemory, log: Path) -> dict[str, Any]:
+    """One system in its own process -> its result record (rows per concurrency, start-up, memory)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (paths.get(name), str(ROOT), env.get("PYTHONPATH")) if p)
+    if name == "vllm-omni":
+        env.update(OFFLINE_ENV)
+    cmd = [sys.executable, "-m", "omni_tts.tools.peer_run", name, "--model", a.model, "--frames", str(a.frames),
+           "--num-prompts", str(a.num_prompts), "--device", a.device, "--speaker", a.speaker,
+           "--vo-extra-tokens", str(a.vo_extra_tokens), "--single-stream-prompts", str(a.single_stream_prompts),
+           "--concurrency", *map(str, a.concurrency)]
+    baseline = mem.latest
+    mem.peak = baseline or 0.0
+    result: dict[str, Any] = {"system": name, "error": "no result (see its log)"}
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(ROOT))
+        killer = threading.Timer(a.timeout, proc.kill)
+        killer.start()
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if line.startswith("READY") and baseline is not None and mem.latest is not None:
+                result["mem_ready_gib"] = (mem.latest - baseline) / 1024
+            elif line.startswith("RESULT "):
+                result = {**json.loads(line[7:]), **{k: v for k, v in result.items() if k.startswith("mem_")}}
+        rc = proc.wait()
+        killer.cancel()
+    if baseline is not None:
+        result["mem_peak_gib"] = (mem.peak - baseline) / 1024
+    if rc != 0 and "error" not in result:
+        result["error"] = f"exited with {rc} after {len(result.get('rows', {}))} concurrency levels"
+    result["log"] = str(log)
+    mem.settle(baseline)
+    return result
 
 
-def table(rows: dict[str, dict[str, Any]]) -> str:
-    out = ["| system | Med TTFP (ms) | Mean RTF | audio s |", "|---|---|---|---|"]
-    for name, r in rows.items():
-        if "error" in r:
-            out.append(f"| {name} | {r['error']} | - | - |")
-        else:
-            out.append(f"| {name} | {r['med_ttfp_ms']:.1f} | {r['mean_rtf']:.3f} | {r['audio_s']:.1f} |")
+def table(results: list[dict[str, Any]]) -> str:
+    head = ["system", "conc", *(c[0] for c in COLS), "start-up s", "GPU mem GiB ready / peak"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        mem = (f"{r['mem_ready_gib']:.1f} / {r['mem_peak_gib']:.1f}" if "mem_ready_gib" in r and "mem_peak_gib" in r
+               else "-")
+        start = f"{r['startup_s']:.0f}" if "startup_s" in r else "-"
+        rows = r.get("rows") or {}
+        if not rows:
+            out.append(f"| {r['system']} | - | {r.get('error', 'no result')} |" + " - |" * (len(head) - 3))
+        for c, row in rows.items():
+            cells = [fmt.format(row[k]) if row.get(k) == row.get(k) and k in row else "-" for _, k, fmt in COLS]
+            out.append(f"| {r['system']} | {c} | " + " | ".join(cells) + f" | {start} | {mem} |")
+        if rows and r.get("error"):
+            out.append(f"| {r['system']} | - | stopped: {r['error']} |" + " - |" * (len(head) - 3))
     return "\n".join(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m omni_tts.bench peers", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="checkpoint dir (the same one for every system)")
+    ap.add_argument("--model", required=True, help="checkpoint dir in the released layout (the same for every system)")
+    ap.add_argument("--peers", default="vllm-omni,faster-qwen3-tts,qwen-tts",
+                    help="comma-separated, run in this order; omni-tts runs last unless listed")
+    ap.add_argument("--path", action="append", default=[], metavar="NAME=DIR",
+                    help="put DIR first on NAME's import path (a --target install of that peer)")
     ap.add_argument("--frames", type=int, default=75)
-    ap.add_argument("--num-prompts", type=int, default=6)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--single-stream-prompts", type=int, default=4,
+                    help="requests for the systems without a concurrent API (concurrency 1 only)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--speaker", default="ryan")
-    ap.add_argument("--peers", default="qwen-tts,faster-qwen3-tts")
-    ap.add_argument("--chunk-size", type=int, default=8, help="faster-qwen3-tts streaming chunk (0: off)")
+    ap.add_argument("--vo-extra-tokens", type=int, default=1,
+                    help="vLLM-Omni: talker tokens asked beyond --frames (it returns one frame fewer)")
+    ap.add_argument("--timeout", type=float, default=1500, help="seconds per system")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--log-dir", default=None, help="each system's stderr as DIR/peer-NAME.log (default: a temp dir)")
     a = ap.parse_args(argv)
-    import torch
-
-    dtype = torch.bfloat16 if a.device.startswith("cuda") else torch.float32
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(a.num_prompts)]
-    systems: dict[str, Callable[[], Callable[[str], Clip]]] = {
-        "omni-tts (engine, bench preset, 1 slot, streaming)": lambda: ours(a.model, a.device, a.frames, a.speaker)}
     names = [p.strip() for p in a.peers.split(",") if p.strip()]
-    if "qwen-tts" in names:
-        systems["qwen-tts (official, whole clip)"] = lambda: official(a.model, a.device, dtype, a.frames, a.speaker)
-    if "faster-qwen3-tts" in names:
-        systems["faster-qwen3-tts (non-streaming)"] = lambda: faster(a.model, a.device, dtype, a.frames,
-                                                                     a.speaker, None)
-        if a.chunk_size:
-            systems[f"faster-qwen3-tts (streaming, chunk {a.chunk_size})"] = lambda: faster(
-                a.model, a.device, dtype, a.frames, a.speaker, a.chunk_size)
-    rows = {}
-    for name, make in systems.items():
-        print(f"running {name} ...", file=sys.stderr, flush=True)
-        rows[name] = measure(make, prompts)
-    print(table(rows))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"frames": a.frames, "device": a.device, "rows": rows}, f, indent=1)
+    names += [] if "omni-tts" in names else ["omni-tts"]
+    paths = dict(p.split("=", 1) for p in a.path)
+    logs = Path(a.log_dir or tempfile.mkdtemp(prefix="omni-tts-peers-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    mem = GpuMemory(enabled=a.device.startswith("cuda"))
+    results: list[dict[str, Any]] = []
+    try:
+        for name in names:
+            print(f"running {name} ...", file=sys.stderr, flush=True)
+            results.append(run_system(name, a, paths, mem, logs / f"peer-{name}.log"))
+            print(table(results[-1:]), file=sys.stderr, flush=True)
+            if a.json:  # after every system, so a stopped run keeps what it measured
+                Path(a.json).write_text(json.dumps({"model": a.model, "frames": a.frames, "device": a.device,
+                                                    "concurrency": a.concurrency, "num_prompts": a.num_prompts,
+                                                    "results": results}, indent=1))
+    finally:
+        mem.close()
+    print(table(results))
     return 0
