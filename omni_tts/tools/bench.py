@@ -188,6 +188,8 @@ def _bench_group(modes: list[str], args: Any, overrides: dict[str, Any], results
             results[mode], extra[mode] = bench_mode(engine, mode, args.concurrency,
                                                     args.num_prompts or max(12, 2 * max(args.concurrency)),
                                                     make, args.warmup, say)
+            # printed as it comes, so a run stopped in a later mode keeps this one
+            say(format_table({mode: results[mode]}, args.concurrency, {mode: extra[mode]}))
     finally:
         snapshot = engine.snapshot()
         engine.shutdown()
