@@ -216,8 +216,8 @@ class EngineConfig:
 
     model: str | None = None  # dir or hub id; None = choose (cache, hub, embedded)
     mode: str = "auto"  # requests' default mode: a CompileMode value, or auto (default+cudagraph on CUDA, else eager)
-    modes: list[str] | None = None  # modes kept resident, warmed in the background; None: all but reduce-overhead
-    #   on CUDA, the default on CPU
+    modes: list[str] | None = None  # modes kept resident, warmed in the background; None: all on CUDA, the
+    #   default on CPU
     enforce_eager: bool = False  # no CUDA graphs and no compile anywhere: the all-eager baseline
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16
@@ -250,8 +250,7 @@ class EngineConfig:
     def resident_modes(self, cuda: bool) -> list[CompileMode]:
         """The modes this engine keeps: the listed ones plus the default mode. Unlisted, every mode on CUDA;
         on a CPU only the default (compiling there costs minutes of every core: list the others to have them)."""
-        every = [m for m in CompileMode if m is not CompileMode.REDUCE_OVERHEAD]  # it serves only alone (step_impl)
-        listed = [CompileMode.parse(m) for m in self.modes] if self.modes else every if cuda else []
+        listed = [CompileMode.parse(m) for m in self.modes] if self.modes else list(CompileMode) if cuda else []
         want = set(listed) | {self.default_mode(cuda)}
         return [m for m in CompileMode if m in want]
 

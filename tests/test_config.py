@@ -30,8 +30,8 @@ def test_the_preset_folder_ships_the_app_default_the_benchmark_and_the_all_eager
     assert eager.enforce_eager and eager.mode == "eager" and eager.modes == ["eager"]
     for cuda in (True, False):  # all-eager keeps only eager; the others follow the device
         assert eager.resident_modes(cuda) == [CompileMode.EAGER] and eager.default_mode(cuda) is CompileMode.EAGER
-    # CUDA: every mode but reduce-overhead (it serves only in an engine of its own); CPU: only the default
-    assert default.resident_modes(True) == [m for m in CompileMode if m is not CompileMode.REDUCE_OVERHEAD]
+    # CUDA: every mode; CPU: only the default
+    assert default.resident_modes(True) == list(CompileMode)
     assert default.resident_modes(False) == [CompileMode.EAGER]
     assert default.default_mode(True) is CompileMode.DEFAULT_CUDAGRAPH
 

@@ -98,6 +98,25 @@ def test_batch_above_the_largest_bucket_runs_ungraphed_and_correct():
     g.release()
 
 
+@cuda
+def test_a_graph_survives_what_inductor_graph_trees_do_to_cublas_workspaces():
+    """Inductor's graph trees (reduce-overhead) clear cuBLAS's workspace cache, and torch.cuda.graph's
+    empty_cache then unmaps what that freed: a captured GEMM must not use a workspace from that cache."""
+    dev = torch.device("cuda")
+    # tall-K products, which cuBLAS splits over K with a workspace
+    xs = [torch.randn(m, k, device=dev, dtype=torch.bfloat16) for m, k in ((4, 16384), (8, 32768), (16, 65536))]
+    ws = [torch.randn(256, x.shape[1], device=dev, dtype=torch.bfloat16) / x.shape[1] ** 0.5 for x in xs]
+    g = BucketedGraph("t", lambda b: (lambda: tuple(x @ w.t() for x, w in zip(xs, ws))), [1],
+                      GraphPool(use_vllm=False))
+    g.capture()
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    for y, x, w in zip(g.run(1), xs, ws):
+        torch.testing.assert_close(y, (x @ w.t())[:1])
+    torch.cuda.synchronize()
+    g.release()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_first_chunk_graphs_equal_the_eager_decode():
     from _fixtures import fixture_dir

@@ -105,7 +105,7 @@ class Code2Wav:
         self.device, self.stats = device, stats
         self.first: FirstChunkGraphs | None = None
         self.first_error = ""
-        # False: decode first chunks eagerly (Inductor's cudagraph trees crash beside these graphs)
+        # False: decode first chunks eagerly (a switch for isolating GPU issues)
         self.graphs_on = True
         if first_chunk is not None:
             try:

@@ -2,7 +2,8 @@
 
 Owns: the shared pool (vLLM's global graph pool when vllm is importable on a CUDA host, else one
 the engine owns; a fresh one after every release, see `GraphPool.renew`), bucket selection, static
-input/output buffers, padded replay, and release. This is the only file that calls torch.cuda.graph.
+input/output buffers, the cuBLAS workspace a capture bakes in (made inside its pool, see
+`_forget_cublas_workspaces`), padded replay, and release. This is the only file that calls torch.cuda.graph.
 Knows nothing about what the captured function computes: it takes a callable over tensors.
 """
 
@@ -23,6 +24,20 @@ def pick_bucket(n: int, buckets: Sequence[int]) -> int | None:
         if b >= n:
             return b
     return None
+
+
+def _forget_cublas_workspaces() -> None:
+    """Drop cuBLAS's cached per-(handle, stream) workspaces (torch keeps them outside every graph pool).
+
+    The warm-up runs before a capture leave one for the capture stream, and a capture that reuses it bakes
+    in memory the graph does not own: Inductor's graph trees (reduce-overhead) clear this cache on every
+    warm-up and recording, and torch.cuda.graph's empty_cache then unmaps the freed workspace, so the next
+    replay faults (cudaErrorIllegalAddress). Called before a capture, the capture makes its workspace
+    inside its own pool, which lives as long as its graphs; called after, that workspace goes back to the
+    pool like any other temporary of the capture, and eager calls make a fresh one."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
 
 
 def _vllm_pool():  # pragma: no cover - needs vllm + CUDA
@@ -110,10 +125,12 @@ class BucketedGraph:
                     fn()
             stream.synchronize()
             g = torch.cuda.CUDAGraph()
+            _forget_cublas_workspaces()
             # thread_local: another thread's CUDA calls meanwhile (the code-to-wave thread decoding, or
             # the scheduler stepping while it captures) must not invalidate this capture
             with torch.cuda.graph(g, pool=self.pool.handle, stream=stream, capture_error_mode="thread_local"):
                 outputs = fn()
+            _forget_cublas_workspaces()
             self.graphs[b] = _Captured(g, tuple(outputs))
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()

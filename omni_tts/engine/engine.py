@@ -64,10 +64,8 @@ class Engine:
         self.kernel_notice = self.impls.configure_kernels(config.resolved_buckets(), model.dtype)
         self.codec_fused_error = fuse_codec(model.codec) if cuda and tuning.codec_fused else ""
         resident = [m for m in config.resident_modes(cuda) if not self.impls.unavailable(m)]
-        # reduce-overhead's graph trees crashed beside the first-chunk graphs: those stay off while it is resident
-        self.first_chunk_off = "reduce-overhead is resident" if CompileMode.REDUCE_OVERHEAD in resident else ""
         first = ((model.codec, config.initial_chunk_frames, config.resolved_buckets())
-                 if cuda and tuning.first_chunk_graphs and not self.first_chunk_off else None)
+                 if cuda and tuning.first_chunk_graphs else None)
         self._audio = Code2Wav(self.device, self.stats, first, priority=cuda and tuning.priority_streams)
         # one step stream for every mode: graphs that share a pool must never run at the same time
         self._stream = (torch.cuda.Stream(self.device, priority=-1 if tuning.priority_streams else 0)
@@ -81,8 +79,10 @@ class Engine:
             runner = Runner(model, config, mode, self.impls, pool)
             self.lanes[mode] = Scheduler(runner, config, self._audio, self.stats, self._step_stream, self._decoder)
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
-        # eager first (it only captures the talker), so a fresh page serves eager requests soonest
-        order = sorted(self.lanes, key=lambda m: (m is not CompileMode.EAGER, m is not self.default_mode))
+        # eager first (it only captures the talker), so a fresh page serves eager requests soonest;
+        # reduce-overhead last, so its graph trees never record while another lane captures
+        order = sorted(self.lanes, key=lambda m: (m is CompileMode.REDUCE_OVERHEAD, m is not CompileMode.EAGER,
+                                                  m is not self.default_mode))
         self._warmer = threading.Thread(target=self._warm_all, args=(order,), name="omni-tts-warm", daemon=True)
         self._warmer.start()
         threading.Thread(target=self._trim_heap_periodically, name="omni-tts-trim", daemon=True).start()
@@ -246,8 +246,7 @@ class Engine:
             "enforce_eager": self.config.enforce_eager,
             "codec_precision": getattr(self.model.codec_if_built, "precision", "not built"),
             "codec_fused": _state(getattr(self.model.codec_if_built, "fused", False), self.codec_fused_error),
-            "first_chunk_graphs": (_state(self._audio.first is not None, self._audio.first_error)
-                                   if not self.first_chunk_off else f"off ({self.first_chunk_off})"),
+            "first_chunk_graphs": _state(self._audio.first is not None, self._audio.first_error),
             "steps": self.stats.steps,
             "memory": gpu_memory(self.device, pool),
             "capture": dict(self.stats.capture),

@@ -51,9 +51,6 @@ class StepImpls:
         self.model, self.config = model, config
         self.cuda = model.device.type == "cuda"
         self.eager_only = config.enforce_eager
-        # Inductor's graph trees crashed the process beside the engine's own CUDA graphs (illegal memory
-        # access), so reduce-overhead serves only in an engine of its own, whose talker then runs ungraphed
-        self.ro_alone = config.resident_modes(self.cuda) == [CompileMode.REDUCE_OVERHEAD]
         self._fast: dict[str, FastPath] = {}
         self.kernel_notice = ""
         # the talker: compiled + graphed on CUDA, the reference modules elsewhere
@@ -65,9 +62,6 @@ class StepImpls:
             return "this engine runs all-eager (enforce_eager)"
         if MODES[mode].needs_cuda and not self.cuda:
             return "needs a CUDA GPU (CUDA graphs); this engine runs on CPU"
-        if mode is CompileMode.REDUCE_OVERHEAD and not self.ro_alone:
-            return ("Inductor's CUDA graph trees crash beside the engine's own CUDA graphs (illegal memory "
-                    "access): serve it in an engine of its own (modes: [reduce-overhead])")
         return None
 
     def predictor(self, mode: CompileMode) -> FastPath | None:
@@ -81,7 +75,7 @@ class StepImpls:
 
     @property
     def talker_graphs(self) -> bool:
-        return self.talker is not None and not self.ro_alone
+        return self.talker is not None
 
     def configure_kernels(self, batches: list[int], dtype: torch.dtype) -> str:
         """Probe and switch on the Triton kernels (`tuning.kernels`) for the talker and the compiled

@@ -129,17 +129,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OmniTTSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    # reduce-overhead serves only in an engine of its own (its graph trees crash beside the engine's graphs)
-    ro = CompileMode.REDUCE_OVERHEAD.value
-    groups = [g for g in ([m for m in modes if m != ro], [ro] if ro in modes else []) if g]
     results: dict[str, dict[int, dict[str, float]]] = {}
     extra: dict[str, dict[str, Any]] = {}
-    for group in groups:
-        try:
-            snapshot = _bench_group(group, args, overrides, results, extra, say)
-        except OmniTTSError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+    try:
+        snapshot = _bench_group(modes, args, overrides, results, extra, say)
+    except OmniTTSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"model: {snapshot['model']}\ndevice: {snapshot['device']}  dtype: {snapshot['dtype']}  "
           f"fixed_frames: {args.fixed_frames}")
     print(format_table(results, args.concurrency, extra))
