@@ -15,6 +15,7 @@ import argparse
 import logging
 import signal
 import sys
+import time
 from typing import Any
 
 from omni_tts.config import CompileMode, EngineConfig, load_preset, preset_names
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[omni-tts] %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # gradio's own start-up probes
-    say = lambda s: print(f"[omni-tts] {s}", file=sys.stderr, flush=True)  # noqa: E731
+    t0 = time.perf_counter()
+    say = lambda s: print(f"[omni-tts {time.perf_counter() - t0:5.1f}s] {s}", file=sys.stderr, flush=True)  # noqa: E731
     zero = ui.zero_gpu()
     try:
         config = load_preset(args.preset, model=args.model, mode=args.mode) if args.preset else \
@@ -77,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a plain kill still runs the exit clean-up
     say(f"files: {files.out_dir().path} (removed at exit); saved voices: {files.data_dir() / 'voices'}")
     demo = build_demo(engine, zero=zero, policy=policy)
-    serve(engine, demo, host, port, args.share)
+    _, url = serve(engine, demo, host, port, args.share, block=False)
+    say(f"page served at {url}")
+    demo.block_thread()
     return 0
 
 

@@ -61,12 +61,16 @@ class Engine:
         self.default_mode = config.default_mode(cuda)
         if self.impls.unavailable(self.default_mode):
             raise OmniTTSError(f"mode {self.default_mode.value}: {self.impls.unavailable(self.default_mode)}")
+        t0 = time.perf_counter()
         self.kernel_notice = self.impls.configure_kernels(config.resolved_buckets(), model.dtype)
         self.codec_fused_error = fuse_codec(model.codec) if cuda and tuning.codec_fused else ""
         resident = [m for m in config.resident_modes(cuda) if not self.impls.unavailable(m)]
         first = ((model.codec, config.initial_chunk_frames, config.resolved_buckets())
                  if cuda and tuning.first_chunk_graphs else None)
         self._audio = Code2Wav(self.device, self.stats, first, priority=cuda and tuning.priority_streams)
+        if cuda:  # the page waits for these: say what they cost
+            self._say(f"Triton kernels probed, codec fused, first-chunk graphs captured in "
+                      f"{time.perf_counter() - t0:.1f} s")
         # one step stream for every mode: graphs that share a pool must never run at the same time
         self._stream = (torch.cuda.Stream(self.device, priority=-1 if tuning.priority_streams else 0)
                         if cuda else None)
@@ -93,7 +97,11 @@ class Engine:
                     wait: bool = True) -> Engine:
         """Load the model and start serving; `wait`: return once the default mode is warm (the others
         keep warming in the background)."""
-        engine = cls(load_model(config, progress), config, progress)
+        t0 = time.perf_counter()
+        model = load_model(config, progress)
+        if progress:
+            progress(f"model loaded in {time.perf_counter() - t0:.1f} s")
+        engine = cls(model, config, progress)
         if wait:
             engine.wait_ready(engine.default_mode)
         return engine
