@@ -54,6 +54,12 @@ def serve(engine: Any, demo: Any, host: str, port: int, share: bool = False, blo
     return app, url
 
 
+def _exit_on_kill(*_: Any) -> None:
+    """A plain kill still runs the exit clean-up; a second kill meanwhile must not cut it short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Build the engine and serve the page and the APIs until interrupted."""
     from omni_tts.engine.engine import Engine
@@ -76,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     host, port = ui.bind_address(args.host, args.port)
     policy = ui.AdminPolicy.from_env(host, args.share)
     files.use_private_gradio_cache()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a plain kill still runs the exit clean-up
+    signal.signal(signal.SIGTERM, _exit_on_kill)
     say(f"files: {files.out_dir().path} (removed at exit); saved voices: {files.data_dir() / 'voices'}")
     demo = build_demo(engine, zero=zero, policy=policy)
     _, url = serve(engine, demo, host, port, args.share, block=False)
