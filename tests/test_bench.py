@@ -148,6 +148,18 @@ def test_bench_peers_runs_each_system_in_its_own_process(tmp_path, capsys):
     assert "| omni-tts | 2 |" in table and "| med TTFP ms |" in table and "not installed" in table
 
 
+def test_bench_peers_stops_a_system_at_its_time_limit_and_goes_on(tmp_path, capsys):
+    """A system that outlives --timeout is stopped with its whole process group, its row says so, and
+    the table is still printed."""
+    out = tmp_path / "peers.json"
+    assert bench.main(["peers", "--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--frames", "4",
+                       "--num-prompts", "2", "--concurrency", "1", "--peers", "omni-tts", "--timeout", "0.5",
+                       "--json", str(out), "--log-dir", str(tmp_path / "logs")]) == 0
+    (ours,) = json.loads(out.read_text())["results"]
+    assert ours["error"] == "stopped at the 0.5 s limit after 0 concurrency levels" and not ours.get("rows")
+    assert "| omni-tts | - | stopped at the 0.5 s limit" in capsys.readouterr().out
+
+
 def test_peer_tally_counts_a_repeated_chunk_once():
     """A chunk equal to the one before it (vLLM-Omni's duplicated last chunk) is not audio twice."""
     from omni_tts.tools.peer_run import timed

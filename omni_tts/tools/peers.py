@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -88,8 +89,11 @@ def run_system(name: str, a: argparse.Namespace, paths: dict[str, str], mem: Gpu
     mem.peak = baseline or 0.0
     result: dict[str, Any] = {"system": name, "error": "no result (see its log)"}
     with open(log, "w") as err:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(ROOT))
-        killer = threading.Timer(a.timeout, proc.kill)
+        # a session of its own: a stopped system's worker processes (vLLM-Omni spawns one per stage) go with it
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(ROOT),
+                                start_new_session=True)
+        stopped = threading.Event()
+        killer = threading.Timer(a.timeout, lambda: (stopped.set(), _kill_group(proc.pid)))
         killer.start()
         for line in proc.stdout:  # type: ignore[union-attr]
             if line.startswith("READY") and baseline is not None and mem.latest is not None:
@@ -98,13 +102,24 @@ def run_system(name: str, a: argparse.Namespace, paths: dict[str, str], mem: Gpu
                 result = {**json.loads(line[7:]), **{k: v for k, v in result.items() if k.startswith("mem_")}}
         rc = proc.wait()
         killer.cancel()
+        _kill_group(proc.pid)  # anything it left running
     if baseline is not None:
         result["mem_peak_gib"] = (mem.peak - baseline) / 1024
-    if rc != 0 and "error" not in result:
-        result["error"] = f"exited with {rc} after {len(result.get('rows', {}))} concurrency levels"
+    levels = len(result.get("rows") or {})
+    if stopped.is_set():
+        result["error"] = f"stopped at the {a.timeout:g} s limit after {levels} concurrency levels"
+    elif rc != 0 and "error" not in result:
+        result["error"] = f"exited with {rc} after {levels} concurrency levels"
     result["log"] = str(log)
     mem.settle(baseline)
     return result
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def table(results: list[dict[str, Any]]) -> str:
