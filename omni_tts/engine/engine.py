@@ -69,8 +69,8 @@ class Engine:
                  if cuda and tuning.first_chunk_graphs else None)
         self._audio = Code2Wav(self.device, self.stats, first, priority=cuda and tuning.priority_streams)
         if cuda:  # the page waits for these: say what they cost
-            self._say(f"Triton kernels probed, codec fused, first-chunk graphs captured in "
-                      f"{time.perf_counter() - t0:.1f} s")
+            self._say(f"GPU set-up before serving (kernel probes, codec fuse, first-chunk graphs, as configured) "
+                      f"took {time.perf_counter() - t0:.1f} s")
         # one step stream for every mode: graphs that share a pool must never run at the same time
         self._stream = (torch.cuda.Stream(self.device, priority=-1 if tuning.priority_streams else 0)
                         if cuda else None)

@@ -99,11 +99,10 @@ class Faster:
     """faster-qwen3-tts: its CUDA-graph generator, streaming in chunks of `chunk` frames."""
 
     def __init__(self, a: argparse.Namespace, chunk: int = 8) -> None:
-        import torch
         from faster_qwen3_tts import FasterQwen3TTS  # type: ignore[import-not-found]
 
         self.a, self.chunk = a, chunk
-        self.m = FasterQwen3TTS.from_pretrained(a.model, device=a.device, dtype=_dtype(torch, a.device))
+        self.m = FasterQwen3TTS.from_pretrained(a.model, device=a.device, dtype=_auto_dtype(a.device))
 
     def one(self, i: int) -> RequestMetrics:
         kw = dict(speaker=self.a.speaker, language="English", max_new_tokens=self.a.frames + 1,
@@ -116,11 +115,10 @@ class Official:
     """The official qwen-tts package: transformers generate, the whole clip at once."""
 
     def __init__(self, a: argparse.Namespace) -> None:
-        import torch
         from qwen_tts import Qwen3TTSModel  # type: ignore[import-not-found]
 
         self.a = a
-        self.m = Qwen3TTSModel.from_pretrained(a.model, device_map=a.device, dtype=_dtype(torch, a.device),
+        self.m = Qwen3TTSModel.from_pretrained(a.model, device_map=a.device, dtype=_auto_dtype(a.device),
                                                attn_implementation="sdpa")
 
     def one(self, i: int) -> RequestMetrics:
@@ -175,8 +173,13 @@ class VllmOmni:
         self.omni.shutdown()
 
 
-def _dtype(torch: Any, device: str) -> Any:
-    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+def _auto_dtype(device: str) -> Any:
+    """The dtype our engine picks on `device` (bf16 on CUDA, fp32 elsewhere), so every system runs alike."""
+    import torch
+
+    from omni_tts.models.loading import resolve_dtype
+
+    return resolve_dtype("auto", torch.device(device))
 
 
 def _new_audio(res: Any, seen: int) -> tuple[list[Any], int | None, int]:
@@ -203,10 +206,6 @@ def _new_audio(res: Any, seen: int) -> tuple[list[Any], int | None, int]:
     return ([] if val is None else [val]), sr, seen + 1
 
 
-def run_sync(one: Callable[[int], RequestMetrics], c: int, n: int) -> tuple[list[RequestMetrics], float]:
-    return closed_loop(c, n, one)
-
-
 def run_async(loop: asyncio.AbstractEventLoop, one: Callable[[int], Any], c: int, n: int
               ) -> tuple[list[RequestMetrics], float]:
     """The same closed loop as tools/load.py with `c` asyncio clients."""
@@ -231,7 +230,7 @@ def measure(system: str, a: argparse.Namespace, emit: Callable[[dict[str, Any]],
     startup = time.perf_counter() - START
     print("READY", flush=True)
     run = (lambda c, n: run_async(loop, sut.one, c, n)) if system == "vllm-omni" else \
-        (lambda c, n: run_sync(sut.one, c, n))
+        (lambda c, n: closed_loop(c, n, sut.one))
     conc = [1] if system in SINGLE_STREAM else a.concurrency
     n = min(a.num_prompts, a.single_stream_prompts) if system in SINGLE_STREAM else a.num_prompts
     t0 = time.perf_counter()
