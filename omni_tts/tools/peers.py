@@ -89,7 +89,7 @@ def run_system(name: str, a: argparse.Namespace, paths: dict[str, str], mem: Gpu
     mem.peak = baseline or 0.0
     result: dict[str, Any] = {"system": name, "error": "no result (see its log)"}
     with open(log, "w") as err:
-        # a session of its own: a stopped system's worker processes (vLLM-Omni spawns one per stage) go with it
+        # its own process group: a stopped system's workers (vLLM-Omni spawns one per stage) are killed with it
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(ROOT),
                                 start_new_session=True)
         stopped = threading.Event()
