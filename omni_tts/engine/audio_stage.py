@@ -93,28 +93,25 @@ class Code2Wav:
     `put(jobs)` queues a list of jobs as one item (the scheduler puts one step's jobs at once, so the
     chunks that step made due are always decoded together)."""
 
-    def __init__(self, device: torch.device, stats: EngineStats,
-                 first_chunk: tuple[Any, int, list[int]] | None = None, priority: bool = False) -> None:
-        """first_chunk: (codec, initial_chunk_frames, batch buckets) to graph the first chunks (CUDA only:
-        callers pass None elsewhere);
-        priority: they replay on a high-priority stream (`FirstChunkGraphs`); the other windows decode on
-        this stage's own normal-priority stream.
-        They are captured here, on the caller's thread before this stage's thread starts: two captures at
-        once (this one and a step-graph capture on another thread) fail with 'operation not permitted
-        when stream is capturing'."""
-        self.device, self.stats = device, stats
+    def __init__(self, device: torch.device, stats: EngineStats, priority: bool = False) -> None:
+        """priority: first-chunk graphs (`capture_first_chunks`) replay on a high-priority stream; the
+        other windows decode on this stage's own normal-priority stream."""
+        self.device, self.stats, self.priority = device, stats, priority
         self.first: FirstChunkGraphs | None = None
         self.first_error = ""
         # False: decode first chunks eagerly (a switch for isolating GPU issues)
         self.graphs_on = True
-        if first_chunk is not None:
-            try:
-                self.first = FirstChunkGraphs(*first_chunk, priority=priority)
-            except Exception as e:  # never fatal: first chunks then decode eagerly
-                self.first_error = one_line(e)
         self._jobs: queue.Queue[list[tuple] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="omni-tts-code2wav", daemon=True)
         self._thread.start()
+
+    def capture_first_chunks(self, codec: Any, frames: int, buckets: list[int]) -> None:
+        """Graph the first chunks (CUDA only). Call while nothing decodes and no other thread captures:
+        two captures at once fail with 'operation not permitted when stream is capturing'."""
+        try:
+            self.first = FirstChunkGraphs(codec, frames, buckets, priority=self.priority)
+        except Exception as e:  # never fatal: first chunks then decode eagerly
+            self.first_error = one_line(e)
 
     def put(self, jobs: list[tuple]) -> None:
         if jobs:

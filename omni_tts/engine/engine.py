@@ -61,16 +61,9 @@ class Engine:
         self.default_mode = config.default_mode(cuda)
         if self.impls.unavailable(self.default_mode):
             raise OmniTTSError(f"mode {self.default_mode.value}: {self.impls.unavailable(self.default_mode)}")
-        t0 = time.perf_counter()
-        self.kernel_notice = self.impls.configure_kernels(config.resolved_buckets(), model.dtype)
-        self.codec_fused_error = fuse_codec(model.codec) if cuda and tuning.codec_fused else ""
+        self.kernel_notice = self.codec_fused_error = ""
         resident = [m for m in config.resident_modes(cuda) if not self.impls.unavailable(m)]
-        first = ((model.codec, config.initial_chunk_frames, config.resolved_buckets())
-                 if cuda and tuning.first_chunk_graphs else None)
-        self._audio = Code2Wav(self.device, self.stats, first, priority=cuda and tuning.priority_streams)
-        if cuda:  # the page waits for these: say what they cost
-            self._say(f"GPU set-up before serving (kernel probes, codec fuse, first-chunk graphs, as configured) "
-                      f"took {time.perf_counter() - t0:.1f} s")
+        self._audio = Code2Wav(self.device, self.stats, priority=cuda and tuning.priority_streams)
         # one step stream for every mode: graphs that share a pool must never run at the same time
         self._stream = (torch.cuda.Stream(self.device, priority=-1 if tuning.priority_streams else 0)
                         if cuda else None)
@@ -155,7 +148,22 @@ class Engine:
     def _step_stream(self) -> Any:
         return torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
 
+    def _set_up_gpu(self) -> None:
+        """Kernel probes, codec fuse and first-chunk graphs, as configured: before any mode warms (every
+        mode's talker captures with the kernels chosen here), after the page is up."""
+        t0 = time.perf_counter()
+        tuning, model = self.config.tuning, self.model
+        self.kernel_notice = self.impls.configure_kernels(self.config.resolved_buckets(), model.dtype)
+        self.codec_fused_error = fuse_codec(model.codec) if tuning.codec_fused else ""
+        if tuning.first_chunk_graphs:
+            self._audio.capture_first_chunks(model.codec, self.config.initial_chunk_frames,
+                                             self.config.resolved_buckets())
+        self._say(f"GPU set-up (kernel probes, codec fuse, first-chunk graphs, as configured) took "
+                  f"{time.perf_counter() - t0:.1f} s")
+
     def _warm_all(self, order: list[CompileMode]) -> None:
+        if self.device.type == "cuda":
+            self._set_up_gpu()
         for mode in order:
             if self._closed:
                 return

@@ -1,4 +1,5 @@
-"""The compiled decode path (`FastPath`): small compile units reused across layers and steps.
+"""The compiled decode path (`FastPath`): compile units reused across layers and steps, and the
+CodePredictor's whole frame as one compiled function.
 
 `FastPath` holds the compiled units: the talker's decoder layer as two functions around its
 attention (per-row positions, KV written into the slot cache; the attention between them is left
@@ -6,10 +7,12 @@ uncompiled so it reads only the first kv_len positions chosen per step without a
 CodePredictor's layer (16-position scratch cache per frame), head (final norm + codebook head +
 sampling) and feed (code embedding + input projection); the talker's sampling call. Each unit is
 compiled once per Inductor mode and reused for every layer and codebook step, so a batch bucket costs
-a few small compiles instead of one huge one. q|k|v and gate|up run as one matmul each over packed
-weights that share storage with the reference modules (`fuse_rows`), and single-row projections run as
-multiply-and-sum reductions (`linear`): fewer, bigger kernels for a launch-bound decode.
-Knows nothing about requests, graphs or how buckets are chosen.
+a few small compiles; the hand-written Triton kernels replace units where chosen. `whole_frame` is
+the CodePredictor's 15 steps traced through the plain functions as one compile (Inductor's kernels
+only): what the default and reduce-overhead modes run. q|k|v and gate|up run as one matmul each over
+packed weights that share storage with the reference modules (`fuse_rows`), and single-row
+projections run as multiply-and-sum reductions (`linear`): fewer, bigger kernels for a launch-bound
+decode. Knows nothing about requests, graphs or how buckets are chosen.
 """
 
 from __future__ import annotations
@@ -115,18 +118,6 @@ def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
     return x + mlp_fused(layer.mlp, w_gu, layer.post_attention_layernorm(x))
 
 
-def predictor_stack(layers: Any, weights: list[tuple], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    mask: torch.Tensor) -> torch.Tensor:
-    """Every predictor layer over a whole frame's positions with no cache (nothing is written in place, so
-    Inductor's CUDA graph trees can record it). x: [B, 16, d]; mask: causal [1, 1, 16, 16] -> [B, 16, d]"""
-    for layer, (w_qkv, b_qkv, w_gu) in zip(layers, weights):
-        h = layer.input_layernorm(x)
-        q, k, v = qkv_fused(layer.self_attn, w_qkv, b_qkv, h, cos, sin)  # q: [B, H, 16, hd], k/v: [B, Hkv, 16, hd]
-        x = x + out_proj(layer.self_attn, small_attention(q, k, v, mask))  # [B, 16, d]
-        x = x + mlp_fused(layer.mlp, w_gu, layer.post_attention_layernorm(x))
-    return x
-
-
 def predictor_head(norm: Any, head: Any, x: torch.Tensor, sp: sampling.SlotParams, seed: torch.Tensor,
                    frame: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
     """Final norm + this codebook's head on the last position, then its sampling. x: [B, T, d] -> [B]"""
@@ -156,12 +147,10 @@ class FastPath:
 
     def __init__(self, model: Any, inductor_mode: str | None) -> None:
         self.model = model
-        wrap: Callable[[Callable], Callable] = (
-            (lambda f: f) if inductor_mode is None else
-            (lambda f: torch.compile(f, mode=inductor_mode, dynamic=False, fullgraph=True)))
-        if inductor_mode == "reduce-overhead":  # its graphs' outputs are overwritten by the next replay
-            inner = wrap
-            wrap = lambda f: _cloned(inner(f))  # noqa: E731
+        compile_: Callable[..., Callable] = lambda f, dynamic=False: torch.compile(  # noqa: E731
+            f, mode=inductor_mode, dynamic=dynamic, fullgraph=True)
+        # reduce-overhead compiles only the whole frame (below): its units stay plain functions inside it
+        wrap = (lambda f: f) if inductor_mode in (None, "reduce-overhead") else compile_
         # the talker layer is two units around an uncompiled attention call, so the attention can read
         # only the first L cache positions (L chosen per step) without a recompile per L
         self.talker_attn_in = wrap(talker_attn_in)
@@ -170,9 +159,15 @@ class FastPath:
         self.sample_talker = wrap(sampling.sample_talker)
         self.predictor_head = wrap(predictor_head)
         self.predictor_feed = wrap(predictor_feed)
-        self.predictor_stack = wrap(predictor_stack)
-        # reduce-overhead recomputes the frame's positions each step instead of writing a KV cache in place
-        self.full_sequence = inductor_mode == "reduce-overhead"
+        # the whole frame as one compiled function (Inductor's kernels only, batch size dynamic after the
+        # first two shapes): default launches it from Python, reduce-overhead's graph trees record one
+        # graph per batch shape and replay it once per frame (its KV cache is an intermediate, so no input
+        # is written in place); tree outputs are copied out before the next replay overwrites them
+        self.whole_frame: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+        if inductor_mode is not None:
+            frame_fn = compile_(self._predict_plain, None)
+            self.whole_frame = _cloned(frame_fn) if inductor_mode == "reduce-overhead" else frame_fn
+        self.records_graph_trees = inductor_mode == "reduce-overhead"
         cp = model.code_predictor
         dev = model.device
         # packed q|k|v and gate|up weights per layer; the modules' own weights become views into them
@@ -184,7 +179,6 @@ class FastPath:
         key = torch.arange(self.n_pos, device=dev)
         self.mask1 = [(key <= t)[None, None, None, :] for t in range(self.n_pos)]  # [1, 1, 1, 16]
         self.mask01 = (key[None, :] <= self.pos01[:, None])[None, None]  # [1, 1, 2, 16]
-        self.causal = (key[None, :] <= key[:, None])[None, None]  # [1, 1, 16, 16]
         cos, sin = cp.rope(key[None], model.dtype)  # [1, 16, hd]
         self.cos, self.sin = cos, sin
         self.codebook = [torch.tensor(j, device=dev) for j in range(self.n_pos)]
@@ -194,19 +188,21 @@ class FastPath:
         self.kernel_pdl = False  # the predictor's kernels launched with programmatic dependent launch
         self.talker_pdl_rows = 0  # the talker's, for steps of at most this many rows
 
-    def _predictor_layers(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int
-                          ) -> torch.Tensor:
-        """All predictor layers for x: [B, T, d] at positions pos0..pos0+T-1 (Triton kernels or Inductor's)."""
+    def _predictor_layers(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int,
+                          units: bool = True) -> torch.Tensor:
+        """All predictor layers for x: [B, T, d] at positions pos0..pos0+T-1 (Triton kernels or Inductor's;
+        `units` False: the plain layer function, for tracing into a whole-frame compile)."""
         cp = self.model.code_predictor
         B, T = x.shape[:2]
-        if B * T <= self.kernel_rows and all(kernels.supports(layer, B * T) for layer in cp.layers):
+        layer_fn = self.predictor_layer if units else predictor_layer
+        if units and B * T <= self.kernel_rows and all(kernels.supports(layer, B * T) for layer in cp.layers):
             for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
                 x = kernels.predictor_layer(layer, *w, x, self.cos, self.sin, kc[i], vc[i], pos0, self.kernel_pdl)
             return x
         cos, sin = self.cos[:, pos0:pos0 + T], self.sin[:, pos0:pos0 + T]
         mask, pos = (self.mask01, self.pos01) if T == 2 else (self.mask1[pos0], self.pos[pos0])
         for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
-            x = self.predictor_layer(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
+            x = layer_fn(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
         return x
 
     def talker_step(self, x: torch.Tensor, pos: torch.Tensor, cache: Any, b: int, kv_len: int | None = None
@@ -235,48 +231,36 @@ class FastPath:
     def predict_frame(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,
                       seed: torch.Tensor, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Same contract as CodePredictor.predict_frame: -> (codes 1..15 [B, 15], embedding sum [B, D])."""
-        if self.full_sequence:
-            return self._predict_full_sequence(hidden, code0, sp, seed, frame)
+        return self._predict(hidden, code0, sp, seed, frame, True)
+
+    def _predict_plain(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,
+                       seed: torch.Tensor, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """predict_frame over the plain functions, no hand-written kernels: the body `whole_frame` compiles."""
+        return self._predict(hidden, code0, sp, seed, frame, False)
+
+    def _predict(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams, seed: torch.Tensor,
+                 frame: torch.Tensor, units: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The frame's 15 codebook steps over a 16-position KV cache made here (an intermediate, so a
+        whole-frame compile writes no input in place); `units`: this path's compiled units and
+        hand-written kernels where chosen, else the plain functions."""
+        head_fn, feed_fn = (self.predictor_head, self.predictor_feed) if units else (predictor_head, predictor_feed)
         cp = self.model.code_predictor
         e0 = self.model.talker.codec_embedding(code0)  # [B, D]
         B = hidden.shape[0]
         x = cp.small_to_mtp_projection(torch.stack([hidden, e0.to(hidden.dtype)], dim=1))  # [B, 2, d]
         kc = [x.new_zeros(B, cp.num_kv_heads, self.n_pos, cp.head_dim) for _ in cp.layers]
         vc = [x.new_zeros(B, cp.num_kv_heads, self.n_pos, cp.head_dim) for _ in cp.layers]
-        if B <= self.head_kernel_rows and head_kernels.supports(sp, B, cp.vocab_size):
+        if units and B <= self.head_kernel_rows and head_kernels.supports(sp, B, cp.vocab_size):
             return self._predict_with_head_kernels(x, kc, vc, e0.to(hidden.dtype), sp, seed, frame)
         codes, embeds = [], [e0.to(hidden.dtype)]
         pos0 = 0  # x holds positions pos0.. (the first step: talker hidden and code 0 at 0 and 1)
         for j in range(self.n_pos - 1):
-            x = self._predictor_layers(x, kc, vc, pos0)  # [B, T, d]
+            x = self._predictor_layers(x, kc, vc, pos0, units)  # [B, T, d]
             pos0 = j + 2  # the next input's position
-            code = self.predictor_head(cp.norm, cp.lm_head[j], x, sp, seed, frame, self.codebook[j + 1])  # [B]
+            code = head_fn(cp.norm, cp.lm_head[j], x, sp, seed, frame, self.codebook[j + 1])  # [B]
             codes.append(code)
             if pos0 < self.n_pos:
-                e, x = self.predictor_feed(cp.codec_embedding[j], cp.small_to_mtp_projection, code)  # [B, D], [B, 1, d]
-                embeds.append(e)
-            else:
-                embeds.append(cp.codec_embedding[j](code))  # [B, D]
-        return torch.stack(codes, dim=1), torch.stack(embeds, dim=1).sum(1)  # [B, 15], [B, D]
-
-    def _predict_full_sequence(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,
-                               seed: torch.Tensor, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """predict_frame without a cache: each codebook step runs every layer over the frame's fixed
-        [B, 16, d] buffer (positions past the step are masked), the next input written between calls."""
-        cp = self.model.code_predictor
-        e0 = self.model.talker.codec_embedding(code0).to(hidden.dtype)  # [B, D]
-        head = cp.small_to_mtp_projection(torch.stack([hidden, e0], dim=1))  # [B, 2, d]
-        buf = head.new_zeros(head.shape[0], self.n_pos, head.shape[-1])  # [B, 16, d]
-        buf[:, :2] = head
-        codes, embeds = [], [e0]
-        for j in range(self.n_pos - 1):
-            x = self.predictor_stack(cp.layers, self.predictor_w, buf, self.cos, self.sin, self.causal)  # [B, 16, d]
-            code = self.predictor_head(cp.norm, cp.lm_head[j], x[:, j + 1:j + 2], sp, seed, frame,
-                                       self.codebook[j + 1])  # [B]
-            codes.append(code)
-            if j + 2 < self.n_pos:
-                e, nxt = self.predictor_feed(cp.codec_embedding[j], cp.small_to_mtp_projection, code)
-                buf[:, j + 2:j + 3] = nxt  # e: [B, D], nxt: [B, 1, d]
+                e, x = feed_fn(cp.codec_embedding[j], cp.small_to_mtp_projection, code)  # [B, D], [B, 1, d]
                 embeds.append(e)
             else:
                 embeds.append(cp.codec_embedding[j](code))  # [B, D]

@@ -43,6 +43,7 @@ class Runner:
             raise InputError(f"mode {mode.value} is not available: {why}")
         self.talker_impl = self.impls.talker  # the same in every mode
         self.cp_impl = self.impls.predictor(mode)
+        self.cp_predict = self.impls.predict_fn(mode)
         self.S = config.max_num_seqs
         self.buckets = config.resolved_buckets()
         self.max_len = config.max_seq_len
@@ -109,9 +110,8 @@ class Runner:
 
     def _cp_body(self, b: int, sort: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Code predictor for the current frame of rows [:b], then the next talker input."""
-        predict = self.cp_impl.predict_frame if self.cp_impl else self.model.code_predictor.predict_frame
-        rest, fb = predict(self.h[:b], self.code0[:b], self.cp_sp.rows(b, self._cap(sort, self.cp_impl)), self.seed[:b],
-                           self.frame[:b])  # rest: [b, 15], fb: [b, D]
+        sp = self.cp_sp.rows(b, self._cap(sort, self.cp_impl))
+        rest, fb = self.cp_predict(self.h[:b], self.code0[:b], sp, self.seed[:b], self.frame[:b])  # [b, 15], [b, D]
         codes = torch.cat([self.code0[:b, None], rest], dim=1)  # codes: [b, 16]
         idx = torch.clamp(self.frame[:b], max=self.max_len - 1)  # trailing text index per row
         trail = self.trail[:b].gather(1, idx[:, None, None].expand(-1, 1, self.trail.shape[-1]))[:, 0]
@@ -179,9 +179,13 @@ class Runner:
             self._capture(say)
         if self.cp_impl is not None and not self.cp_graphs:
             say(f"compiling the CodePredictor ({self.mode.value}) for buckets {self.buckets}")
-            for b in self.buckets:  # warm every bucket shape and sampling variant now, not on the first request
+            # every bucket shape and sampling variant now, not on the first request; Inductor's graph
+            # trees run a shape once to warm up, record it on the next call, replay it after that
+            calls = 3 if self.cp_impl.records_graph_trees else 1
+            for b in self.buckets:
                 for v in (False, True):
-                    self._make_cp_fn(v)(b)()
+                    for _ in range(calls):
+                        self._make_cp_fn(v)(b)()
         seconds = time.perf_counter() - t0
         say(f"{self.mode.value} ready in {seconds:.1f} s")
         self.last_report = {"mode": self.mode.value, "seconds": seconds, "pool_bytes": self.pool_bytes_,

@@ -55,6 +55,8 @@ class Scheduler:
         self.warm_report: dict[str, Any] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._warm_now = threading.Event()
+        self._say: Callable[[str], None] = lambda s: None
         self._thread = threading.Thread(target=self._loop, name=f"omni-tts-{self.mode.value}", daemon=True)
         self._thread.start()
 
@@ -64,21 +66,28 @@ class Scheduler:
         self._wake.set()
 
     def warm(self, say: Callable[[str], None]) -> None:
-        """Compile and capture (called by the engine's warm-up thread, one mode at a time)."""
+        """Compile and capture in this lane's own thread, and return when that is done (called by the
+        engine's warm-up thread, one mode at a time). Dynamo's settings and Inductor's graph trees are
+        per thread: what the thread that serves the mode records is what its requests replay."""
+        self._say = say
+        self._warm_now.set()
+        self.ready.wait()
+
+    def _warm(self) -> None:
         self.state = "warming"
-        self.runner.impls.compile_settings()
         try:
             with self._step_stream():
-                self.warm_report = self.runner.warm(say)
+                self.warm_report = self.runner.warm(self._say)
             self.state = "ready"
         except Exception as e:  # a mode that cannot warm fails its requests, never the engine
             self.state, self.error = "failed", one_line(e)
-            say(f"{self.mode.value} failed to warm: {self.error}")
+            self._say(f"{self.mode.value} failed to warm: {self.error}")
         self.ready.set()
         self._wake.set()
 
     def stop(self, timeout: float = 30) -> None:
         self._stop.set()
+        self._warm_now.set()
         self.ready.set()
         self._wake.set()
         self._thread.join(timeout=timeout)
@@ -86,7 +95,9 @@ class Scheduler:
     # ------------------------------------------------------------------ the thread
     def _loop(self) -> None:
         self.runner.impls.compile_settings()
-        self.ready.wait()
+        self._warm_now.wait()  # the engine's turn for this mode, or stop
+        if not self._stop.is_set():
+            self._warm()
         while not self._stop.is_set():
             if self.state == "failed":
                 self._refuse_waiting(EngineError(f"mode {self.mode.value} is unavailable: {self.error}"))

@@ -11,6 +11,7 @@ whether the runner captures it as graphs.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,23 +24,25 @@ from omni_tts.engine.fast_path import FastPath
 
 @dataclass(frozen=True)
 class ModeSpec:
-    inductor: str | None  # torch.compile mode of the CodePredictor's units; None: the reference modules
+    inductor: str | None  # torch.compile mode of the CodePredictor; None: the reference modules
     graphs: bool  # the runner captures the CodePredictor step as CUDA graphs (in the shared pool)
+    whole_frame: bool  # the CodePredictor's 15 steps are one compiled function (FastPath.whole_frame)
     needs_cuda: bool
     note: str  # what it runs, for the UI and CLI
 
 
 MODES: dict[CompileMode, ModeSpec] = {
-    CompileMode.EAGER: ModeSpec(None, False, False, "reference modules, no compile: host-bound, no warm-up"),
-    CompileMode.DEFAULT: ModeSpec("default", False, False,
-                                  "torch.compile default per layer and sampling unit, launched from Python: fused "
-                                  "kernels, but launch and guard cost on every call"),
-    CompileMode.REDUCE_OVERHEAD: ModeSpec("reduce-overhead", False, True,
-                                          "torch.compile reduce-overhead: Inductor records the units as CUDA graph "
-                                          "trees in its own private pool (Inductor's kernels only)"),
-    CompileMode.DEFAULT_CUDAGRAPH: ModeSpec("default", True, True,
-                                            "torch.compile default + the engine's CUDA graphs per batch bucket, "
-                                            "all in one shared pool: the fast mode on a GPU"),
+    CompileMode.EAGER: ModeSpec(None, False, False, False,
+                                "reference modules, no compile: host-bound, no warm-up"),
+    CompileMode.DEFAULT: ModeSpec("default", False, True, False,
+                                  "torch.compile default of the whole frame, launched from Python every frame: "
+                                  "Inductor's fused kernels, a launch per kernel"),
+    CompileMode.REDUCE_OVERHEAD: ModeSpec("reduce-overhead", False, True, True,
+                                          "torch.compile reduce-overhead of the whole frame: Inductor records it as "
+                                          "CUDA graph trees in its own private pool, one replay per frame"),
+    CompileMode.DEFAULT_CUDAGRAPH: ModeSpec("default", True, False, True,
+                                            "torch.compile default per unit + the engine's CUDA graphs per batch "
+                                            "bucket, all in one shared pool: the fast mode on a GPU"),
 }
 
 
@@ -65,9 +68,20 @@ class StepImpls:
         return None
 
     def predictor(self, mode: CompileMode) -> FastPath | None:
-        """The CodePredictor's implementation in `mode` (None: the reference modules)."""
+        """The compiled path that serves the CodePredictor in `mode` (None: the reference modules)."""
         inductor = MODES[mode].inductor
         return None if inductor is None else self._fast_path(inductor)
+
+    def predict_fn(self, mode: CompileMode) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+        """The CodePredictor's frame function in `mode` (CodePredictor.predict_frame's contract)."""
+        fast = self.predictor(mode)
+        if fast is None:
+            return self.model.code_predictor.predict_frame
+        return fast.whole_frame if self._whole_frame(mode) else fast.predict_frame
+
+    def _whole_frame(self, mode: CompileMode) -> bool:
+        # on a CPU there is no launch cost to save, and the whole frame's C++ compile takes minutes
+        return MODES[mode].whole_frame and self.cuda
 
     def graphs(self, mode: CompileMode) -> bool:
         """Whether the runner captures the talker (always, on CUDA) and the CodePredictor (per mode)."""
@@ -78,8 +92,9 @@ class StepImpls:
         return self.talker is not None
 
     def configure_kernels(self, batches: list[int], dtype: torch.dtype) -> str:
-        """Probe and switch on the Triton kernels (`tuning.kernels`) for the talker and the compiled
-        CodePredictor alike; reduce-overhead keeps Inductor's (ours cannot enter its graph trees).
+        """Probe and switch on the Triton kernels (`tuning.kernels`) for the talker (every mode) and
+        default+cudagraph's CodePredictor; the whole-frame compiles of default and reduce-overhead keep
+        Inductor's (ours are launched from Python, outside a traced function).
         -> '' or a notice of what was turned off and why."""
         fast = self._fast.get("default")
         if fast is None:
@@ -94,14 +109,19 @@ class StepImpls:
 
     def kernels_report(self, mode: CompileMode) -> str:
         fast = self.predictor(mode)
-        return "reference modules" if fast is None else fast.kernels_report()
+        if fast is None:
+            return "reference modules"
+        if self._whole_frame(mode):
+            return "Inductor kernels (the whole frame in one compile)"
+        return fast.kernels_report() + (" (per unit: on a CPU)" if MODES[mode].whole_frame else "")
 
     def compile_settings(self) -> None:
         """Dynamo's settings for the calling thread (its config is per thread): call it in every thread
         that compiles or runs the compiled units."""
         import torch._dynamo
 
-        # per bucket: 2 layer units (+1 for the predictor's 2-token start) and 2 sampling units x 2 variants
+        # per bucket: 2 layer units (+1 for the predictor's 2-token start) and 2 sampling units x 2 variants;
+        # the whole-frame function: one static and one dynamic batch shape x 2 variants, per Inductor mode
         torch._dynamo.config.recompile_limit = max(64, 6 * len(self.config.resolved_buckets()) + 8)
 
     def _fast_path(self, inductor: str) -> FastPath:
