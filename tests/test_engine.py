@@ -365,7 +365,7 @@ def test_mode_notes_say_what_each_mode_runs_and_the_cpu_engine_says_why_the_grap
     notes = engine.mode_notes()
     assert list(notes) == list(engine.available_modes()) == list(engine.modes()) == [m.value for m in CompileMode]
     assert all(n.strip() and "\n" not in n for n in notes.values())
-    assert "no compile" in notes["eager"] and "launched from Python" in notes["default"]
+    assert "no compile" in notes["eager"] and "guard" in notes["default"]
     assert "private pool" in notes["reduce-overhead"] and "shared pool" in notes["default+cudagraph"]
     modes = engine.modes()
     assert modes["eager"]["state"] == "ready" and modes["eager"]["default"]
@@ -377,8 +377,7 @@ def test_mode_notes_say_what_each_mode_runs_and_the_cpu_engine_says_why_the_grap
     # what decides it: the graph modes need CUDA, default and eager do not
     assert [m.value for m in CompileMode if MODES[m].needs_cuda] == ["reduce-overhead", "default+cudagraph"]
     assert MODES[CompileMode.DEFAULT_CUDAGRAPH].graphs and not MODES[CompileMode.REDUCE_OVERHEAD].graphs
-    assert [m.value for m in CompileMode if MODES[m].whole_frame] == ["default", "reduce-overhead"]
-    assert "per unit: on a CPU" in engine.impls.kernels_report(CompileMode.DEFAULT)  # no whole-frame compile here
+    assert [m.value for m in CompileMode if MODES[m].whole_frame] == ["reduce-overhead"]
 
 
 def test_first_chunk_graphs_are_skipped_while_paused(engine):

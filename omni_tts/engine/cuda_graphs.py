@@ -40,6 +40,19 @@ def _forget_cublas_workspaces() -> None:
         clear()
 
 
+def graph_tree_pool_bytes() -> int:
+    """Bytes held by the calling thread's Inductor CUDA graph trees (reduce-overhead's private pool;
+    the trees are per thread), 0 where it has none."""
+    from torch._inductor import cudagraph_trees
+
+    manager = cudagraph_trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False)
+    pool = getattr(manager, "cuda_graphs_thread_pool", None)
+    if pool is None:
+        return 0
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
+               if tuple(s.get("segment_pool_id") or ()) == tuple(pool))
+
+
 def _vllm_pool():  # pragma: no cover - needs vllm + CUDA
     try:
         from vllm.platforms import current_platform

@@ -171,7 +171,8 @@ class Engine:
             self._audio.drain()  # no audio decoding while graphs are captured
             lane.warm(self._say)
             if lane.warm_report:
-                self.stats.capture[mode.value] = {k: lane.warm_report[k] for k in ("seconds", "pool_bytes")}
+                self.stats.capture[mode.value] = {k: lane.warm_report[k]
+                                                  for k in ("seconds", "pool_bytes", "tree_pool_bytes")}
 
     def _trim_heap_periodically(self) -> None:
         """Hand freed heap pages back to the OS now and then (glibc): requests of many sizes on several
@@ -244,6 +245,7 @@ class Engine:
         active = {m.value: len(lane.active) for m, lane in self.lanes.items()}
         waiting = {m.value: lane.waiting.qsize() for m, lane in self.lanes.items()}
         pool = sum(lane.runner.pool_bytes() for lane in self.lanes.values())
+        trees = sum(c.get("tree_pool_bytes", 0) for c in self.stats.capture.values())
         return {
             "mode": self.default_mode.value,
             "modes": self.modes(),
@@ -264,7 +266,7 @@ class Engine:
             "codec_fused": _state(getattr(self.model.codec_if_built, "fused", False), self.codec_fused_error),
             "first_chunk_graphs": _state(self._audio.first is not None, self._audio.first_error),
             "steps": self.stats.steps,
-            "memory": gpu_memory(self.device, pool),
+            "memory": gpu_memory(self.device, pool, trees),
             "capture": dict(self.stats.capture),
             "model": self.model.describe(),
         }

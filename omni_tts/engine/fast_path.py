@@ -9,7 +9,7 @@ sampling) and feed (code embedding + input projection); the talker's sampling ca
 compiled once per Inductor mode and reused for every layer and codebook step, so a batch bucket costs
 a few small compiles; the hand-written Triton kernels replace units where chosen. `whole_frame` is
 the CodePredictor's 15 steps traced through the plain functions as one compile (Inductor's kernels
-only): what the default and reduce-overhead modes run. q|k|v and gate|up run as one matmul each over
+only): what reduce-overhead runs. q|k|v and gate|up run as one matmul each over
 packed weights that share storage with the reference modules (`fuse_rows`), and single-row
 projections run as multiply-and-sum reductions (`linear`): fewer, bigger kernels for a launch-bound
 decode. Knows nothing about requests, graphs or how buckets are chosen.
@@ -159,14 +159,13 @@ class FastPath:
         self.sample_talker = wrap(sampling.sample_talker)
         self.predictor_head = wrap(predictor_head)
         self.predictor_feed = wrap(predictor_feed)
-        # the whole frame as one compiled function (Inductor's kernels only, batch size dynamic after the
-        # first two shapes): default launches it from Python, reduce-overhead's graph trees record one
-        # graph per batch shape and replay it once per frame (its KV cache is an intermediate, so no input
-        # is written in place); tree outputs are copied out before the next replay overwrites them
+        # reduce-overhead: the whole frame as one compiled function (Inductor's kernels only, batch size
+        # dynamic after the first two shapes, so four compiles in all instead of one per bucket); its graph
+        # trees record one graph per batch shape and replay it once per frame (the KV cache is an
+        # intermediate, so no input is written in place); outputs are copied out before the next replay
         self.whole_frame: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
-        if inductor_mode is not None:
-            frame_fn = compile_(self._predict_plain, None)
-            self.whole_frame = _cloned(frame_fn) if inductor_mode == "reduce-overhead" else frame_fn
+        if inductor_mode == "reduce-overhead":
+            self.whole_frame = _cloned(compile_(self._predict_plain, None))
         self.records_graph_trees = inductor_mode == "reduce-overhead"
         cp = model.code_predictor
         dev = model.device

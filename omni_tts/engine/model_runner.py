@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
-from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, pick_bucket
+from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, graph_tree_pool_bytes, pick_bucket
 from omni_tts.engine.fast_path import FastPath
 from omni_tts.engine.step_impl import StepImpls
 from omni_tts.errors import InputError
@@ -188,8 +188,9 @@ class Runner:
                         self._make_cp_fn(v)(b)()
         seconds = time.perf_counter() - t0
         say(f"{self.mode.value} ready in {seconds:.1f} s")
+        trees = graph_tree_pool_bytes() if self.cp_impl is not None and self.cp_impl.records_graph_trees else 0
         self.last_report = {"mode": self.mode.value, "seconds": seconds, "pool_bytes": self.pool_bytes_,
-                            "pool": self.pool.source if self.graphs else ""}
+                            "pool": self.pool.source if self.graphs else "", "tree_pool_bytes": trees}
         return dict(self.last_report)
 
     def _capture(self, say: Callable[[str], None]) -> None:

@@ -34,9 +34,9 @@ class ModeSpec:
 MODES: dict[CompileMode, ModeSpec] = {
     CompileMode.EAGER: ModeSpec(None, False, False, False,
                                 "reference modules, no compile: host-bound, no warm-up"),
-    CompileMode.DEFAULT: ModeSpec("default", False, True, False,
-                                  "torch.compile default of the whole frame, launched from Python every frame: "
-                                  "Inductor's fused kernels, a launch per kernel"),
+    CompileMode.DEFAULT: ModeSpec("default", False, False, False,
+                                  "torch.compile default per layer and sampling unit, launched from Python: fused "
+                                  "kernels, but launch and guard cost on every call"),
     CompileMode.REDUCE_OVERHEAD: ModeSpec("reduce-overhead", False, True, True,
                                           "torch.compile reduce-overhead of the whole frame: Inductor records it as "
                                           "CUDA graph trees in its own private pool, one replay per frame"),
@@ -77,11 +77,7 @@ class StepImpls:
         fast = self.predictor(mode)
         if fast is None:
             return self.model.code_predictor.predict_frame
-        return fast.whole_frame if self._whole_frame(mode) else fast.predict_frame
-
-    def _whole_frame(self, mode: CompileMode) -> bool:
-        # on a CPU there is no launch cost to save, and the whole frame's C++ compile takes minutes
-        return MODES[mode].whole_frame and self.cuda
+        return fast.whole_frame if MODES[mode].whole_frame else fast.predict_frame
 
     def graphs(self, mode: CompileMode) -> bool:
         """Whether the runner captures the talker (always, on CUDA) and the CodePredictor (per mode)."""
@@ -93,7 +89,7 @@ class StepImpls:
 
     def configure_kernels(self, batches: list[int], dtype: torch.dtype) -> str:
         """Probe and switch on the Triton kernels (`tuning.kernels`) for the talker (every mode) and
-        default+cudagraph's CodePredictor; the whole-frame compiles of default and reduce-overhead keep
+        default's and default+cudagraph's CodePredictor; reduce-overhead's whole-frame compile keeps
         Inductor's (ours are launched from Python, outside a traced function).
         -> '' or a notice of what was turned off and why."""
         fast = self._fast.get("default")
@@ -111,9 +107,9 @@ class StepImpls:
         fast = self.predictor(mode)
         if fast is None:
             return "reference modules"
-        if self._whole_frame(mode):
+        if MODES[mode].whole_frame:
             return "Inductor kernels (the whole frame in one compile)"
-        return fast.kernels_report() + (" (per unit: on a CPU)" if MODES[mode].whole_frame else "")
+        return fast.kernels_report()
 
     def compile_settings(self) -> None:
         """Dynamo's settings for the calling thread (its config is per thread): call it in every thread

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -74,11 +75,13 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
         except Exception as e:  # a CUDA error in one mode is a result, not a crash of the benchmark
             results[c] = {"error": f"{type(e).__name__}: {str(e)[:80]}"}
     snap = engine.snapshot()
-    pool = snap["capture"].get(mode, {}).get("pool_bytes", 0)
+    cap = snap["capture"].get(mode, {})
+    pool, trees = cap.get("pool_bytes", 0), cap.get("tree_pool_bytes", 0)
     mem = snap["memory"]
     extra = {"state": report["state"], "capture/compile s": f"{report.get('seconds') or 0:.1f}",
              "peak GPU mem (GiB)": f"{mem['peak_gib']:.2f}" if mem else "-",
              "graph pool of this mode's runner (GiB)": f"{pool / 2**30:.2f}" if mem else "-",
+             "Inductor graph-tree pool (GiB)": f"{trees / 2**30:.2f}" if mem else "-",
              "CodePredictor kernels": report["kernels"]}
     if report.get("reason"):
         extra["notice"] = report["reason"]
@@ -115,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return peers_main(argv[1:])
     args = _parser().parse_args(argv)
-    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    t0 = time.perf_counter()
+    say = lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", file=sys.stderr, flush=True)  # noqa: E731
     if args.http:
         return _bench_over_http(args)
     try:

@@ -64,7 +64,8 @@ def engine_markdown(snap: Mapping[str, Any]) -> str:
     mem = snap.get("memory") or {}
     if mem:
         memory = (f"{mem['allocated_gib']:.2f} GiB in use · {mem['reserved_gib']:.2f} GiB reserved · "
-                  f"peak {mem['peak_gib']:.2f} GiB · CUDA-graph pool {mem['graph_pool_gib']:.2f} GiB")
+                  f"peak {mem['peak_gib']:.2f} GiB · CUDA-graph pool {mem['graph_pool_gib']:.2f} GiB · "
+                  f"Inductor graph-tree pool {mem.get('tree_pool_gib', 0.0):.2f} GiB")
     else:
         memory = f"none (runs on {snap.get('device', '?')})"
     calls = snap.get("decode_calls", 0)
