@@ -180,6 +180,10 @@ class FastPath:
         self.mask01 = (key[None, :] <= self.pos01[:, None])[None, None]  # [1, 1, 2, 16]
         cos, sin = cp.rope(key[None], model.dtype)  # [1, 16, hd]
         self.cos, self.sin = cos, sin
+        # each step's positions as tensors of their own, not slices: a slice's offset is baked into the
+        # kernels Inductor writes, so a whole-frame compile would make the same kernels once per step
+        self.rope_at = [(cos[:, t:t + 1].contiguous(), sin[:, t:t + 1].contiguous()) for t in range(self.n_pos)]
+        self.rope01 = (cos[:, :2].contiguous(), sin[:, :2].contiguous())
         self.codebook = [torch.tensor(j, device=dev) for j in range(self.n_pos)]
         self.kernel_rows = 0  # predictor steps of at most this many rows run omni_tts.kernels.layers (set per mode)
         self.talker_kernel_rows = 0  # the same for talker steps
@@ -198,8 +202,8 @@ class FastPath:
             for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
                 x = kernels.predictor_layer(layer, *w, x, self.cos, self.sin, kc[i], vc[i], pos0, self.kernel_pdl)
             return x
-        cos, sin = self.cos[:, pos0:pos0 + T], self.sin[:, pos0:pos0 + T]
-        mask, pos = (self.mask01, self.pos01) if T == 2 else (self.mask1[pos0], self.pos[pos0])
+        (cos, sin), mask, pos = ((self.rope01, self.mask01, self.pos01) if T == 2 else
+                                 (self.rope_at[pos0], self.mask1[pos0], self.pos[pos0]))  # pos0 == 0 when T == 2
         for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
             x = layer_fn(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
         return x
