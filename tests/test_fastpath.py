@@ -207,7 +207,7 @@ def test_reduce_overhead_records_its_graph_trees_without_skipping() -> None:
                                                                  top_p=1.0)] * B, "cuda")
     seed, frame = torch.zeros(B, dtype=torch.long, device="cuda"), torch.zeros(B, dtype=torch.long, device="cuda")
     counters.clear()
-    outs = [fast.predict_frame(h, code0, sp, seed, frame) for _ in range(4)]  # warm-up, record, replay
+    outs = [fast.whole_frame(h, code0, sp, seed, frame) for _ in range(4)]  # warm-up, record, replay
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
     from torch._inductor import cudagraph_trees
 
