@@ -128,3 +128,22 @@ def test_codec_attention_without_a_window_is_plain_causal_attention() -> None:
     later = x.clone()
     later[:, 3:] += 1.0
     torch.testing.assert_close(attn(later, rope, None)[:, :3], got[:, :3])  # no position sees a later one
+
+
+def test_no_weight_init_draws_no_random_numbers_and_puts_init_back() -> None:
+    """Modules built for a checkpoint skip random initialisation (no RNG draw) and nn.init is restored,
+    also after an error inside."""
+    from omni_tts.models.layers import no_weight_init
+
+    before = nn.init.kaiming_uniform_
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    with no_weight_init():
+        nn.Linear(64, 64)
+        nn.Embedding(32, 8)
+    assert torch.equal(torch.get_rng_state(), state)
+    with pytest.raises(ValueError), no_weight_init():
+        raise ValueError("inside")
+    assert nn.init.kaiming_uniform_ is before
+    nn.Linear(4, 4)
+    assert not torch.equal(torch.get_rng_state(), state)  # outside, initialisation draws again

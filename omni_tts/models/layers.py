@@ -14,7 +14,8 @@ functions; tests hold them to it. Knows nothing about checkpoints' files, prompt
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -280,6 +281,24 @@ class KVCache:
         if slots is None:
             return kl[:, :, :L], vl[:, :, :L]
         return kl[:, :, :L].index_select(0, slots), vl[:, :, :L].index_select(0, slots)  # [B, Hkv, L, hd]
+
+
+_INITS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+          "xavier_normal_", "zeros_", "ones_", "constant_")
+
+
+@contextmanager
+def no_weight_init() -> Iterator[None]:
+    """Build modules without random initialisation: every weight then comes from a checkpoint
+    (`load_strict` checks that each one does), and initialising a 1.7B model on a CPU takes seconds."""
+    saved = {n: getattr(nn.init, n) for n in _INITS}
+    for n in _INITS:
+        setattr(nn.init, n, lambda t, *args, **kwargs: t)
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(nn.init, n, f)
 
 
 def load_strict(module: nn.Module, weights: dict[str, torch.Tensor], prefix_map: list[tuple[str, str]],

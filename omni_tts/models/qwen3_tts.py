@@ -24,7 +24,7 @@ from omni_tts.models import sampling
 from omni_tts.models import voice_clone as clone
 from omni_tts.models.checkpoint import Checkpoint
 from omni_tts.models.code_predictor import CodePredictor
-from omni_tts.models.layers import cast_parameters, load_strict
+from omni_tts.models.layers import cast_parameters, load_strict, no_weight_init
 from omni_tts.models.talker import Talker
 from omni_tts.models.text import Prompt, PromptBuilder, TextTokenizer
 
@@ -95,8 +95,10 @@ class TTSModel:
         pc = tc.get("code_predictor_config")
         if not isinstance(pc, dict):
             raise CheckpointError(f"{ckpt.path / 'config.json'}: talker_config has no 'code_predictor_config'")
-        talker = Talker(tc)
-        predictor = CodePredictor(pc, talker.hidden_size, talker.codec_embedding)
+        device = torch.device(device)
+        with no_weight_init(), device:  # built where they run, uninitialised: the checkpoint fills every weight
+            talker = Talker(tc)
+            predictor = CodePredictor(pc, talker.hidden_size, talker.codec_embedding)
         source = str(ckpt.path / "model.safetensors")
         stray = [k for k in ckpt.weights if not k.startswith(("talker.", "speaker_encoder."))]
         if stray:
@@ -112,9 +114,8 @@ class TTSModel:
                                               ("talker.code_predictor.", "")], source,
                     ignore_prefixes=("talker.model.", "talker.text_projection.", "talker.codec_head.",
                                      "speaker_encoder."))
-        device = torch.device(device)
         for m in (talker, predictor):
-            cast_parameters(m.to(device), dtype).eval().requires_grad_(False)
+            cast_parameters(m, dtype).eval().requires_grad_(False)
         return cls(ckpt, talker, predictor, device, dtype)
 
     # ------------------------------------------------------------------ description
