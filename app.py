@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             EngineConfig(model=args.model, mode=args.mode or "auto")
         if zero and config.mode not in ui.ZERO_GPU_MODES:
             config.mode = ui.ZERO_GPU_MODES[0]
-        engine = Engine.from_config(config, progress=say, wait=False)  # the page never waits for a compile
+        # the page never waits for a compile, and the warm-up starts once the page is up
+        engine = Engine.from_config(config, progress=say, wait=False, warm=False)
     except OmniTTSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     demo = build_demo(engine, zero=zero, policy=policy)
     _, url = serve(engine, demo, host, port, args.share, block=False)
     say(f"page served at {url}")
+    engine.start_warming()
     demo.block_thread()
     return 0
 

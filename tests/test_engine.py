@@ -250,7 +250,7 @@ def test_fast_path_engine_with_kv_length_buckets_equals_the_plain_path(_one_thre
     try:
         runner = lane(eng).runner  # idle (nothing submitted yet): its step implementations can be swapped
         fast = FastPath(eng.model, None)
-        runner.talker_impl, runner.cp_impl = fast, fast
+        runner.talker_impl, runner.cp_impl, runner.cp_predict = fast, fast, fast.predict_frame
         assert runner.kv_buckets == [64, 128, 257]
         ps = [greedy(t, fixed_frames=n) for t, n in (("One.", 70), ("Second request here.", 30),
                                                        ("A third, a bit longer, text.", 50))]
@@ -625,3 +625,23 @@ def test_shutdown_fails_queued_requests_and_refuses_new_ones():
         assert h.metrics.status == "cancelled"
     with pytest.raises(OmniTTSError, match="shut down"):
         eng.submit(greedy("too late", max_new_tokens=4))
+
+
+def test_an_engine_built_not_warming_accepts_requests_and_serves_them_once_started(_one_thread):
+    """Engine(warm=False) (the app builds its page first): requests are accepted and wait, nothing is
+    compiled or captured until start_warming, then they are served; a second start is a no-op."""
+    cfg = build_config({"model": str(fixture_dir("custom_voice")), "mode": "eager", "device": "cpu",
+                        "max_num_seqs": 2, "max_seq_len": 256})
+    eng = Engine.from_config(cfg, wait=False, warm=False)
+    try:
+        h = eng.submit(SynthesisParams(text="Waits for the warm-up.", speaker="ryan", language="English",
+                                       greedy=True, fixed_frames=3))
+        time.sleep(0.3)
+        assert eng.modes()["eager"]["state"] == "queued" and not h.done
+        eng.start_warming()
+        eng.start_warming()
+        r = h.result(TIMEOUT)
+        assert r.metrics.status == "done" and r.codes.shape == (3, 16)
+        assert eng.modes()["eager"]["state"] == "ready"
+    finally:
+        eng.shutdown()

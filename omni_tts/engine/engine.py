@@ -46,7 +46,10 @@ _LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()
 class Engine:
     """In-process batched streaming synthesis over one model. Thread-safe `submit`."""
 
-    def __init__(self, model: TTSModel, config: EngineConfig, progress: Callable[[str], None] | None = None) -> None:
+    def __init__(self, model: TTSModel, config: EngineConfig, progress: Callable[[str], None] | None = None,
+                 warm: bool = True) -> None:
+        """warm: start warming the modes now (else at `start_warming`, e.g. once a page is up: the warm-up
+        threads compete for the GIL with whatever the caller builds meanwhile)."""
         self.model, self.config = model, config
         self.device = model.device
         self.stats = EngineStats()
@@ -81,20 +84,21 @@ class Engine:
         order = sorted(self.lanes, key=lambda m: (m is CompileMode.REDUCE_OVERHEAD, m is not CompileMode.EAGER,
                                                   m is not self.default_mode))
         self._warmer = threading.Thread(target=self._warm_all, args=(order,), name="omni-tts-warm", daemon=True)
-        self._warmer.start()
+        if warm:
+            self.start_warming()
         threading.Thread(target=self._trim_heap_periodically, name="omni-tts-trim", daemon=True).start()
         _LIVE.add(self)
 
     @classmethod
     def from_config(cls, config: EngineConfig, progress: Callable[[str], None] | None = None,
-                    wait: bool = True) -> Engine:
+                    wait: bool = True, warm: bool = True) -> Engine:
         """Load the model and start serving; `wait`: return once the default mode is warm (the others
         keep warming in the background)."""
         t0 = time.perf_counter()
         model = load_model(config, progress)
         if progress:
             progress(f"model loaded in {time.perf_counter() - t0:.1f} s")
-        engine = cls(model, config, progress)
+        engine = cls(model, config, progress, warm=warm or wait)
         if wait:
             engine.wait_ready(engine.default_mode)
         return engine
@@ -145,6 +149,11 @@ class Engine:
                                             prefix_codes=prep.decoder_prefix, grow=c.chunk_growth)
 
     # ------------------------------------------------------------------ modes
+    def start_warming(self) -> None:
+        """Start compiling and capturing every resident mode in the background (once; idempotent)."""
+        if not self._warmer.is_alive() and self._warmer.ident is None:
+            self._warmer.start()
+
     def _step_stream(self) -> Any:
         return torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
 
@@ -260,7 +269,7 @@ class Engine:
             "decode_calls": self.stats.decode_calls,
             "decode_seconds": self.stats.decode_seconds,
             "layer_kernels": self.impls.kernels_report(self.default_mode),
-            "kernels": _state(bool(self.impls.talker and self.config.tuning.kernels), self.kernel_notice),
+            "kernels": _state(self.impls.talker_graphs and self.config.tuning.kernels, self.kernel_notice),
             "enforce_eager": self.config.enforce_eager,
             "codec_precision": getattr(self.model.codec_if_built, "precision", "not built"),
             "codec_fused": _state(getattr(self.model.codec_if_built, "fused", False), self.codec_fused_error),

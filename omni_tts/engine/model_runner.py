@@ -12,6 +12,7 @@ Does not own requests, streaming or timing (scheduler.py), nor graph capture mec
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,9 +42,6 @@ class Runner:
         why = self.impls.unavailable(mode)
         if why:
             raise InputError(f"mode {mode.value} is not available: {why}")
-        self.talker_impl = self.impls.talker  # the same in every mode
-        self.cp_impl = self.impls.predictor(mode)
-        self.cp_predict = self.impls.predict_fn(mode)
         self.S = config.max_num_seqs
         self.buckets = config.resolved_buckets()
         self.max_len = config.max_seq_len
@@ -101,6 +99,20 @@ class Runner:
 
     def pool_bytes(self) -> int:
         return self.pool_bytes_
+
+    # the step implementations, resolved on first use (in the thread that warms this mode): building the
+    # compiled path imports Dynamo and Inductor, which the page need not wait for
+    @functools.cached_property
+    def talker_impl(self) -> FastPath | None:
+        return self.impls.talker  # the same in every mode
+
+    @functools.cached_property
+    def cp_impl(self) -> FastPath | None:
+        return self.impls.predictor(self.mode)
+
+    @functools.cached_property
+    def cp_predict(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+        return self.impls.predict_fn(self.mode)
 
     # ------------------------------------------------------------------ step functions
     @staticmethod

@@ -11,6 +11,7 @@ whether the runner captures it as graphs.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,9 +56,15 @@ class StepImpls:
         self.cuda = model.device.type == "cuda"
         self.eager_only = config.enforce_eager
         self._fast: dict[str, FastPath] = {}
+        self._lock = threading.Lock()
         self.kernel_notice = ""
         # the talker: compiled + graphed on CUDA, the reference modules elsewhere
-        self.talker: FastPath | None = self._fast_path("default") if self.cuda and not self.eager_only else None
+        self.talker_graphs = self.cuda and not self.eager_only
+
+    @property
+    def talker(self) -> FastPath | None:
+        """The talker's implementation (built on first use: it imports Dynamo and Inductor)."""
+        return self._fast_path("default") if self.talker_graphs else None
 
     def unavailable(self, mode: CompileMode) -> str | None:
         """None when `mode` can run here, else why not."""
@@ -83,16 +90,12 @@ class StepImpls:
         """Whether the runner captures the talker (always, on CUDA) and the CodePredictor (per mode)."""
         return self.cuda and not self.eager_only and MODES[mode].graphs
 
-    @property
-    def talker_graphs(self) -> bool:
-        return self.talker is not None
-
     def configure_kernels(self, batches: list[int], dtype: torch.dtype) -> str:
         """Probe and switch on the Triton kernels (`tuning.kernels`) for the talker (every mode) and
         default's and default+cudagraph's CodePredictor; reduce-overhead's whole-frame compile keeps
         Inductor's (ours are launched from Python, outside a traced function).
         -> '' or a notice of what was turned off and why."""
-        fast = self._fast.get("default")
+        fast = self.talker
         if fast is None:
             return ""
         if self.config.tuning.kernel_configs:
@@ -104,12 +107,14 @@ class StepImpls:
         return self.kernel_notice
 
     def kernels_report(self, mode: CompileMode) -> str:
-        fast = self.predictor(mode)
-        if fast is None:
+        """What runs the CodePredictor's layers in `mode` (never builds anything: the UI asks any time)."""
+        inductor = MODES[mode].inductor
+        if inductor is None:
             return "reference modules"
         if MODES[mode].whole_frame:
             return "Inductor kernels (the whole frame in one compile)"
-        return fast.kernels_report()
+        fast = self._fast.get(inductor)
+        return fast.kernels_report() if fast is not None else "not built yet (the mode is warming)"
 
     def compile_settings(self) -> None:
         """Dynamo's settings for the calling thread (its config is per thread): call it in every thread
@@ -121,9 +126,11 @@ class StepImpls:
         torch._dynamo.config.recompile_limit = max(64, 6 * len(self.config.resolved_buckets()) + 8)
 
     def _fast_path(self, inductor: str) -> FastPath:
-        if inductor not in self._fast:
-            # Inductor's compiled kernels persist across restarts, so a restart warms in a fraction of the time
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "omni_tts" / "inductor"))
-            self.compile_settings()
-            self._fast[inductor] = FastPath(self.model, inductor)
-        return self._fast[inductor]
+        with self._lock:  # one FastPath per Inductor mode, whichever lane thread asks first
+            if inductor not in self._fast:
+                # Inductor's compiled kernels persist across restarts, so a restart warms in a fraction of the time
+                os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                                      str(Path.home() / ".cache" / "omni_tts" / "inductor"))
+                self.compile_settings()
+                self._fast[inductor] = FastPath(self.model, inductor)
+            return self._fast[inductor]
