@@ -40,7 +40,8 @@ MODES: dict[CompileMode, ModeSpec] = {
                                   "kernels, but launch and guard cost on every call"),
     CompileMode.REDUCE_OVERHEAD: ModeSpec("reduce-overhead", False, True, True,
                                           "torch.compile reduce-overhead of the whole frame: Inductor records it as "
-                                          "CUDA graph trees in its own private pool, one replay per frame"),
+                                          "CUDA graph trees in its own private pool, one replay per frame (a first "
+                                          "compile on a machine takes minutes)"),
     CompileMode.DEFAULT_CUDAGRAPH: ModeSpec("default", True, False, True,
                                             "torch.compile default per unit + the engine's CUDA graphs per batch "
                                             "bucket, all in one shared pool: the fast mode on a GPU"),
