@@ -192,6 +192,36 @@ def test_the_whole_frame_body_equals_golden_codes(case: dict) -> None:
     np.testing.assert_array_equal(codes.numpy(), gold)
 
 
+@torch.no_grad()
+def test_the_whole_frame_traces_through_reused_regions_and_keeps_the_codes() -> None:
+    """The whole-frame function traced as one graph (fullgraph, batch dynamic after two shapes) through
+    the layer, head and feed regions gives the uncompiled loop's codes, and tracing it records a
+    fraction of the calls that inlining every layer and head does."""
+    from torch._dynamo.utils import counters
+
+    m, _ = model_and_fast()
+    captured = {}
+    for regions in (True, False):
+        fast = FastPath(m, None, regions=regions)
+        fn = torch.compile(fast._predict_plain, backend="aot_eager", fullgraph=True, dynamic=None)
+        torch._dynamo.reset()
+        counters.clear()
+        for B in (1, 2, 3):
+            g = torch.Generator().manual_seed(B)
+            h = torch.randn(B, m.hidden_size, generator=g)
+            code0 = torch.randint(0, 100, (B,), generator=g)
+            sp = sampling.SlotParams.from_settings([sampling.RowSettings(greedy=True, temperature=1.0, top_k=50,
+                                                                         top_p=1.0)] * B, "cpu")
+            seed, frame = torch.zeros(B, dtype=torch.long), torch.full((B,), 4, dtype=torch.long)
+            codes, embeds = fn(h, code0, sp, seed, frame)
+            ref = FastPath(m, None).predict_frame(h, code0, sp, seed, frame)
+            assert torch.equal(codes, ref[0])
+            torch.testing.assert_close(embeds, ref[1], rtol=1e-5, atol=1e-5)
+        assert counters["stats"]["unique_graphs"] == 2  # batch 1, then one dynamic graph for 2 and 3
+        captured[regions] = counters["stats"]["calls_captured"]
+    assert captured[True] * 3 < captured[False], captured
+
+
 @pytest.mark.gpu
 @torch.no_grad()
 def test_reduce_overhead_records_its_graph_trees_without_skipping() -> None:

@@ -110,10 +110,26 @@ def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
                     kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """x: [B, T, d] at positions pos [T] (same for every row); w_*: fuse_layer(layer); kc/vc:
     [B, Hkv, 16, hd]; mask: [1, 1, T, 16]. -> [B, T, d]"""
-    h = layer.input_layernorm(x)
-    q, k, v = qkv_fused(layer.self_attn, w_qkv, b_qkv, h, cos, sin)  # q: [B, H, T, hd]
+    q, k, v = qkv_fused(layer.self_attn, w_qkv, b_qkv, layer.input_layernorm(x), cos, sin)  # q: [B, H, T, hd]
     kc.index_copy_(2, pos, k)
     vc.index_copy_(2, pos, v)
+    return _attend_mlp(layer, w_gu, x, q, kc, vc, mask)
+
+
+def predictor_layer_pure(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_gu: torch.Tensor,
+                         x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                         kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """predictor_layer writing nothing in place: -> (x [B, T, d], the new kc, vc), for a region that a
+    whole-frame compile stamps out once per shape and reuses for every layer and step."""
+    q, k, v = qkv_fused(layer.self_attn, w_qkv, b_qkv, layer.input_layernorm(x), cos, sin)  # q: [B, H, T, hd]
+    kc, vc = kc.index_copy(2, pos, k), vc.index_copy(2, pos, v)  # [B, Hkv, 16, hd]
+    return _attend_mlp(layer, w_gu, x, q, kc, vc, mask), kc, vc
+
+
+def _attend_mlp(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, q: torch.Tensor, kc: torch.Tensor,
+                vc: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A predictor layer after its cache write: attention, output projection, MLP. -> [B, T, d]"""
     x = x + out_proj(layer.self_attn, small_attention(q, kc, vc, mask))  # [B, T, d]
     return x + mlp_fused(layer.mlp, w_gu, layer.post_attention_layernorm(x))
 
@@ -131,6 +147,14 @@ def predictor_feed(embedding: Any, proj: Any, code: torch.Tensor) -> tuple[torch
     return e, x
 
 
+# Regions a whole-frame compile traces and lowers once and stamps out at every layer and step (75 layer
+# calls, 15 heads): far less for Dynamo and Inductor to trace and compile. A no-op outside a compile.
+_region = getattr(torch.compiler, "nested_compile_region", lambda f: f)
+LAYER_REGION = _region(predictor_layer_pure)
+HEAD_REGION = _region(predictor_head)
+FEED_REGION = _region(predictor_feed)
+
+
 def _cloned(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Copy a cudagraph-tree output out of Inductor's private pool before the next call reuses it
     (without this, torch raises 'accessing tensor output of CUDAGraphs that has been overwritten by
@@ -145,8 +169,11 @@ def _cloned(fn: Callable[..., Any]) -> Callable[..., Any]:
 class FastPath:
     """The compiled units of one CompileMode plus the two step bodies built from them."""
 
-    def __init__(self, model: Any, inductor_mode: str | None) -> None:
+    def __init__(self, model: Any, inductor_mode: str | None, regions: bool = True) -> None:
+        """regions: the whole-frame compile traces the layer, head and feed once each and reuses them
+        (False: inlines all 75 layer and 15 head calls, for comparing the two)."""
         self.model = model
+        self.regions = regions
         compile_: Callable[..., Callable] = lambda f, dynamic=False: torch.compile(  # noqa: E731
             f, mode=inductor_mode, dynamic=dynamic, fullgraph=True)
         # reduce-overhead compiles only the whole frame (below): its units stay plain functions inside it
@@ -194,10 +221,9 @@ class FastPath:
     def _predictor_layers(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int,
                           units: bool = True) -> torch.Tensor:
         """All predictor layers for x: [B, T, d] at positions pos0..pos0+T-1 (Triton kernels or Inductor's;
-        `units` False: the plain layer function, for tracing into a whole-frame compile)."""
+        `units` False: the pure layer region, for tracing into a whole-frame compile)."""
         cp = self.model.code_predictor
         B, T = x.shape[:2]
-        layer_fn = self.predictor_layer if units else predictor_layer
         if units and B * T <= self.kernel_rows and all(kernels.supports(layer, B * T) for layer in cp.layers):
             for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
                 x = kernels.predictor_layer(layer, *w, x, self.cos, self.sin, kc[i], vc[i], pos0, self.kernel_pdl)
@@ -205,7 +231,11 @@ class FastPath:
         (cos, sin), mask, pos = ((self.rope01, self.mask01, self.pos01) if T == 2 else
                                  (self.rope_at[pos0], self.mask1[pos0], self.pos[pos0]))  # pos0 == 0 when T == 2
         for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
-            x = layer_fn(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
+            if units:
+                x = self.predictor_layer(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
+            else:
+                pure = LAYER_REGION if self.regions else predictor_layer_pure
+                x, kc[i], vc[i] = pure(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
         return x
 
     def talker_step(self, x: torch.Tensor, pos: torch.Tensor, cache: Any, b: int, kv_len: int | None = None
@@ -246,7 +276,8 @@ class FastPath:
         """The frame's 15 codebook steps over a 16-position KV cache made here (an intermediate, so a
         whole-frame compile writes no input in place); `units`: this path's compiled units and
         hand-written kernels where chosen, else the plain functions."""
-        head_fn, feed_fn = (self.predictor_head, self.predictor_feed) if units else (predictor_head, predictor_feed)
+        head_fn, feed_fn = ((self.predictor_head, self.predictor_feed) if units else
+                            (HEAD_REGION, FEED_REGION) if self.regions else (predictor_head, predictor_feed))
         cp = self.model.code_predictor
         e0 = self.model.talker.codec_embedding(code0)  # [B, D]
         B = hidden.shape[0]

@@ -133,5 +133,5 @@ class StepImpls:
                 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                                       str(Path.home() / ".cache" / "omni_tts" / "inductor"))
                 self.compile_settings()
-                self._fast[inductor] = FastPath(self.model, inductor)
+                self._fast[inductor] = FastPath(self.model, inductor, self.config.tuning.compile_regions)
             return self._fast[inductor]
