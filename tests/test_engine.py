@@ -645,3 +645,17 @@ def test_an_engine_built_not_warming_accepts_requests_and_serves_them_once_start
         assert eng.modes()["eager"]["state"] == "ready"
     finally:
         eng.shutdown()
+
+
+def test_each_mode_warms_in_the_thread_that_serves_it(_one_thread):
+    """Inductor's graph trees and Dynamo's settings are per thread, so a mode's warm-up runs in its own
+    serving thread (the engine's warm-up thread only orders the modes)."""
+    said: list[tuple[str, str]] = []
+    cfg = build_config({"model": str(fixture_dir("custom_voice")), "mode": "eager", "device": "cpu",
+                        "max_num_seqs": 1, "max_seq_len": 128})
+    eng = Engine.from_config(cfg, progress=lambda s: said.append((threading.current_thread().name, s)))
+    try:
+        ready = [name for name, s in said if s.startswith("eager ready in")]
+        assert ready == ["omni-tts-eager"], said
+    finally:
+        eng.shutdown()
