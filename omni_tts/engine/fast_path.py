@@ -8,11 +8,11 @@ CodePredictor's layer (16-position scratch cache per frame), head (final norm + 
 sampling) and feed (code embedding + input projection); the talker's sampling call. Each unit is
 compiled once per Inductor mode and reused for every layer and codebook step, so a batch bucket costs
 a few small compiles; the hand-written Triton kernels replace units where chosen. `whole_frame` is
-the CodePredictor's 15 steps traced through the plain functions as one compile (Inductor's kernels
-only): what reduce-overhead runs. q|k|v and gate|up run as one matmul each over
-packed weights that share storage with the reference modules (`fuse_rows`), and single-row
-projections run as multiply-and-sum reductions (`linear`): fewer, bigger kernels for a launch-bound
-decode. Knows nothing about requests, graphs or how buckets are chosen.
+the CodePredictor's 15 steps as one compile (Inductor's kernels only), traced through regions that
+are lowered once and reused at every layer and step: what reduce-overhead runs. q|k|v and gate|up
+run as one matmul each over packed weights that share storage with the reference modules
+(`fuse_rows`), and single-row projections run as multiply-and-sum reductions (`linear`): fewer,
+bigger kernels for a launch-bound decode. Knows nothing about requests, graphs or how buckets are chosen.
 """
 
 from __future__ import annotations
@@ -207,8 +207,8 @@ class FastPath:
         self.mask01 = (key[None, :] <= self.pos01[:, None])[None, None]  # [1, 1, 2, 16]
         cos, sin = cp.rope(key[None], model.dtype)  # [1, 16, hd]
         self.cos, self.sin = cos, sin
-        # each step's positions as tensors of their own, not slices: a slice's offset is baked into the
-        # kernels Inductor writes, so a whole-frame compile would make the same kernels once per step
+        # for the whole-frame compile, each step's positions as tensors of their own, not slices: a slice's
+        # offset is baked into the kernels Inductor writes, which would then differ from step to step
         self.rope_at = [(cos[:, t:t + 1].contiguous(), sin[:, t:t + 1].contiguous()) for t in range(self.n_pos)]
         self.rope01 = (cos[:, :2].contiguous(), sin[:, :2].contiguous())
         self.codebook = [torch.tensor(j, device=dev) for j in range(self.n_pos)]
@@ -228,14 +228,16 @@ class FastPath:
             for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
                 x = kernels.predictor_layer(layer, *w, x, self.cos, self.sin, kc[i], vc[i], pos0, self.kernel_pdl)
             return x
-        (cos, sin), mask, pos = ((self.rope01, self.mask01, self.pos01) if T == 2 else
-                                 (self.rope_at[pos0], self.mask1[pos0], self.pos[pos0]))  # pos0 == 0 when T == 2
-        for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
-            if units:
+        mask, pos = (self.mask01, self.pos01) if T == 2 else (self.mask1[pos0], self.pos[pos0])
+        if units:
+            cos, sin = self.cos[:, pos0:pos0 + T], self.sin[:, pos0:pos0 + T]
+            for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
                 x = self.predictor_layer(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
-            else:
-                pure = LAYER_REGION if self.regions else predictor_layer_pure
-                x, kc[i], vc[i] = pure(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
+            return x
+        cos, sin = self.rope01 if T == 2 else self.rope_at[pos0]  # pos0 == 0 when T == 2
+        pure = LAYER_REGION if self.regions else predictor_layer_pure
+        for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
+            x, kc[i], vc[i] = pure(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
         return x
 
     def talker_step(self, x: torch.Tensor, pos: torch.Tensor, cache: Any, b: int, kv_len: int | None = None
