@@ -336,3 +336,13 @@ def test_select_model_offline_falls_back_fast(tmp_path, monkeypatch):
         silent.close()
     assert time.perf_counter() - t0 < 3.0
     assert (Path(path) / "config.json").is_file() and "embedded" in reason
+
+
+def test_engine_panel_shows_both_graph_pools_on_a_gpu(engine):
+    """The engine figures name the engine's graph pool and Inductor's graph-tree pool (reduce-overhead's
+    private one) side by side (CPU engine; its snapshot given a GPU's memory figures)."""
+    snap = dict(engine.snapshot(), memory={"allocated_gib": 3.0, "reserved_gib": 4.0, "peak_gib": 3.5,
+                                           "graph_pool_gib": 1.25, "graph_pool_share": 0.31, "tree_pool_gib": 0.5})
+    text = formatting.engine_markdown(snap)
+    assert "CUDA-graph pool 1.25 GiB" in text and "Inductor graph-tree pool 0.50 GiB" in text
+    assert "runs on" in formatting.engine_markdown(engine.snapshot())  # no GPU figures on a CPU
