@@ -199,6 +199,7 @@ class TuningConfig:
     codec_fused: bool = True  # CUDA: the codec's SnakeBeta activations as Triton kernels
     first_chunk_graphs: bool = True  # CUDA: the codec's first-chunk decode as CUDA graphs (the TTFP path)
     compile_regions: bool = True  # reduce-overhead's whole-frame compile reuses one compiled layer and head
+    default_whole_frame: bool = False  # default mode compiles the CodePredictor's frame as one function too
 
     def validate(self) -> None:
         if self.codec_precision not in ("auto", "float32", "tf32", "bfloat16"):
@@ -279,8 +280,8 @@ _TUNING_KEYS = {f.name for f in dataclasses.fields(TuningConfig)}
 _PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)} - {"tuning"} | {f"tuning.{k}" for k in _TUNING_KEYS}
 _INT_KEYS = {"max_num_seqs", "max_seq_len", "initial_chunk_frames", "chunk_frames", "left_context_frames",
              "predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows"}
-_BOOL_KEYS = {"use_vllm_pool", "compile_regions", "codec_fused", "first_chunk_graphs", "lookahead", "chunk_growth",
-              "kernel_pdl", "priority_streams", "kernels", "enforce_eager"}
+_BOOL_KEYS = {"use_vllm_pool", "compile_regions", "default_whole_frame", "codec_fused", "first_chunk_graphs",
+              "lookahead", "chunk_growth", "kernel_pdl", "priority_streams", "kernels", "enforce_eager"}
 _LIST_KEYS = {"buckets": int, "modes": str}
 
 

@@ -170,15 +170,30 @@ def test_reduce_overhead_outputs_are_copied_out_single_or_tuple() -> None:
 
 def test_reduce_overhead_compiles_the_whole_frame_as_one_function() -> None:
     """reduce-overhead's units stay plain functions inside one compiled frame function (one graph-tree
-    replay per frame); default compiles each unit."""
+    replay per frame); default compiles each unit (and has the whole frame for its A/B switch)."""
     from omni_tts.engine import fast_path as fp
 
     m, _ = model_and_fast()
     ro, default, plain = FastPath(m, "reduce-overhead"), FastPath(m, "default"), FastPath(m, None)
     assert ro.predictor_layer is fp.predictor_layer and ro.predictor_head is fp.predictor_head
     assert default.predictor_layer is not fp.predictor_layer  # a torch.compile wrapper
-    assert ro.whole_frame is not None and default.whole_frame is None and plain.whole_frame is None
+    assert ro.whole_frame is not None and default.whole_frame is not None and plain.whole_frame is None
     assert ro.records_graph_trees and not default.records_graph_trees
+
+
+def test_default_runs_the_whole_frame_only_when_asked() -> None:
+    """default keeps its per-unit path unless `tuning.default_whole_frame` (an A/B for what its per-unit
+    calls cost); reduce-overhead always runs the whole frame; the panel says which."""
+    from omni_tts.config import CompileMode, EngineConfig, TuningConfig
+    from omni_tts.engine.step_impl import StepImpls
+
+    m, _ = model_and_fast()
+    for on in (False, True):
+        impls = StepImpls(m, EngineConfig(tuning=TuningConfig(default_whole_frame=on)))
+        fast = impls.predictor(CompileMode.DEFAULT)
+        assert impls.predict_fn(CompileMode.DEFAULT) == (fast.whole_frame if on else fast.predict_frame)
+        assert ("whole frame" in impls.kernels_report(CompileMode.DEFAULT)) is on
+        assert impls.whole_frame(CompileMode.REDUCE_OVERHEAD)
 
 
 @pytest.mark.parametrize("case", golden_cases("custom_voice"))

@@ -186,13 +186,15 @@ class FastPath:
         self.sample_talker = wrap(sampling.sample_talker)
         self.predictor_head = wrap(predictor_head)
         self.predictor_feed = wrap(predictor_feed)
-        # reduce-overhead: the whole frame as one compiled function (Inductor's kernels only, batch size
-        # dynamic after the first two shapes, so four compiles in all instead of one per bucket); its graph
+        # the whole frame as one compiled function (Inductor's kernels only, batch size dynamic after the
+        # first two shapes, so four compiles in all instead of one per bucket): reduce-overhead's graph
         # trees record one graph per batch shape and replay it once per frame (the KV cache is an
-        # intermediate, so no input is written in place); outputs are copied out before the next replay
+        # intermediate, so no input is written in place; outputs are copied out before the next replay);
+        # default runs it only for its A/B switch (tuning.default_whole_frame)
         self.whole_frame: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
-        if inductor_mode == "reduce-overhead":
-            self.whole_frame = _cloned(compile_(self._predict_plain, None))
+        if inductor_mode is not None:  # torch.compile is lazy: nothing compiles unless a mode calls it
+            frame_fn = compile_(self._predict_plain, None)
+            self.whole_frame = _cloned(frame_fn) if inductor_mode == "reduce-overhead" else frame_fn
         self.records_graph_trees = inductor_mode == "reduce-overhead"
         cp = model.code_predictor
         dev = model.device

@@ -85,7 +85,12 @@ class StepImpls:
         fast = self.predictor(mode)
         if fast is None:
             return self.model.code_predictor.predict_frame
-        return fast.whole_frame if MODES[mode].whole_frame else fast.predict_frame
+        return fast.whole_frame if self.whole_frame(mode) else fast.predict_frame
+
+    def whole_frame(self, mode: CompileMode) -> bool:
+        """Whether `mode`'s CodePredictor runs as one compiled frame (reduce-overhead always; default
+        with `tuning.default_whole_frame`, to measure how much of its cost is per-unit calls)."""
+        return MODES[mode].whole_frame or (mode is CompileMode.DEFAULT and self.config.tuning.default_whole_frame)
 
     def graphs(self, mode: CompileMode) -> bool:
         """Whether the runner captures the talker (always, on CUDA) and the CodePredictor (per mode)."""
@@ -112,7 +117,7 @@ class StepImpls:
         inductor = MODES[mode].inductor
         if inductor is None:
             return "reference modules"
-        if MODES[mode].whole_frame:
+        if self.whole_frame(mode):
             return "Inductor kernels (the whole frame in one compile)"
         fast = self._fast.get(inductor)
         return fast.kernels_report() if fast is not None else "not built yet (the mode is warming)"
