@@ -237,6 +237,34 @@ def test_the_whole_frame_traces_through_reused_regions_and_keeps_the_codes() -> 
     assert captured[True] * 3 < captured[False], captured
 
 
+@torch.no_grad()
+def test_a_frame_whose_regions_cannot_compile_falls_back_to_inlined_layers(monkeypatch) -> None:
+    """Where this torch cannot compile the frame through its regions (here a region that breaks the
+    graph), the whole frame compiles once more with every layer inlined, gives the same codes, and says
+    why (the panel shows it)."""
+    from omni_tts.engine import fast_path as fp
+
+    def breaks(*args):
+        torch._dynamo.graph_break()
+        return fp.predictor_layer_pure(*args)
+
+    monkeypatch.setattr(fp, "LAYER_REGION", torch.compiler.nested_compile_region(breaks))
+    m, _ = model_and_fast()
+    fast = FastPath(m, "default")
+    fast._compile = lambda f, dynamic=None: torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=dynamic)
+    torch._dynamo.reset()
+    B = 2
+    h = torch.randn(B, m.hidden_size, generator=torch.Generator().manual_seed(5))
+    code0 = torch.tensor([3, 9])
+    sp = sampling.SlotParams.from_settings([sampling.RowSettings(greedy=True, temperature=1.0, top_k=50,
+                                                                 top_p=1.0)] * B, "cpu")
+    seed, frame = torch.zeros(B, dtype=torch.long), torch.zeros(B, dtype=torch.long)
+    codes, _ = fast.whole_frame(h, code0, sp, seed, frame)
+    assert not fast.regions and "HigherOrderOp" in fast.region_error, fast.region_error
+    assert torch.equal(codes, FastPath(m, None).predict_frame(h, code0, sp, seed, frame)[0])
+    assert torch.equal(fast.whole_frame(h, code0, sp, seed, frame)[0], codes)  # the fallback stays
+
+
 @pytest.mark.gpu
 @torch.no_grad()
 def test_reduce_overhead_records_its_graph_trees_without_skipping() -> None:

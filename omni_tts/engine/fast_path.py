@@ -191,11 +191,11 @@ class FastPath:
         # trees record one graph per batch shape and replay it once per frame (the KV cache is an
         # intermediate, so no input is written in place; outputs are copied out before the next replay);
         # default runs it only for its A/B switch (tuning.default_whole_frame)
-        self.whole_frame: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
-        if inductor_mode is not None:  # torch.compile is lazy: nothing compiles unless a mode calls it
-            frame_fn = compile_(self._predict_plain, None)
-            self.whole_frame = _cloned(frame_fn) if inductor_mode == "reduce-overhead" else frame_fn
         self.records_graph_trees = inductor_mode == "reduce-overhead"
+        self.region_error = ""  # why the whole frame fell back to inlined layers, if it did
+        self._compile, self._frame, self._frame_ran = compile_, None, False
+        self.whole_frame: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = (
+            None if inductor_mode is None else self._run_whole_frame)  # torch.compile is lazy: built on first call
         cp = model.code_predictor
         dev = model.device
         # packed q|k|v and gate|up weights per layer; the modules' own weights become views into them
@@ -269,6 +269,26 @@ class FastPath:
                       seed: torch.Tensor, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Same contract as CodePredictor.predict_frame: -> (codes 1..15 [B, 15], embedding sum [B, D])."""
         return self._predict(hidden, code0, sp, seed, frame, True)
+
+    def _run_whole_frame(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole frame, compiled on the first call; where this torch cannot compile it through the
+        regions, once more with every layer inlined (slower to compile, same result)."""
+        if self._frame is None:
+            self._frame = self._build_frame()
+        try:
+            out = self._frame(*args)
+        except Exception as e:
+            if self._frame_ran or not self.regions:
+                raise
+            self.regions, self.region_error = False, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            self._frame = self._build_frame()
+            out = self._frame(*args)
+        self._frame_ran = True
+        return out
+
+    def _build_frame(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+        fn = self._compile(self._predict_plain, None)
+        return _cloned(fn) if self.records_graph_trees else fn
 
     def _predict_plain(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,
                        seed: torch.Tensor, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -117,9 +117,10 @@ class StepImpls:
         inductor = MODES[mode].inductor
         if inductor is None:
             return "reference modules"
-        if self.whole_frame(mode):
-            return "Inductor kernels (the whole frame in one compile)"
         fast = self._fast.get(inductor)
+        if self.whole_frame(mode):
+            why = fast.region_error if fast is not None else ""
+            return "Inductor kernels (the whole frame in one compile" + (f"; layers inlined: {why})" if why else ")")
         return fast.kernels_report() if fast is not None else "not built yet (the mode is warming)"
 
     def compile_settings(self) -> None:
