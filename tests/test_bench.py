@@ -167,3 +167,17 @@ def test_peer_tally_counts_a_repeated_chunk_once():
     a, b = np.ones(480, np.float32), np.arange(480, dtype=np.float32)
     m = timed(0, [np.zeros(0), a, b, b, a])
     assert m.audio_samples == 3 * 480 and m.dups == 1 and m.first_audio_at is not None
+
+
+def test_mixed_load_bursts_over_the_modes_and_measures_a_mode_beside_another(tmp_path):
+    """The mixed-load tool (CPU, eager only: the one mode that needs no compile here) finishes every
+    request of its burst, counts them per mode, and times the fast mode alone and beside the slow one."""
+    from omni_tts.tools import mixed_load
+
+    out = tmp_path / "mixed.json"
+    rc = mixed_load.main(["--model", str(fixture_dir("custom_voice")), "--modes", "eager", "--requests", "5",
+                          "--max-num-seqs", "2", "--fixed-frames", "3", "--device", "cpu", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 0 and report["burst"]["eager"]["done"] == 5 and report["burst"]["eager"]["failed"] == 0
+    assert report["burst"]["eager"]["med_ttfp_ms"] > 0 and report["burst"]["eager"]["med_rtf"] > 0
+    assert report["beside"]["solo_rtf"] > 0 and report["beside"]["beside_rtf"] > 0

@@ -1,7 +1,7 @@
 """Modes side by side in one engine: a burst spread over every resident mode, and a fast mode's RTF with a
 slow mode streaming beside it.
 
-    python -m omni_tts.tools.mixed_load --model DIR [--requests 64] [--fixed-frames 75] [--json OUT]
+    python -m omni_tts.tools.mixed_load --model DIR [--modes M,...] [--requests 64] [--fixed-frames 75] [--json OUT]
 
 Uses only the Engine's public API. Prints per mode: requests done / failed, median TTFP and RTF; then the
 default mode's solo RTF against its RTF while one eager request streams beside it.
@@ -16,6 +16,8 @@ import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.engine.engine import Engine
@@ -59,14 +61,17 @@ def beside(engine: Engine, fast: str, slow: str, make: Any, repeats: int = 3) ->
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m omni_tts.tools.mixed_load", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
-    ap.add_argument("--modes", default="default+cudagraph,default,eager")
+    ap.add_argument("--modes", default=None, help="comma-separated, the fast one first and the slow one last "
+                    "(default: every mode on CUDA, default and eager on a CPU)")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--fixed-frames", type=int, default=75)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    names = args.modes or ("default+cudagraph,default,reduce-overhead,eager" if torch.cuda.is_available()
+                           else "default,eager")
+    modes = [m.strip() for m in names.split(",") if m.strip()]
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     try:
         cfg = EngineConfig(model=args.model, mode=modes[0], modes=modes, device=args.device,
