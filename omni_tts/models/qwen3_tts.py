@@ -99,6 +99,8 @@ class TTSModel:
         with no_weight_init(), device:  # built where they run, uninitialised: the checkpoint fills every weight
             talker = Talker(tc)
             predictor = CodePredictor(pc, talker.hidden_size, talker.codec_embedding)
+        for m in (talker, predictor):  # in their final dtype first, so each weight is copied once, unconverted
+            cast_parameters(m, dtype).eval().requires_grad_(False)
         source = str(ckpt.path / "model.safetensors")
         stray = [k for k in ckpt.weights if not k.startswith(("talker.", "speaker_encoder."))]
         if stray:
@@ -114,8 +116,6 @@ class TTSModel:
                                               ("talker.code_predictor.", "")], source,
                     ignore_prefixes=("talker.model.", "talker.text_projection.", "talker.codec_head.",
                                      "speaker_encoder."))
-        for m in (talker, predictor):
-            cast_parameters(m, dtype).eval().requires_grad_(False)
         return cls(ckpt, talker, predictor, device, dtype)
 
     # ------------------------------------------------------------------ description
