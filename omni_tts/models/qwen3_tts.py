@@ -267,7 +267,8 @@ class TTSModel:
                 from omni_tts.models.codec.decoder import CodecDecoder
             except ImportError as e:
                 raise OmniTTSError(f"the codec decoder is not available ({e})") from None
-            codec = CodecDecoder.from_checkpoint(self.ckpt).to(self.device).eval()
+            with no_weight_init():  # its load is strict: every entry comes from the checkpoint
+                codec = CodecDecoder.from_checkpoint(self.ckpt).to(self.device).eval()
             self._codec = codec.set_precision(self.codec_precision)
         return self._codec
 
