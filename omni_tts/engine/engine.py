@@ -151,7 +151,7 @@ class Engine:
     # ------------------------------------------------------------------ modes
     def start_warming(self) -> None:
         """Start compiling and capturing every resident mode in the background (once; idempotent)."""
-        if not self._warmer.is_alive() and self._warmer.ident is None:
+        if self._warmer.ident is None:  # never started
             self._warmer.start()
 
     def _step_stream(self) -> Any:

@@ -237,7 +237,7 @@ class FastPath:
                 x = self.predictor_layer(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
             return x
         cos, sin = self.rope01 if T == 2 else self.rope_at[pos0]  # pos0 == 0 when T == 2
-        pure = LAYER_REGION if self.regions else predictor_layer_pure
+        pure = self._traced_fns()[0]
         for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
             x, kc[i], vc[i] = pure(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
         return x
@@ -290,6 +290,12 @@ class FastPath:
         fn = self._compile(self._predict_plain, None)
         return _cloned(fn) if self.records_graph_trees else fn
 
+    def _traced_fns(self) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+        """(layer, head, feed) as a whole-frame compile traces them: the reused regions, or plain."""
+        if self.regions:
+            return LAYER_REGION, HEAD_REGION, FEED_REGION
+        return predictor_layer_pure, predictor_head, predictor_feed
+
     def _predict_plain(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,
                        seed: torch.Tensor, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """predict_frame over the plain functions, no hand-written kernels: the body `whole_frame` compiles."""
@@ -300,8 +306,7 @@ class FastPath:
         """The frame's 15 codebook steps over a 16-position KV cache made here (an intermediate, so a
         whole-frame compile writes no input in place); `units`: this path's compiled units and
         hand-written kernels where chosen, else the plain functions."""
-        head_fn, feed_fn = ((self.predictor_head, self.predictor_feed) if units else
-                            (HEAD_REGION, FEED_REGION) if self.regions else (predictor_head, predictor_feed))
+        head_fn, feed_fn = (self.predictor_head, self.predictor_feed) if units else self._traced_fns()[1:]
         cp = self.model.code_predictor
         e0 = self.model.talker.codec_embedding(code0)  # [B, D]
         B = hidden.shape[0]
