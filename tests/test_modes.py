@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 import re
 import threading
+import time
 from contextlib import nullcontext
 
 import numpy as np
@@ -21,7 +22,7 @@ import torch
 from _fixtures import fixture_dir
 
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
-from omni_tts.engine import offline
+from omni_tts.engine import offline, scheduler
 from omni_tts.engine.audio_stage import Code2Wav
 from omni_tts.engine.engine import Engine
 from omni_tts.engine.metrics import EngineStats, RequestMetrics, now
@@ -184,6 +185,106 @@ def test_one_bad_request_admitted_with_seven_good_ones_fails_alone(_one_thread):
             assert r.metrics.status == "done" and r.metrics.error is None
             same(r, offline.synthesize(model, p))
     finally:
+        sched.stop()
+        audio.stop()
+
+
+# ------------------------------------------------------------------------------------------ serving while warming
+class _GatedWarmRunner(Runner):
+    """The real eager runner, but a lane that serves while it warms (on CUDA: the reference talker until
+    its graphs are captured) and whose two warm steps wait for the test (a CPU cannot capture graphs)."""
+
+    serves_while_warming = True
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.entered = [threading.Event(), threading.Event()]
+        self.gates = [threading.Event(), threading.Event()]
+        self.step_threads: list[str] = []
+
+    def warm_steps(self, say=None):
+        def step(i: int) -> None:
+            self.step_threads.append(threading.current_thread().name)
+            self.entered[i].set()
+            assert self.gates[i].wait(TIMEOUT)
+        return [lambda: step(0), lambda: step(1)]
+
+
+def test_a_lane_that_serves_while_it_warms_takes_warm_steps_only_between_requests(_one_thread):
+    """A request waiting when the warm-up starts is served before any warm step; the next step runs once
+    the lane is idle; a request arriving during a step waits for that step only and is served before
+    the step after it. Each gets its solo output; the lane is ready after the last step."""
+    cfg = config(max_num_seqs=2)
+    model = load_model(cfg)
+    stats = EngineStats()
+    audio = Code2Wav(model.device, stats)
+    runner = _GatedWarmRunner(model, cfg, CompileMode.EAGER)
+
+    def decoder(prep):
+        return model.streaming_decoder(cfg.initial_chunk_frames, cfg.chunk_frames, cfg.left_context_frames,
+                                       prefix_codes=prep.decoder_prefix)
+
+    sched = Scheduler(runner, cfg, audio, stats, nullcontext, decoder)
+    ids = itertools.count(1)
+
+    def submit(p: SynthesisParams) -> RequestHandle:
+        rid = next(ids)
+        h = RequestHandle(rid, p, RequestMetrics(rid, "eager", now(), sample_rate=model.sample_rate))
+        sched.put(Request(h, model.prepare(p, cfg.max_seq_len)))
+        return h
+
+    try:
+        first, second = greedy("served before any warm step", fixed_frames=5), sampled("mid-step", 7, fixed_frames=4)
+        h1 = submit(first)
+        warmer = threading.Thread(target=sched.warm, args=(lambda s: None,), daemon=True)
+        warmer.start()
+        same(h1.result(TIMEOUT), offline.synthesize(model, first))
+        assert runner.entered[0].wait(TIMEOUT)  # idle: the first step
+        assert sched.state == "warming" and sched.serving and not sched.ready.is_set()
+        h2 = submit(second)
+        time.sleep(0.3)
+        assert not h2.done and not runner.entered[1].is_set()  # it waits for the step in progress
+        runner.gates[0].set()
+        same(h2.result(TIMEOUT), offline.synthesize(model, second))
+        assert runner.entered[1].wait(TIMEOUT) and not sched.ready.is_set()
+        runner.gates[1].set()
+        warmer.join(TIMEOUT)
+        assert sched.state == "ready" and sched.ready.is_set() and not runner.reference_talker
+        assert runner.step_threads == ["omni-tts-eager"] * 2  # in the lane's own thread
+    finally:
+        for g in runner.gates:
+            g.set()
+        sched.stop()
+        audio.stop()
+
+
+def test_a_lane_busy_for_long_takes_its_next_warm_step_between_two_frames(_one_thread, monkeypatch):
+    """Under steady traffic the warm-up still ends: after WARM_STEP_EVERY_BUSY_S of serving, the next step
+    runs between two frames of an active request, which then goes on to its solo output."""
+    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 0.2)
+    cfg = config(max_num_seqs=1, max_seq_len=512)
+    model = load_model(cfg)
+    stats = EngineStats()
+    audio = Code2Wav(model.device, stats)
+    runner = _GatedWarmRunner(model, cfg, CompileMode.EAGER)
+    sched = Scheduler(runner, cfg, audio, stats, nullcontext, lambda prep: model.streaming_decoder(
+        cfg.initial_chunk_frames, cfg.chunk_frames, cfg.left_context_frames, prefix_codes=prep.decoder_prefix))
+    try:
+        warmer = threading.Thread(target=sched.warm, args=(lambda s: None,), daemon=True)
+        warmer.start()
+        assert runner.entered[0].wait(TIMEOUT)  # idle: the first step at once
+        p = sampled("a long request across a warm step", 11, fixed_frames=300)
+        h = RequestHandle(1, p, RequestMetrics(1, "eager", now(), sample_rate=model.sample_rate))
+        sched.put(Request(h, model.prepare(p, cfg.max_seq_len)))
+        runner.gates[0].set()
+        assert runner.entered[1].wait(TIMEOUT)
+        assert sched.active and not h.done and 0 < len(sched.active[0].codes) < 300  # between two of its frames
+        runner.gates[1].set()
+        same(h.result(TIMEOUT), offline.synthesize(model, p))
+        assert sched.ready.wait(TIMEOUT) and sched.state == "ready"
+    finally:
+        for g in runner.gates:
+            g.set()
         sched.stop()
         audio.stop()
 

@@ -62,3 +62,31 @@ def test_two_frames_in_flight_give_the_codes_of_two_waited_steps(_one_thread):
     for (c0, e0), (c1, e1) in zip(*runs):
         assert c0.shape == (2, 16) and (c0 == c1).all() and (e0 == e1).all()
     assert len({c.tobytes() for c, _ in runs[0]}) == 4  # four different frames
+
+
+def test_a_request_begun_on_the_reference_talker_goes_on_on_the_fast_path_with_its_plain_codes(_one_thread):
+    """Eager serves before its talker graphs exist on the reference talker, then switches to the fast-path
+    talker between two frames: both read and write the one KV cache alike, so requests that cross the
+    switch (greedy and sampled, float32) get the codes of a plain run, and the fast path really ran after it."""
+    from omni_tts.engine import offline
+    from omni_tts.engine.fast_path import FastPath
+
+    cfg = EngineConfig(model=str(fixture_dir("custom_voice")), mode="eager", device="cpu", max_num_seqs=2,
+                       max_seq_len=128)
+    runner = Runner.from_config(cfg)
+    fast = FastPath(runner.model, None)
+    calls: list[int] = []  # talker_step calls (spied, not replaced)
+    fast.talker_step = lambda *a, f=fast.talker_step: calls.append(1) or f(*a)
+    runner.talker_impl, runner.reference_talker = fast, True
+    ps = [SynthesisParams(text="Across the switch.", speaker="ryan", language="English", greedy=True, fixed_frames=10),
+          SynthesisParams(text="Sampled across it.", speaker="vivian", language="English", do_sample=True, top_k=20,
+                          seed=9, fixed_frames=10)]
+    runner.prefill_batch(0, [runner.model.prepare(p, runner.max_len) for p in ps])
+    frames = [runner.step(2)[0] for _ in range(4)]
+    assert not calls
+    runner.reference_talker = False
+    frames += [runner.step(2)[0] for _ in range(6)]
+    assert len(calls) == 6
+    for i, p in enumerate(ps):
+        _, plain = offline.synthesize(runner.model, p)
+        assert torch.equal(torch.as_tensor([f[i] for f in frames]), torch.as_tensor(plain))

@@ -55,6 +55,9 @@ class Runner:
         self.prefill_graphs: dict[int, BucketedGraph] = {}  # prompts per call -> graphs per length bucket
         self.pool_bytes_ = 0
         self.last_report: dict[str, Any] = {}
+        # eager serves before its talker graphs exist: the reference talker until `warm_steps` are done
+        self.reference_talker = self.serves_while_warming
+        self._planned: tuple[dict, dict, dict, list[BucketedGraph]] = ({}, {}, {}, [])
 
     # ------------------------------------------------------------------ state
     def _alloc_state(self) -> None:
@@ -114,6 +117,16 @@ class Runner:
     def cp_predict(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
         return self.impls.predict_fn(self.mode)
 
+    @property
+    def serves_while_warming(self) -> bool:
+        """Whether requests can run before the warm-up ends: eager's CodePredictor needs none, and its
+        talker runs as the reference modules until the talker's graphs are captured."""
+        return self.mode is CompileMode.EAGER and self.impls.talker_graphs
+
+    def _talker_now(self) -> FastPath | None:
+        """The talker implementation requests run on now (never built while the reference one serves)."""
+        return None if self.reference_talker else self.talker_impl
+
     # ------------------------------------------------------------------ step functions
     @staticmethod
     def _cap(sort: bool, impl: FastPath | None) -> int:
@@ -129,11 +142,11 @@ class Runner:
         trail = self.trail[:b].gather(1, idx[:, None, None].expand(-1, 1, self.trail.shape[-1]))[:, 0]
         return codes, fb + trail  # next input: [b, D]
 
-    def _talker_body(self, b: int, x: torch.Tensor, kv_len: int | None = None, sort: bool = True
+    def _talker_body(self, b: int, x: torch.Tensor, kv_len: int | None, sort: bool, impl: FastPath | None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One talker decode step for rows [:b] from input x [b, D] (attention over the first kv_len cache
-        positions, fast path only), then sampling of code 0."""
-        m, impl = self.model, self.talker_impl
+        """One talker decode step for rows [:b] from input x [b, D] on `impl` (None: the reference modules;
+        attention over the first kv_len cache positions, fast path only), then sampling of code 0."""
+        m = self.model
         if impl:
             h = impl.talker_step(x, self.pos[:b], self.cache, b, kv_len)  # h: [b, D]
             sample = impl.sample_talker
@@ -155,8 +168,9 @@ class Runner:
     def _make_cp_fn(self, sort: bool = True) -> Callable[[int], Callable[[], tuple]]:
         return lambda b: (lambda: self._cp_body(b, sort))
 
-    def _make_talker_fn(self, kv_len: int | None = None, sort: bool = True) -> Callable[[int], Callable[[], tuple]]:
-        return lambda b: (lambda: self._talker_body(b, self.x[:b], kv_len, sort))
+    def _make_talker_fn(self, kv_len: int | None = None, sort: bool = True, impl: FastPath | None = None
+                        ) -> Callable[[int], Callable[[], tuple]]:
+        return lambda b: (lambda: self._talker_body(b, self.x[:b], kv_len, sort, impl))
 
     def _make_prefill_fn(self, nb: int) -> Callable[[int], Callable[[], tuple]]:
         return lambda L: (lambda: self._prefill_body(nb, L))
@@ -171,9 +185,10 @@ class Runner:
         default+cudagraph), attention over kv_len positions (default: what the rows need)."""
         L = kv_len or self.kv_len(n)
         sort = self.variant(n) if sort is None else sort
+        talker = self._talker_now()
         return (lambda: self._run(self.cp_graphs.get(sort), self._make_cp_fn(sort), n, self.cp_impl is not None),
-                lambda: self._run(self.talker_graphs.get((L, sort)), self._make_talker_fn(L, sort), n,
-                                  self.talker_impl is not None))
+                lambda: self._run(self.talker_graphs.get((L, sort)), self._make_talker_fn(L, sort, talker), n,
+                                  talker is not None))
 
     def kv_len(self, n: int) -> int:
         """The smallest kv bucket covering the positions of rows [:n] (the whole cache if none does)."""
@@ -184,45 +199,69 @@ class Runner:
         """Compile and capture what this mode runs: on CUDA the talker's decode and prefill graphs (every
         mode) and the CodePredictor's graphs (default+cudagraph); the compiled CodePredictor's shapes
         otherwise. Call once, before the first request."""
-        say = say or (lambda s: None)
         t0 = time.perf_counter()
+        for step in self.warm_steps(say):
+            step()
+        return self.warmed(time.perf_counter() - t0, say)
+
+    def warm_steps(self, say: Callable[[str], None] | None = None) -> list[Callable[[], None]]:
+        """`warm` as steps run in turn, each a whole capture set: between two of them the eager lane serves
+        frames on the reference talker (a step syncs the device first, so none is in flight). What the
+        steps capture is used from `warmed` on."""
+        say = say or (lambda s: None)
+        steps: list[Callable[[], None]] = []
         if self.impls.talker_graphs:
             self.pool = self.pool or GraphPool(self.config.tuning.use_vllm_pool)
-            self._capture(say)
-        if self.cp_impl is not None and not self.cp_graphs:
-            say(f"compiling the CodePredictor ({self.mode.value}) for buckets {self.buckets}")
-            # every bucket shape and sampling variant now, not on the first request; Inductor's graph
-            # trees run a shape once to warm up, record it on the next call, replay it after that
-            calls = 3 if self.cp_impl.records_graph_trees else 1
-            for b in self.buckets:
-                for v in (False, True):
-                    for _ in range(calls):
-                        self._make_cp_fn(v)(b)()
-        seconds = time.perf_counter() - t0
-        say(f"{self.mode.value} ready in {seconds:.1f} s")
+            self.pool.begin_capture()
+            self._planned = self._plan_graphs()
+            steps += [functools.partial(self._capture_one, g, say) for g in self._planned[3]]
+        if self.cp_impl is not None and not self._planned[0]:
+            steps.append(functools.partial(self._compile_predictor, say))
+        return steps
+
+    def warmed(self, seconds: float, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """After every warm step: requests run on what they captured; -> the warm-up report."""
+        self.cp_graphs, self.talker_graphs, self.prefill_graphs, self.graphs = self._planned
+        self.reference_talker = False
+        (say or (lambda s: None))(f"{self.mode.value} ready in {seconds:.1f} s")
         trees = graph_tree_pool_bytes() if self.cp_impl is not None and self.cp_impl.records_graph_trees else 0
         self.last_report = {"mode": self.mode.value, "seconds": seconds, "pool_bytes": self.pool_bytes_,
                             "pool": self.pool.source if self.graphs else "", "tree_pool_bytes": trees}
         return dict(self.last_report)
 
-    def _capture(self, say: Callable[[str], None]) -> None:
-        """Capture the talker's decode and prefill graphs, and the CodePredictor's where the mode graphs it."""
-        self.pool.begin_capture()
-        self.pre_slot.fill_(self.S)  # capture warm-ups write the spare slot...
-        self.pre_last.zero_()  # ...and read inside the smallest length bucket
+    def _plan_graphs(self) -> tuple[dict, dict, dict, list[BucketedGraph]]:
+        """(CodePredictor graphs where the mode graphs it, talker graphs, prefill graphs, all of them),
+        not yet captured: the talker's run on its compiled path whatever serves requests meanwhile."""
         variants = (False, True)
-        if self.impls.graphs(self.mode):
-            self.cp_graphs = {v: BucketedGraph(f"code_predictor ({_VARIANT[v]})", self._make_cp_fn(v), self.buckets,
-                                               self.pool) for v in variants}
-        self.talker_graphs = {(L, v): BucketedGraph(f"talker (kv {L}, {_VARIANT[v]})", self._make_talker_fn(L, v),
-                                                    self.buckets, self.pool)
-                              for v in variants for L in self.kv_buckets}
-        self.prefill_graphs = {nb: BucketedGraph(f"prefill x{nb}", self._make_prefill_fn(nb), self.prefill_buckets,
-                                                 self.pool) for nb in self.prefill_batches}
-        self.graphs = [*self.cp_graphs.values(), *self.talker_graphs.values(), *self.prefill_graphs.values()]
-        for g in self.graphs:
-            say(f"capturing {g.name} graphs for buckets {g.buckets} into {self.pool.source}")
-            self.pool_bytes_ += g.capture().pool_bytes
+        cp = ({v: BucketedGraph(f"code_predictor ({_VARIANT[v]})", self._make_cp_fn(v), self.buckets, self.pool)
+               for v in variants} if self.impls.graphs(self.mode) else {})
+        talker = {(L, v): BucketedGraph(f"talker (kv {L}, {_VARIANT[v]})",
+                                        self._make_talker_fn(L, v, self.talker_impl), self.buckets, self.pool)
+                  for v in variants for L in self.kv_buckets}
+        prefill = {nb: BucketedGraph(f"prefill x{nb}", self._make_prefill_fn(nb), self.prefill_buckets, self.pool)
+                   for nb in self.prefill_batches}
+        return cp, talker, prefill, [*cp.values(), *talker.values(), *prefill.values()]
+
+    def _capture_one(self, g: BucketedGraph, say: Callable[[str], None]) -> None:
+        say(f"capturing {g.name} graphs for buckets {g.buckets} into {self.pool.source}")
+        self._park_prefill()  # before the capture stream waits for this one
+        self.pool_bytes_ += g.capture().pool_bytes
+
+    def _park_prefill(self) -> None:
+        """Prefill captures write the spare slot and read inside the smallest length bucket (a request
+        admitted between two warm steps set these for its own rows)."""
+        self.pre_slot.fill_(self.S)
+        self.pre_last.zero_()
+
+    def _compile_predictor(self, say: Callable[[str], None]) -> None:
+        say(f"compiling the CodePredictor ({self.mode.value}) for buckets {self.buckets}")
+        # every bucket shape and sampling variant now, not on the first request; Inductor's graph
+        # trees run a shape once to warm up, record it on the next call, replay it after that
+        calls = 3 if self.cp_impl.records_graph_trees else 1
+        for b in self.buckets:
+            for v in (False, True):
+                for _ in range(calls):
+                    self._make_cp_fn(v)(b)()
 
     def layer_kernels(self) -> str:
         """What runs the CodePredictor's layers in this mode (for the engine panel)."""

@@ -1,15 +1,18 @@
-"""One mode's serving loop: admission into slots, the batched frame loop, leaving, failure isolation.
+"""One mode's serving loop: its warm-up, admission into slots, the batched frame loop, leaving, failure
+isolation.
 
 Each resident mode has a `Scheduler` with its own runner (slots, KV cache, graphs) and its own thread,
 so a slow mode never sets the frame pace of a fast one. Every scheduler launches onto the engine's one
 step stream (graphs that share a pool must never run at the same time), and hands each frame's codes
-to the shared audio stage, which emits audio and completes requests. Knows nothing about Gradio.
+to the shared audio stage, which emits audio and completes requests. A lane warms in its own thread;
+eager's serves from the start and takes its warm steps between requests. Knows nothing about Gradio.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +25,9 @@ from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import RequestHandle
 from omni_tts.errors import EngineError, OmniTTSError, as_engine_error, one_line
 from omni_tts.models.qwen3_tts import Prepared
+
+# a lane that serves while it warms takes its next warm step when idle, or after this long busy
+WARM_STEP_EVERY_BUSY_S = 10.0
 
 
 @dataclass(eq=False)  # identity: slots are found with `is`-equality
@@ -50,6 +56,7 @@ class Scheduler:
         # one frame of lookahead: the step launched last and the requests in its rows
         self._pending: tuple[Any, list[Request]] | None = None
         self.state = "queued"  # queued -> warming -> ready | failed
+        self.serving = False  # requests run now (ready, or warming on a path that needs no warm-up)
         self.error = ""
         self.ready = threading.Event()
         self.warm_report: dict[str, Any] = {}
@@ -68,22 +75,67 @@ class Scheduler:
     def warm(self, say: Callable[[str], None]) -> None:
         """Compile and capture in this lane's own thread, and return when that is done (called by the
         engine's warm-up thread, one mode at a time). Dynamo's settings and Inductor's graph trees are
-        per thread: what the thread that serves the mode records is what its requests replay."""
+        per thread: what the thread that serves the mode records is what its requests replay. A lane
+        whose runner serves while warming (eager) serves from now on and warms between requests."""
         self._say = say
         self._warm_now.set()
         self.ready.wait()
 
-    def _warm(self) -> None:
-        self.state = "warming"
+    def _warm(self) -> list[Callable[[], None]]:
+        """Warm this lane; -> the warm steps still to run between requests (a lane that serves while it
+        warms), else [] once warm or failed."""
+        self.state, self._warm_t0 = "warming", time.perf_counter()
         try:
             with self._step_stream():
-                self.warm_report = self.runner.warm(self._say)
-            self.state = "ready"
+                steps = self.runner.warm_steps(self._say)
+                if not self.runner.serves_while_warming:
+                    for step in steps:
+                        step()
+                    steps = []
         except Exception as e:  # a mode that cannot warm fails its requests, never the engine
-            self.state, self.error = "failed", one_line(e)
-            self._say(f"{self.mode.value} failed to warm: {self.error}")
+            return self._warm_failed(e)
+        self.serving = True
+        if not steps:
+            self._warmed()
+        return steps
+
+    def _warm_step(self, steps: list[Callable[[], None]]) -> list[Callable[[], None]]:
+        """Run the next warm step between two frames (nothing of this lane in flight)."""
+        try:
+            with self._step_stream():
+                self._guard(self._settle)  # a frame's failure is its requests', not the warm-up's
+                self.audio.drain()  # no audio decoding while graphs are captured
+                steps.pop(0)()
+        except Exception as e:
+            return self._warm_failed(e)
+        self._last_warm_step = time.perf_counter()
+        if not steps:
+            self._warmed()
+        return steps
+
+    def _warm_turn(self) -> bool:
+        """Whether a lane warming between requests takes its next step now: when idle, or when busy for
+        long enough that it would otherwise never finish."""
+        idle = not self.active and self.waiting.empty()
+        return idle or time.perf_counter() - self._last_warm_step > WARM_STEP_EVERY_BUSY_S
+
+    def _warmed(self) -> None:
+        with self._step_stream():
+            self.warm_report = self.runner.warmed(time.perf_counter() - self._warm_t0, self._say)
+        self.state = "ready"
         self.ready.set()
         self._wake.set()
+
+    def _warm_failed(self, e: Exception) -> list[Callable[[], None]]:
+        self.state, self.error, self.serving = "failed", one_line(e), False
+        self._say(f"{self.mode.value} failed to warm: {self.error}")
+        self._pending = None
+        for a in list(self.active):
+            self._finish(a, "error", EngineError(f"mode {self.mode.value} is unavailable: {self.error}"))
+        self.active.clear()
+        self.ready.set()
+        self._wake.set()
+        return []
 
     def stop(self, timeout: float = 30) -> None:
         self._stop.set()
@@ -96,9 +148,12 @@ class Scheduler:
     def _loop(self) -> None:
         self.runner.impls.compile_settings()
         self._warm_now.wait()  # the engine's turn for this mode, or stop
-        if not self._stop.is_set():
-            self._warm()
+        steps = self._warm() if not self._stop.is_set() else []
+        self._last_warm_step = time.perf_counter()
         while not self._stop.is_set():
+            if steps and self._warm_turn():
+                steps = self._warm_step(steps)
+                continue
             if self.state == "failed":
                 self._refuse_waiting(EngineError(f"mode {self.mode.value} is unavailable: {self.error}"))
                 self._wake.wait(0.05)

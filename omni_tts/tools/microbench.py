@@ -117,7 +117,8 @@ def profile_steps(runner: Any, buckets: Sequence[int], out_dir: str) -> dict[str
         variants = {"cp_graph": graph_cp, "talker_graph": graph_talker,
                     "prefill": lambda: runner.prefill(runner.S - 1, params),
                     "cp_launched": runner._make_cp_fn(runner.variant(b))(b),
-                    "talker_launched": runner._make_talker_fn(runner.kv_len(b), runner.variant(b))(b),
+                    "talker_launched": runner._make_talker_fn(runner.kv_len(b), runner.variant(b),
+                                                              runner._talker_now())(b),
                     "codec_second_chunk": lambda: runner.model.codec.decode_window(codes, 1)}
         for name, fn in variants.items():
             fn()

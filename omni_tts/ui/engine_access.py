@@ -18,10 +18,13 @@ def with_mode(params: SynthesisParams, mode: str | None) -> SynthesisParams:
 
 
 def mode_readiness(engine: Any) -> dict[str, str]:
-    """mode -> its state for the panel: 'ready', 'warming', 'queued', 'failed: why' or 'unavailable: why'."""
+    """mode -> its state for the panel: 'ready', 'warming' (and whether it serves meanwhile), 'queued',
+    'failed: why' or 'unavailable: why'."""
     out = {}
     for mode, v in engine.modes().items():
         state = str(v["state"])
+        if v["state"] == "warming" and v.get("serving"):
+            state += " (serving meanwhile, talker not yet graphed)"
         if v.get("default"):
             state += ", default"
         if v.get("reason") and v["state"] in ("failed", "unavailable"):

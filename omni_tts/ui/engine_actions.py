@@ -46,9 +46,11 @@ def apply_mode(engine: Any, mode: str, token: str | None = None, policy: ui.Admi
         gr.Warning(message)
         log.warning("default mode not changed: %s", message)
         return f"**Not changed:** {message}", gr.update(value=engine.snapshot()["mode"]), _readiness(engine)
-    state = engine.modes()[mode]["state"]
+    info = engine.modes()[mode]
+    state = info["state"]
+    later = "they run meanwhile, on its ungraphed talker" if info.get("serving") else "they wait until it is warm"
     status = f"**Done:** requests that name no mode now run `{engine.snapshot()['mode']}`" + (
-        "" if state == "ready" else f" (it is {state}: they wait until it is warm)")
+        "" if state == "ready" else f" (it is {state}: {later})")
     return status, gr.update(value=engine.snapshot()["mode"]), _readiness(engine)
 
 
