@@ -160,15 +160,18 @@ class Engine:
     def _set_up_gpu(self) -> None:
         """Kernel probes, codec fuse and first-chunk graphs, as configured: before any mode warms (every
         mode's talker captures with the kernels chosen here), after the page is up."""
-        t0 = time.perf_counter()
         tuning, model = self.config.tuning, self.model
+        t = [time.perf_counter()]
         self.kernel_notice = self.impls.configure_kernels(self.config.resolved_buckets(), model.dtype)
+        t.append(time.perf_counter())
         self.codec_fused_error = fuse_codec(model.codec) if tuning.codec_fused else ""
+        t.append(time.perf_counter())
         if tuning.first_chunk_graphs:
             self._audio.capture_first_chunks(model.codec, self.config.initial_chunk_frames,
                                              self.config.resolved_buckets())
-        self._say(f"GPU set-up (kernel probes, codec fuse, first-chunk graphs, as configured) took "
-                  f"{time.perf_counter() - t0:.1f} s")
+        t.append(time.perf_counter())
+        self._say(f"GPU set-up took {t[3] - t[0]:.1f} s: kernel probes {t[1] - t[0]:.1f} s, codec fuse "
+                  f"{t[2] - t[1]:.1f} s, first-chunk graphs {t[3] - t[2]:.1f} s (as configured)")
 
     def _warm_all(self, order: list[CompileMode]) -> None:
         if self.device.type == "cuda":
