@@ -205,9 +205,9 @@ class Runner:
         return self.warmed(time.perf_counter() - t0, say)
 
     def warm_steps(self, say: Callable[[str], None] | None = None) -> list[Callable[[], None]]:
-        """`warm` as steps run in turn, each a whole capture set: between two of them the eager lane serves
-        frames on the reference talker (a step syncs the device first, so none is in flight). What the
-        steps capture is used from `warmed` on."""
+        """`warm` as steps run in turn, each a whole capture set (or the CodePredictor's compile): between
+        two of them the eager lane serves frames on the reference talker (a capture syncs the device
+        first, so no frame is in flight). What the steps capture is used from `warmed` on."""
         say = say or (lambda s: None)
         steps: list[Callable[[], None]] = []
         if self.impls.talker_graphs:
@@ -231,7 +231,7 @@ class Runner:
 
     def _plan_graphs(self) -> tuple[dict, dict, dict, list[BucketedGraph]]:
         """(CodePredictor graphs where the mode graphs it, talker graphs, prefill graphs, all of them),
-        not yet captured: the talker's run on its compiled path whatever serves requests meanwhile."""
+        not yet captured; the talker's capture its compiled path, whatever serves requests meanwhile."""
         variants = (False, True)
         cp = ({v: BucketedGraph(f"code_predictor ({_VARIANT[v]})", self._make_cp_fn(v), self.buckets, self.pool)
                for v in variants} if self.impls.graphs(self.mode) else {})
