@@ -15,6 +15,7 @@ import re
 import threading
 import time
 from contextlib import nullcontext
+from typing import Any
 
 import numpy as np
 import pytest
@@ -142,23 +143,31 @@ def test_enforce_eager_leaves_only_eager_and_serves_what_a_normal_engine_serves(
         eng.shutdown()
 
 
+def lone_lane(cfg: EngineConfig, runner_cls: type[Runner] = Runner) -> tuple[Any, Scheduler, Code2Wav]:
+    """One eager lane outside an engine: (its model, its scheduler, the audio stage it feeds)."""
+    model = load_model(cfg)
+    stats = EngineStats()
+    audio = Code2Wav(model.device, stats)
+    sched = Scheduler(runner_cls(model, cfg, CompileMode.EAGER), cfg, audio, stats, nullcontext,
+                      lambda prep: model.streaming_decoder(cfg.initial_chunk_frames, cfg.chunk_frames,
+                                                           cfg.left_context_frames, prefix_codes=prep.decoder_prefix))
+    return model, sched, audio
+
+
+def queue_request(sched: Scheduler, model: Any, rid: int, p: SynthesisParams, prep: Any = None) -> RequestHandle:
+    """Put `p` (prepared as `prep`, default: as the engine would) straight into the lane's queue."""
+    h = RequestHandle(rid, p, RequestMetrics(rid, "eager", now(), sample_rate=model.sample_rate))
+    sched.put(Request(h, prep if prep is not None else model.prepare(p, sched.runner.max_len)))
+    return h
+
+
 # ------------------------------------------------------------------------------------------ poisoned batch
 def test_one_bad_request_admitted_with_seven_good_ones_fails_alone(_one_thread):
     """Eight prepared requests wait before the scheduler is warm, so one admission pass takes them all;
     one has prefill embeddings of the wrong width (no door check sees it). The batched prefill fails,
     the retry one by one fails only that request, with its own message; the seven get their solo output."""
     cfg = config(max_num_seqs=8)
-    model = load_model(cfg)
-    stats = EngineStats()
-    audio = Code2Wav(model.device, stats)
-    runner = Runner(model, cfg, CompileMode.EAGER)
-
-    def decoder(prep):
-        return model.streaming_decoder(cfg.initial_chunk_frames, cfg.chunk_frames, cfg.left_context_frames,
-                                       prefix_codes=prep.decoder_prefix)
-
-    sched = Scheduler(runner, cfg, audio, stats, nullcontext, decoder)
-    ids = itertools.count(1)
+    model, sched, audio = lone_lane(cfg)
     try:
         good = [greedy(f"good request {i}", max_new_tokens=6 + i) if i % 2 else
                 sampled(f"good sampled {i}", 20 + i, max_new_tokens=6 + i) for i in range(7)]
@@ -168,12 +177,7 @@ def test_one_bad_request_admitted_with_seven_good_ones_fails_alone(_one_thread):
         prep_bad = dataclasses.replace(prep_bad, prefill=prep_bad.prefill._replace(embeds=wide))
         items = [(p, model.prepare(p, cfg.max_seq_len)) for p in good[:3]] + [(bad, prep_bad)]
         items += [(p, model.prepare(p, cfg.max_seq_len)) for p in good[3:]]
-        handles = []
-        for p, prep in items:
-            rid = next(ids)
-            h = RequestHandle(rid, p, RequestMetrics(rid, "eager", now(), sample_rate=model.sample_rate))
-            sched.put(Request(h, prep))
-            handles.append(h)
+        handles = [queue_request(sched, model, rid, p, prep) for rid, (p, prep) in enumerate(items, 1)]
         assert sched.waiting.qsize() == 8 and not sched.active  # nothing admitted before the warm-up
         sched.warm(lambda s: None)
         h_bad = handles.pop(3)
@@ -214,24 +218,12 @@ def test_a_lane_that_serves_while_it_warms_takes_warm_steps_only_between_request
     """A request waiting when the warm-up starts is served before any warm step; the next step runs once
     the lane is idle; a request arriving during a step waits for that step only and is served before
     the step after it. Each gets its solo output; the lane is ready after the last step."""
-    cfg = config(max_num_seqs=2)
-    model = load_model(cfg)
-    stats = EngineStats()
-    audio = Code2Wav(model.device, stats)
-    runner = _GatedWarmRunner(model, cfg, CompileMode.EAGER)
-
-    def decoder(prep):
-        return model.streaming_decoder(cfg.initial_chunk_frames, cfg.chunk_frames, cfg.left_context_frames,
-                                       prefix_codes=prep.decoder_prefix)
-
-    sched = Scheduler(runner, cfg, audio, stats, nullcontext, decoder)
+    model, sched, audio = lone_lane(config(max_num_seqs=2), _GatedWarmRunner)
+    runner = sched.runner
     ids = itertools.count(1)
 
     def submit(p: SynthesisParams) -> RequestHandle:
-        rid = next(ids)
-        h = RequestHandle(rid, p, RequestMetrics(rid, "eager", now(), sample_rate=model.sample_rate))
-        sched.put(Request(h, model.prepare(p, cfg.max_seq_len)))
-        return h
+        return queue_request(sched, model, next(ids), p)
 
     try:
         first, second = greedy("served before any warm step", fixed_frames=5), sampled("mid-step", 7, fixed_frames=4)
@@ -262,20 +254,14 @@ def test_a_lane_busy_for_long_takes_its_next_warm_step_between_two_frames(_one_t
     """Under steady traffic the warm-up still ends: after WARM_STEP_EVERY_BUSY_S of serving, the next step
     runs between two frames of an active request, which then goes on to its solo output."""
     monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 0.2)
-    cfg = config(max_num_seqs=1, max_seq_len=512)
-    model = load_model(cfg)
-    stats = EngineStats()
-    audio = Code2Wav(model.device, stats)
-    runner = _GatedWarmRunner(model, cfg, CompileMode.EAGER)
-    sched = Scheduler(runner, cfg, audio, stats, nullcontext, lambda prep: model.streaming_decoder(
-        cfg.initial_chunk_frames, cfg.chunk_frames, cfg.left_context_frames, prefix_codes=prep.decoder_prefix))
+    model, sched, audio = lone_lane(config(max_num_seqs=1, max_seq_len=512), _GatedWarmRunner)
+    runner = sched.runner
     try:
         warmer = threading.Thread(target=sched.warm, args=(lambda s: None,), daemon=True)
         warmer.start()
         assert runner.entered[0].wait(TIMEOUT)  # idle: the first step at once
         p = sampled("a long request across a warm step", 11, fixed_frames=300)
-        h = RequestHandle(1, p, RequestMetrics(1, "eager", now(), sample_rate=model.sample_rate))
-        sched.put(Request(h, model.prepare(p, cfg.max_seq_len)))
+        h = queue_request(sched, model, 1, p)
         runner.gates[0].set()
         assert runner.entered[1].wait(TIMEOUT)
         assert sched.active and not h.done and 0 < len(sched.active[0].codes) < 300  # between two of its frames
