@@ -23,6 +23,7 @@ def generate_codes(model: TTSModel, params: SynthesisParams | Prepared) -> torch
     config = EngineConfig(max_num_seqs=1, max_seq_len=prep.prompt_len + prep.max_frames + 1, mode="eager",
                           device=model.device.type)
     runner = Runner(model, config, CompileMode.EAGER)
+    runner.reference_talker = True  # the reference modules throughout: nothing compiled or captured
     runner.prefill(0, prep)
     frames: list[np.ndarray] = []
     stop = not prep.fixed and int(runner.code0[0]) == model.eos_id  # EOS before the first frame: no audio
