@@ -233,14 +233,16 @@ def test_a_lane_that_serves_while_it_warms_takes_warm_steps_only_between_request
         same(h1.result(TIMEOUT), offline.synthesize(model, first))
         assert runner.entered[0].wait(TIMEOUT)  # idle: the first step
         assert sched.state == "warming" and sched.serving and not sched.ready.is_set()
+        assert sched.warm_progress == (0, 2)
         h2 = submit(second)
         time.sleep(0.3)
         assert not h2.done and not runner.entered[1].is_set()  # it waits for the step in progress
         runner.gates[0].set()
         same(h2.result(TIMEOUT), offline.synthesize(model, second))
-        assert runner.entered[1].wait(TIMEOUT) and not sched.ready.is_set()
+        assert runner.entered[1].wait(TIMEOUT) and not sched.ready.is_set() and sched.warm_progress == (1, 2)
         runner.gates[1].set()
         warmer.join(TIMEOUT)
+        assert sched.warm_progress == (2, 2)
         assert sched.state == "ready" and sched.ready.is_set() and not runner.reference_talker
         assert runner.step_threads == ["omni-tts-eager"] * 2  # in the lane's own thread
     finally:

@@ -205,13 +205,14 @@ class Engine:
 
     def modes(self) -> dict[str, dict[str, Any]]:
         """Every mode: state (ready | warming | queued | failed | unavailable), serving (requests run now),
-        why, warm-up seconds, note."""
+        progress (warm steps done, of how many), why, warm-up seconds, note."""
         out: dict[str, dict[str, Any]] = {}
         for m in CompileMode:
             lane = self.lanes.get(m)
             why = self.impls.unavailable(m) or ("" if lane else "not resident (preset key 'modes')")
             state = lane.state if lane else "unavailable"
             out[m.value] = {"state": state, "serving": bool(lane and lane.serving),
+                            "progress": lane.warm_progress if lane else (0, 0),
                             "reason": lane.error if lane else why, "note": MODES[m].note,
                             "seconds": lane.warm_report.get("seconds") if lane else None,
                             "default": m is self.default_mode, "kernels": self.impls.kernels_report(m)}

@@ -57,6 +57,7 @@ class Scheduler:
         self._pending: tuple[Any, list[Request]] | None = None
         self.state = "queued"  # queued -> warming -> ready | failed
         self.serving = False  # requests run now (ready, or warming on a path that needs no warm-up)
+        self.warm_progress = (0, 0)  # warm steps done, of how many (capture sets and compiles)
         self.error = ""
         self.ready = threading.Event()
         self.warm_report: dict[str, Any] = {}
@@ -88,9 +89,11 @@ class Scheduler:
         try:
             with self._step_stream():
                 steps = self.runner.warm_steps(self._say)
+                self.warm_progress = (0, len(steps))
                 if not self.runner.serves_while_warming:
-                    for step in steps:
+                    for i, step in enumerate(steps, 1):
                         step()
+                        self.warm_progress = (i, len(steps))
                     steps = []
         except Exception as e:  # a mode that cannot warm fails its requests, never the engine
             return self._warm_failed(e)
@@ -109,6 +112,7 @@ class Scheduler:
         except Exception as e:
             return self._warm_failed(e)
         self._last_warm_step = time.perf_counter()
+        self.warm_progress = (self.warm_progress[0] + 1, self.warm_progress[1])
         if not steps:
             self._warmed()
         return steps

@@ -18,11 +18,14 @@ def with_mode(params: SynthesisParams, mode: str | None) -> SynthesisParams:
 
 
 def mode_readiness(engine: Any) -> dict[str, str]:
-    """mode -> its state for the panel: 'ready', 'warming' (and whether it serves meanwhile), 'queued',
-    'failed: why' or 'unavailable: why'."""
+    """mode -> its state for the panel: 'ready', 'warming 3/12' (warm steps done, of how many; and whether
+    it serves meanwhile), 'queued', 'failed: why' or 'unavailable: why'."""
     out = {}
     for mode, v in engine.modes().items():
         state = str(v["state"])
+        done, total = v.get("progress") or (0, 0)
+        if v["state"] == "warming" and total:
+            state += f" {done}/{total}"
         if v["state"] == "warming" and v.get("serving"):
             state += " (serving meanwhile, talker not yet graphed)"
         if v.get("default"):
