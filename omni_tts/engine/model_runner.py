@@ -57,7 +57,7 @@ class Runner:
         self.last_report: dict[str, Any] = {}
         # eager serves before its talker graphs exist: the reference talker until `warm_steps` are done
         self.reference_talker = self.serves_while_warming
-        self._planned: tuple[dict, dict, dict, list[BucketedGraph]] = ({}, {}, {}, [])
+        self._planned: tuple[dict, dict, dict] = ({}, {}, {})  # what warm_steps capture, used from `warmed` on
 
     # ------------------------------------------------------------------ state
     def _alloc_state(self) -> None:
@@ -214,14 +214,15 @@ class Runner:
             self.pool = self.pool or GraphPool(self.config.tuning.use_vllm_pool)
             self.pool.begin_capture()
             self._planned = self._plan_graphs()
-            steps += [functools.partial(self._capture_one, g, say) for g in self._planned[3]]
+            steps += [functools.partial(self._capture_one, g, say) for d in self._planned for g in d.values()]
         if self.cp_impl is not None and not self._planned[0]:
             steps.append(functools.partial(self._compile_predictor, say))
         return steps
 
     def warmed(self, seconds: float, say: Callable[[str], None] | None = None) -> dict[str, Any]:
         """After every warm step: requests run on what they captured; -> the warm-up report."""
-        self.cp_graphs, self.talker_graphs, self.prefill_graphs, self.graphs = self._planned
+        self.cp_graphs, self.talker_graphs, self.prefill_graphs = self._planned
+        self.graphs = [g for d in self._planned for g in d.values()]
         self.reference_talker = False
         (say or (lambda s: None))(f"{self.mode.value} ready in {seconds:.1f} s")
         trees = graph_tree_pool_bytes() if self.cp_impl is not None and self.cp_impl.records_graph_trees else 0
@@ -229,8 +230,8 @@ class Runner:
                             "pool": self.pool.source if self.graphs else "", "tree_pool_bytes": trees}
         return dict(self.last_report)
 
-    def _plan_graphs(self) -> tuple[dict, dict, dict, list[BucketedGraph]]:
-        """(CodePredictor graphs where the mode graphs it, talker graphs, prefill graphs, all of them),
+    def _plan_graphs(self) -> tuple[dict, dict, dict]:
+        """(CodePredictor graphs where the mode graphs it, talker graphs, prefill graphs),
         not yet captured; the talker's capture its compiled path, whatever serves requests meanwhile."""
         variants = (False, True)
         cp = ({v: BucketedGraph(f"code_predictor ({_VARIANT[v]})", self._make_cp_fn(v), self.buckets, self.pool)
@@ -240,7 +241,7 @@ class Runner:
                   for v in variants for L in self.kv_buckets}
         prefill = {nb: BucketedGraph(f"prefill x{nb}", self._make_prefill_fn(nb), self.prefill_buckets, self.pool)
                    for nb in self.prefill_batches}
-        return cp, talker, prefill, [*cp.values(), *talker.values(), *prefill.values()]
+        return cp, talker, prefill
 
     def _capture_one(self, g: BucketedGraph, say: Callable[[str], None]) -> None:
         say(f"capturing {g.name} graphs for buckets {g.buckets} into {self.pool.source}")

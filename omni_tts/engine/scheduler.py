@@ -90,11 +90,8 @@ class Scheduler:
             with self._step_stream():
                 steps = self.runner.warm_steps(self._say)
                 self.warm_progress = (0, len(steps))
-                if not self.runner.serves_while_warming:
-                    for i, step in enumerate(steps, 1):
-                        step()
-                        self.warm_progress = (i, len(steps))
-                    steps = []
+                while steps and not self.runner.serves_while_warming:
+                    self._advance(steps)
         except Exception as e:  # a mode that cannot warm fails its requests, never the engine
             return self._warm_failed(e)
         self.serving = True
@@ -108,14 +105,18 @@ class Scheduler:
             with self._step_stream():
                 self._guard(self._settle)  # a frame's failure is its requests', not the warm-up's
                 self.audio.drain()  # no audio decoding while graphs are captured
-                steps.pop(0)()
+                self._advance(steps)
         except Exception as e:
             return self._warm_failed(e)
         self._last_warm_step = time.perf_counter()
-        self.warm_progress = (self.warm_progress[0] + 1, self.warm_progress[1])
         if not steps:
             self._warmed()
         return steps
+
+    def _advance(self, steps: list[Callable[[], None]]) -> None:
+        """Run the first warm step and count it."""
+        steps.pop(0)()
+        self.warm_progress = (self.warm_progress[0] + 1, self.warm_progress[1])
 
     def _warm_turn(self) -> bool:
         """Whether a lane warming between requests takes its next step now: when idle, or when busy for
@@ -133,10 +134,7 @@ class Scheduler:
     def _warm_failed(self, e: Exception) -> list[Callable[[], None]]:
         self.state, self.error, self.serving = "failed", one_line(e), False
         self._say(f"{self.mode.value} failed to warm: {self.error}")
-        self._pending = None
-        for a in list(self.active):
-            self._finish(a, "error", EngineError(f"mode {self.mode.value} is unavailable: {self.error}"))
-        self.active.clear()
+        self._fail_active(EngineError(f"mode {self.mode.value} is unavailable: {self.error}"))
         self.ready.set()
         self._wake.set()
         return []
@@ -189,11 +187,14 @@ class Scheduler:
         try:
             fn()
         except Exception as e:
-            err = as_engine_error(e, "generation failed")
-            self._pending = None
-            for a in list(self.active):
-                self._finish(a, "error", err)
-            self.active.clear()
+            self._fail_active(as_engine_error(e, "generation failed"))
+
+    def _fail_active(self, err: OmniTTSError) -> None:
+        """Every active request ends with `err`; the frame in flight is dropped."""
+        self._pending = None
+        for a in list(self.active):
+            self._finish(a, "error", err)
+        self.active.clear()
 
     def _admit(self) -> None:
         """Take waiting requests into free slots; their prompts are prefilled together (one talker pass

@@ -23,11 +23,10 @@ def mode_readiness(engine: Any) -> dict[str, str]:
     out = {}
     for mode, v in engine.modes().items():
         state = str(v["state"])
-        done, total = v.get("progress") or (0, 0)
-        if v["state"] == "warming" and total:
-            state += f" {done}/{total}"
-        if v["state"] == "warming" and v.get("serving"):
-            state += " (serving meanwhile, talker not yet graphed)"
+        if v["state"] == "warming":
+            done, total = v.get("progress") or (0, 0)
+            state += (f" {done}/{total}" if total else "") + (
+                " (serving meanwhile, talker not yet graphed)" if v.get("serving") else "")
         if v.get("default"):
             state += ", default"
         if v.get("reason") and v["state"] in ("failed", "unavailable"):
