@@ -277,6 +277,41 @@ def test_a_lane_busy_for_long_takes_its_next_warm_step_between_two_frames(_one_t
         audio.stop()
 
 
+def test_a_lane_serving_early_runs_set_up_chores_between_its_frames(_one_thread):
+    """Before its warm-up is asked for, a lane that serves while warming serves at once (the engine's GPU
+    set-up runs meanwhile) and takes no warm step; a chore handed to it runs in its thread between two
+    frames of an active request (none in flight, audio drained), its result or exception comes back to
+    the caller, and the request still gets its solo output. After stop, a chore fails instead of hanging."""
+    model, sched, audio = lone_lane(config(max_num_seqs=1, max_seq_len=512), _GatedWarmRunner)
+    runner = sched.runner
+    try:
+        assert sched.serve_early() and sched.state == "warming" and sched.serving
+        p = sampled("served before the warm-up, across a chore", 5, fixed_frames=200)
+        h = queue_request(sched, model, 1, p)
+        deadline = time.monotonic() + TIMEOUT
+        while not (sched.active and sched.active[0].codes):
+            assert not h.done and time.monotonic() < deadline, "not served before the warm-up"
+            time.sleep(0.01)
+
+        def chore() -> tuple[str, int, bool, bool]:
+            return (threading.current_thread().name, len(sched.active[0].codes), sched._pending is None,
+                    audio._jobs.empty())
+
+        name, frames, settled, drained = sched.between_frames(chore)
+        assert name == "omni-tts-eager" and 0 < frames < 200 and settled and drained
+        with pytest.raises(ZeroDivisionError):
+            sched.between_frames(lambda: 1 / 0)
+        same(h.result(TIMEOUT), offline.synthesize(model, p))
+        assert not runner.entered[0].is_set() and not sched.ready.is_set()  # no warm step before `warm`
+    finally:
+        for g in runner.gates:
+            g.set()
+        sched.stop()
+        audio.stop()
+    with pytest.raises(EngineError, match="shut down"):
+        sched.between_frames(lambda: None)
+
+
 # ------------------------------------------------------------------------------------------ cancel
 def test_cancel_mid_stream_raises_cancelled_whose_partial_codes_and_audio_agree(_one_thread):
     eng = Engine.from_config(config(max_seq_len=512, chunk_frames=2))

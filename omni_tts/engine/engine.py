@@ -157,25 +157,35 @@ class Engine:
     def _step_stream(self) -> Any:
         return torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
 
-    def _set_up_gpu(self) -> None:
+    def _set_up_gpu(self, early: Scheduler | None) -> None:
         """Kernel probes, codec fuse and first-chunk graphs, as configured: before any mode warms (every
-        mode's talker captures with the kernels chosen here), after the page is up."""
+        mode's talker captures with the kernels chosen here), after the page is up. With a lane serving
+        already (`early`: eager, which uses none of these kernels), the probes run beside its requests
+        and the codec's changes between its frames."""
         tuning, model = self.config.tuning, self.model
+        between = early.between_frames if early is not None else (lambda fn: fn())
         t = [time.perf_counter()]
         self.kernel_notice = self.impls.configure_kernels(self.config.resolved_buckets(), model.dtype)
         t.append(time.perf_counter())
-        self.codec_fused_error = fuse_codec(model.codec) if tuning.codec_fused else ""
+        self.codec_fused_error = between(lambda: fuse_codec(model.codec)) if tuning.codec_fused else ""
         t.append(time.perf_counter())
         if tuning.first_chunk_graphs:
-            self._audio.capture_first_chunks(model.codec, self.config.initial_chunk_frames,
-                                             self.config.resolved_buckets())
+            between(lambda: self._audio.capture_first_chunks(model.codec, self.config.initial_chunk_frames,
+                                                             self.config.resolved_buckets()))
         t.append(time.perf_counter())
         self._say(f"GPU set-up took {t[3] - t[0]:.1f} s: kernel probes {t[1] - t[0]:.1f} s, codec fuse "
                   f"{t[2] - t[1]:.1f} s, first-chunk graphs {t[3] - t[2]:.1f} s (as configured)")
 
     def _warm_all(self, order: list[CompileMode]) -> None:
+        # a lane that needs no warm-up to serve (eager) serves from now on, before the GPU set-up
+        early = next((lane for lane in self.lanes.values() if lane.serve_early()), None)
         if self.device.type == "cuda":
-            self._set_up_gpu()
+            try:
+                self._set_up_gpu(early)
+            except EngineError:
+                if self._closed:  # it shut down meanwhile
+                    return
+                raise
         for mode in order:
             if self._closed:
                 return

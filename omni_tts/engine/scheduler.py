@@ -5,7 +5,8 @@ Each resident mode has a `Scheduler` with its own runner (slots, KV cache, graph
 so a slow mode never sets the frame pace of a fast one. Every scheduler launches onto the engine's one
 step stream (graphs that share a pool must never run at the same time), and hands each frame's codes
 to the shared audio stage, which emits audio and completes requests. A lane warms in its own thread;
-eager's serves from the start and takes its warm steps between requests. Knows nothing about Gradio.
+eager's serves from the start and takes its warm steps (and the engine's GPU set-up chores) between
+requests. Knows nothing about Gradio.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +66,7 @@ class Scheduler:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._warm_now = threading.Event()
+        self._chores: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
         self._say: Callable[[str], None] = lambda s: None
         self._thread = threading.Thread(target=self._loop, name=f"omni-tts-{self.mode.value}", daemon=True)
         self._thread.start()
@@ -80,7 +83,42 @@ class Scheduler:
         whose runner serves while warming (eager) serves from now on and warms between requests."""
         self._say = say
         self._warm_now.set()
+        self._wake.set()
         self.ready.wait()
+
+    def serve_early(self) -> bool:
+        """Start serving before this lane's warm-up (a runner that serves while warming: eager's);
+        -> whether it does. Its warm steps wait for `warm`."""
+        if not self.runner.serves_while_warming or self._stop.is_set():
+            return False
+        self.state, self.serving = "warming", True
+        self._wake.set()
+        return True
+
+    def between_frames(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` in this lane's thread between two of its frames (none in flight, the audio stage
+        drained) and return its result; its exception is raised here. For set-up work that must not
+        overlap a frame or a decode (a codec change, a capture) while the lane serves."""
+        fut: Future = Future()
+        self._chores.put((fn, fut))
+        self._wake.set()
+        while True:
+            try:
+                return fut.result(timeout=0.5)
+            except TimeoutError:
+                if not self._thread.is_alive():
+                    raise EngineError("the engine shut down") from None
+
+    def _run_chores(self) -> None:
+        while not self._chores.empty():
+            fn, fut = self._chores.get()
+            try:
+                with self._step_stream():
+                    self._guard(self._settle)  # a frame's failure is its requests', not the chore's
+                self.audio.drain()
+                fut.set_result(fn())
+            except Exception as e:
+                fut.set_exception(e)
 
     def _warm(self) -> list[Callable[[], None]]:
         """Warm this lane; -> the warm steps still to run between requests (a lane that serves while it
@@ -149,10 +187,15 @@ class Scheduler:
     # ------------------------------------------------------------------ the thread
     def _loop(self) -> None:
         self.runner.impls.compile_settings()
-        self._warm_now.wait()  # the engine's turn for this mode, or stop
-        steps = self._warm() if not self._stop.is_set() else []
-        self._last_warm_step = time.perf_counter()
+        steps: list[Callable[[], None]] | None = None  # None: not warmed yet
         while not self._stop.is_set():
+            self._run_chores()
+            if steps is None and self._warm_now.is_set():  # the engine's turn for this mode
+                steps, self._last_warm_step = self._warm(), time.perf_counter()
+            if steps is None and not self.serving:  # requests wait for the warm-up
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
             if steps and self._warm_turn():
                 steps = self._warm_step(steps)
                 continue
@@ -167,6 +210,8 @@ class Scheduler:
         for a in self.active:
             self._finish(a, "cancelled", EngineError("the engine shut down"))
         self._refuse_waiting(EngineError("the engine shut down"), status="cancelled")
+        while not self._chores.empty():
+            self._chores.get()[1].set_exception(EngineError("the engine shut down"))
 
     def _refuse_waiting(self, err: OmniTTSError, status: str = "error") -> None:
         while not self.waiting.empty():

@@ -85,7 +85,19 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
              "CodePredictor kernels": report["kernels"]}
     if report.get("reason"):
         extra["notice"] = report["reason"]
+    extra["Inductor CUDA-graph counters (process so far)"] = _cudagraph_counters()
     return results, extra
+
+
+def _cudagraph_counters() -> str:
+    """Inductor's CUDA-graph counters (skips, recorded inputs), '-' before anything compiled: a mode whose
+    graph trees stop replaying shows it here."""
+    if "torch._dynamo" not in sys.modules:
+        return "-"
+    from torch._dynamo.utils import counters
+
+    found = {k: v for k, v in counters["inductor"].items() if "cudagraph" in k}
+    return ", ".join(f"{k}={v}" for k, v in sorted(found.items())) or "none"
 
 
 def _parser() -> argparse.ArgumentParser:
