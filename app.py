@@ -46,9 +46,10 @@ def serve(engine: Any, demo: Any, host: str, port: int, share: bool = False, blo
     """Launch `demo` with the /v1 speech routes on the same server; returns (FastAPI app, local URL)."""
     n = engine.config.max_num_seqs
     demo.queue(default_concurrency_limit=n, max_size=max(64, 8 * n))
+    # the /v1 routes exist before the server listens: a request sent as soon as the page answers finds them
     app, url, _ = demo.launch(server_name=host, server_port=port, share=share or None, prevent_thread_lock=True,
-                              max_threads=max(40, 4 * n + 16), css=layout.CSS, footer_links=["api"], quiet=not block)
-    app.include_router(openai_api.router(engine))
+                              max_threads=max(40, 4 * n + 16), css=layout.CSS, footer_links=["api"], quiet=not block,
+                              app_kwargs={"routes": list(openai_api.router(engine).routes)})
     if block:
         demo.block_thread()
     return app, url
