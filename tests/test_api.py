@@ -119,7 +119,9 @@ def test_sse_stream_has_deltas_then_done(server):
             if line.startswith("data: "):
                 events.append(json.loads(line[6:]))
     deltas = [e for e in events if e["type"] == "speech.audio.delta"]
-    assert deltas and events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["ttfp_ms"] > 0
+    usage = events[-1]["usage"]
+    assert deltas and events[-1]["type"] == "speech.audio.done" and usage["ttfp_ms"] > 0
+    assert 0 <= usage["queue_ms"] <= usage["ttfp_ms"]
     assert sum(len(base64.b64decode(e["audio"])) for e in deltas) == 23 * 1920 * 2
 
 

@@ -92,8 +92,10 @@ def test_synthesis_streams_then_gives_file_history_and_figures(engine):
     wav, sr = sf.read(file["value"])
     assert sr == engine.sample_rate and wav.size > 0 and file["visible"] and file["label"] == "Download wav"
     assert len(history) == 1 and history[0]["status"] == "done" and history[0]["mode"] == "eager"
-    assert re.search(r"\| last #\d+ \(eager\) \| \d+ ms \| \d+ ms \| \d+ ms \| \d\.\d{3} \| \d+\.\d\d s \|", live), live
+    assert re.search(r"\| last #\d+ \(eager\) \| \d+ ms \| \d+ ms \| \d+ ms \| \d+ ms \| \d\.\d{3} \| \d+\.\d\d s \|",
+                     live), live
     assert history[0]["playable_ms"] == history[0]["ttfp_ms"]  # streaming: playable at the first chunk
+    assert 0 <= history[0]["queue_ms"] <= history[0]["ttfp_ms"]
     off = list(handlers.synthesize(engine, form(), history, streaming=False))[-1]
     sr2, pcm = off[1]
     assert sr2 == engine.sample_rate and pcm.dtype == np.int16 and pcm.size > 0

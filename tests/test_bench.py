@@ -19,8 +19,8 @@ from omni_tts.tools import bench, load
 
 REPO = Path(__file__).resolve().parents[1]
 LABELS = ["Med TTFP (ms)", "p90 TTFP (ms)", "Med E2E (ms)", "Mean RTF", "Req/s", "Audio tput (s/s)"]
-KEYS = ["requests", "med_ttfp_ms", "p90_ttfp_ms", "med_e2e_ms", "mean_rtf", "req_per_s", "audio_s_per_s",
-        "audio_s", "wall_s"]
+KEYS = ["requests", "med_ttfp_ms", "p90_ttfp_ms", "med_queue_ms", "med_e2e_ms", "mean_rtf", "req_per_s",
+        "audio_s_per_s", "audio_s", "wall_s"]
 
 
 

@@ -22,14 +22,16 @@ def rec(i: int, ttfp_s: float, e2e_s: float, samples: int, status: str = "done",
 
 def test_request_metrics_properties():
     m = RequestMetrics(7, "default", accepted_at=10.0)
-    assert (m.ttfp_ms, m.e2e_ms, m.rtf, m.audio_s, m.status) == (None, None, None, 0.0, "running")
-    m.first_audio_at = 10.05
+    assert (m.ttfp_ms, m.queue_ms, m.e2e_ms, m.rtf, m.audio_s, m.status) == (None, None, None, None, 0.0, "running")
+    m.started_at, m.first_audio_at = 10.02, 10.05
+    assert m.queue_ms == pytest.approx(20.0)
     assert m.ttfp_ms == pytest.approx(50.0) and m.e2e_ms is None and m.rtf is None
     m.finished_at, m.audio_samples = 12.0, 48000
     assert m.e2e_ms == pytest.approx(2000.0) and m.audio_s == 2.0 and m.rtf == pytest.approx(1.0)
     d = m.as_dict()
     assert d["request_id"] == 7 and d["mode"] == "default" and d["ttfp_ms"] == pytest.approx(50.0)
     assert d["e2e_ms"] == pytest.approx(2000.0) and d["audio_s"] == 2.0 and d["rtf"] == pytest.approx(1.0)
+    assert d["queue_ms"] == pytest.approx(20.0)
 
 
 def test_rtf_is_none_without_audio_and_uses_the_sample_rate():
@@ -47,8 +49,10 @@ def test_now_is_monotonic():
 def test_summarize_counts_only_finished_requests():
     recs = [rec(1, 0.010, 1.0, 48000), rec(2, 0.030, 2.0, 24000), rec(3, 0.020, 3.0, 72000),
             rec(4, 0.500, 9.0, 24000, status="cancelled"), rec(5, 0.900, 9.0, 0, status="error")]
+    for r, wait in zip(recs, (0.004, 0.001, 0.002, 0.3, 0.5)):
+        r.started_at = r.accepted_at + wait
     s = summarize(recs, wall_s=4.0)
-    assert s["requests"] == 3.0
+    assert s["requests"] == 3.0 and s["med_queue_ms"] == pytest.approx(2.0)
     assert s["med_ttfp_ms"] == pytest.approx(20.0) and s["p90_ttfp_ms"] == pytest.approx(30.0)
     assert s["med_e2e_ms"] == pytest.approx(2000.0)
     assert s["mean_rtf"] == pytest.approx((1.0 / 2 + 2.0 / 1 + 3.0 / 3) / 3)

@@ -239,6 +239,8 @@ def test_a_lane_that_serves_while_it_warms_takes_warm_steps_only_between_request
         assert not h2.done and not runner.entered[1].is_set()  # it waits for the step in progress
         runner.gates[0].set()
         same(h2.result(TIMEOUT), offline.synthesize(model, second))
+        # its wait for the step is its queued time, which the UI and the API's usage show
+        assert 300 <= h2.metrics.queue_ms <= h2.metrics.ttfp_ms
         assert runner.entered[1].wait(TIMEOUT) and not sched.ready.is_set() and sched.warm_progress == (1, 2)
         runner.gates[1].set()
         warmer.join(TIMEOUT)

@@ -23,11 +23,13 @@ def now() -> float:
 
 @dataclass
 class RequestMetrics:
-    """One request's timings. TTFP: accepted -> first audio chunk ready; RTF = E2E / audio seconds."""
+    """One request's timings. TTFP: accepted -> first audio chunk ready; queued: accepted -> taken into a
+    slot (waiting for a free slot or for its mode's warm-up); RTF = E2E / audio seconds."""
 
     request_id: int
     mode: str
     accepted_at: float
+    started_at: float | None = None
     first_audio_at: float | None = None
     finished_at: float | None = None
     frames: int = 0
@@ -39,6 +41,10 @@ class RequestMetrics:
     @property
     def ttfp_ms(self) -> float | None:
         return None if self.first_audio_at is None else 1000.0 * (self.first_audio_at - self.accepted_at)
+
+    @property
+    def queue_ms(self) -> float | None:
+        return None if self.started_at is None else 1000.0 * (self.started_at - self.accepted_at)
 
     @property
     def e2e_ms(self) -> float | None:
@@ -56,7 +62,7 @@ class RequestMetrics:
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(ttfp_ms=self.ttfp_ms, e2e_ms=self.e2e_ms, audio_s=self.audio_s, rtf=self.rtf)
+        d.update(ttfp_ms=self.ttfp_ms, queue_ms=self.queue_ms, e2e_ms=self.e2e_ms, audio_s=self.audio_s, rtf=self.rtf)
         return d
 
 
@@ -130,6 +136,7 @@ def summarize(records: list[RequestMetrics], wall_s: float) -> dict[str, float]:
     """The seed table's figures over finished requests of one run."""
     done = [r for r in records if r.status == "done"]
     ttfp = [r.ttfp_ms for r in done if r.ttfp_ms is not None]
+    queued = [r.queue_ms for r in done if r.queue_ms is not None]
     e2e = [r.e2e_ms for r in done if r.e2e_ms is not None]
     rtf = [r.rtf for r in done if r.rtf is not None]
     audio = sum(r.audio_s for r in done)
@@ -144,6 +151,7 @@ def summarize(records: list[RequestMetrics], wall_s: float) -> dict[str, float]:
         "requests": float(len(done)),
         "med_ttfp_ms": statistics.median(ttfp) if ttfp else float("nan"),
         "p90_ttfp_ms": pct(ttfp, 0.9),
+        "med_queue_ms": statistics.median(queued) if queued else float("nan"),
         "med_e2e_ms": statistics.median(e2e) if e2e else float("nan"),
         "mean_rtf": statistics.fmean(rtf) if rtf else float("nan"),
         "req_per_s": len(done) / wall_s if wall_s > 0 else float("nan"),

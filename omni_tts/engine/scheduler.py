@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from omni_tts.engine.audio_stage import Code2Wav
-from omni_tts.engine.metrics import EngineStats
+from omni_tts.engine.metrics import EngineStats, now
 from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import RequestHandle
 from omni_tts.errors import EngineError, OmniTTSError, as_engine_error, one_line
@@ -250,6 +250,7 @@ class Scheduler:
             if r.handle.cancel_requested.is_set():
                 r.handle.fail_unstarted("cancelled")
                 continue
+            r.handle.metrics.started_at = now()
             try:  # a failure here is this request's, never the loop's
                 r.decoder = self._make_decoder(r.prep)
             except Exception as e:

@@ -17,7 +17,7 @@ MODE_COLORS = {"eager": "#f97316", "default": "#2563eb", "reduce-overhead": "#93
 HISTORY_LEN = 50  # requests kept per visitor
 LOAD_COLUMNS = ("mode", "requests", "median TTFP (ms)", "median E2E (ms)", "mean RTF", "requests/s",
                 "audio s per s")
-ROW_COLUMNS = ("request", "mode", "status", "TTFP (ms)", "E2E (ms)", "RTF", "audio (s)")
+ROW_COLUMNS = ("request", "mode", "status", "TTFP (ms)", "E2E (ms)", "RTF", "audio (s)", "queued (ms)")
 
 
 def fmt(x: float | None, unit: str = "", digits: int = 0) -> str:
@@ -34,6 +34,7 @@ def record(m: Any, streaming: bool = True, note: str = "") -> dict[str, Any]:
     """A finished (or stopped) request as the visitor's history keeps it, figures rounded."""
     playable = m.ttfp_ms if streaming else m.e2e_ms
     return {"request": int(m.request_id), "mode": m.mode, "status": m.status, "ttfp_ms": _round(m.ttfp_ms, 1),
+            "queue_ms": _round(m.queue_ms, 1),
             "e2e_ms": _round(m.e2e_ms, 1), "rtf": _round(m.rtf, 3), "audio_s": round(float(m.audio_s), 2),
             "playable_ms": _round(playable, 1), "streaming": bool(streaming), "note": note}
 
@@ -41,21 +42,22 @@ def record(m: Any, streaming: bool = True, note: str = "") -> dict[str, Any]:
 def row(m: Any) -> dict[str, Any]:
     """One request as a table row (ROW_COLUMNS), figures rounded."""
     return dict(zip(ROW_COLUMNS, (int(m.request_id), m.mode, m.status, _round(m.ttfp_ms, 1), _round(m.e2e_ms, 1),
-                                  _round(m.rtf, 3), round(float(m.audio_s), 2))))
+                                  _round(m.rtf, 3), round(float(m.audio_s), 2), _round(m.queue_ms, 1))))
 
 
 def _line(label: str, r: Mapping[str, Any] | None) -> str:
     if r is None:
-        return f"| {label} | – | – | – | – | – |"
+        return f"| {label} | – | – | – | – | – | – |"
     status = "" if r["status"] in ("running", "done") else f", {r['status']}"
-    return (f"| {label} #{r['request']} ({r['mode']}{status}) | {fmt(r['ttfp_ms'], ' ms')} | "
+    return (f"| {label} #{r['request']} ({r['mode']}{status}) | {fmt(r['queue_ms'], ' ms')} | "
+            f"{fmt(r['ttfp_ms'], ' ms')} | "
             f"{fmt(r['playable_ms'], ' ms')} | {fmt(r['e2e_ms'], ' ms')} | {fmt(r['rtf'], '', 3)} | "
             f"{fmt(r['audio_s'], ' s', 2)} |")
 
 
 def live_markdown(running: Mapping[str, Any] | None, last: Mapping[str, Any] | None) -> str:
     """This visitor's running and last request."""
-    head = "| your requests | TTFP | playable | E2E | RTF | audio |\n|---|---|---|---|---|---|"
+    head = "| your requests | queued | TTFP | playable | E2E | RTF | audio |\n|---|---|---|---|---|---|---|"
     return "\n".join([head, _line("running", running), _line("last", last)])
 
 

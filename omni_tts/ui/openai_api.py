@@ -224,7 +224,7 @@ class SpeechService:
                 yield f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': audio})}\n\n"
             m = handle.metrics
             usage = {"input_characters": len(handle.params.text), "output_seconds": round(m.audio_s, 3),
-                     "ttfp_ms": m.ttfp_ms, "e2e_ms": m.e2e_ms}
+                     "queue_ms": m.queue_ms, "ttfp_ms": m.ttfp_ms, "e2e_ms": m.e2e_ms}
             yield f"data: {json.dumps({'type': 'speech.audio.done', 'usage': usage})}\n\n"
         except OmniTTSError as e:
             yield f"data: {json.dumps({'type': 'error', 'error': {'message': str(e)}})}\n\n"
