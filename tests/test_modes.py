@@ -254,6 +254,29 @@ def test_a_lane_that_serves_while_it_warms_takes_warm_steps_only_between_request
         audio.stop()
 
 
+def test_a_request_sent_as_the_last_one_ends_starts_before_the_next_warm_step(_one_thread, monkeypatch):
+    """A visitor's next request, sent as soon as their last one ended, is served before the lane takes
+    its next warm step (which waits until the lane has been idle for WARM_STEP_IDLE_S)."""
+    monkeypatch.setattr(scheduler, "WARM_STEP_IDLE_S", 3.0)  # margins for a loaded machine
+    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
+    model, sched, audio = lone_lane(config(max_num_seqs=1), _GatedWarmRunner)
+    runner = sched.runner
+    try:
+        first, second = greedy("the first one", fixed_frames=4), sampled("sent as the first ends", 3, fixed_frames=4)
+        h1 = queue_request(sched, model, 1, first)
+        threading.Thread(target=sched.warm, args=(lambda s: None,), daemon=True).start()
+        h1.result(TIMEOUT)
+        h2 = queue_request(sched, model, 2, second)
+        same(h2.result(TIMEOUT / 4), offline.synthesize(model, second))  # no warm step in its way
+        assert not runner.entered[0].is_set() and sched.warm_progress == (0, 2)
+        assert runner.entered[0].wait(TIMEOUT)  # then, idle, the step
+    finally:
+        for g in runner.gates:
+            g.set()
+        sched.stop()
+        audio.stop()
+
+
 def test_a_lane_busy_for_long_takes_its_next_warm_step_between_two_frames(_one_thread, monkeypatch):
     """Under steady traffic the warm-up still ends: after WARM_STEP_EVERY_BUSY_S of serving, the next step
     runs between two frames of an active request, which then goes on to its solo output."""

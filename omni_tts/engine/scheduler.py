@@ -28,7 +28,9 @@ from omni_tts.engine.request import RequestHandle
 from omni_tts.errors import EngineError, OmniTTSError, as_engine_error, one_line
 from omni_tts.models.qwen3_tts import Prepared
 
-# a lane that serves while it warms takes its next warm step when idle, or after this long busy
+# a lane that serves while it warms takes its next warm step once idle this long (a visitor's next
+# request, sent as the last one ends, starts first), or after WARM_STEP_EVERY_BUSY_S busy
+WARM_STEP_IDLE_S = 1.0
 WARM_STEP_EVERY_BUSY_S = 10.0
 
 
@@ -66,6 +68,7 @@ class Scheduler:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._warm_now = threading.Event()
+        self._idle_since: float | None = None  # a lane warming between requests: idle since (None: busy)
         self._chores: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
         self._say: Callable[[str], None] = lambda s: None
         self._thread = threading.Thread(target=self._loop, name=f"omni-tts-{self.mode.value}", daemon=True)
@@ -146,7 +149,7 @@ class Scheduler:
                 self._advance(steps)
         except Exception as e:
             return self._warm_failed(e)
-        self._last_warm_step = time.perf_counter()
+        self._last_warm_step, self._idle_since = time.perf_counter(), None
         if not steps:
             self._warmed()
         return steps
@@ -157,10 +160,15 @@ class Scheduler:
         self.warm_progress = (self.warm_progress[0] + 1, self.warm_progress[1])
 
     def _warm_turn(self) -> bool:
-        """Whether a lane warming between requests takes its next step now: when idle, or when busy for
-        long enough that it would otherwise never finish."""
-        idle = not self.active and self.waiting.empty()
-        return idle or time.perf_counter() - self._last_warm_step > WARM_STEP_EVERY_BUSY_S
+        """Whether a lane warming between requests takes its next step now: once idle for WARM_STEP_IDLE_S,
+        or when busy for long enough that it would otherwise never finish."""
+        t = time.perf_counter()
+        if self.active or not self.waiting.empty():
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = t
+        idle_long = self._idle_since is not None and t - self._idle_since >= WARM_STEP_IDLE_S
+        return idle_long or t - self._last_warm_step > WARM_STEP_EVERY_BUSY_S
 
     def _warmed(self) -> None:
         with self._step_stream():
@@ -191,7 +199,7 @@ class Scheduler:
         while not self._stop.is_set():
             self._run_chores()
             if steps is None and self._warm_now.is_set():  # the engine's turn for this mode
-                steps, self._last_warm_step = self._warm(), time.perf_counter()
+                steps, self._last_warm_step, self._idle_since = self._warm(), time.perf_counter(), None
             if steps is None and not self.serving:  # requests wait for the warm-up
                 self._wake.wait(0.05)
                 self._wake.clear()
