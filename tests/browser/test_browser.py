@@ -196,8 +196,9 @@ def test_a_first_visit(server, browser):
         By.CSS_SELECTOR, "#download a") if ".wav" in (a.get_attribute("href") or "")), None), 60, log)
     with urllib.request.urlopen(href, timeout=10) as r:
         assert r.read(4) == b"RIFF", "the download is not a wav file"
-    _wait(d, "TTFP/playable/E2E/RTF of the finished request", lambda d: re.search(
-        r"last #\d+ \(eager\) \d+ ms \d+ ms \d+ ms \d+\.\d{3} \d+\.\d\d s", _text(d, "#live-metrics")), 15, log)
+    _wait(d, "queued/TTFP/playable/E2E/RTF of the finished request", lambda d: re.search(
+        r"last #\d+ \(eager\) \d+ ms \d+ ms \d+ ms \d+ ms \d+\.\d{3} \d+\.\d\d s", _text(d, "#live-metrics")), 15,
+        log)
     _wait(d, "the request's point in both plots, in eager's colour", lambda d: _points(d, "ttfp-plot", "eager") == 1
           and _points(d, "rtf-plot", "eager") == 1, 15, log)
 
