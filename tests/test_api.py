@@ -7,14 +7,13 @@ from __future__ import annotations
 import base64
 import io
 import json
-import socket
 import time
 
 import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-from _fixtures import FIXTURES
+from _fixtures import FIXTURES, free_port
 
 import app
 from omni_tts.config import EngineConfig
@@ -25,12 +24,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:The clip stopped at Max length")
 SHORT = {"max_new_tokens": 24, "seed": 3}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
     """(base URL, engine): the page and the APIs on 127.0.0.1 (max_seq_len 96 bounds a clip without Max length)."""
@@ -39,7 +32,7 @@ def server():
     engine = Engine.from_config(EngineConfig(model=str(FIXTURES / "custom_voice"), device="cpu", max_num_seqs=2,
                                              max_seq_len=96, mode="eager", initial_chunk_frames=1, chunk_frames=4))
     demo = app.build_demo(engine)
-    _, url = app.serve(engine, demo, "127.0.0.1", _free_port(), block=False)
+    _, url = app.serve(engine, demo, "127.0.0.1", free_port(), block=False)
     yield url.rstrip("/"), engine
     demo.close()
     engine.shutdown()

@@ -14,7 +14,8 @@ import itertools
 import re
 import threading
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -214,18 +215,30 @@ class _GatedWarmRunner(Runner):
         return [lambda: step(0), lambda: step(1)]
 
 
+@contextmanager
+def gated_lane(cfg: EngineConfig) -> Iterator[tuple[Any, Scheduler, _GatedWarmRunner, Code2Wav]]:
+    """A lone eager lane on a _GatedWarmRunner: (model, scheduler, runner, audio stage); on exit its gates
+    open, so no warm step is left waiting, and the lane and its audio stage stop."""
+    model, sched, audio = lone_lane(cfg, _GatedWarmRunner)
+    try:
+        yield model, sched, sched.runner, audio
+    finally:
+        for g in sched.runner.gates:
+            g.set()
+        sched.stop()
+        audio.stop()
+
+
 def test_a_lane_that_serves_while_it_warms_takes_warm_steps_only_between_requests(_one_thread):
     """A request waiting when the warm-up starts is served before any warm step; the next step runs once
     the lane is idle; a request arriving during a step waits for that step only and is served before
     the step after it. Each gets its solo output; the lane is ready after the last step."""
-    model, sched, audio = lone_lane(config(max_num_seqs=2), _GatedWarmRunner)
-    runner = sched.runner
-    ids = itertools.count(1)
+    with gated_lane(config(max_num_seqs=2)) as (model, sched, runner, _):
+        ids = itertools.count(1)
 
-    def submit(p: SynthesisParams) -> RequestHandle:
-        return queue_request(sched, model, next(ids), p)
+        def submit(p: SynthesisParams) -> RequestHandle:
+            return queue_request(sched, model, next(ids), p)
 
-    try:
         first, second = greedy("served before any warm step", fixed_frames=5), sampled("mid-step", 7, fixed_frames=4)
         h1 = submit(first)
         warmer = threading.Thread(target=sched.warm, args=(lambda s: None,), daemon=True)
@@ -247,11 +260,6 @@ def test_a_lane_that_serves_while_it_warms_takes_warm_steps_only_between_request
         assert sched.warm_progress == (2, 2)
         assert sched.state == "ready" and sched.ready.is_set() and not runner.reference_talker
         assert runner.step_threads == ["omni-tts-eager"] * 2  # in the lane's own thread
-    finally:
-        for g in runner.gates:
-            g.set()
-        sched.stop()
-        audio.stop()
 
 
 def test_a_request_sent_as_the_last_one_ends_starts_before_the_next_warm_step(_one_thread, monkeypatch):
@@ -259,9 +267,7 @@ def test_a_request_sent_as_the_last_one_ends_starts_before_the_next_warm_step(_o
     its next warm step (which waits until the lane has been idle for WARM_STEP_IDLE_S)."""
     monkeypatch.setattr(scheduler, "WARM_STEP_IDLE_S", 3.0)  # margins for a loaded machine
     monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
-    model, sched, audio = lone_lane(config(max_num_seqs=1), _GatedWarmRunner)
-    runner = sched.runner
-    try:
+    with gated_lane(config(max_num_seqs=1)) as (model, sched, runner, _):
         first, second = greedy("the first one", fixed_frames=4), sampled("sent as the first ends", 3, fixed_frames=4)
         h1 = queue_request(sched, model, 1, first)
         threading.Thread(target=sched.warm, args=(lambda s: None,), daemon=True).start()
@@ -270,23 +276,16 @@ def test_a_request_sent_as_the_last_one_ends_starts_before_the_next_warm_step(_o
         same(h2.result(TIMEOUT / 4), offline.synthesize(model, second))  # no warm step in its way
         assert not runner.entered[0].is_set() and sched.warm_progress == (0, 2)
         assert runner.entered[0].wait(TIMEOUT)  # then, idle, the step
-    finally:
-        for g in runner.gates:
-            g.set()
-        sched.stop()
-        audio.stop()
 
 
 def test_a_lane_busy_for_long_takes_its_next_warm_step_between_two_frames(_one_thread, monkeypatch):
     """Under steady traffic the warm-up still ends: after WARM_STEP_EVERY_BUSY_S of serving, the next step
     runs between two frames of an active request, which then goes on to its solo output."""
     monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 0.2)
-    model, sched, audio = lone_lane(config(max_num_seqs=1, max_seq_len=512), _GatedWarmRunner)
-    runner = sched.runner
-    try:
+    with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, sched, runner, _):
         warmer = threading.Thread(target=sched.warm, args=(lambda s: None,), daemon=True)
         warmer.start()
-        assert runner.entered[0].wait(TIMEOUT)  # idle: the first step at once
+        assert runner.entered[0].wait(TIMEOUT)  # idle: the first step
         p = sampled("a long request across a warm step", 11, fixed_frames=300)
         h = queue_request(sched, model, 1, p)
         runner.gates[0].set()
@@ -295,11 +294,6 @@ def test_a_lane_busy_for_long_takes_its_next_warm_step_between_two_frames(_one_t
         runner.gates[1].set()
         same(h.result(TIMEOUT), offline.synthesize(model, p))
         assert sched.ready.wait(TIMEOUT) and sched.state == "ready"
-    finally:
-        for g in runner.gates:
-            g.set()
-        sched.stop()
-        audio.stop()
 
 
 def test_a_lane_serving_early_runs_set_up_chores_between_its_frames(_one_thread):
@@ -307,9 +301,7 @@ def test_a_lane_serving_early_runs_set_up_chores_between_its_frames(_one_thread)
     set-up runs meanwhile) and takes no warm step; a chore handed to it runs in its thread between two
     frames of an active request (none in flight, audio drained), its result or exception comes back to
     the caller, and the request still gets its solo output. After stop, a chore fails instead of hanging."""
-    model, sched, audio = lone_lane(config(max_num_seqs=1, max_seq_len=512), _GatedWarmRunner)
-    runner = sched.runner
-    try:
+    with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, sched, runner, audio):
         assert sched.serve_early() and sched.state == "warming" and sched.serving
         p = sampled("served before the warm-up, across a chore", 5, fixed_frames=200)
         h = queue_request(sched, model, 1, p)
@@ -328,11 +320,6 @@ def test_a_lane_serving_early_runs_set_up_chores_between_its_frames(_one_thread)
             sched.between_frames(lambda: 1 / 0)
         same(h.result(TIMEOUT), offline.synthesize(model, p))
         assert not runner.entered[0].is_set() and not sched.ready.is_set()  # no warm step before `warm`
-    finally:
-        for g in runner.gates:
-            g.set()
-        sched.stop()
-        audio.stop()
     with pytest.raises(EngineError, match="shut down"):
         sched.between_frames(lambda: None)
 

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import socket
-
-from _fixtures import FIXTURES
+from _fixtures import FIXTURES, free_port
 
 from omni_tts.tools import start_timing
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_start_timing_times_the_page_then_eager_requests_and_stops_the_app():
-    port = _free_port()
+    port = free_port()
     res = start_timing.measure(["--model", str(FIXTURES / "custom_voice")], requests=2, frames=6,
                                wait_for="eager ready", limit=180, port=port)
     assert res["page_s"] is not None and res["page_s"] > 0

@@ -116,12 +116,16 @@ class Scheduler:
         while not self._chores.empty():
             fn, fut = self._chores.get()
             try:
-                with self._step_stream():
-                    self._guard(self._settle)  # a frame's failure is its requests', not the chore's
-                self.audio.drain()
+                self._quiesce()
                 fut.set_result(fn())
             except Exception as e:
                 fut.set_exception(e)
+
+    def _quiesce(self) -> None:
+        """Nothing of this lane in flight and no audio decoding: before a warm step or a chore."""
+        with self._step_stream():
+            self._guard(self._settle)  # a frame's failure is its requests', not the warm-up's
+        self.audio.drain()
 
     def _warm(self) -> list[Callable[[], None]]:
         """Warm this lane; -> the warm steps still to run between requests (a lane that serves while it
@@ -143,9 +147,8 @@ class Scheduler:
     def _warm_step(self, steps: list[Callable[[], None]]) -> list[Callable[[], None]]:
         """Run the next warm step between two frames (nothing of this lane in flight)."""
         try:
+            self._quiesce()
             with self._step_stream():
-                self._guard(self._settle)  # a frame's failure is its requests', not the warm-up's
-                self.audio.drain()  # no audio decoding while graphs are captured
                 self._advance(steps)
         except Exception as e:
             return self._warm_failed(e)
@@ -199,7 +202,7 @@ class Scheduler:
         while not self._stop.is_set():
             self._run_chores()
             if steps is None and self._warm_now.is_set():  # the engine's turn for this mode
-                steps, self._last_warm_step, self._idle_since = self._warm(), time.perf_counter(), None
+                steps, self._last_warm_step = self._warm(), time.perf_counter()
             if steps is None and not self.serving:  # requests wait for the warm-up
                 self._wake.wait(0.05)
                 self._wake.clear()
