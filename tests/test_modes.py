@@ -296,11 +296,13 @@ def test_a_lane_busy_for_long_takes_its_next_warm_step_between_two_frames(_one_t
         assert sched.ready.wait(TIMEOUT) and sched.state == "ready"
 
 
-def test_a_lane_serving_early_runs_set_up_chores_between_its_frames(_one_thread):
+def test_a_lane_serving_early_runs_set_up_chores_between_its_frames(_one_thread, monkeypatch):
     """Before its warm-up is asked for, a lane that serves while warming serves at once (the engine's GPU
-    set-up runs meanwhile) and takes no warm step; a chore handed to it runs in its thread between two
-    frames of an active request (none in flight, audio drained), its result or exception comes back to
-    the caller, and the request still gets its solo output. After stop, a chore fails instead of hanging."""
+    set-up runs meanwhile) and takes no warm step; a chore handed to it while busy for long runs in its
+    thread between two frames of an active request (none in flight, audio drained), its result or
+    exception comes back to the caller, and the request still gets its solo output. After stop, a
+    chore fails instead of hanging."""
+    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 0.2)
     with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, sched, runner, audio):
         assert sched.serve_early() and sched.state == "warming" and sched.serving
         p = sampled("served before the warm-up, across a chore", 5, fixed_frames=200)
@@ -322,6 +324,25 @@ def test_a_lane_serving_early_runs_set_up_chores_between_its_frames(_one_thread)
         assert not runner.entered[0].is_set() and not sched.ready.is_set()  # no warm step before `warm`
     with pytest.raises(EngineError, match="shut down"):
         sched.between_frames(lambda: None)
+
+
+def test_a_set_up_chore_waits_for_the_request_in_progress(_one_thread, monkeypatch):
+    """A chore handed to a serving lane as a visitor's request starts (the engine's codec set-up at
+    start-up) runs once that request has ended and the lane is idle, not in the middle of it."""
+    monkeypatch.setattr(scheduler, "WARM_STEP_IDLE_S", 0.5)
+    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
+    with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, sched, runner, _):
+        assert sched.serve_early()
+        p = greedy("a first request at start-up", fixed_frames=40)
+        h = queue_request(sched, model, 1, p)
+        deadline = time.monotonic() + TIMEOUT
+        while not (sched.active and sched.active[0].codes):
+            assert time.monotonic() < deadline, "not served"
+            time.sleep(0.01)
+        seen = sched.between_frames(lambda: (h.done, len(sched.active), now()))
+        assert seen[:2] == (True, 0)
+        assert seen[2] - h.metrics.finished_at >= 0.4  # after the idle grace
+        same(h.result(TIMEOUT), offline.synthesize(model, p))
 
 
 # ------------------------------------------------------------------------------------------ cancel

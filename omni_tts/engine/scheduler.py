@@ -28,8 +28,8 @@ from omni_tts.engine.request import RequestHandle
 from omni_tts.errors import EngineError, OmniTTSError, as_engine_error, one_line
 from omni_tts.models.qwen3_tts import Prepared
 
-# a lane that serves while it warms takes its next warm step once idle this long (a visitor's next
-# request, sent as the last one ends, starts first), or after WARM_STEP_EVERY_BUSY_S busy
+# a lane that serves while it warms takes its next warm step or set-up chore once idle this long (a
+# visitor's next request, sent as the last one ends, starts first), or after WARM_STEP_EVERY_BUSY_S busy
 WARM_STEP_IDLE_S = 1.0
 WARM_STEP_EVERY_BUSY_S = 10.0
 
@@ -69,6 +69,7 @@ class Scheduler:
         self._stop = threading.Event()
         self._warm_now = threading.Event()
         self._idle_since: float | None = None  # a lane warming between requests: idle since (None: busy)
+        self._last_aside = time.perf_counter()  # when it last set its requests aside for a warm step or chore
         self._chores: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
         self._say: Callable[[str], None] = lambda s: None
         self._thread = threading.Thread(target=self._loop, name=f"omni-tts-{self.mode.value}", daemon=True)
@@ -101,7 +102,8 @@ class Scheduler:
     def between_frames(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` in this lane's thread between two of its frames (none in flight, the audio stage
         drained) and return its result; its exception is raised here. For set-up work that must not
-        overlap a frame or a decode (a codec change, a capture) while the lane serves."""
+        overlap a frame or a decode (a codec change, a capture) while the lane serves; a serving lane
+        takes it on its turn, as a warm step (`_aside_turn`), so it never pauses a request just begun."""
         fut: Future = Future()
         self._chores.put((fn, fut))
         self._wake.set()
@@ -120,6 +122,7 @@ class Scheduler:
                 fut.set_result(fn())
             except Exception as e:
                 fut.set_exception(e)
+        self._last_aside = time.perf_counter()
 
     def _quiesce(self) -> None:
         """Nothing of this lane in flight and no audio decoding: before a warm step or a chore."""
@@ -132,6 +135,7 @@ class Scheduler:
         warms), else [] once warm or failed."""
         self.state, self._warm_t0 = "warming", time.perf_counter()
         try:
+            self.runner.impls.compile_settings()  # here, not at thread start: serving eager needs no Dynamo
             with self._step_stream():
                 steps = self.runner.warm_steps(self._say)
                 self.warm_progress = (0, len(steps))
@@ -152,7 +156,7 @@ class Scheduler:
                 self._advance(steps)
         except Exception as e:
             return self._warm_failed(e)
-        self._last_warm_step, self._idle_since = time.perf_counter(), None
+        self._last_aside = time.perf_counter()
         if not steps:
             self._warmed()
         return steps
@@ -162,16 +166,16 @@ class Scheduler:
         steps.pop(0)()
         self.warm_progress = (self.warm_progress[0] + 1, self.warm_progress[1])
 
-    def _warm_turn(self) -> bool:
-        """Whether a lane warming between requests takes its next step now: once idle for WARM_STEP_IDLE_S,
-        or when busy for long enough that it would otherwise never finish."""
+    def _aside_turn(self) -> bool:
+        """Whether a lane serving while it warms sets its requests aside now for a warm step or a chore:
+        once idle for WARM_STEP_IDLE_S, or when busy for long enough that it would otherwise never finish."""
         t = time.perf_counter()
         if self.active or not self.waiting.empty():
             self._idle_since = None
         elif self._idle_since is None:
             self._idle_since = t
         idle_long = self._idle_since is not None and t - self._idle_since >= WARM_STEP_IDLE_S
-        return idle_long or t - self._last_warm_step > WARM_STEP_EVERY_BUSY_S
+        return idle_long or t - self._last_aside > WARM_STEP_EVERY_BUSY_S
 
     def _warmed(self) -> None:
         with self._step_stream():
@@ -197,17 +201,17 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the thread
     def _loop(self) -> None:
-        self.runner.impls.compile_settings()
         steps: list[Callable[[], None]] | None = None  # None: not warmed yet
         while not self._stop.is_set():
-            self._run_chores()
+            if not self._chores.empty() and (not self.serving or self._aside_turn()):
+                self._run_chores()
             if steps is None and self._warm_now.is_set():  # the engine's turn for this mode
-                steps, self._last_warm_step = self._warm(), time.perf_counter()
+                steps, self._last_aside = self._warm(), time.perf_counter()
             if steps is None and not self.serving:  # requests wait for the warm-up
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
-            if steps and self._warm_turn():
+            if steps and self._aside_turn():
                 steps = self._warm_step(steps)
                 continue
             if self.state == "failed":
