@@ -345,6 +345,25 @@ def test_a_set_up_chore_waits_for_the_request_in_progress(_one_thread, monkeypat
         same(h.result(TIMEOUT), offline.synthesize(model, p))
 
 
+def test_warm_up_work_elsewhere_gives_way_to_the_request_in_progress(_one_thread, monkeypatch):
+    """Work that gives way to a serving lane (the engine's GPU set-up, another lane's compiles, run in
+    their own threads) waits while the lane's request runs and starts once the lane has been idle for
+    WARM_STEP_IDLE_S; the request gets its solo output."""
+    monkeypatch.setattr(scheduler, "WARM_STEP_IDLE_S", 0.5)
+    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
+    with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, sched, runner, _):
+        assert sched.serve_early()
+        p = sampled("a request that the set-up waits for", 3, fixed_frames=40)
+        h = queue_request(sched, model, 1, p)
+        turn: list[tuple[bool, float]] = []
+        other = threading.Thread(target=lambda: (sched.give_turn(), turn.append((h.done, now()))))
+        other.start()
+        other.join(TIMEOUT)
+        assert turn and turn[0][0], "the other thread's work went ahead of the request"
+        assert turn[0][1] - h.metrics.finished_at >= 0.4  # after the idle grace
+        same(h.result(TIMEOUT), offline.synthesize(model, p))
+
+
 # ------------------------------------------------------------------------------------------ cancel
 def test_cancel_mid_stream_raises_cancelled_whose_partial_codes_and_audio_agree(_one_thread):
     eng = Engine.from_config(config(max_seq_len=512, chunk_frames=2))

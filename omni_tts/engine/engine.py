@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import itertools
 import sys
 import threading
@@ -78,6 +79,8 @@ class Engine:
             pool = GraphPool(vllm) if self.impls.talker_graphs else None
             runner = Runner(model, config, mode, self.impls, pool)
             self.lanes[mode] = Scheduler(runner, config, self._audio, self.stats, self._step_stream, self._decoder)
+        for lane in self.lanes.values():
+            lane.wait_for_turn = functools.partial(self._give_way, lane)
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         # eager first (it only captures the talker), so a fresh page serves eager requests soonest;
         # reduce-overhead last, so its graph trees never record while another lane captures
@@ -157,15 +160,24 @@ class Engine:
     def _step_stream(self) -> Any:
         return torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
 
+    def _give_way(self, warming: Scheduler | None = None) -> None:
+        """Wait until every lane that serves (but `warming`) gives way to warm-up work: background
+        compiles, imports and probes take turns with requests rather than slowing them."""
+        for lane in self.lanes.values():
+            if lane is not warming:
+                lane.give_turn()
+
     def _set_up_gpu(self, early: Scheduler | None) -> None:
         """Kernel probes, codec fuse and first-chunk graphs, as configured: before any mode warms (every
         mode's talker captures with the kernels chosen here), after the page is up. With a lane serving
-        already (`early`: eager, which uses none of these kernels), the probes run beside its requests
-        and the codec's changes between its frames."""
+        already (`early`: eager, which uses none of these kernels), each part waits for its turn: the
+        probes between its requests, the codec's changes between its frames."""
         tuning, model = self.config.tuning, self.model
         between = early.between_frames if early is not None else (lambda fn: fn())
         t = [time.perf_counter()]
-        self.kernel_notice = self.impls.configure_kernels(self.config.resolved_buckets(), model.dtype)
+        self._give_way()
+        self.kernel_notice = self.impls.configure_kernels(self.config.resolved_buckets(), model.dtype,
+                                                          self._give_way)
         t.append(time.perf_counter())
         self.codec_fused_error = between(lambda: fuse_codec(model.codec)) if tuning.codec_fused else ""
         t.append(time.perf_counter())

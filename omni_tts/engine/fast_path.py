@@ -349,7 +349,8 @@ class FastPath:
         return torch.stack(codes, dim=1), esum.to(e0.dtype)  # [B, 15], [B, D]
 
     # ------------------------------------------------------------------ hand-written kernels
-    def use_kernels(self, config: Any, on: bool, batches: list[int], kv_lens: list[int], dtype: torch.dtype) -> str:
+    def use_kernels(self, config: Any, on: bool, batches: list[int], kv_lens: list[int], dtype: torch.dtype,
+                    between: Callable[[], None] = lambda: None) -> str:
         """Choose the hand-written Triton kernels from `config` (an EngineConfig) when `on` (default+cudagraph
         on CUDA): predictor layers and heads, talker layers, talker attention, and whether the predictor's
         launch with programmatic dependent launch; each group is built now for every batch (and kv length)
@@ -370,10 +371,11 @@ class FastPath:
                 self.talker_kernel_rows, self.talker_pdl_rows = 0, 0
                 notices.append(f"Triton talker kernels unavailable on this GPU ({err}); using Inductor's and SDPA")
         if self.kernel_rows:
-            notices.append(self._use_predictor_kernels(batches))
+            between()
+            notices.append(self._use_predictor_kernels(batches, between))
         return "; ".join(n for n in notices if n)
 
-    def _use_predictor_kernels(self, batches: list[int]) -> str:
+    def _use_predictor_kernels(self, batches: list[int], between: Callable[[], None]) -> str:
         """Probe the predictor's layer kernels (with PDL, else without), then its head kernels."""
         cp = self.model.code_predictor
         args = (cp.layers[0], self.predictor_w[0], self.cos, self.sin, batches, self.kernel_rows)
@@ -382,6 +384,7 @@ class FastPath:
             self.kernel_rows = 0
             return f"Triton predictor kernels unavailable on this GPU ({err}); using Inductor's"
         self.head_kernel_rows = self.kernel_rows
+        between()
         err = head_kernels.probe(cp, batches, self.head_kernel_rows, sampling.TOPK_CAP, self.kernel_pdl)
         if err and self.kernel_pdl and not head_kernels.probe(cp, batches, self.head_kernel_rows,
                                                               sampling.TOPK_CAP, False):

@@ -216,7 +216,8 @@ class Runner:
             self._planned = self._plan_graphs()
             steps += [functools.partial(self._capture_one, g, say) for d in self._planned for g in d.values()]
         if self.cp_impl is not None and not self._planned[0]:
-            steps.append(functools.partial(self._compile_predictor, say))
+            say(f"compiling the CodePredictor ({self.mode.value}) for buckets {self.buckets}")
+            steps += [functools.partial(self._compile_predictor, b, v) for b in self.buckets for v in (False, True)]
         return steps
 
     def warmed(self, seconds: float, say: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -254,15 +255,12 @@ class Runner:
         self.pre_slot.fill_(self.S)
         self.pre_last.zero_()
 
-    def _compile_predictor(self, say: Callable[[str], None]) -> None:
-        say(f"compiling the CodePredictor ({self.mode.value}) for buckets {self.buckets}")
-        # every bucket shape and sampling variant now, not on the first request; Inductor's graph
-        # trees run a shape once to warm up, record it on the next call, replay it after that
-        calls = 3 if self.cp_impl.records_graph_trees else 1
-        for b in self.buckets:
-            for v in (False, True):
-                for _ in range(calls):
-                    self._make_cp_fn(v)(b)()
+    def _compile_predictor(self, b: int, sort: bool) -> None:
+        """One bucket shape and sampling variant now, not on the first request (a warm step each, so
+        serving lanes get their turns between them); Inductor's graph trees run a shape once to warm
+        up, record it on the next call, replay it after that."""
+        for _ in range(3 if self.cp_impl.records_graph_trees else 1):
+            self._make_cp_fn(sort)(b)()
 
     def layer_kernels(self) -> str:
         """What runs the CodePredictor's layers in this mode (for the engine panel)."""

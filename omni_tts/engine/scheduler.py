@@ -68,8 +68,10 @@ class Scheduler:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._warm_now = threading.Event()
-        self._idle_since: float | None = None  # a lane warming between requests: idle since (None: busy)
-        self._last_aside = time.perf_counter()  # when it last set its requests aside for a warm step or chore
+        self._last_busy = time.perf_counter()  # when it last had a request in a slot or waiting
+        self._last_aside = time.perf_counter()  # when it last gave way to warm-up work (its own or another's)
+        # before each warm step of a lane that does not serve yet: wait for the serving lanes' turn (engine)
+        self.wait_for_turn: Callable[[], None] = lambda: None
         self._chores: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
         self._say: Callable[[str], None] = lambda s: None
         self._thread = threading.Thread(target=self._loop, name=f"omni-tts-{self.mode.value}", daemon=True)
@@ -96,6 +98,7 @@ class Scheduler:
         if not self.runner.serves_while_warming or self._stop.is_set():
             return False
         self.state, self.serving = "warming", True
+        self._last_busy = time.perf_counter()  # work that gives way to it starts after the idle grace
         self._wake.set()
         return True
 
@@ -135,11 +138,13 @@ class Scheduler:
         warms), else [] once warm or failed."""
         self.state, self._warm_t0 = "warming", time.perf_counter()
         try:
+            self.wait_for_turn()
             self.runner.impls.compile_settings()  # here, not at thread start: serving eager needs no Dynamo
             with self._step_stream():
                 steps = self.runner.warm_steps(self._say)
                 self.warm_progress = (0, len(steps))
                 while steps and not self.runner.serves_while_warming:
+                    self.wait_for_turn()
                     self._advance(steps)
         except Exception as e:  # a mode that cannot warm fails its requests, never the engine
             return self._warm_failed(e)
@@ -167,15 +172,23 @@ class Scheduler:
         self.warm_progress = (self.warm_progress[0] + 1, self.warm_progress[1])
 
     def _aside_turn(self) -> bool:
-        """Whether a lane serving while it warms sets its requests aside now for a warm step or a chore:
-        once idle for WARM_STEP_IDLE_S, or when busy for long enough that it would otherwise never finish."""
+        """Whether this serving lane gives way now to warm-up work (its own warm step or chore, or another
+        lane's compile): once idle for WARM_STEP_IDLE_S, or when busy for long enough that the warm-up
+        would otherwise never finish."""
         t = time.perf_counter()
         if self.active or not self.waiting.empty():
-            self._idle_since = None
-        elif self._idle_since is None:
-            self._idle_since = t
-        idle_long = self._idle_since is not None and t - self._idle_since >= WARM_STEP_IDLE_S
-        return idle_long or t - self._last_aside > WARM_STEP_EVERY_BUSY_S
+            self._last_busy = t
+        elif t - self._last_busy >= WARM_STEP_IDLE_S:
+            return True
+        return t - self._last_aside > WARM_STEP_EVERY_BUSY_S
+
+    def give_turn(self) -> None:
+        """Block the calling thread (the engine's GPU set-up, another lane's warm-up) until this lane gives
+        way: its requests run on a host-bound thread that compiles, imports and probes beside it would
+        slow. At once if it does not serve."""
+        while self.serving and not self._stop.is_set() and not self._aside_turn():
+            time.sleep(0.02)
+        self._last_aside = time.perf_counter()
 
     def _warmed(self) -> None:
         with self._step_stream():
@@ -240,6 +253,7 @@ class Scheduler:
             self._wake.wait(0.05)
             self._wake.clear()
             return
+        self._last_busy = now()
         self._guard(self._step)
 
     def _guard(self, fn: Callable[[], None]) -> None:

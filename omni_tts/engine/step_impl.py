@@ -96,10 +96,12 @@ class StepImpls:
         """Whether the runner captures the talker (always, on CUDA) and the CodePredictor (per mode)."""
         return self.cuda and not self.eager_only and MODES[mode].graphs
 
-    def configure_kernels(self, batches: list[int], dtype: torch.dtype) -> str:
+    def configure_kernels(self, batches: list[int], dtype: torch.dtype,
+                          between: Callable[[], None] | None = None) -> str:
         """Probe and switch on the Triton kernels (`tuning.kernels`) for the talker (every mode) and
         default's and default+cudagraph's CodePredictor; reduce-overhead's whole-frame compile keeps
-        Inductor's (ours are launched from Python, outside a traced function).
+        Inductor's (ours are launched from Python, outside a traced function). `between`: called
+        between two groups of probes.
         -> '' or a notice of what was turned off and why."""
         fast = self.talker
         if fast is None:
@@ -109,7 +111,7 @@ class StepImpls:
 
             configs.load_configs(self.config.tuning.kernel_configs)
         self.kernel_notice = fast.use_kernels(self.config.tuning, self.cuda and self.config.tuning.kernels,
-                                              batches, [], dtype)
+                                              batches, [], dtype, between or (lambda: None))
         return self.kernel_notice
 
     def kernels_report(self, mode: CompileMode) -> str:
