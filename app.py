@@ -20,10 +20,16 @@ from typing import Any
 
 from omni_tts.config import CompileMode, EngineConfig, load_preset, preset_names
 from omni_tts.errors import OmniTTSError
-from omni_tts.ui import files, layout, openai_api
+from omni_tts.ui import files, openai_api
 from omni_tts.ui import support as ui
 
-build_demo = layout.build_demo  # the page over an engine, testable without launching
+
+def build_demo(engine: Any, **kw: Any) -> Any:
+    """The page over an engine, testable without launching. Gradio is imported here, not at the top, so
+    its import overlaps the engine's priming (`main`)."""
+    from omni_tts.ui import layout
+
+    return layout.build_demo(engine, **kw)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def serve(engine: Any, demo: Any, host: str, port: int, share: bool = False, block: bool = True) -> tuple[Any, str]:
     """Launch `demo` with the /v1 speech routes on the same server; returns (FastAPI app, local URL)."""
+    from omni_tts.ui import layout
+
     n = engine.config.max_num_seqs
     demo.queue(default_concurrency_limit=n, max_size=max(64, 8 * n))
     # the /v1 routes exist before the server listens: a request sent as soon as the page answers finds them
@@ -81,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     except OmniTTSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    engine.prime()  # first-use kernel loads, while Gradio is imported and the page is built
     host, port = ui.bind_address(args.host, args.port)
     policy = ui.AdminPolicy.from_env(host, args.share)
     files.use_private_gradio_cache()

@@ -647,6 +647,42 @@ def test_an_engine_built_not_warming_accepts_requests_and_serves_them_once_start
         eng.shutdown()
 
 
+def test_priming_runs_the_eager_path_once_before_the_warm_up_and_changes_no_result(_one_thread):
+    """Engine.prime (the app calls it while its page is built) runs a tiny clip on the eager path in a
+    background thread, once; the warm-up waits for it; a request afterwards equals the plain path. A
+    checkpoint whose tasks all need a reference voice (Base) is not primed."""
+    said: list[str] = []
+    cfg = build_config({"model": str(fixture_dir("custom_voice")), "mode": "eager", "device": "cpu",
+                        "max_num_seqs": 2, "max_seq_len": 256})
+    eng = Engine.from_config(cfg, progress=said.append, wait=False, warm=False)
+    try:
+        eng.prime()
+        eng.prime()
+        eng.start_warming()
+        assert eng.wait_ready("eager", timeout=TIMEOUT)
+        primed = [i for i, s in enumerate(said) if "eager path primed" in s]
+        ready = [i for i, s in enumerate(said) if s.startswith("eager ready")]
+        assert len(primed) == 1 and ready and primed[0] < ready[0], said
+        p = SynthesisParams(text="After the priming.", speaker="ryan", language="English", greedy=True,
+                            fixed_frames=4)
+        r = eng.synthesize(p, timeout=TIMEOUT)
+        wav, codes = offline.synthesize(eng.model, p)
+        np.testing.assert_array_equal(r.codes, np.asarray(codes))
+    finally:
+        eng.shutdown()
+    said.clear()
+    base = Engine.from_config(build_config({"model": str(fixture_dir("base")), "mode": "eager", "device": "cpu",
+                                            "max_num_seqs": 1, "max_seq_len": 256}),
+                              progress=said.append, wait=False, warm=False)
+    try:
+        base.prime()
+        base.start_warming()
+        assert base.wait_ready("eager", timeout=TIMEOUT)
+        assert not any("prim" in s for s in said), said
+    finally:
+        base.shutdown()
+
+
 def test_each_mode_warms_in_the_thread_that_serves_it(_one_thread):
     """Inductor's graph trees and Dynamo's settings are per thread, so a mode's warm-up runs in its own
     serving thread (the engine's warm-up thread only orders the modes)."""

@@ -32,7 +32,7 @@ from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import AudioChunk, RequestHandle, SynthesisResult
 from omni_tts.engine.scheduler import Request, Scheduler
 from omni_tts.engine.step_impl import MODES, StepImpls
-from omni_tts.errors import EngineError, InputError, OmniTTSError
+from omni_tts.errors import EngineError, InputError, OmniTTSError, one_line
 from omni_tts.models.loading import load_model
 from omni_tts.models.qwen3_tts import Prepared, TTSModel
 
@@ -66,6 +66,7 @@ class Engine:
         if self.impls.unavailable(self.default_mode):
             raise OmniTTSError(f"mode {self.default_mode.value}: {self.impls.unavailable(self.default_mode)}")
         self.kernel_notice = self.codec_fused_error = ""
+        self._primer: threading.Thread | None = None
         resident = [m for m in config.resident_modes(cuda) if not self.impls.unavailable(m)]
         self._audio = Code2Wav(self.device, self.stats, priority=cuda and tuning.priority_streams)
         # one step stream for every mode: graphs that share a pool must never run at the same time
@@ -152,6 +153,34 @@ class Engine:
                                             prefix_codes=prep.decoder_prefix, grow=c.chunk_growth)
 
     # ------------------------------------------------------------------ modes
+    def prime(self) -> None:
+        """Run the eager path once on a tiny clip in a background thread: a process's first launch of
+        each attention, GEMM and convolution kernel loads it (on CUDA, seconds), which should not fall
+        on a visitor's first request. Call it before `start_warming` (e.g. while a page is built); the
+        warm-up waits for it. A checkpoint whose every task needs a reference voice is not primed."""
+        if self._primer is not None:
+            return
+        speakers, tasks = self.model.speakers(), self.model.tasks()
+        if "custom_voice" in tasks and speakers:
+            params = SynthesisParams(text="Hello.", speaker=speakers[0], greedy=True, fixed_frames=2)
+        elif "voice_design" in tasks:
+            params = SynthesisParams(text="Hello.", task="voice_design", instruct="A calm voice.", greedy=True,
+                                     fixed_frames=2)
+        else:
+            return
+        from omni_tts.engine.offline import synthesize
+
+        def run() -> None:
+            t0 = time.perf_counter()
+            try:
+                synthesize(self.model, params)
+                self._say(f"eager path primed in {time.perf_counter() - t0:.1f} s")
+            except Exception as e:  # only a missed head start: requests report their own errors
+                self._say(f"priming the eager path failed: {one_line(e)}")
+
+        self._primer = threading.Thread(target=run, name="omni-tts-prime", daemon=True)
+        self._primer.start()
+
     def start_warming(self) -> None:
         """Start compiling and capturing every resident mode in the background (once; idempotent)."""
         if self._warmer.ident is None:  # never started
@@ -191,6 +220,8 @@ class Engine:
     def _warm_all(self, order: list[CompileMode]) -> None:
         # a lane that needs no warm-up to serve (eager) serves from now on, before the GPU set-up
         early = next((lane for lane in self.lanes.values() if lane.serve_early()), None)
+        if self._primer is not None:
+            self._primer.join()  # it decodes with the codec that the set-up changes
         if self.device.type == "cuda":
             try:
                 self._set_up_gpu(early)

@@ -98,7 +98,8 @@ class Scheduler:
         if not self.runner.serves_while_warming or self._stop.is_set():
             return False
         self.state, self.serving = "warming", True
-        self._last_busy = time.perf_counter()  # work that gives way to it starts after the idle grace
+        # work that gives way to it starts after the idle grace; its busy allowance counts from here
+        self._last_busy = self._last_aside = time.perf_counter()
         self._wake.set()
         return True
 
