@@ -348,3 +348,10 @@ def test_engine_panel_shows_both_graph_pools_on_a_gpu(engine):
     text = formatting.engine_markdown(snap)
     assert "CUDA-graph pool 1.25 GiB" in text and "Inductor graph-tree pool 0.50 GiB" in text
     assert "runs on" in formatting.engine_markdown(engine.snapshot())  # no GPU figures on a CPU
+
+
+def test_readiness_says_warm_up_gives_way_only_while_a_mode_warms():
+    warming = formatting.readiness_markdown({"eager": "ready, default", "default": "warming 3/12"})
+    assert "`default`: **warming 3/12**" in warming and "wait for a pause" in warming
+    done = formatting.readiness_markdown({"eager": "ready, default", "default": "ready"})
+    assert "wait for a pause" not in done

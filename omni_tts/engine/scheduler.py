@@ -200,7 +200,8 @@ class Scheduler:
 
     def _warm_failed(self, e: Exception) -> list[Callable[[], None]]:
         self.state, self.error, self.serving = "failed", one_line(e), False
-        self._say(f"{self.mode.value} failed to warm: {self.error}")
+        if not self._stop.is_set():  # a warm-up cut short by a shutdown is not a failure to report
+            self._say(f"{self.mode.value} failed to warm: {self.error}")
         self._fail_active(EngineError(f"mode {self.mode.value} is unavailable: {self.error}"))
         self.ready.set()
         self._wake.set()
