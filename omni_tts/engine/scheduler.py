@@ -140,7 +140,8 @@ class Scheduler:
         self.state, self._warm_t0 = "warming", time.perf_counter()
         try:
             self.wait_for_turn()
-            self.runner.impls.compile_settings()  # here, not at thread start: serving eager needs no Dynamo
+            if self.runner.impls.compiles(self.mode):  # here, not at thread start: serving eager needs no Dynamo
+                self.runner.impls.compile_settings()
             with self._step_stream():
                 steps = self.runner.warm_steps(self._say)
                 self.warm_progress = (0, len(steps))

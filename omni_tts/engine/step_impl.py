@@ -92,6 +92,10 @@ class StepImpls:
         with `tuning.default_whole_frame`, to measure how much of its cost is per-unit calls)."""
         return MODES[mode].whole_frame or (mode is CompileMode.DEFAULT and self.config.tuning.default_whole_frame)
 
+    def compiles(self, mode: CompileMode) -> bool:
+        """Whether warming `mode` runs torch.compile: its talker (on CUDA) or its CodePredictor."""
+        return self.talker_graphs or MODES[mode].inductor is not None
+
     def graphs(self, mode: CompileMode) -> bool:
         """Whether the runner captures the talker (always, on CUDA) and the CodePredictor (per mode)."""
         return self.cuda and not self.eager_only and MODES[mode].graphs
