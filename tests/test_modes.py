@@ -364,6 +364,67 @@ def test_warm_up_work_elsewhere_gives_way_to_the_request_in_progress(_one_thread
         same(h.result(TIMEOUT), offline.synthesize(model, p))
 
 
+class _GatedCompiledRunner(_GatedWarmRunner):
+    """As _GatedWarmRunner, but its lane serves only once warm, as a compiled mode's does."""
+
+    serves_while_warming = False
+
+
+def test_a_compiled_lane_takes_a_warm_step_only_when_the_serving_lane_gives_way(_one_thread, monkeypatch):
+    """A mode warming beside a serving one (the engine points its `wait_for_turn` at the serving lanes)
+    takes no warm step while the serving lane's request runs, takes the first once that lane has been
+    idle for WARM_STEP_IDLE_S and the next at once (still idle), then serves; the request gets its solo
+    output."""
+    monkeypatch.setattr(scheduler, "WARM_STEP_IDLE_S", 0.5)
+    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
+    with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, serving, _, _):
+        _, warming, audio = lone_lane(config(max_num_seqs=1), _GatedCompiledRunner)
+        gated = warming.runner
+        try:
+            warming.wait_for_turn = serving.give_turn
+            assert serving.serve_early()
+            p = sampled("a request the other mode's warm-up waits for", 5, fixed_frames=40)
+            h = queue_request(serving, model, 1, p)
+            deadline = time.monotonic() + TIMEOUT
+            while not serving.active:
+                assert time.monotonic() < deadline, "not served"
+                time.sleep(0.01)
+            warmer = threading.Thread(target=warming.warm, args=(lambda s: None,), daemon=True)
+            warmer.start()
+            assert gated.entered[0].wait(TIMEOUT)
+            assert h.done and now() - h.metrics.finished_at >= 0.4, "a warm step ran beside the request"
+            gated.gates[0].set()
+            assert gated.entered[1].wait(TIMEOUT)
+            gated.gates[1].set()
+            warmer.join(TIMEOUT)
+            assert warming.state == "ready" and warming.serving
+            same(h.result(TIMEOUT), offline.synthesize(model, p))
+        finally:
+            for g in gated.gates:
+                g.set()
+            warming.stop()
+            audio.stop()
+
+
+def test_a_shutdown_while_a_mode_waits_for_its_warm_up_turn_starts_no_compile(_one_thread, monkeypatch):
+    """The default mode waits for eager to give way before it compiles; a shutdown meanwhile ends that
+    wait without a compile (which would hold the shutdown for its whole length) and without a
+    "failed to warm" report."""
+    monkeypatch.setattr(scheduler, "WARM_STEP_IDLE_S", 600.0)
+    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 600.0)
+    said: list[str] = []
+    eng = Engine.from_config(config(modes=["eager", "default"], max_num_seqs=1), progress=said.append)
+    deadline = time.monotonic() + TIMEOUT
+    while eng.modes()["default"]["state"] != "warming":
+        assert time.monotonic() < deadline, eng.modes()
+        time.sleep(0.02)
+    time.sleep(0.3)
+    t = time.monotonic()
+    eng.shutdown()
+    assert time.monotonic() - t < 5.0
+    assert not any("compiling" in s or "failed to warm" in s for s in said), said
+
+
 # ------------------------------------------------------------------------------------------ cancel
 def test_cancel_mid_stream_raises_cancelled_whose_partial_codes_and_audio_agree(_one_thread):
     eng = Engine.from_config(config(max_seq_len=512, chunk_frames=2))

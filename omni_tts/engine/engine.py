@@ -195,6 +195,8 @@ class Engine:
         for lane in self.lanes.values():
             if lane is not warming:
                 lane.give_turn()
+        if self._closed:  # it shut down meanwhile: no more warm-up work
+            raise EngineError("the engine shut down")
 
     def _set_up_gpu(self, early: Scheduler | None) -> None:
         """Kernel probes, codec fuse and first-chunk graphs, as configured: before any mode warms (every
@@ -343,6 +345,8 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        for lane in self.lanes.values():  # every lane told first, so none starts a warm step meanwhile
+            lane.stop(timeout=0)
         for lane in self.lanes.values():
             lane.stop()
         self._audio.stop(timeout=30)

@@ -139,14 +139,14 @@ class Scheduler:
         warms), else [] once warm or failed."""
         self.state, self._warm_t0 = "warming", time.perf_counter()
         try:
-            self.wait_for_turn()
+            self._take_turn()
             if self.runner.impls.compiles(self.mode):  # here, not at thread start: serving eager needs no Dynamo
                 self.runner.impls.compile_settings()
             with self._step_stream():
                 steps = self.runner.warm_steps(self._say)
                 self.warm_progress = (0, len(steps))
                 while steps and not self.runner.serves_while_warming:
-                    self.wait_for_turn()
+                    self._take_turn()
                     self._advance(steps)
         except Exception as e:  # a mode that cannot warm fails its requests, never the engine
             return self._warm_failed(e)
@@ -167,6 +167,12 @@ class Scheduler:
         if not steps:
             self._warmed()
         return steps
+
+    def _take_turn(self) -> None:
+        """Wait for the serving lanes' turn (`wait_for_turn`); a shutdown meanwhile ends the warm-up."""
+        self.wait_for_turn()
+        if self._stop.is_set():
+            raise EngineError("the engine shut down")
 
     def _advance(self, steps: list[Callable[[], None]]) -> None:
         """Run the first warm step and count it."""
