@@ -191,10 +191,12 @@ class Engine:
 
     def _give_way(self, warming: Scheduler | None = None) -> None:
         """Wait until every lane that serves (but `warming`) gives way to warm-up work: background
-        compiles, imports and probes take turns with requests rather than slowing them."""
+        compiles, imports and probes take turns with requests rather than slowing them, except while
+        requests wait for a mode that does not serve yet (then the warm-up is what they wait on)."""
+        awaited = lambda: any(not x.serving and not x.waiting.empty() for x in self.lanes.values())  # noqa: E731
         for lane in self.lanes.values():
             if lane is not warming:
-                lane.give_turn()
+                lane.give_turn(awaited)
         if self._closed:  # it shut down meanwhile: no more warm-up work
             raise EngineError("the engine shut down")
 

@@ -190,11 +190,11 @@ class Scheduler:
             return True
         return t - self._last_aside > WARM_STEP_EVERY_BUSY_S
 
-    def give_turn(self) -> None:
+    def give_turn(self, unless: Callable[[], bool] = lambda: False) -> None:
         """Block the calling thread (the engine's GPU set-up, another lane's warm-up) until this lane gives
         way: its requests run on a host-bound thread that compiles, imports and probes beside it would
-        slow. At once if it does not serve."""
-        while self.serving and not self._stop.is_set() and not self._aside_turn():
+        slow. At once if it does not serve, or as soon as `unless()` (requests wait for that warm-up)."""
+        while self.serving and not self._stop.is_set() and not self._aside_turn() and not unless():
             time.sleep(0.02)
         self._last_aside = time.perf_counter()
 

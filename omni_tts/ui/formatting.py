@@ -91,7 +91,8 @@ def readiness_markdown(readiness: Mapping[str, str], notes: Mapping[str, str] | 
             lines.append(f"- `{mode}`: **{readiness[mode]}**" + (f" — {about.split(':')[0]}" if about else ""))
     if any(v.startswith(("warming", "queued")) for v in readiness.values()):
         lines.append("\n_Warm-up steps wait for a pause in the requests being served (or run after a spell of "
-                     "steady traffic), so they slow a request only by the step in progress._")
+                     "steady traffic, or at once while requests wait for the warming mode), so they slow a "
+                     "request only by the step in progress._")
     return "**Modes**\n\n" + "\n".join(lines)
 
 
