@@ -370,71 +370,66 @@ class _GatedCompiledRunner(_GatedWarmRunner):
     serves_while_warming = False
 
 
+@contextmanager
+def serving_and_warming(monkeypatch: Any) -> Iterator[tuple[Any, Scheduler, Scheduler, _GatedCompiledRunner]]:
+    """An eager lane serving early beside a gated lane that serves only once warm (a compiled mode's):
+    (model, serving lane, warming lane, its runner); a 0.5 s idle grace, no busy allowance in reach."""
+    monkeypatch.setattr(scheduler, "WARM_STEP_IDLE_S", 0.5)
+    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
+    with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, serving, _, _):
+        _, warming, audio = lone_lane(config(max_num_seqs=1), _GatedCompiledRunner)
+        try:
+            assert serving.serve_early()
+            yield model, serving, warming, warming.runner
+        finally:
+            for g in warming.runner.gates:
+                g.set()
+            warming.stop()
+            audio.stop()
+
+
 def test_a_compiled_lane_takes_a_warm_step_only_when_the_serving_lane_gives_way(_one_thread, monkeypatch):
     """A mode warming beside a serving one (the engine points its `wait_for_turn` at the serving lanes)
     takes no warm step while the serving lane's request runs, takes the first once that lane has been
     idle for WARM_STEP_IDLE_S and the next at once (still idle), then serves; the request gets its solo
     output."""
-    monkeypatch.setattr(scheduler, "WARM_STEP_IDLE_S", 0.5)
-    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
-    with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, serving, _, _):
-        _, warming, audio = lone_lane(config(max_num_seqs=1), _GatedCompiledRunner)
-        gated = warming.runner
-        try:
-            warming.wait_for_turn = serving.give_turn
-            assert serving.serve_early()
-            p = sampled("a request the other mode's warm-up waits for", 5, fixed_frames=40)
-            h = queue_request(serving, model, 1, p)
-            deadline = time.monotonic() + TIMEOUT
-            while not serving.active:
-                assert time.monotonic() < deadline, "not served"
-                time.sleep(0.01)
-            warmer = threading.Thread(target=warming.warm, args=(lambda s: None,), daemon=True)
-            warmer.start()
-            assert gated.entered[0].wait(TIMEOUT)
-            assert h.done and now() - h.metrics.finished_at >= 0.4, "a warm step ran beside the request"
-            gated.gates[0].set()
-            assert gated.entered[1].wait(TIMEOUT)
-            gated.gates[1].set()
-            warmer.join(TIMEOUT)
-            assert warming.state == "ready" and warming.serving
-            same(h.result(TIMEOUT), offline.synthesize(model, p))
-        finally:
-            for g in gated.gates:
-                g.set()
-            warming.stop()
-            audio.stop()
+    with serving_and_warming(monkeypatch) as (model, serving, warming, gated):
+        warming.wait_for_turn = serving.give_turn
+        p = sampled("a request the other mode's warm-up waits for", 5, fixed_frames=40)
+        h = queue_request(serving, model, 1, p)
+        deadline = time.monotonic() + TIMEOUT
+        while not serving.active:
+            assert time.monotonic() < deadline, "not served"
+            time.sleep(0.01)
+        warmer = threading.Thread(target=warming.warm, args=(lambda s: None,), daemon=True)
+        warmer.start()
+        assert gated.entered[0].wait(TIMEOUT)
+        assert h.done and now() - h.metrics.finished_at >= 0.4, "a warm step ran beside the request"
+        gated.gates[0].set()
+        assert gated.entered[1].wait(TIMEOUT)
+        gated.gates[1].set()
+        warmer.join(TIMEOUT)
+        assert warming.state == "ready" and warming.serving
+        same(h.result(TIMEOUT), offline.synthesize(model, p))
 
 
 def test_a_warm_up_that_requests_wait_for_goes_ahead_of_a_busy_serving_lane(_one_thread, monkeypatch):
     """A mode's warm step waits for a busy serving lane only while nobody waits for that mode: once a
     request is queued for it, its warm-up goes ahead (the engine's `_give_way` rule), and that request
     is then served with its solo output."""
-    monkeypatch.setattr(scheduler, "WARM_STEP_IDLE_S", 0.5)
-    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
-    with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, serving, _, _):
-        _, warming, audio = lone_lane(config(max_num_seqs=1), _GatedCompiledRunner)
-        gated = warming.runner
-        try:
-            warming.wait_for_turn = lambda: serving.give_turn(lambda: not warming.waiting.empty())
-            assert serving.serve_early()
-            busy = queue_request(serving, model, 1, sampled("a long request on the serving lane", 5,
-                                                            fixed_frames=300))
-            threading.Thread(target=warming.warm, args=(lambda s: None,), daemon=True).start()
-            time.sleep(0.5)
-            assert not gated.entered[0].is_set()  # nobody waits for it: it gives way
-            p = greedy("a request for the warming mode", fixed_frames=4)
-            h = queue_request(warming, model, 2, p)
-            assert gated.entered[0].wait(TIMEOUT) and not busy.done  # ahead of the busy lane's pause
-            for g in gated.gates:
-                g.set()
-            same(h.result(TIMEOUT), offline.synthesize(model, p))
-            busy.result(TIMEOUT)
-        finally:
-            for g in gated.gates:
-                g.set()
-            warming.stop()
-            audio.stop()
+    with serving_and_warming(monkeypatch) as (model, serving, warming, gated):
+        warming.wait_for_turn = lambda: serving.give_turn(lambda: not warming.waiting.empty())
+        busy = queue_request(serving, model, 1, sampled("a long request on the serving lane", 5, fixed_frames=300))
+        threading.Thread(target=warming.warm, args=(lambda s: None,), daemon=True).start()
+        time.sleep(0.5)
+        assert not gated.entered[0].is_set()  # nobody waits for it: it gives way
+        p = greedy("a request for the warming mode", fixed_frames=4)
+        h = queue_request(warming, model, 2, p)
+        assert gated.entered[0].wait(TIMEOUT) and not busy.done  # ahead of the busy lane's pause
+        for g in gated.gates:
+            g.set()
+        same(h.result(TIMEOUT), offline.synthesize(model, p))
+        busy.result(TIMEOUT)
 
 
 def test_a_shutdown_while_a_mode_waits_for_its_warm_up_turn_starts_no_compile(_one_thread, monkeypatch):
