@@ -111,14 +111,13 @@ def profile_steps(runner: Any, buckets: Sequence[int], out_dir: str) -> dict[str
     out: dict[str, Any] = {}
     for b in buckets:
         graph_cp, graph_talker = step_callables(runner, b)
+        launched_cp, launched_talker = runner.step_fns(b, graphs=False)
         codes = torch.randint(0, 2048, (b, 26, 16), device=runner.device)
         params = SynthesisParams(text=PROMPTS[0], speaker=(runner.model.speakers() or [None])[0], greedy=True,
                                  language="English", fixed_frames=8)
         variants = {"cp_graph": graph_cp, "talker_graph": graph_talker,
                     "prefill": lambda: runner.prefill(runner.S - 1, params),
-                    "cp_launched": runner._make_cp_fn(runner.variant(b))(b),
-                    "talker_launched": runner._make_talker_fn(runner.kv_len(b), runner.variant(b),
-                                                              runner._talker_now())(b),
+                    "cp_launched": launched_cp, "talker_launched": launched_talker,
                     "codec_second_chunk": lambda: runner.model.codec.decode_window(codes, 1)}
         for name, fn in variants.items():
             fn()
