@@ -179,19 +179,21 @@ class Runner:
         """The sampling variant a step of rows [:n] runs: True (full sort) when any row's settings need it."""
         return bool(self.needs_sort[:n].any())
 
-    def step_fns(self, n: int, kv_len: int | None = None, sort: bool | None = None, graphs: bool = True
+    def step_fns(self, n: int, kv_len: int | None = None, sort: bool | None = None
                  ) -> tuple[Callable[[], tuple], Callable[[], tuple]]:
         """(code predictor step, talker step) for rows [:n] as `launch` runs them (graph replays in
-        default+cudagraph), attention over kv_len positions (default: what the rows need); graphs=False:
-        the same callables called directly at size n, launched kernel by kernel (profiling)."""
+        default+cudagraph), attention over kv_len positions (default: what the rows need)."""
         L = kv_len or self.kv_len(n)
         sort = self.variant(n) if sort is None else sort
         talker = self._talker_now()
-        if not graphs:
-            return self._make_cp_fn(sort)(n), self._make_talker_fn(L, sort, talker)(n)
         return (lambda: self._run(self.cp_graphs.get(sort), self._make_cp_fn(sort), n, self.cp_impl is not None),
                 lambda: self._run(self.talker_graphs.get((L, sort)), self._make_talker_fn(L, sort, talker), n,
                                   talker is not None))
+
+    def launched_step_fns(self, b: int) -> tuple[Callable[[], tuple], Callable[[], tuple]]:
+        """`step_fns(b)`'s callables called directly at size b, launched kernel by kernel (profiling)."""
+        sort = self.variant(b)
+        return self._make_cp_fn(sort)(b), self._make_talker_fn(self.kv_len(b), sort, self._talker_now())(b)
 
     def kv_len(self, n: int) -> int:
         """The smallest kv bucket covering the positions of rows [:n] (the whole cache if none does)."""

@@ -111,7 +111,7 @@ def profile_steps(runner: Any, buckets: Sequence[int], out_dir: str) -> dict[str
     out: dict[str, Any] = {}
     for b in buckets:
         graph_cp, graph_talker = step_callables(runner, b)
-        launched_cp, launched_talker = runner.step_fns(b, graphs=False)
+        launched_cp, launched_talker = runner.launched_step_fns(b)
         codes = torch.randint(0, 2048, (b, 26, 16), device=runner.device)
         params = SynthesisParams(text=PROMPTS[0], speaker=(runner.model.speakers() or [None])[0], greedy=True,
                                  language="English", fixed_frames=8)
