@@ -158,16 +158,10 @@ class Engine:
         each attention, GEMM and convolution kernel loads it (on CUDA, seconds), which should not fall
         on a visitor's first request. Call it before `start_warming` (e.g. while a page is built); the
         warm-up waits for it. A checkpoint whose every task needs a reference voice is not primed."""
-        if self._primer is not None:
+        voice = self.model.plain_voice()
+        if self._primer is not None or voice is None:
             return
-        speakers, tasks = self.model.speakers(), self.model.tasks()
-        if "custom_voice" in tasks and speakers:
-            params = SynthesisParams(text="Hello.", speaker=speakers[0], greedy=True, fixed_frames=2)
-        elif "voice_design" in tasks:
-            params = SynthesisParams(text="Hello.", task="voice_design", instruct="A calm voice.", greedy=True,
-                                     fixed_frames=2)
-        else:
-            return
+        params = SynthesisParams(text="Hello.", greedy=True, fixed_frames=2, **voice)
         from omni_tts.engine.offline import synthesize
 
         def run() -> None:
@@ -296,6 +290,10 @@ class Engine:
 
     def tasks(self) -> list[str]:
         return self.model.tasks()
+
+    def plain_voice(self) -> dict[str, Any] | None:
+        """Task, speaker and instruct of a voice the model serves without a reference clip (None: Base)."""
+        return self.model.plain_voice()
 
     @property
     def sample_rate(self) -> int:

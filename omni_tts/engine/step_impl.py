@@ -101,7 +101,7 @@ class StepImpls:
         return self.cuda and not self.eager_only and MODES[mode].graphs
 
     def configure_kernels(self, batches: list[int], dtype: torch.dtype,
-                          between: Callable[[], None] | None = None) -> str:
+                          between: Callable[[], None] = lambda: None) -> str:
         """Probe and switch on the Triton kernels (`tuning.kernels`) for the talker (every mode) and
         default's and default+cudagraph's CodePredictor; reduce-overhead's whole-frame compile keeps
         Inductor's (ours are launched from Python, outside a traced function). `between`: called
@@ -115,7 +115,7 @@ class StepImpls:
 
             configs.load_configs(self.config.tuning.kernel_configs)
         self.kernel_notice = fast.use_kernels(self.config.tuning, self.cuda and self.config.tuning.kernels,
-                                              batches, [], dtype, between or (lambda: None))
+                                              batches, [], dtype, between)
         return self.kernel_notice
 
     def kernels_report(self, mode: CompileMode) -> str:

@@ -34,6 +34,7 @@ HARD_DEFAULTS: dict[str, Any] = dict(do_sample=True, top_k=50, top_p=1.0, temper
                                      subtalker_temperature=0.9, max_new_tokens=2048)
 # Which checkpoint type serves which task.
 TASK_OF_MODEL = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}
+NEUTRAL_INSTRUCT = "A clear, neutral voice."  # a VoiceDesign request's voice where the caller names none
 
 
 class Prefill(NamedTuple):
@@ -130,6 +131,16 @@ class TTSModel:
 
     def supports(self, task: str) -> bool:
         return task in self.tasks()
+
+    def plain_voice(self) -> dict[str, Any] | None:
+        """The request fields (task, speaker, instruct) of a voice this checkpoint serves without a
+        reference clip: CustomVoice's first speaker, or VoiceDesign with a neutral instruct; None when
+        every task it has needs one (Base)."""
+        if self.supports("custom_voice") and self.speakers():
+            return {"task": "custom_voice", "speaker": self.speakers()[0], "instruct": None}
+        if self.supports("voice_design"):
+            return {"task": "voice_design", "speaker": None, "instruct": NEUTRAL_INSTRUCT}
+        return None
 
     def supports_instruct(self) -> bool:
         """Whether an instruct text is used: voice_design always, custom_voice except the 0.6B model."""

@@ -21,6 +21,7 @@ from typing import Any
 from omni_tts.config import CompileMode, SynthesisParams, load_preset, parse_sets
 from omni_tts.engine.metrics import RequestMetrics, summarize
 from omni_tts.errors import OmniTTSError
+from omni_tts.models.qwen3_tts import NEUTRAL_INSTRUCT
 from omni_tts.tools.load import make_params, run_load
 
 ROWS = [("Med TTFP (ms)", "med_ttfp_ms", "{:.1f}"), ("p90 TTFP (ms)", "p90_ttfp_ms", "{:.1f}"),
@@ -188,10 +189,11 @@ def _bench_group(modes: list[str], args: Any, overrides: dict[str, Any], results
     from omni_tts.engine.engine import Engine
 
     engine = Engine.from_config(load_preset(args.preset, **overrides, mode=modes[0], modes=modes), progress=say)
-    speaker = args.speaker or (engine.speakers() or [None])[0]
-    task = "custom_voice" if engine.speakers() else "voice_design"
-    instruct = "A clear, neutral voice." if task == "voice_design" else None
-    make = lambda i, m: make_params(i, speaker, args.fixed_frames, task=task, instruct=instruct, mode=m)  # noqa: E731
+    # a Base checkpoint has no such voice: its requests are refused with the message saying so
+    voice = engine.plain_voice() or {"task": "voice_design", "speaker": None, "instruct": NEUTRAL_INSTRUCT}
+    speaker = args.speaker or voice["speaker"]
+    make = lambda i, m: make_params(i, speaker, args.fixed_frames, task=voice["task"],  # noqa: E731
+                                    instruct=voice["instruct"], mode=m)
     for mode in modes:  # measure only once every mode is warm: a warming mode competes for the GPU
         engine.wait_ready(mode)
     try:
