@@ -44,7 +44,7 @@ if not IN_CI:
     pytest.importorskip("selenium", reason="selenium not installed (pip install -r requirements-dev.txt)")
 
 from selenium import webdriver  # noqa: E402
-from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.common.exceptions import ElementClickInterceptedException, TimeoutException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -119,6 +119,15 @@ def _wait(driver, what: str, condition, timeout: float, log: Path):
                     f"server log:\n{log.read_text()[-3000:]}")
 
 
+def _clicked(element) -> bool:
+    """Click `element`; False while another element still covers it (the page is laying itself out)."""
+    try:
+        element.click()
+        return True
+    except ElementClickInterceptedException:
+        return False
+
+
 def _text(driver, css: str) -> str:
     """An element's visible text with whitespace collapsed (code spans render on their own lines)."""
     els = driver.find_elements(By.CSS_SELECTOR, css)
@@ -173,7 +182,7 @@ def test_a_first_visit(server, browser):
     assert "Model:" in _text(d, "#banner") and "TTFP: time to first packet" in _text(d, "#metric-definitions")
 
     first = _wait(d, "the examples table", lambda d: d.find_elements(By.CSS_SELECTOR, "#examples tbody tr"), 10, log)
-    first[0].click()  # an example fills the form
+    _wait(d, "the first example clickable", lambda d: _clicked(first[0]), 10, log)  # it fills the form
     box = d.find_element(By.CSS_SELECTOR, "#text textarea")
     _wait(d, "the example's text in the form", lambda d: box.get_attribute("value").startswith("Hello! This is"),
           10, log)
