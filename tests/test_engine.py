@@ -648,9 +648,10 @@ def test_an_engine_built_not_warming_accepts_requests_and_serves_them_once_start
 
 
 def test_priming_runs_the_eager_path_once_before_the_warm_up_and_changes_no_result(_one_thread):
-    """Engine.prime (the app calls it while its page is built) runs a tiny clip on the eager path in a
-    background thread, once; the warm-up waits for it; a request afterwards equals the plain path. A
-    checkpoint whose tasks all need a reference voice (Base) is not primed."""
+    """Engine.prime (the app calls it while its page is built) serves eager at once and runs a tiny clip
+    through its lane (the path a visitor's request takes), once, before any warm-up is asked for, and
+    keeps it out of the recent requests; the warm-up waits for it; a request afterwards equals the plain
+    path. A checkpoint whose tasks all need a reference voice (Base) is not primed."""
     said: list[str] = []
     cfg = build_config({"model": str(fixture_dir("custom_voice")), "mode": "eager", "device": "cpu",
                         "max_num_seqs": 2, "max_seq_len": 256})
@@ -658,6 +659,12 @@ def test_priming_runs_the_eager_path_once_before_the_warm_up_and_changes_no_resu
     try:
         eng.prime()
         eng.prime()
+        deadline = time.monotonic() + TIMEOUT
+        while not any("eager path primed" in s for s in said):
+            assert time.monotonic() < deadline, said
+            time.sleep(0.02)
+        assert eng.stats.busy_slots_sum == 2 and eng.stats.recent_requests() == []  # its two frames, on the lane
+        assert eng.modes()["eager"]["state"] == "warming"  # served before its warm-up
         eng.start_warming()
         assert eng.wait_ready("eager", timeout=TIMEOUT)
         primed = [i for i, s in enumerate(said) if "eager path primed" in s]
@@ -695,3 +702,20 @@ def test_each_mode_warms_in_the_thread_that_serves_it(_one_thread):
         assert ready == ["omni-tts-eager"], said
     finally:
         eng.shutdown()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_attention_on_cuda_runs_no_cudnn_kernel_built_at_run_time():
+    """On CUDA a request never runs cuDNN's attention, which compiles a kernel at run time for each new
+    shape (prompt length, KV length, batch): seconds on a request's path."""
+    from omni_tts.models.loading import load_model
+
+    model = load_model(build_config({"model": str(fixture_dir("custom_voice")), "device": "cuda",
+                                     "dtype": "bfloat16"}))
+    p = SynthesisParams(text="Attention on the GPU.", speaker="ryan", language="English", greedy=True,
+                        fixed_frames=3)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        offline.synthesize(model, p)
+    names = {e.key for e in prof.key_averages()}
+    assert any("scaled_dot_product" in n for n in names), sorted(names)
+    assert not any("cudnn_attention" in n for n in names), sorted(n for n in names if "attention" in n)

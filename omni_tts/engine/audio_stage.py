@@ -207,5 +207,5 @@ class Code2Wav:
 
     def _complete(self, a: Any, status: str, error: OmniTTSError | None = None) -> None:
         a.handle.complete(a.codes, status, error)
-        if status == "done":
+        if status == "done" and a.handle.recorded:
             self.stats.on_finish(a.handle.metrics)

@@ -110,6 +110,9 @@ class Engine:
     # ------------------------------------------------------------------ requests
     def submit(self, params: SynthesisParams) -> RequestHandle:
         """Validate, prepare and queue a request; bad input raises an OmniTTSError at once."""
+        return self._submit(params)
+
+    def _submit(self, params: SynthesisParams, recorded: bool = True) -> RequestHandle:
         if self._closed:
             raise EngineError("the engine is shut down")
         params.validate()
@@ -119,6 +122,7 @@ class Engine:
         handle = RequestHandle(rid, params, RequestMetrics(rid, lane.mode.value, now(),
                                                            sample_rate=self.model.sample_rate))
         handle.max_frames = prep.max_frames  # the most frames it can make (its length cap or the engine's room)
+        handle.recorded = recorded
         lane.put(Request(handle, prep))
         return handle
 
@@ -154,25 +158,27 @@ class Engine:
 
     # ------------------------------------------------------------------ modes
     def prime(self) -> None:
-        """Run the eager path once on a tiny clip in a background thread: a process's first launch of
-        each attention, GEMM and convolution kernel loads it (on CUDA, seconds), which should not fall
-        on a visitor's first request. Call it before `start_warming` (e.g. while a page is built); the
-        warm-up waits for it. A checkpoint whose every task needs a reference voice is not primed."""
+        """Serve eager now and run a two-frame clip through it in the background: a process's first launch
+        of each attention, GEMM and convolution kernel on a request's path loads it (on CUDA, seconds),
+        which should not fall on a visitor's first request. Call it before `start_warming` (e.g. while a
+        page is built); the warm-up waits for it. Skipped without the eager mode or a voice that needs no
+        reference clip (Base)."""
         voice = self.model.plain_voice()
-        if self._primer is not None or voice is None:
+        lane = self.lanes.get(CompileMode.EAGER)
+        if self._primer is not None or voice is None or lane is None or not lane.serve_early():
             return
-        params = SynthesisParams(text="Hello.", greedy=True, fixed_frames=2, **voice)
-        from omni_tts.engine.offline import synthesize
+        params = SynthesisParams(text="Hello.", greedy=True, fixed_frames=2, mode=CompileMode.EAGER.value, **voice)
+        handle = self._submit(params, recorded=False)
 
-        def run() -> None:
-            t0 = time.perf_counter()
+        def wait() -> None:
             try:
-                synthesize(self.model, params)
-                self._say(f"eager path primed in {time.perf_counter() - t0:.1f} s")
-            except Exception as e:  # only a missed head start: requests report their own errors
-                self._say(f"priming the eager path failed: {one_line(e)}")
+                seconds = (handle.result().metrics.e2e_ms or 0.0) / 1000
+                self._say(f"eager path primed in {seconds:.1f} s")
+            except OmniTTSError as e:  # only a missed head start: requests report their own errors
+                if not self._closed:
+                    self._say(f"priming the eager path failed: {one_line(e)}")
 
-        self._primer = threading.Thread(target=run, name="omni-tts-prime", daemon=True)
+        self._primer = threading.Thread(target=wait, name="omni-tts-prime", daemon=True)
         self._primer.start()
 
     def start_warming(self) -> None:
@@ -219,7 +225,7 @@ class Engine:
         # a lane that needs no warm-up to serve (eager) serves from now on, before the GPU set-up
         early = next((lane for lane in self.lanes.values() if lane.serve_early()), None)
         if self._primer is not None:
-            self._primer.join()  # it decodes with the codec that the set-up changes
+            self._primer.join()  # its audio decodes with the codec that the set-up changes
         if self.device.type == "cuda":
             try:
                 self._set_up_gpu(early)

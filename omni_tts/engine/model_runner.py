@@ -120,8 +120,8 @@ class Runner:
     @property
     def serves_while_warming(self) -> bool:
         """Whether requests can run before the warm-up ends: eager's CodePredictor needs none, and its
-        talker runs as the reference modules until the talker's graphs are captured."""
-        return self.mode is CompileMode.EAGER and self.impls.talker_graphs
+        talker runs as the reference modules until the talker's graphs (if any) are captured."""
+        return self.mode is CompileMode.EAGER
 
     def _talker_now(self) -> FastPath | None:
         """The talker implementation requests run on now (never built while the reference one serves)."""

@@ -50,6 +50,7 @@ class RequestHandle:
         self.metrics = metrics
         self.sample_rate = metrics.sample_rate
         self.max_frames: int | None = None  # the most frames this request can make (set at submit)
+        self.recorded = True  # False: the engine's own request (priming), kept out of the recent requests
         self.cancel_requested = threading.Event()
         self._events: queue.Queue = queue.Queue()
         self._chunks: list[np.ndarray] = []
