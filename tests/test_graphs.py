@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 from omni_tts.config import EngineConfig, TuningConfig
-from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, pick_bucket
+from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, graph_attention, pick_bucket
 
 
 @pytest.mark.parametrize("n,buckets,want", [
@@ -34,6 +36,32 @@ def test_every_batch_size_up_to_max_num_seqs_has_a_bucket():
         buckets = EngineConfig(max_num_seqs=s).resolved_buckets()
         assert all(pick_bucket(n, buckets) is not None for n in range(1, s + 1))
         assert pick_bucket(s + 1, buckets) is None
+
+
+def test_cudnn_attention_is_on_only_while_some_capture_runs():
+    """cuDNN's attention (a kernel built at run time per shape) is on while any capture runs, in any
+    thread, and off once the last one ends."""
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        seen: list[bool] = []
+        with graph_attention():
+            seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+
+            def other_capture() -> None:
+                with graph_attention():
+                    seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+
+            t = threading.Thread(target=other_capture)
+            t.start()
+            t.join()
+            seen.append(torch.backends.cuda.cudnn_sdp_enabled())  # the other one ended, this one runs
+        assert seen == [True, True, True] and not torch.backends.cuda.cudnn_sdp_enabled()
+        with pytest.raises(RuntimeError), graph_attention():
+            raise RuntimeError("a failed capture")
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")

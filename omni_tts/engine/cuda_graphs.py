@@ -3,19 +3,43 @@
 Owns: the shared pool (vLLM's global graph pool when vllm is importable on a CUDA host, else one
 the engine owns; a fresh one after every release, see `GraphPool.renew`), bucket selection, static
 input/output buffers, the cuBLAS workspace a capture bakes in (made inside its pool, see
-`_forget_cublas_workspaces`), padded replay, and release. This is the only file that calls torch.cuda.graph.
+`_forget_cublas_workspaces`), cuDNN's attention inside captures only (`graph_attention`), padded replay,
+and release. This is the only file that calls torch.cuda.graph.
 Knows nothing about what the captured function computes: it takes a callable over tensors.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 Tensors = tuple[torch.Tensor, ...]
+_attention_lock = threading.Lock()
+_attention_captures = 0  # captures now running (in any thread) that want cuDNN's attention
+
+
+@contextmanager
+def graph_attention() -> Iterator[None]:
+    """cuDNN's attention on while graphs are captured: it builds a kernel at run time per shape, which a
+    graph's fixed shapes pay once, here; outside captures the model loader keeps it off (every new shape
+    would build one on a request's path). A frame of another thread meanwhile may use it too: correct,
+    only slower to start."""
+    global _attention_captures
+    with _attention_lock:
+        _attention_captures += 1
+        torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        yield
+    finally:
+        with _attention_lock:
+            _attention_captures -= 1
+            if not _attention_captures:
+                torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def pick_bucket(n: int, buckets: Sequence[int]) -> int | None:
@@ -124,6 +148,10 @@ class BucketedGraph:
 
     def capture(self, before_each: Callable[[int], None] | None = None) -> CaptureReport:
         """Capture every bucket (largest first, so smaller graphs reuse its pool blocks)."""
+        with graph_attention():
+            return self._capture(before_each)
+
+    def _capture(self, before_each: Callable[[int], None] | None) -> CaptureReport:
         torch.cuda.synchronize()
         reserved0 = torch.cuda.memory_reserved()
         t0 = time.perf_counter()

@@ -23,7 +23,7 @@ def load_model(config: EngineConfig, progress: Callable[[str], None] | None = No
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, config.gpu_memory_limit_gb * (1 << 30) / total), device)
     if device.type == "cuda":  # cuDNN's attention compiles a kernel at run time for every new shape (prompt
-        # length, KV length, batch), seconds on a request's path; the other backends are prebuilt
+        # length, KV length, batch), seconds on a request's path; the engine turns it on inside captures only
         torch.backends.cuda.enable_cudnn_sdp(False)
     if device.type == "cpu":  # leave cores to the audio stage and the host (torch's default takes them all)
         torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 2) // 2)))
