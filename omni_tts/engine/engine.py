@@ -168,7 +168,11 @@ class Engine:
         if self._primer is not None or voice is None or lane is None or not lane.serve_early():
             return
         params = SynthesisParams(text="Hello.", greedy=True, fixed_frames=2, mode=CompileMode.EAGER.value, **voice)
-        handle = self._submit(params, recorded=False)
+        try:
+            handle = self._submit(params, recorded=False)
+        except OmniTTSError as e:  # only a missed head start: the app starts all the same
+            self._say(f"priming the eager path failed: {one_line(e)}")
+            return
 
         def wait() -> None:
             try:
