@@ -95,10 +95,10 @@ def measure(preset: str, model: str | None, sets: Sequence[str] = (), requests: 
             time.sleep(page_s)
             engine.start_warming()
             rows = []
-            speaker = (engine.speakers() or [None])[0]
+            voice = engine.plain_voice() or {}  # Base has none: its requests say why they are refused
             for i in range(requests):
-                p = SynthesisParams(text=f"Request {i + 1} of the start-up profile.", speaker=speaker,
-                                    mode="eager", fixed_frames=frames, seed=1)
+                p = SynthesisParams(text=f"Request {i + 1} of the start-up profile.", mode="eager",
+                                    fixed_frames=frames, seed=1, **voice)
                 sent = time.perf_counter()
                 handle = engine.submit(p)
                 chunk = next(handle.stream(timeout=600), None)
