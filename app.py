@@ -23,10 +23,12 @@ from omni_tts.errors import OmniTTSError
 from omni_tts.ui import files, openai_api
 from omni_tts.ui import support as ui
 
+PRIME_WAIT_S = 10.0  # the page waits for the eager path's priming at most this long
+
 
 def build_demo(engine: Any, **kw: Any) -> Any:
     """The page over an engine, testable without launching. Gradio is imported here, not at the top, so
-    its import overlaps the engine's priming (`main`)."""
+    the engine's priming (`main`) runs before its import instead of sharing the interpreter with it."""
     from omni_tts.ui import layout
 
     return layout.build_demo(engine, **kw)
@@ -89,7 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     except OmniTTSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    engine.prime()  # first-use kernel loads, while Gradio is imported and the page is built
+    # first-use kernel loads on the eager path, before Gradio's import: beside it the priming takes several
+    # times as long and ends after the page is up, so a visitor's first request would wait for it
+    engine.prime()
+    if not engine.wait_primed(PRIME_WAIT_S):
+        say(f"the eager path is still priming after {PRIME_WAIT_S:.0f} s; serving the page meanwhile")
     host, port = ui.bind_address(args.host, args.port)
     policy = ui.AdminPolicy.from_env(host, args.share)
     files.use_private_gradio_cache()

@@ -194,6 +194,9 @@ class TuningConfig:
     buckets: list[int] | None = None  # graph batch buckets; None: powers of two up to max_num_seqs
     use_vllm_pool: bool = True  # capture into vLLM's global graph pool when vllm is importable
     lookahead: bool = True  # launch frame t+1 before reading frame t
+    # hold a burst's first arrivals this long at most while the rest still prepare their prompts, so the
+    # burst shares one prefill pass and its chunks stay in step (batched code-to-wave); 0: admit at once
+    admit_hold_ms: int = 10
     priority_streams: bool = True  # CUDA: graphed frame steps and first audio chunks on high-priority streams
     codec_precision: str = "auto"  # code-to-wave: auto (tf32 on CUDA, float32 on CPU) | float32 | tf32 | bfloat16
     codec_fused: bool = True  # CUDA: the codec's SnakeBeta activations as Triton kernels
@@ -207,6 +210,8 @@ class TuningConfig:
                                f"(got '{self.codec_precision}')")
         if self.kernel_configs and not Path(self.kernel_configs).is_file():
             raise OmniTTSError(f"kernel_configs: no such file '{self.kernel_configs}' (write one with kernel_sweep)")
+        if not 0 <= self.admit_hold_ms <= 1000:
+            raise OmniTTSError(f"admit_hold_ms must be 0..1000 (got {self.admit_hold_ms})")
         for key in ("predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows"):
             if not 0 <= getattr(self, key) <= 32:
                 raise OmniTTSError(f"{key} must be 0..32 (got {getattr(self, key)})")
@@ -279,7 +284,7 @@ class EngineConfig:
 _TUNING_KEYS = {f.name for f in dataclasses.fields(TuningConfig)}
 _PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)} - {"tuning"} | {f"tuning.{k}" for k in _TUNING_KEYS}
 _INT_KEYS = {"max_num_seqs", "max_seq_len", "initial_chunk_frames", "chunk_frames", "left_context_frames",
-             "predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows"}
+             "predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows", "admit_hold_ms"}
 _BOOL_KEYS = {"use_vllm_pool", "compile_regions", "default_whole_frame", "codec_fused", "first_chunk_graphs",
               "lookahead", "chunk_growth", "kernel_pdl", "priority_streams", "kernels", "enforce_eager"}
 _LIST_KEYS = {"buckets": int, "modes": str}

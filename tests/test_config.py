@@ -170,6 +170,8 @@ def test_synthesis_params_validate():
                                            ("predictor_kernel_rows: true", "must be an integer"),
                                            ("talker_kernel_rows: -1", "talker_kernel_rows must be 0..32"),
                                            ("talker_pdl_rows: 33", "talker_pdl_rows must be 0..32"),
+                                           ("admit_hold_ms: -1", "admit_hold_ms must be 0..1000"),
+                                           ("admit_hold_ms: 0.5", "must be an integer"),
                                            ("kernel_pdl: 1", "'tuning.kernel_pdl' must be true or false")])
 def test_out_of_range_preset_values_are_one_line_errors(tmp_path: Path, line: str, fragment: str):
     f = tmp_path / "range.yaml"

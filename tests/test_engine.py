@@ -473,6 +473,32 @@ def test_chunks_of_requests_started_together_are_decoded_in_shared_calls():
         eng.shutdown()
 
 
+@pytest.mark.parametrize("hold_ms,inside", [(0, 0.3), (1000, 0.3), (100, 1.0)])
+def test_a_request_waits_for_its_burst_only_while_the_burst_prepares_and_within_the_hold(hold_ms, inside):
+    """While another submit to the lane still prepares its prompt (`Scheduler.arriving`), a waiting
+    request is held at most admit_hold_ms, so a burst is admitted in one pass (one prefill, chunks in
+    step); with no hold it starts at once, and a hold shorter than the preparation runs out."""
+    eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=4, admit_hold_ms=hold_ms)
+    try:
+        p = lambda i: SynthesisParams(text="held together", speaker="ryan", seed=i, fixed_frames=3)  # noqa: E731
+        with lane(eng).arriving():  # another client's submit, still preparing
+            a = eng.submit(p(1))
+            time.sleep(inside)
+            started_inside = a.metrics.started_at is not None
+            b = eng.submit(p(2))
+        ra, rb = a.result(TIMEOUT), b.result(TIMEOUT)
+        assert ra.metrics.status == rb.metrics.status == "done"
+        waited = ra.metrics.started_at - ra.metrics.accepted_at
+        if hold_ms == 0:
+            assert started_inside and waited < 0.25
+        elif hold_ms == 100:
+            assert started_inside and 0.1 <= waited < 0.9
+        else:
+            assert not started_inside and abs(ra.metrics.started_at - rb.metrics.started_at) < 0.01
+    finally:
+        eng.shutdown()
+
+
 # ------------------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("kw,match", [
     (dict(text=""), "text is empty"),
@@ -648,10 +674,10 @@ def test_an_engine_built_not_warming_accepts_requests_and_serves_them_once_start
 
 
 def test_priming_runs_the_eager_path_once_before_the_warm_up_and_changes_no_result(_one_thread):
-    """Engine.prime (the app calls it while its page is built) serves eager at once and runs a tiny clip
-    through its lane (the path a visitor's request takes), once, before any warm-up is asked for, and
-    keeps it out of the recent requests; the warm-up waits for it; a request afterwards equals the plain
-    path. A checkpoint whose tasks all need a reference voice (Base) is not primed."""
+    """Engine.prime (the app calls it, and waits for it, before it builds its page) serves eager at once
+    and runs a tiny clip through its lane (the path a visitor's request takes), once, before any warm-up
+    is asked for, and keeps it out of the recent requests; the warm-up waits for it; a request afterwards
+    equals the plain path. A checkpoint whose tasks all need a reference voice (Base) is not primed."""
     said: list[str] = []
     cfg = build_config({"model": str(fixture_dir("custom_voice")), "mode": "eager", "device": "cpu",
                         "max_num_seqs": 2, "max_seq_len": 256})
@@ -659,10 +685,7 @@ def test_priming_runs_the_eager_path_once_before_the_warm_up_and_changes_no_resu
     try:
         eng.prime()
         eng.prime()
-        deadline = time.monotonic() + TIMEOUT
-        while not any("eager path primed" in s for s in said):
-            assert time.monotonic() < deadline, said
-            time.sleep(0.02)
+        assert eng.wait_primed(TIMEOUT) and any("eager path primed" in s for s in said), said
         assert eng.stats.busy_slots_sum == 2 and eng.stats.recent_requests() == []  # its two frames, on the lane
         assert eng.modes()["eager"]["state"] == "warming"  # served before its warm-up
         eng.start_warming()
@@ -683,6 +706,7 @@ def test_priming_runs_the_eager_path_once_before_the_warm_up_and_changes_no_resu
                               progress=said.append, wait=False, warm=False)
     try:
         base.prime()
+        assert base.wait_primed(0)  # nothing to wait for
         base.start_warming()
         assert base.wait_ready("eager", timeout=TIMEOUT)
         assert not any("prim" in s for s in said), said

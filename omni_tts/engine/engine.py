@@ -117,13 +117,14 @@ class Engine:
             raise EngineError("the engine is shut down")
         params.validate()
         lane = self._lane(params.mode)
-        prep = self.model.prepare(params, self.config.max_seq_len)
-        rid = next(self._ids)
-        handle = RequestHandle(rid, params, RequestMetrics(rid, lane.mode.value, now(),
-                                                           sample_rate=self.model.sample_rate))
-        handle.max_frames = prep.max_frames  # the most frames it can make (its length cap or the engine's room)
-        handle.recorded = recorded
-        lane.put(Request(handle, prep))
+        with lane.arriving():
+            prep = self.model.prepare(params, self.config.max_seq_len)
+            rid = next(self._ids)
+            handle = RequestHandle(rid, params, RequestMetrics(rid, lane.mode.value, now(),
+                                                               sample_rate=self.model.sample_rate))
+            handle.max_frames = prep.max_frames  # the most frames it can make (its length cap or the engine's room)
+            handle.recorded = recorded
+            lane.put(Request(handle, prep))
         return handle
 
     def synthesize_offline(self, params: SynthesisParams) -> tuple[Any, Any]:
@@ -184,6 +185,12 @@ class Engine:
 
         self._primer = threading.Thread(target=wait, name="omni-tts-prime", daemon=True)
         self._primer.start()
+
+    def wait_primed(self, timeout: float | None = None) -> bool:
+        """Wait for `prime`'s clip to end (at most `timeout` s); -> whether no priming is still running."""
+        if self._primer is not None:
+            self._primer.join(timeout)
+        return self._primer is None or not self._primer.is_alive()
 
     def start_warming(self) -> None:
         """Start compiling and capturing every resident mode in the background (once; idempotent)."""

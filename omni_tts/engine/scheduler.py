@@ -14,8 +14,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,9 @@ class Scheduler:
         self.mode = runner.mode
         self._step_stream, self._make_decoder = step_stream, make_decoder
         self.waiting: queue.Queue[Request] = queue.Queue()
+        self._arriving = 0  # submits to this lane still preparing their prompts (`arriving`)
+        self._arriving_lock = threading.Lock()
+        self.admit_hold_s = config.tuning.admit_hold_ms / 1000
         self.active: list[Request] = []  # index == slot (kept compact: slots 0..n-1)
         # one frame of lookahead: the step launched last and the requests in its rows
         self._pending: tuple[Any, list[Request]] | None = None
@@ -81,6 +85,19 @@ class Scheduler:
     def put(self, request: Request) -> None:
         self.waiting.put(request)
         self._wake.set()
+
+    @contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Around a submit's prompt preparation and `put`: while any is under way, admission may hold
+        the requests already waiting for a moment (`_holds`)."""
+        with self._arriving_lock:
+            self._arriving += 1
+        try:
+            yield
+        finally:
+            with self._arriving_lock:
+                self._arriving -= 1
+            self._wake.set()
 
     def warm(self, say: Callable[[str], None]) -> None:
         """Compile and capture in this lane's own thread, and return when that is done (called by the
@@ -256,10 +273,12 @@ class Scheduler:
 
     def _iterate(self) -> None:
         """One pass: admissions, then one frame (or a short idle wait)."""
-        self._admit()
+        held = self._holds()
+        if not held:
+            self._admit()
         if not self.active:
             self._guard(self._settle)
-            self._wake.wait(0.05)
+            self._wake.wait(0.001 if held else 0.05)
             self._wake.clear()
             return
         self._last_busy = now()
@@ -278,6 +297,21 @@ class Scheduler:
         for a in list(self.active):
             self._finish(a, "error", err)
         self.active.clear()
+
+    def _holds(self) -> bool:
+        """Leave the waiting requests for this pass: more of their burst are still preparing (clients that
+        send their next request as the last one ends arrive together), there is room for them, and the
+        oldest has waited less than `admit_hold_s`. Admitted together they share one prefill pass and
+        stay in step, so their chunks are decoded in shared batches."""
+        if not self.admit_hold_s or not self._arriving or self.waiting.empty():
+            return False
+        if len(self.active) + self.waiting.qsize() >= self.runner.S:
+            return False
+        try:
+            oldest = self.waiting.queue[0].handle.metrics.accepted_at
+        except IndexError:  # taken meanwhile
+            return False
+        return now() - oldest < self.admit_hold_s
 
     def _admit(self) -> None:
         """Take waiting requests into free slots; their prompts are prefilled together (one talker pass
