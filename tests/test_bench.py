@@ -18,9 +18,10 @@ from _fixtures import fixture_dir
 from omni_tts.tools import bench, load
 
 REPO = Path(__file__).resolve().parents[1]
-LABELS = ["Med TTFP (ms)", "p90 TTFP (ms)", "Med E2E (ms)", "Mean RTF", "Req/s", "Audio tput (s/s)"]
+LABELS = ["Med TTFP (ms)", "p90 TTFP (ms)", "Med E2E (ms)", "Mean RTF", "Req/s", "Audio tput (s/s)", "Rows per frame",
+          "Code-to-wave calls"]
 KEYS = ["requests", "med_ttfp_ms", "p90_ttfp_ms", "med_queue_ms", "med_e2e_ms", "mean_rtf", "req_per_s",
-        "audio_s_per_s", "audio_s", "wall_s"]
+        "audio_s_per_s", "audio_s", "wall_s", "rows_per_frame", "decode_calls"]
 
 
 
@@ -48,7 +49,7 @@ def test_bench_cli_runs_end_to_end_and_writes_a_table_and_json(tmp_path):
     want = [(label, c) for label in LABELS for c in ("1", "2")]
     assert [(r[0], r[1]) for r in body[:len(want)]] == want
     for r in body[:len(want)]:
-        assert re.fullmatch(r"\d+\.\d+", r[2]), r  # a computed number, not '-' or an error
+        assert re.fullmatch(r"\d+(\.\d+)?", r[2]), r  # a computed number, not '-' or an error
     extra = {r[0]: r[2] for r in body[len(want):]}
     assert extra["state"] == "ready" and re.fullmatch(r"\d+\.\d", extra["capture/compile s"])
     assert extra["CodePredictor kernels"] == "reference modules"  # what ran the predictor, in the table
@@ -70,6 +71,8 @@ def test_bench_cli_runs_end_to_end_and_writes_a_table_and_json(tmp_path):
         assert s["wall_s"] > 0 and s["req_per_s"] == pytest.approx(3 / s["wall_s"])
         assert s["audio_s_per_s"] == pytest.approx(s["audio_s"] / s["wall_s"])
         assert 0 < s["med_ttfp_ms"] <= s["p90_ttfp_ms"] and 0 < s["med_e2e_ms"] and s["mean_rtf"] > 0
+        assert 0.5 <= s["rows_per_frame"] <= int(c)  # c clients keep at most c rows busy
+        assert 1 <= s["decode_calls"] <= 3 * 3  # each request's chunks (first, rest, flush) at most
         for label, key, fmt in bench.ROWS:  # the table shows the JSON's numbers
             assert table[(label, c)] == fmt.format(s[key])
 

@@ -353,6 +353,7 @@ class Engine:
             "codec_fused": _state(getattr(self.model.codec_if_built, "fused", False), self.codec_fused_error),
             "first_chunk_graphs": _state(self._audio.first is not None, self._audio.first_error),
             "steps": self.stats.steps,
+            "busy_slots_sum": self.stats.busy_slots_sum,  # rows over all frames: occupancy between two snapshots
             "memory": gpu_memory(self.device, pool, trees),
             "capture": dict(self.stats.capture),
             "model": self.model.describe(),

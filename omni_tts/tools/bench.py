@@ -26,7 +26,8 @@ from omni_tts.tools.load import make_params, run_load
 
 ROWS = [("Med TTFP (ms)", "med_ttfp_ms", "{:.1f}"), ("p90 TTFP (ms)", "p90_ttfp_ms", "{:.1f}"),
         ("Med E2E (ms)", "med_e2e_ms", "{:.1f}"), ("Mean RTF", "mean_rtf", "{:.3f}"),
-        ("Req/s", "req_per_s", "{:.2f}"), ("Audio tput (s/s)", "audio_s_per_s", "{:.1f}")]
+        ("Req/s", "req_per_s", "{:.2f}"), ("Audio tput (s/s)", "audio_s_per_s", "{:.1f}"),
+        ("Rows per frame", "rows_per_frame", "{:.2f}"), ("Code-to-wave calls", "decode_calls", "{:.0f}")]
 
 
 def format_table(results: dict[str, dict[int, dict[str, float]]], concurrency: Sequence[int],
@@ -69,8 +70,9 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
                 done[0] += 1
                 say(f"  [{mode}] concurrency {c}: {done[0]}/{n} requests")
 
+            before = engine.snapshot()
             records, wall = run_load(engine, c, n, make_m, on_done=tick)
-            results[c] = summarize(records, wall)
+            results[c] = summarize(records, wall) | _frames_since(before, engine.snapshot())
         except OmniTTSError as e:
             results[c] = {"error": f"failed: {str(e)[:80]}"}
         except Exception as e:  # a CUDA error in one mode is a result, not a crash of the benchmark
@@ -88,6 +90,15 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
         extra["notice"] = report["reason"]
     extra["Inductor CUDA-graph counters (process so far)"] = _cudagraph_counters()
     return results, extra
+
+
+def _frames_since(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """How full the frames were (mean rows per frame: below the concurrency when slots wait between
+    requests) and how many batched code-to-wave calls decoded the chunks, between two snapshots."""
+    steps = after["steps"] - before["steps"]
+    busy = after["busy_slots_sum"] - before["busy_slots_sum"]
+    return {"rows_per_frame": busy / steps if steps else float("nan"),
+            "decode_calls": float(after["decode_calls"] - before["decode_calls"])}
 
 
 def _cudagraph_counters() -> str:
