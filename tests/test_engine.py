@@ -499,6 +499,19 @@ def test_a_request_waits_for_its_burst_only_while_the_burst_prepares_and_within_
         eng.shutdown()
 
 
+def test_a_submit_refused_while_preparing_holds_nobody_afterwards():
+    """A submit whose preparation fails (unknown speaker) ends its part of the burst: the next request,
+    alone, is admitted at once even with a long hold."""
+    eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=2, admit_hold_ms=1000)
+    try:
+        with pytest.raises(InputError, match="unknown speaker"):
+            eng.submit(SynthesisParams(text="no such voice", speaker="nobody"))
+        r = eng.synthesize(SynthesisParams(text="not held", speaker="ryan", fixed_frames=2), timeout=TIMEOUT)
+        assert r.metrics.started_at - r.metrics.accepted_at < 0.5
+    finally:
+        eng.shutdown()
+
+
 # ------------------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("kw,match", [
     (dict(text=""), "text is empty"),
