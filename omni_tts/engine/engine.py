@@ -235,8 +235,7 @@ class Engine:
     def _warm_all(self, order: list[CompileMode]) -> None:
         # a lane that needs no warm-up to serve (eager) serves from now on, before the GPU set-up
         early = next((lane for lane in self.lanes.values() if lane.serve_early()), None)
-        if self._primer is not None:
-            self._primer.join()  # its audio decodes with the codec that the set-up changes
+        self.wait_primed()  # its audio decodes with the codec that the set-up changes
         if self.device.type == "cuda":
             try:
                 self._set_up_gpu(early)

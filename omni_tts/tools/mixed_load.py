@@ -82,10 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for m in modes:
         engine.wait_ready(m)
-    speaker = (engine.speakers() or [None])[0]
+    voice = engine.plain_voice() or {}  # Base has none: its requests say why they are refused
 
     def make(i: int, mode: str) -> SynthesisParams:
-        return make_params(i, speaker, args.fixed_frames, mode=mode)
+        return make_params(i, voice.get("speaker"), args.fixed_frames, task=voice.get("task", "custom_voice"),
+                           instruct=voice.get("instruct"), mode=mode)
 
     try:
         report = {"burst": burst(engine, modes, args.requests, make),

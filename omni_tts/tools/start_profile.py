@@ -1,6 +1,7 @@
 """Where a fresh engine's first requests spend their time: the engine built as the app builds it (not
-warming; primed unless --no-prime; a pause standing for the page build; then `start_warming`), eager
-requests sent one after another, and every thread's stack sampled every few milliseconds.
+warming; primed, and the priming waited for, unless --no-prime; a pause standing for the page build;
+then `start_warming`), eager requests sent one after another, and every thread's stack sampled every
+few milliseconds.
 
     python -m omni_tts.tools.start_profile --model CUSTOM_VOICE_DIR [--preset bench] [--set KEY=VALUE] [--requests 3]
         [--frames 25] [--page-s 3] [--no-prime] [--json OUT]
@@ -90,8 +91,9 @@ def measure(preset: str, model: str | None, sets: Sequence[str] = (), requests: 
         engine = Engine.from_config(config, progress=lambda s: log.append((time.perf_counter() - t0, s)),
                                     wait=False, warm=False)
         try:
-            if prime:
+            if prime:  # as the app does: the priming ends before the page is built
                 engine.prime()
+                engine.wait_primed()
             time.sleep(page_s)
             engine.start_warming()
             rows = []
