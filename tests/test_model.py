@@ -196,3 +196,56 @@ def test_corrupt_safetensors(tmp_path: Path) -> None:
     (d / "model.safetensors").write_bytes(b"\x00garbage" * 100)
     with pytest.raises(CheckpointError, match="model.safetensors"):
         load_checkpoint(d)
+
+
+def _embedding_calls(fn) -> int:
+    """How many embedding lookups `fn()` makes (each a device call on a GPU)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += func is torch.ops.aten.embedding.default
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+@pytest.mark.parametrize("rows_max", [256, 1])
+def test_shared_template_rows_equal_fresh_ones(monkeypatch: pytest.MonkeyPatch, rows_max: int) -> None:
+    """The template rows kept across requests (special tokens, role, codec prefix per language and speaker)
+    give bit for bit the prefill a fresh model computes, for any mix of voices, languages and text modes;
+    the store stays bounded; a repeated request embeds only its own text."""
+    import omni_tts.models.qwen3_tts as qm
+
+    monkeypatch.setattr(qm, "SHARED_ROWS_MAX", rows_max)
+    ck = load_checkpoint(fixture_dir("custom_voice"))
+    kept = TTSModel.from_checkpoint(ck)
+    reqs = [dict(speaker="ryan", language="English"), dict(speaker="vivian", language="Chinese"),
+            dict(speaker="ryan", language="Auto", non_streaming_mode=False), dict(speaker="eric", language="English"),
+            dict(speaker="ryan", language="English", text="Another sentence entirely.")]
+    for kw in reqs + reqs:
+        p = SynthesisParams(**{"text": "Hello there.", **kw}, greedy=True, fixed_frames=3)
+        got, want = kept.build_prefill(p), TTSModel.from_checkpoint(ck).build_prefill(p)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), kw
+        assert len(kept._shared) <= rows_max
+    p = SynthesisParams(text="Hello there.", speaker="ryan", language="English", greedy=True, fixed_frames=3)
+    calls = _embedding_calls(lambda: kept.build_prefill(p))
+    assert calls == 1 if rows_max > 1 else calls > 1  # only the text; a full store recomputes the rest
+
+
+def test_voice_design_instruct_rows_are_per_request() -> None:
+    """Instructs are a request's own text: two voice descriptions give two different prefills, each equal
+    to a fresh model's."""
+    ck = load_checkpoint(fixture_dir("voice_design"))
+    kept = TTSModel.from_checkpoint(ck)
+    out = []
+    for instruct in ("A deep, slow voice.", "A bright, quick voice.", "A deep, slow voice."):
+        p = SynthesisParams(text="Hello.", task="voice_design", instruct=instruct, greedy=True, fixed_frames=3)
+        got = kept.build_prefill(p)
+        assert all(torch.equal(a, b) for a, b in zip(got, TTSModel.from_checkpoint(ck).build_prefill(p)))
+        out.append(got.embeds)
+    assert not torch.equal(out[0], out[1]) and torch.equal(out[0], out[2])

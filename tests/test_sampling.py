@@ -140,6 +140,23 @@ def test_slot_params_views_and_moves() -> None:
     assert SlotParams.from_settings([RowSettings(greedy=False, temperature=0.0)]).all_greedy  # T=0 means greedy
 
 
+def test_set_rows_writes_a_span_like_row_by_row_sets() -> None:
+    """One copy per field for a span of rows gives what setting each row alone gives, defaults included
+    (T = 0 -> 1, no top-k -> 0, no top-p -> 1, no penalty -> 1), and leaves the other rows alone."""
+    rows = [RowSettings(greedy=False, temperature=0.8, top_k=7, top_p=0.5, repetition_penalty=1.1),
+            RowSettings(greedy=True, temperature=0.0, top_k=None, top_p=None, repetition_penalty=None),
+            RowSettings(greedy=False, temperature=1.3, top_k=0, top_p=0.95, repetition_penalty=1.05)]
+    span, one = SlotParams.zeros(5), SlotParams.zeros(5)
+    span.top_k[0], one.top_k[0] = 11, 11
+    span.set_rows(1, rows)
+    for i, r in enumerate(rows):
+        one.set(1 + i, r)
+    for a, b in zip(span._fields(), one._fields()):
+        assert torch.equal(a, b)
+    assert span.top_k.tolist() == [11, 7, 0, 0, 0] and span.temperature[2].item() == 1.0
+    assert span.greedy.tolist() == [True, False, True, False, True] and not span.all_greedy
+
+
 # ---------------------------------------------------------------------------------------- one-sort warp
 NEG_INF = float("-inf")
 

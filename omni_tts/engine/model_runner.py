@@ -308,8 +308,8 @@ class Runner:
         nb = pick_bucket(k, self.prefill_batches)
         for i, a in enumerate(items):
             self.pre_x[i, :T[i]] = a.prefill.embeds
-        self.pre_slot[:nb] = torch.tensor([first + i for i in range(k)] + [self.S] * (nb - k))  # [nb]
-        self.pre_last[:nb] = torch.tensor([t - 1 for t in T] + [0] * (nb - k))  # [nb]
+        sampling.put(self.pre_slot[:nb], [first + i for i in range(k)] + [self.S] * (nb - k))  # [nb]
+        sampling.put(self.pre_last[:nb], [t - 1 for t in T] + [0] * (nb - k))  # [nb]
         if self.prefill_graphs and L is not None:
             (h,) = self.prefill_graphs[nb].run(L)  # h: [nb, D]
             h = h[:k]
@@ -320,14 +320,14 @@ class Runner:
             N = min(a.prefill.trailing.shape[0], self.max_len - 1)
             self.trail[slot, :N] = a.prefill.trailing[:N]
             self.trail[slot, N:] = a.prefill.pad
-            self.talker_sp.set(slot, a.settings.talker)
-            self.cp_sp.set(slot, a.settings.subtalker)
-            self.seed[slot] = a.settings.seed
-            self.allow_eos[slot] = not a.settings.fixed
             fits = sampling.fits_topk(a.settings.talker) and sampling.fits_topk(a.settings.subtalker)
             self.needs_sort[slot] = not fits
         s = slice(first, first + k)
-        self.pos[s] = torch.tensor(T)
+        self.talker_sp.set_rows(first, [a.settings.talker for a in items])
+        self.cp_sp.set_rows(first, [a.settings.subtalker for a in items])
+        sampling.put(self.seed[s], [a.settings.seed for a in items])
+        sampling.put(self.allow_eos[s], [not a.settings.fixed for a in items])
+        sampling.put(self.pos[s], T)
         self.pos_host[s] = T
         self.frame[s] = 0
         self.seen[s] = False

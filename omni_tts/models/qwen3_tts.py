@@ -35,6 +35,7 @@ HARD_DEFAULTS: dict[str, Any] = dict(do_sample=True, top_k=50, top_p=1.0, temper
 # Which checkpoint type serves which task.
 TASK_OF_MODEL = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}
 NEUTRAL_INSTRUCT = "A clear, neutral voice."  # a VoiceDesign request's voice where the caller names none
+SHARED_ROWS_MAX = 256  # template embeddings kept (special tokens, role, codec prefix per language and speaker)
 
 
 class Prefill(NamedTuple):
@@ -88,6 +89,7 @@ class TTSModel:
         self._codec: Any = None
         self.codec_precision = "float32"  # see CodecDecoder.set_precision
         self._encoders = clone.VoiceEncoders(self)  # voice-clone encoders, built on first voice_prompt
+        self._shared: dict[tuple, Any] = {}  # template rows every request repeats (`shared_rows`)
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, device: torch.device | str = "cpu",
@@ -192,10 +194,28 @@ class TTSModel:
         return Prepared(pre, settings, max_frames, prefix)
 
     def text_rows(self, ids: list[int]) -> torch.Tensor:
-        return self.talker.embed_text(torch.tensor(ids, dtype=torch.long, device=self.device))  # [N, D]
+        return self.talker.embed_text(self._ids(ids))  # [N, D]
 
     def codec_rows(self, ids: list[int]) -> torch.Tensor:
-        return self.talker.embed_codec(torch.tensor(ids, dtype=torch.long, device=self.device))  # [N, D]
+        return self.talker.embed_codec(self._ids(ids))  # [N, D]
+
+    def _ids(self, ids: list[int]) -> torch.Tensor:
+        """Token ids [N] on the model's device, the copy not waited for (`sampling.put`): preparing threads
+        never block on the device, and the rows are used in stream order."""
+        t = torch.empty(len(ids), dtype=torch.long, device=self.device)
+        sampling.put(t, ids)
+        return t
+
+    def shared_rows(self, key: tuple, make: Any) -> Any:
+        """`make()` once per key for the template rows every request repeats (special tokens, the role,
+        the codec prefix of a language and speaker): the same computation as per request, so bit for bit
+        the same rows, without its device calls on each preparing thread."""
+        rows = self._shared.get(key)
+        if rows is None:
+            rows = make()
+            if len(self._shared) < SHARED_ROWS_MAX:
+                self._shared[key] = rows
+        return rows
 
     @torch.no_grad()
     def build_prefill(self, prompt: Prompt | SynthesisParams, voice: Any = None) -> Prefill:
@@ -206,30 +226,47 @@ class TTSModel:
         if isinstance(prompt, SynthesisParams):
             voice = prompt.voice
             prompt = self.build_prompt(prompt)
-        bos, eos, pad = self.text_rows([prompt.tts_bos_id, prompt.tts_eos_id, prompt.tts_pad_id])  # 3 x [D]
-        prefix = self.codec_rows(prompt.codec_prefix_ids)  # [P, D]
-        spk = [] if prompt.speaker_id is None else [self.codec_rows([prompt.speaker_id])]
-        if prompt.task == "voice_clone":
+        p = prompt
+        bos, eos, pad = self.shared_rows(("special", p.tts_bos_id, p.tts_eos_id, p.tts_pad_id), lambda: self.text_rows(
+            [p.tts_bos_id, p.tts_eos_id, p.tts_pad_id]))  # 3 x [D]
+        if p.task == "voice_clone":
             if voice is None:
                 raise InputError(clone.NEEDS_VOICE)
-            spk = [voice.x_vector.to(self.device, self.dtype).reshape(1, -1)]  # [1, D]
-        codec = torch.cat([prefix, *spk, self.codec_rows([prompt.codec_pad_id, prompt.codec_bos_id])])  # [C, D]
-        C = codec.shape[0]
-        text_over_codec = torch.cat([pad[None].expand(C - 2, -1), bos[None]], dim=0) + codec[:-1]  # [C-1, D]
-        parts = [self.text_rows(prompt.instruct_ids)] if prompt.instruct_ids else []
-        parts += [self.text_rows(prompt.role_ids), text_over_codec]
-        if prompt.ref_text_ids is not None and voice is not None and getattr(voice, "ref_codes", None) is not None:
-            body, trailing = clone.icl_body(self, prompt, voice.ref_codes, eos, pad)
+            spk = voice.x_vector.to(self.device, self.dtype).reshape(1, -1)  # [1, D]
+            codec, text_over_codec = self._codec_head(p, pad, bos, spk)
         else:
-            body, trailing = self._text_body(prompt, eos, pad, codec[-1])
+            key = ("head", tuple(p.codec_prefix_ids), p.speaker_id, p.codec_pad_id, p.codec_bos_id, p.tts_pad_id,
+                   p.tts_bos_id)
+            codec, text_over_codec = self.shared_rows(key, lambda: self._codec_head(p, pad, bos, None))
+        parts = [self.text_rows(p.instruct_ids)] if p.instruct_ids else []
+        parts += [self.shared_rows(("role", *p.role_ids), lambda: self.text_rows(p.role_ids)), text_over_codec]
+        if p.ref_text_ids is not None and voice is not None and getattr(voice, "ref_codes", None) is not None:
+            body, trailing = clone.icl_body(self, p, voice.ref_codes, eos, pad)
+        else:
+            body, trailing = self._text_body(p, eos, pad, codec[-1])
         return Prefill(torch.cat(parts + [body], dim=0), trailing, pad)
+
+    def _codec_head(self, p: Prompt, pad: torch.Tensor, bos: torch.Tensor, spk: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The codec side of the prompt head -> (codec rows [C, D], text-over-codec rows [C-1, D]): the
+        language/think prefix, the speaker (a CustomVoice id or a clone's x-vector [1, D]), pad, bos."""
+        if spk is None and p.speaker_id is not None:
+            spk = self.codec_rows([p.speaker_id])  # [1, D]
+        codec = torch.cat([self.codec_rows(p.codec_prefix_ids), *([] if spk is None else [spk]),
+                           self.codec_rows([p.codec_pad_id, p.codec_bos_id])])  # [C, D]
+        C = codec.shape[0]
+        return codec, torch.cat([pad[None].expand(C - 2, -1), bos[None]], dim=0) + codec[:-1]  # [C-1, D]
+
+    def codec_pad_rows(self, p: Prompt, n: int) -> torch.Tensor:
+        """n codec_pad rows [n, D] (a gather of one id: the shared row repeated)."""
+        return self.shared_rows(("codec_pad", p.codec_pad_id), lambda: self.codec_rows([p.codec_pad_id])).expand(n, -1)
 
     def _text_body(self, prompt: Prompt, eos: torch.Tensor, pad: torch.Tensor, codec_bos: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         text = self.text_rows(prompt.text_ids)  # [n, D]
         if prompt.non_streaming_mode:
             n = text.shape[0]
-            whole = torch.cat([text, eos[None]], dim=0) + self.codec_rows([prompt.codec_pad_id] * (n + 1))  # [n+1, D]
+            whole = torch.cat([text, eos[None]], dim=0) + self.codec_pad_rows(prompt, n + 1)  # [n+1, D]
             return torch.cat([whole, (pad + codec_bos)[None]], dim=0), pad[None]  # tts_pad over codec_bos last
         # streaming text: the first text token over codec_bos now, the rest (+ tts_eos) one per frame
         return (text[:1] + codec_bos[None]), torch.cat([text[1:], eos[None]], dim=0)

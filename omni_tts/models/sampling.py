@@ -14,6 +14,7 @@ torch.compile friendly). Knows nothing about models, prompts or requests.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -60,6 +61,16 @@ class SamplingConstants:
                    min_frames=min_frames)
 
 
+def put(dst: torch.Tensor, values: Any) -> None:
+    """Host values into the tensor `dst` without the host waiting for the device: on CUDA through pinned
+    memory, which the caching host allocator keeps until the copy has run; the copy is ordered before
+    later kernels on the stream."""
+    src = torch.tensor(values, dtype=dst.dtype)
+    if dst.device.type == "cuda":
+        src = src.pin_memory()
+    dst.copy_(src, non_blocking=True)
+
+
 class SlotParams:
     """Per-row sampling settings as device tensors; `span(start, n)` and `rows(b)` are views (no copies).
 
@@ -83,8 +94,7 @@ class SlotParams:
     @classmethod
     def from_settings(cls, rows: list[RowSettings], device: torch.device | str = "cpu") -> SlotParams:
         sp = cls.zeros(len(rows), device)
-        for i, r in enumerate(rows):
-            sp.set(i, r)
+        sp.set_rows(0, rows)
         sp.all_greedy = all(r.is_greedy for r in rows)
         return sp
 
@@ -100,12 +110,17 @@ class SlotParams:
         return self.span(0, b, topk_cap)
 
     def set(self, i: int, r: RowSettings) -> None:
+        self.set_rows(i, [r])
+
+    def set_rows(self, start: int, rows: list[RowSettings]) -> None:
+        """Rows [start, start + len(rows)) from their settings: one host-to-device copy per field, not
+        waited for (the copies are ordered before the kernels that read them)."""
         self.all_greedy = False
-        self.greedy[i] = r.is_greedy
-        self.temperature[i] = float(r.temperature) if r.temperature > 0 else 1.0
-        self.top_k[i] = int(r.top_k or 0)
-        self.top_p[i] = float(r.top_p if r.top_p is not None else 1.0)
-        self.penalty[i] = float(r.repetition_penalty or 1.0)
+        values = zip(*((r.is_greedy, float(r.temperature) if r.temperature > 0 else 1.0, int(r.top_k or 0),
+                        float(r.top_p if r.top_p is not None else 1.0), float(r.repetition_penalty or 1.0))
+                       for r in rows))
+        for t, v in zip(self._fields(), values):
+            put(t[start:start + len(rows)], v)
 
     def move(self, src: int, dst: int) -> None:
         for t in self._fields():

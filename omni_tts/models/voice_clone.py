@@ -60,7 +60,7 @@ def icl_body(model: Any, prompt: Prompt, ref_codes: torch.Tensor, eos: torch.Ten
     codec = torch.cat([model.codec_rows([prompt.codec_bos_id]), frames], dim=0)  # [Lc, D]
     Lt, Lc = text.shape[0], codec.shape[0]
     if prompt.non_streaming_mode:
-        body = torch.cat([text + model.codec_rows([prompt.codec_pad_id] * Lt), codec + pad[None]], dim=0)
+        body = torch.cat([text + model.codec_pad_rows(prompt, Lt), codec + pad[None]], dim=0)
         return body, pad[None]
     if Lt > Lc:
         return text[:Lc] + codec, text[Lc:]
