@@ -196,7 +196,7 @@ class TuningConfig:
     lookahead: bool = True  # launch frame t+1 before reading frame t
     # hold a burst's first arrivals this long at most while the rest still prepare their prompts, so the
     # burst shares one prefill pass and its chunks stay in step (batched code-to-wave); 0: admit at once
-    admit_hold_ms: int = 10
+    admit_hold_ms: int = 30
     priority_streams: bool = True  # CUDA: graphed frame steps and first audio chunks on high-priority streams
     codec_precision: str = "auto"  # code-to-wave: auto (tf32 on CUDA, float32 on CPU) | float32 | tf32 | bfloat16
     codec_fused: bool = True  # CUDA: the codec's SnakeBeta activations as Triton kernels
