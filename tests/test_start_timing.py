@@ -22,3 +22,12 @@ def test_start_timing_times_the_page_then_eager_requests_and_stops_the_app():
     assert res["wait_for_seen_s"] is not None
     assert any("page served" in line for line in res["log"])
     assert res["exit_code"] == 0  # stopped at the end, with its own clean exit
+
+
+def test_an_app_that_fails_to_start_is_reported_with_its_last_lines(tmp_path):
+    """No page, no requests, its exit code, and the lines that say why (kept only for an unclean exit)."""
+    res = start_timing.measure(["--model", str(tmp_path / "missing")], requests=2, frames=6,
+                               wait_for="eager ready", limit=120, port=free_port())
+    assert res["page_s"] is None and res["requests"] == []
+    assert res["exit_code"] == 2
+    assert any("error:" in line and "missing" in line for line in res["log_tail"])

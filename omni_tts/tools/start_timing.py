@@ -66,12 +66,23 @@ def _speech(client: Any, url: str, text: str, frames: int, limit: float) -> dict
     return out
 
 
-def _wait_for(log: Path, line: str, t0: float, limit: float) -> float | None:
+def _wait_for(log: Path, line: str, t0: float, limit: float, app: subprocess.Popen) -> float | None:
+    """Seconds from process start until `line` is in the app's log (None: the app exited or the limit passed)."""
     while time.perf_counter() - t0 < limit:
         if line in log.read_text(errors="replace"):
             return time.perf_counter() - t0
+        if app.poll() is not None:
+            return None
         time.sleep(0.25)
     return None
+
+
+def _signal_group(app: subprocess.Popen, sig: int) -> None:
+    """Signal the app's process group; nothing to do once all of it has exited."""
+    try:
+        os.killpg(app.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def measure(app_args: Sequence[str], requests: int = 2, frames: int = 25, wait_for: str = "eager ready",
@@ -94,17 +105,19 @@ def measure(app_args: Sequence[str], requests: int = 2, frames: int = 25, wait_f
                 sent = time.perf_counter() - t0
                 r = _speech(client, url, f"Request {i + 1} of the start-up timing.", frames, limit)
                 res["requests"].append({"sent_s": sent, **r})
-        res["wait_for"], res["wait_for_seen_s"] = wait_for, _wait_for(log, wait_for, t0, limit)
+        res["wait_for"], res["wait_for_seen_s"] = wait_for, _wait_for(log, wait_for, t0, limit, app)
     finally:
-        os.killpg(app.pid, signal.SIGTERM)
+        _signal_group(app, signal.SIGTERM)
         try:
             app.wait(30)
         except subprocess.TimeoutExpired:
-            os.killpg(app.pid, signal.SIGKILL)
+            _signal_group(app, signal.SIGKILL)
             app.wait(30)
         res["exit_code"] = app.returncode
-        res["log"] = [s for s in log.read_text(errors="replace").splitlines()
-                      if s.startswith("[omni-tts") and "capturing" not in s]
+        lines = log.read_text(errors="replace").splitlines()
+        res["log"] = [s for s in lines if s.startswith("[omni-tts") and "capturing" not in s]
+        if app.returncode not in (0, None):  # what the app printed last says why it did not exit cleanly
+            res["log_tail"] = lines[-40:]
         log.unlink()
     return res
 
