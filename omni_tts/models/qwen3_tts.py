@@ -3,7 +3,8 @@
 Owns: building Talker + CodePredictor (+ the lazily built codec decoder) from a `Checkpoint` with
 strict weight loading, and `prepare`, the one place a request becomes model input: checked against
 the checkpoint, tokenized into a `Prompt` (omni_tts.models.text), embedded into prefill rows exactly
-as the official generate assembles them, and given its resolved settings (request value, else
+as the official generate assembles them (the template rows every request repeats embedded once per
+model, `shared_rows`), and given its resolved settings (request value, else
 generation_config.json, else the official hard default; the seed drawn once). Voice-clone specifics
 (voice-prompt checks, the ICL prompt body, the reference cut, the encoders behind `voice_prompt`) live
 in omni_tts.models.voice_clone. A frame is defined in omni_tts.engine.model_runner, not here.

@@ -1,14 +1,14 @@
 """Token choice for the talker (codebook 0) and the code predictor (codebooks 1..15), per batch row.
 
-Owns: per-row settings as device tensors (`SlotParams`: greedy, temperature, top-k, top-p,
-repetition penalty), the logits processing of the official generate in its order (repetition
-penalty over the request's previously generated code-0 ids -> EOS masked before `min_frames`
--> control tokens suppressed -> temperature -> top-k -> top-p), greedy rows by exact argmax, and
-sampled rows by the Gumbel-max trick with noise from a counter-based integer hash of
-(request seed, frame, codebook, vocab id). So a row's draw depends only on its own logits and
-counters: it is reproducible per request whatever else shares the batch, and nothing here syncs
-with the host, draws from a generator, or branches on tensor values (CUDA-graph and
-torch.compile friendly). Knows nothing about models, prompts or requests.
+Owns: per-row settings as device tensors (`SlotParams`: greedy, temperature, top-k, top-p, repetition
+penalty; written by `put`, a host-to-device copy the host never waits for), the logits processing of the
+official generate in its order (repetition penalty over the request's previously generated code-0 ids ->
+EOS masked before `min_frames` -> control tokens suppressed -> temperature -> top-k -> top-p), greedy
+rows by exact argmax, and sampled rows by the Gumbel-max trick with noise from a counter-based integer
+hash of (request seed, frame, codebook, vocab id). So a row's draw depends only on its own logits and
+counters: it is reproducible per request whatever else shares the batch, and nothing here syncs with the
+host, draws from a generator, or branches on tensor values (CUDA-graph and torch.compile friendly).
+Knows nothing about models, prompts or requests.
 """
 
 from __future__ import annotations
