@@ -131,7 +131,7 @@ def test_rows_are_independent_of_the_batch() -> None:
 
 def test_slot_params_views_and_moves() -> None:
     sp = SlotParams.zeros(4)
-    sp.set(2, RowSettings(greedy=False, temperature=0.8, top_k=7, top_p=0.5, repetition_penalty=1.1))
+    sp.set_rows(2, [RowSettings(greedy=False, temperature=0.8, top_k=7, top_p=0.5, repetition_penalty=1.1)])
     assert not sp.all_greedy and sp.rows(3).top_k.tolist() == [0, 0, 7]
     sp.move(2, 0)
     assert sp.span(0, 1).temperature.item() == sp.temperature[2].item() and not bool(sp.greedy[0])
@@ -150,7 +150,7 @@ def test_set_rows_writes_a_span_like_row_by_row_sets() -> None:
     span.top_k[0], one.top_k[0] = 11, 11
     span.set_rows(1, rows)
     for i, r in enumerate(rows):
-        one.set(1 + i, r)
+        one.set_rows(1 + i, [r])
     for a, b in zip(span._fields(), one._fields()):
         assert torch.equal(a, b)
     assert span.top_k.tolist() == [11, 7, 0, 0, 0] and span.temperature[2].item() == 1.0

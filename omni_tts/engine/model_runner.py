@@ -25,8 +25,7 @@ from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, graph_tree_poo
 from omni_tts.engine.fast_path import FastPath
 from omni_tts.engine.step_impl import StepImpls
 from omni_tts.errors import InputError
-from omni_tts.models import sampling
-from omni_tts.models.codec.decoder import to_host_async
+from omni_tts.models import sampling, transfer
 from omni_tts.models.loading import load_model
 from omni_tts.models.qwen3_tts import Prepared, TTSModel
 
@@ -93,7 +92,7 @@ class Runner:
         self.needs_sort = np.zeros(S, dtype=bool)
         self.allow_eos = torch.ones(S, dtype=torch.bool, **f)  # False: fixed-frames benchmark rows
         self.codes = torch.zeros(S, 16, dtype=torch.long, **f)
-        # step results come back through these pinned buffers (codec.to_host_async + an event wait), never
+        # step results come back through these pinned buffers (transfer.to_host_async + an event wait), never
         # a pageable .cpu(): that waits inside the driver and stalls the code-to-wave thread's kernel
         # launches. Two of them, used in turn:
         # the engine launches step t+1 before it reads step t's results (one frame of lookahead).
@@ -308,8 +307,8 @@ class Runner:
         nb = pick_bucket(k, self.prefill_batches)
         for i, a in enumerate(items):
             self.pre_x[i, :T[i]] = a.prefill.embeds
-        sampling.put(self.pre_slot[:nb], [first + i for i in range(k)] + [self.S] * (nb - k))  # [nb]
-        sampling.put(self.pre_last[:nb], [t - 1 for t in T] + [0] * (nb - k))  # [nb]
+        transfer.put(self.pre_slot[:nb], [first + i for i in range(k)] + [self.S] * (nb - k))  # [nb]
+        transfer.put(self.pre_last[:nb], [t - 1 for t in T] + [0] * (nb - k))  # [nb]
         if self.prefill_graphs and L is not None:
             (h,) = self.prefill_graphs[nb].run(L)  # h: [nb, D]
             h = h[:k]
@@ -325,9 +324,9 @@ class Runner:
         s = slice(first, first + k)
         self.talker_sp.set_rows(first, [a.settings.talker for a in items])
         self.cp_sp.set_rows(first, [a.settings.subtalker for a in items])
-        sampling.put(self.seed[s], [a.settings.seed for a in items])
-        sampling.put(self.allow_eos[s], [not a.settings.fixed for a in items])
-        sampling.put(self.pos[s], T)
+        transfer.put(self.seed[s], [a.settings.seed for a in items])
+        transfer.put(self.allow_eos[s], [not a.settings.fixed for a in items])
+        transfer.put(self.pos[s], T)
         self.pos_host[s] = T
         self.frame[s] = 0
         self.seen[s] = False
@@ -360,7 +359,7 @@ class Runner:
         k = self._turn
         self._turn ^= 1
         out = torch.cat([self.codes[:n], self.code0[:n, None]], dim=1)  # out: [n, 17]
-        return k, n, to_host_async(out, self._host[k][:n])
+        return k, n, transfer.to_host_async(out, self._host[k][:n])
 
     def collect(self, ticket: tuple[int, int, Any]) -> tuple[Any, Any]:
         """Wait for a launched frame: (codes [n, 16] of the frame it completed, eos [n]: the next frame's

@@ -21,7 +21,7 @@ import torch
 
 from omni_tts.config import SynthesisParams
 from omni_tts.errors import CheckpointError, InputError, OmniTTSError
-from omni_tts.models import sampling
+from omni_tts.models import sampling, transfer
 from omni_tts.models import voice_clone as clone
 from omni_tts.models.checkpoint import Checkpoint
 from omni_tts.models.code_predictor import CodePredictor
@@ -201,11 +201,9 @@ class TTSModel:
         return self.talker.embed_codec(self._ids(ids))  # [N, D]
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
-        """Token ids [N] on the model's device, the copy not waited for (`sampling.put`): preparing threads
-        never block on the device, and the rows are used in stream order."""
-        t = torch.empty(len(ids), dtype=torch.long, device=self.device)
-        sampling.put(t, ids)
-        return t
+        """Token ids [N] on the model's device, the copy not waited for: preparing threads never block on
+        the device, and the rows are used in stream order."""
+        return transfer.to_device(torch.tensor(ids, dtype=torch.long), self.device)
 
     def shared_rows(self, key: tuple, make: Any) -> Any:
         """`make()` once per key for the template rows every request repeats (special tokens, the role,

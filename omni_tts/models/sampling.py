@@ -1,7 +1,7 @@
 """Token choice for the talker (codebook 0) and the code predictor (codebooks 1..15), per batch row.
 
 Owns: per-row settings as device tensors (`SlotParams`: greedy, temperature, top-k, top-p, repetition
-penalty; written by `put`, a host-to-device copy the host never waits for), the logits processing of the
+penalty; written by `transfer.put`, a copy the host never waits for), the logits processing of the
 official generate in its order (repetition penalty over the request's previously generated code-0 ids ->
 EOS masked before `min_frames` -> control tokens suppressed -> temperature -> top-k -> top-p), greedy
 rows by exact argmax, and sampled rows by the Gumbel-max trick with noise from a counter-based integer
@@ -14,9 +14,10 @@ Knows nothing about models, prompts or requests.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+
+from omni_tts.models import transfer
 
 NEG_INF = float("-inf")
 _M32 = 0xFFFFFFFF
@@ -61,21 +62,11 @@ class SamplingConstants:
                    min_frames=min_frames)
 
 
-def put(dst: torch.Tensor, values: Any) -> None:
-    """Host values into the tensor `dst` without the host waiting for the device: on CUDA through pinned
-    memory, which the caching host allocator keeps until the copy has run; the copy is ordered before
-    later kernels on the stream."""
-    src = torch.tensor(values, dtype=dst.dtype)
-    if dst.device.type == "cuda":
-        src = src.pin_memory()
-    dst.copy_(src, non_blocking=True)
-
-
 class SlotParams:
     """Per-row sampling settings as device tensors; `span(start, n)` and `rows(b)` are views (no copies).
 
     `all_greedy` is a host-side hint (never read from the tensors): True only when every row is known
-    to be greedy, which lets `choose` skip the sampling branch. `set` clears it. `topk_cap`, also a host
+    to be greedy, which lets `choose` skip the sampling branch. `set_rows` clears it. `topk_cap`, also a host
     hint: 0 warps with a full sort (any settings); K > 0 promises every row `fits_topk(row, K)`, so `choose`
     warps from a top-K selection (`warp_topk`)."""
 
@@ -109,9 +100,6 @@ class SlotParams:
     def rows(self, b: int, topk_cap: int = 0) -> SlotParams:
         return self.span(0, b, topk_cap)
 
-    def set(self, i: int, r: RowSettings) -> None:
-        self.set_rows(i, [r])
-
     def set_rows(self, start: int, rows: list[RowSettings]) -> None:
         """Rows [start, start + len(rows)) from their settings: one host-to-device copy per field, not
         waited for (the copies are ordered before the kernels that read them)."""
@@ -120,7 +108,7 @@ class SlotParams:
                         float(r.top_p if r.top_p is not None else 1.0), float(r.repetition_penalty or 1.0))
                        for r in rows))
         for t, v in zip(self._fields(), values):
-            put(t[start:start + len(rows)], v)
+            transfer.put(t[start:start + len(rows)], v)
 
     def move(self, src: int, dst: int) -> None:
         for t in self._fields():

@@ -5,7 +5,7 @@ codebook lookup, causal pre-conv, sliding-window pre-transformer, ConvNeXt upsam
 transposed-conv vocoder), reading `decoder_config`, strict loading of its `decoder.*` tensors, the official
 decode conventions (codes clamped at 0, frames whose first code is -1 are padding, output clamped to [-1, 1],
 300-frame segments decoded with 25 frames of left context), exact chunked decoding (`decode_window`,
-`windows`, `decode_frames`; codec/streaming.py builds per-request streams on them) and copies to the host.
+`windows`, `decode_frames`; codec/streaming.py builds per-request streams on them).
 Does not know: the codec encoder (`codec/encoder.py`), the talker, devices or chunk-size policy
 (the engine picks those), audio file I/O.
 
@@ -48,6 +48,7 @@ from omni_tts.models.codec.layers import (
     snake,
 )
 from omni_tts.models.layers import ACTIVATIONS
+from omni_tts.models.transfer import to_device
 
 if TYPE_CHECKING:
     from omni_tts.models.checkpoint import Checkpoint
@@ -210,9 +211,7 @@ class CodecDecoder(nn.Module):
         codes = codes.long().clamp(min=0)
         if codes.numel() and int(codes.max()) >= tables.shape[1]:
             raise InputError(f"codec code {int(codes.max())} is outside the codebook (size {tables.shape[1]})")
-        if codes.device != tables.device and tables.device.type == "cuda":
-            codes = codes.pin_memory()
-        return codes.to(tables.device, non_blocking=True)
+        return to_device(codes, tables.device)
 
     def _front(self, codes: torch.Tensor) -> torch.Tensor:  # codes: [B, T, Q] -> latent [B, latent, T]
         lat = self.quantizer["rvq_first"](codes[..., :1]) + self.quantizer["rvq_rest"](codes[..., 1:])
@@ -313,28 +312,3 @@ class CodecDecoder(nn.Module):
         cut = torch.arange(wav.shape[1], device=wav.device)[None] >= valid[:, None].to(wav.device)
         wav = wav.masked_fill(cut, 0.0)
         return wav[0] if single else wav
-
-
-def to_host(t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`t` on the host, copied (into `out` when given, else a new pinned tensor; a CPU `t` without `out`
-    is returned as is) with an event wait: a pageable .cpu() waits inside the driver, where it stalls
-    the other engine thread's kernel launches."""
-    if t.device.type != "cuda" and out is None:
-        return t
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True) if out is None else out
-    done = to_host_async(t, host)
-    if done is not None:
-        done.synchronize()
-    return host
-
-
-def to_host_async(t: torch.Tensor, out: torch.Tensor) -> Any:
-    """Queue the copy of `t` into the host tensor `out` (pinned for a CUDA `t`) without waiting; returns
-    the CUDA event to `synchronize()` before reading `out`, or None when the copy is already done (CPU)."""
-    if t.device.type != "cuda":
-        out.copy_(t)
-        return None
-    out.copy_(t, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-    return done

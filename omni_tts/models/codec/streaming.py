@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_tts.models.codec.decoder import CodecDecoder, to_host
+from omni_tts.models.codec.decoder import CodecDecoder
+from omni_tts.models.transfer import to_host
 
 
 @dataclass
