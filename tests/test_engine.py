@@ -22,7 +22,7 @@ from _fixtures import FIXTURES, fixture_dir
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, TuningConfig, build_config
 from omni_tts.engine import offline
 from omni_tts.engine.engine import Engine, RequestHandle
-from omni_tts.engine.scheduler import Scheduler
+from omni_tts.engine.mode_scheduler import ModeScheduler
 from omni_tts.errors import Cancelled, CheckpointError, InputError, OmniTTSError
 from omni_tts.models import sampling
 
@@ -41,9 +41,9 @@ def make_engine(model: Path | str, **kw) -> Engine:
     return Engine.from_config(build_config({"model": str(model), **flat}))
 
 
-def lane(eng: Engine, mode: CompileMode = CompileMode.EAGER) -> Scheduler:
+def lane(eng: Engine, mode: CompileMode = CompileMode.EAGER) -> ModeScheduler:
     """The scheduler (thread, runner, slots) serving `mode` in `eng`."""
-    return eng.lanes[mode]
+    return eng.schedulers[mode]
 
 
 
@@ -244,7 +244,7 @@ def test_fast_path_engine_with_kv_length_buckets_equals_the_plain_path(_one_thre
     """The engine's fast path (uncompiled here: the compiled one is the same functions) reads only the first
     kv_len cache positions per step; requests of different lengths crossing the 64-position bucket, moved
     between slots as others finish, still get the plain path's greedy codes."""
-    from omni_tts.engine.fast_path import FastPath
+    from omni_tts.models.compiled.fast_path import FastPath
 
     eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=2)
     try:
@@ -475,7 +475,7 @@ def test_chunks_of_requests_started_together_are_decoded_in_shared_calls():
 
 @pytest.mark.parametrize("hold_ms,inside", [(0, 0.3), (1000, 0.3), (100, 1.0)])
 def test_a_request_waits_for_its_burst_only_while_the_burst_prepares_and_within_the_hold(hold_ms, inside):
-    """While another submit to the lane still prepares its prompt (`Scheduler.arriving`), a waiting
+    """While another submit to the lane still prepares its prompt (`ModeScheduler.arriving`), a waiting
     request is held at most admit_hold_ms, so a burst is admitted in one pass (one prefill, chunks in
     step); with no hold it starts at once, and a hold shorter than the preparation runs out."""
     eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=4, admit_hold_ms=hold_ms)

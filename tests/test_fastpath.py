@@ -1,4 +1,4 @@
-"""The fast path's fused projections (omni_tts.engine.fast_path, uncompiled: FastPath(model, None)) against the
+"""The fast path's fused projections (omni_tts.models.compiled.fast_path, uncompiled: FastPath(model, None)) against the
 reference modules on the tiny checkpoints (CPU, float32): packed q|k|v and gate|up weights shared with
 the modules, equal greedy golden codes, equal sampled codes and hidden states within float32 tolerance."""
 
@@ -12,9 +12,9 @@ import torch
 from _fixtures import FIXTURES, fixture_dir
 
 from omni_tts.config import SynthesisParams
-from omni_tts.engine.fast_path import FastPath, fuse_layer, mlp_fused, qkv_fused
 from omni_tts.models import sampling
 from omni_tts.models.checkpoint import load_checkpoint
+from omni_tts.models.compiled.fast_path import FastPath, fuse_layer, mlp_fused, qkv_fused
 from omni_tts.models.qwen3_tts import TTSModel
 
 _CACHE: dict[str, tuple[TTSModel, FastPath]] = {}
@@ -158,7 +158,7 @@ def test_talker_step_reading_a_kv_prefix_equals_reading_the_whole_cache() -> Non
 def test_reduce_overhead_outputs_are_copied_out_single_or_tuple() -> None:
     """reduce-overhead's units hand back copies (the next replay overwrites Inductor's outputs); units that
     return a tuple (the predictor feed) get each tensor copied (a tuple has no .clone)."""
-    from omni_tts.engine.fast_path import _cloned
+    from omni_tts.models.compiled.fast_path import _cloned
 
     a, b = torch.arange(3.0), torch.ones(2)
     one = _cloned(lambda x: x)(a)
@@ -171,7 +171,7 @@ def test_reduce_overhead_outputs_are_copied_out_single_or_tuple() -> None:
 def test_reduce_overhead_compiles_the_whole_frame_as_one_function() -> None:
     """reduce-overhead's units stay plain functions inside one compiled frame function (one graph-tree
     replay per frame); default compiles each unit (and has the whole frame for its A/B switch)."""
-    from omni_tts.engine import fast_path as fp
+    from omni_tts.models.compiled import fast_path as fp
 
     m, _ = model_and_fast()
     ro, default, plain = FastPath(m, "reduce-overhead"), FastPath(m, "default"), FastPath(m, None)
@@ -242,7 +242,7 @@ def test_a_frame_whose_regions_cannot_compile_falls_back_to_inlined_layers(monke
     """Where this torch cannot compile the frame through its regions (here a region that breaks the
     graph), the whole frame compiles once more with every layer inlined, gives the same codes, and says
     why (the panel shows it)."""
-    from omni_tts.engine import fast_path as fp
+    from omni_tts.models.compiled import fast_path as fp
 
     def breaks(*args):
         torch._dynamo.graph_break()

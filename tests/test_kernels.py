@@ -1,5 +1,5 @@
 """omni_tts.kernels.layers (the hand-written Triton predictor layer) and omni_tts.kernels.heads (its heads and
-sampling) in Triton's CPU interpreter against the Inductor-path units they replace (omni_tts.engine.fast_path's
+sampling) in Triton's CPU interpreter against the Inductor-path units they replace (omni_tts.models.compiled.fast_path's
 predictor_layer / predictor_head / predictor_feed, run uncompiled) on the tiny checkpoint's real
 layers: outputs and cache rows, float32 and bfloat16, the 2-position first step and a later
 1-position step, greedy and sampled rows drawing the same noise; and a FastPath whose predictor and
@@ -19,9 +19,9 @@ pytest.importorskip("triton")  # conftest.py sets TRITON_INTERPRET=1 without CUD
 from _fixtures import FIXTURES  # noqa: E402
 from test_fastpath import golden_cases, model_and_fast, params_of, run_loop  # noqa: E402
 
-from omni_tts.engine.fast_path import FastPath, fuse_layer, predictor_layer  # noqa: E402
 from omni_tts.kernels import layers as kernels
 from omni_tts.models import sampling  # noqa: E402
+from omni_tts.models.compiled.fast_path import FastPath, fuse_layer, predictor_layer  # noqa: E402
 
 
 def _layer_pair(dtype: torch.dtype, B: int, T: int, pos0: int) -> tuple[torch.Tensor, ...]:
@@ -148,10 +148,10 @@ def test_head_kernels_choose_like_the_sampling_module_for_many_draws() -> None:
 
 
 def test_head_and_feed_kernels_equal_the_units_they_implement() -> None:
-    """omni_tts.kernels.heads.head_choose / feed against omni_tts.engine.fast_path.predictor_head /
+    """omni_tts.kernels.heads.head_choose / feed against omni_tts.models.compiled.fast_path.predictor_head /
     predictor_feed (run uncompiled) on the tiny checkpoint's real predictor head, embedding and projection."""
-    from omni_tts.engine.fast_path import predictor_feed, predictor_head
     from omni_tts.kernels import heads as head_kernels
+    from omni_tts.models.compiled.fast_path import predictor_feed, predictor_head
 
     m, _ = model_and_fast()
     cp = m.code_predictor

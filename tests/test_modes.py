@@ -24,13 +24,13 @@ import torch
 from _fixtures import fixture_dir
 
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
-from omni_tts.engine import offline, scheduler
-from omni_tts.engine.audio_stage import Code2Wav
+from omni_tts.engine import mode_scheduler, offline
+from omni_tts.engine.audio_stage import AudioStage
 from omni_tts.engine.engine import Engine
 from omni_tts.engine.metrics import EngineStats, RequestMetrics, now
+from omni_tts.engine.mode_scheduler import ModeScheduler
 from omni_tts.engine.model_runner import Runner
-from omni_tts.engine.request import RequestHandle
-from omni_tts.engine.scheduler import Request, Scheduler
+from omni_tts.engine.request import Request, RequestHandle
 from omni_tts.errors import Cancelled, EngineError, InputError
 from omni_tts.models.loading import load_model
 
@@ -144,18 +144,18 @@ def test_enforce_eager_leaves_only_eager_and_serves_what_a_normal_engine_serves(
         eng.shutdown()
 
 
-def lone_lane(cfg: EngineConfig, runner_cls: type[Runner] = Runner) -> tuple[Any, Scheduler, Code2Wav]:
+def lone_lane(cfg: EngineConfig, runner_cls: type[Runner] = Runner) -> tuple[Any, ModeScheduler, AudioStage]:
     """One eager lane outside an engine: (its model, its scheduler, the audio stage it feeds)."""
     model = load_model(cfg)
     stats = EngineStats()
-    audio = Code2Wav(model.device, stats)
-    sched = Scheduler(runner_cls(model, cfg, CompileMode.EAGER), cfg, audio, stats, nullcontext,
+    audio = AudioStage(model.device, stats)
+    sched = ModeScheduler(runner_cls(model, cfg, CompileMode.EAGER), cfg, audio, stats, nullcontext,
                       lambda prep: model.streaming_decoder(cfg.initial_chunk_frames, cfg.chunk_frames,
                                                            cfg.left_context_frames, prefix_codes=prep.decoder_prefix))
     return model, sched, audio
 
 
-def queue_request(sched: Scheduler, model: Any, rid: int, p: SynthesisParams, prep: Any = None) -> RequestHandle:
+def queue_request(sched: ModeScheduler, model: Any, rid: int, p: SynthesisParams, prep: Any = None) -> RequestHandle:
     """Put `p` (prepared as `prep`, default: as the engine would) straight into the lane's queue."""
     h = RequestHandle(rid, p, RequestMetrics(rid, "eager", now(), sample_rate=model.sample_rate))
     sched.put(Request(h, prep if prep is not None else model.prepare(p, sched.runner.max_len)))
@@ -216,7 +216,7 @@ class _GatedWarmRunner(Runner):
 
 
 @contextmanager
-def gated_lane(cfg: EngineConfig) -> Iterator[tuple[Any, Scheduler, _GatedWarmRunner, Code2Wav]]:
+def gated_lane(cfg: EngineConfig) -> Iterator[tuple[Any, ModeScheduler, _GatedWarmRunner, AudioStage]]:
     """A lone eager lane on a _GatedWarmRunner: (model, scheduler, runner, audio stage); on exit its gates
     open, so no warm step is left waiting, and the lane and its audio stage stop."""
     model, sched, audio = lone_lane(cfg, _GatedWarmRunner)
@@ -265,8 +265,8 @@ def test_a_lane_that_serves_while_it_warms_takes_warm_steps_only_between_request
 def test_a_request_sent_as_the_last_one_ends_starts_before_the_next_warm_step(_one_thread, monkeypatch):
     """A visitor's next request, sent as soon as their last one ended, is served before the lane takes
     its next warm step (which waits until the lane has been idle for WARM_STEP_IDLE_S)."""
-    monkeypatch.setattr(scheduler, "WARM_STEP_IDLE_S", 3.0)  # margins for a loaded machine
-    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
+    monkeypatch.setattr(mode_scheduler, "WARM_STEP_IDLE_S", 3.0)  # margins for a loaded machine
+    monkeypatch.setattr(mode_scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
     with gated_lane(config(max_num_seqs=1)) as (model, sched, runner, _):
         first, second = greedy("the first one", fixed_frames=4), sampled("sent as the first ends", 3, fixed_frames=4)
         h1 = queue_request(sched, model, 1, first)
@@ -281,7 +281,7 @@ def test_a_request_sent_as_the_last_one_ends_starts_before_the_next_warm_step(_o
 def test_a_lane_busy_for_long_takes_its_next_warm_step_between_two_frames(_one_thread, monkeypatch):
     """Under steady traffic the warm-up still ends: after WARM_STEP_EVERY_BUSY_S of serving, the next step
     runs between two frames of an active request, which then goes on to its solo output."""
-    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 0.2)
+    monkeypatch.setattr(mode_scheduler, "WARM_STEP_EVERY_BUSY_S", 0.2)
     with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, sched, runner, _):
         warmer = threading.Thread(target=sched.warm, args=(lambda s: None,), daemon=True)
         warmer.start()
@@ -302,7 +302,7 @@ def test_a_lane_serving_early_runs_set_up_chores_between_its_frames(_one_thread,
     thread between two frames of an active request (none in flight, audio drained), its result or
     exception comes back to the caller, and the request still gets its solo output. After stop, a
     chore fails instead of hanging."""
-    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 0.2)
+    monkeypatch.setattr(mode_scheduler, "WARM_STEP_EVERY_BUSY_S", 0.2)
     with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, sched, runner, audio):
         assert sched.serve_early() and sched.state == "warming" and sched.serving
         p = sampled("served before the warm-up, across a chore", 5, fixed_frames=200)
@@ -329,8 +329,8 @@ def test_a_lane_serving_early_runs_set_up_chores_between_its_frames(_one_thread,
 def test_a_set_up_chore_waits_for_the_request_in_progress(_one_thread, monkeypatch):
     """A chore handed to a serving lane as a visitor's request starts (the engine's codec set-up at
     start-up) runs once that request has ended and the lane is idle, not in the middle of it."""
-    monkeypatch.setattr(scheduler, "WARM_STEP_IDLE_S", 0.5)
-    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
+    monkeypatch.setattr(mode_scheduler, "WARM_STEP_IDLE_S", 0.5)
+    monkeypatch.setattr(mode_scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
     with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, sched, runner, _):
         assert sched.serve_early()
         p = greedy("a first request at start-up", fixed_frames=40)
@@ -349,8 +349,8 @@ def test_warm_up_work_elsewhere_gives_way_to_the_request_in_progress(_one_thread
     """Work that gives way to a serving lane (the engine's GPU set-up, another lane's compiles, run in
     their own threads) waits while the lane's request runs and starts once the lane has been idle for
     WARM_STEP_IDLE_S; the request gets its solo output."""
-    monkeypatch.setattr(scheduler, "WARM_STEP_IDLE_S", 0.5)
-    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
+    monkeypatch.setattr(mode_scheduler, "WARM_STEP_IDLE_S", 0.5)
+    monkeypatch.setattr(mode_scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
     with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, sched, runner, _):
         assert sched.serve_early()
         p = sampled("a request that the set-up waits for", 3, fixed_frames=40)
@@ -371,11 +371,11 @@ class _GatedCompiledRunner(_GatedWarmRunner):
 
 
 @contextmanager
-def serving_and_warming(monkeypatch: Any) -> Iterator[tuple[Any, Scheduler, Scheduler, _GatedCompiledRunner]]:
+def serving_and_warming(monkeypatch: Any) -> Iterator[tuple[Any, ModeScheduler, ModeScheduler, _GatedCompiledRunner]]:
     """An eager lane serving early beside a gated lane that serves only once warm (a compiled mode's):
     (model, serving lane, warming lane, its runner); a 0.5 s idle grace, no busy allowance in reach."""
-    monkeypatch.setattr(scheduler, "WARM_STEP_IDLE_S", 0.5)
-    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
+    monkeypatch.setattr(mode_scheduler, "WARM_STEP_IDLE_S", 0.5)
+    monkeypatch.setattr(mode_scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
     with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, serving, _, _):
         _, warming, audio = lone_lane(config(max_num_seqs=1), _GatedCompiledRunner)
         try:
@@ -436,8 +436,8 @@ def test_a_shutdown_while_a_mode_waits_for_its_warm_up_turn_starts_no_compile(_o
     """The default mode waits for eager to give way before it compiles; a shutdown meanwhile ends that
     wait without a compile (which would hold the shutdown for its whole length) and without a
     "failed to warm" report."""
-    monkeypatch.setattr(scheduler, "WARM_STEP_IDLE_S", 600.0)
-    monkeypatch.setattr(scheduler, "WARM_STEP_EVERY_BUSY_S", 600.0)
+    monkeypatch.setattr(mode_scheduler, "WARM_STEP_IDLE_S", 600.0)
+    monkeypatch.setattr(mode_scheduler, "WARM_STEP_EVERY_BUSY_S", 600.0)
     said: list[str] = []
     eng = Engine.from_config(config(modes=["eager", "default"], max_num_seqs=1), progress=said.append)
     deadline = time.monotonic() + TIMEOUT

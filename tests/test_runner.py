@@ -69,7 +69,7 @@ def test_a_request_begun_on_the_reference_talker_goes_on_on_the_fast_path_with_i
     talker between two frames: both read and write the one KV cache alike, so requests that cross the
     switch (greedy and sampled, float32) get the codes of a plain run, and the fast path really ran after it."""
     from omni_tts.engine import offline
-    from omni_tts.engine.fast_path import FastPath
+    from omni_tts.models.compiled.fast_path import FastPath
 
     cfg = EngineConfig(model=str(fixture_dir("custom_voice")), mode="eager", device="cpu", max_num_seqs=2,
                        max_seq_len=128)

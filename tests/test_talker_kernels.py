@@ -1,5 +1,5 @@
 """omni_tts.kernels.talker in Triton's CPU interpreter against the units they implement
-(omni_tts.engine.fast_path.talker_attn_in / talker_attn_out, run uncompiled) on the tiny checkpoint's real
+(omni_tts.models.compiled.fast_path.talker_attn_in / talker_attn_out, run uncompiled) on the tiny checkpoint's real
 talker layers: q, layer output and the cache rows written at each row's own position, float32 and
 bfloat16; a whole layer step around omni_tts.models.layers.gqa_attention against the reference
 DecoderLayer; and the probe. Skips where triton is not installed."""
@@ -15,8 +15,8 @@ pytest.importorskip("triton")  # conftest.py sets TRITON_INTERPRET=1 without CUD
 
 from test_fastpath import model_and_fast  # noqa: E402
 
-from omni_tts.engine.fast_path import fuse_layer, talker_attn_in, talker_attn_out  # noqa: E402
 from omni_tts.kernels import talker as talker_kernels  # noqa: E402
+from omni_tts.models.compiled.fast_path import fuse_layer, talker_attn_in, talker_attn_out  # noqa: E402
 from omni_tts.models.layers import gqa_attention  # noqa: E402
 
 

@@ -86,7 +86,7 @@ class FirstChunkGraphs:
         return wav
 
 
-class Code2Wav:
+class AudioStage:
     """Jobs, each a tuple about one request record `a` (engine._Active: handle, decoder, codes, chunks,
     failed): ("push", a, codes [n, 16]), ("flush", a), ("finish", a, status, error).
 

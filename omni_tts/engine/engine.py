@@ -25,12 +25,12 @@ from typing import Any
 import torch
 
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
-from omni_tts.engine.audio_stage import Code2Wav, fuse_codec
+from omni_tts.engine.audio_stage import AudioStage, fuse_codec
 from omni_tts.engine.cuda_graphs import GraphPool
 from omni_tts.engine.metrics import EngineStats, RequestMetrics, gpu_memory, now
+from omni_tts.engine.mode_scheduler import ModeScheduler, Request
 from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import AudioChunk, RequestHandle, SynthesisResult
-from omni_tts.engine.scheduler import Request, Scheduler
 from omni_tts.engine.step_impl import MODES, StepImpls
 from omni_tts.errors import EngineError, InputError, OmniTTSError, one_line
 from omni_tts.models.loading import load_model
@@ -68,24 +68,25 @@ class Engine:
         self.kernel_notice = self.codec_fused_error = ""
         self._primer: threading.Thread | None = None
         resident = [m for m in config.resident_modes(cuda) if not self.impls.unavailable(m)]
-        self._audio = Code2Wav(self.device, self.stats, priority=cuda and tuning.priority_streams)
+        self._audio = AudioStage(self.device, self.stats, priority=cuda and tuning.priority_streams)
         # one step stream for every mode: graphs that share a pool must never run at the same time
         self._stream = (torch.cuda.Stream(self.device, priority=-1 if tuning.priority_streams else 0)
                         if cuda else None)
-        self.lanes: dict[CompileMode, Scheduler] = {}
+        self.schedulers: dict[CompileMode, ModeScheduler] = {}
         for mode in resident:
             # one pool per mode (its graphs never run beside another mode's on the shared stream);
             # default+cudagraph's is vLLM's global pool when vllm is importable, as in vLLM-Omni
             vllm = tuning.use_vllm_pool and mode is CompileMode.DEFAULT_CUDAGRAPH
             pool = GraphPool(vllm) if self.impls.talker_graphs else None
             runner = Runner(model, config, mode, self.impls, pool)
-            self.lanes[mode] = Scheduler(runner, config, self._audio, self.stats, self._step_stream, self._decoder)
-        for lane in self.lanes.values():
-            lane.wait_for_turn = functools.partial(self._give_way, lane)
+            self.schedulers[mode] = ModeScheduler(runner, config, self._audio, self.stats, self._step_stream,
+                                                  self._decoder)
+        for sched in self.schedulers.values():
+            sched.wait_for_turn = functools.partial(self._give_way, sched)
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         # eager first (it only captures the talker), so a fresh page serves eager requests soonest;
-        # reduce-overhead last, so its graph trees never record while another lane captures
-        order = sorted(self.lanes, key=lambda m: (m is CompileMode.REDUCE_OVERHEAD, m is not CompileMode.EAGER,
+        # reduce-overhead last, so its graph trees never record while another sched captures
+        order = sorted(self.schedulers, key=lambda m: (m is CompileMode.REDUCE_OVERHEAD, m is not CompileMode.EAGER,
                                                   m is not self.default_mode))
         self._warmer = threading.Thread(target=self._warm_all, args=(order,), name="omni-tts-warm", daemon=True)
         if warm:
@@ -116,15 +117,15 @@ class Engine:
         if self._closed:
             raise EngineError("the engine is shut down")
         params.validate()
-        lane = self._lane(params.mode)
-        with lane.arriving():
+        sched = self._scheduler(params.mode)
+        with sched.arriving():
             prep = self.model.prepare(params, self.config.max_seq_len)
             rid = next(self._ids)
-            handle = RequestHandle(rid, params, RequestMetrics(rid, lane.mode.value, now(),
+            handle = RequestHandle(rid, params, RequestMetrics(rid, sched.mode.value, now(),
                                                                sample_rate=self.model.sample_rate))
             handle.max_frames = prep.max_frames  # the most frames it can make (its length cap or the engine's room)
             handle.recorded = recorded
-            lane.put(Request(handle, prep))
+            sched.put(Request(handle, prep))
         return handle
 
     def synthesize_offline(self, params: SynthesisParams) -> tuple[Any, Any]:
@@ -144,13 +145,13 @@ class Engine:
         Runs in the caller's thread with the model's encoders (built once, float32, TF32 off)."""
         return self.model.voice_prompt(audio, ref_text, x_vector_only)
 
-    def _lane(self, mode: str | CompileMode | None) -> Scheduler:
+    def _scheduler(self, mode: str | CompileMode | None) -> ModeScheduler:
         m = self.default_mode if mode is None else CompileMode.parse(mode)
-        lane = self.lanes.get(m)
-        if lane is None:
+        sched = self.schedulers.get(m)
+        if sched is None:
             why = self.impls.unavailable(m) or "not resident in this engine (preset key 'modes')"
             raise InputError(f"mode {m.value} is not available: {why}")
-        return lane
+        return sched
 
     def _decoder(self, prep: Prepared) -> Any:
         c = self.config
@@ -165,8 +166,8 @@ class Engine:
         page is built); the warm-up waits for it. Skipped without the eager mode or a voice that needs no
         reference clip (Base)."""
         voice = self.model.plain_voice()
-        lane = self.lanes.get(CompileMode.EAGER)
-        if self._primer is not None or voice is None or lane is None or not lane.serve_early():
+        sched = self.schedulers.get(CompileMode.EAGER)
+        if self._primer is not None or voice is None or sched is None or not sched.serve_early():
             return
         params = SynthesisParams(text="Hello.", greedy=True, fixed_frames=2, mode=CompileMode.EAGER.value, **voice)
         try:
@@ -200,20 +201,20 @@ class Engine:
     def _step_stream(self) -> Any:
         return torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
 
-    def _give_way(self, warming: Scheduler | None = None) -> None:
-        """Wait until every lane that serves (but `warming`) gives way to warm-up work: background
+    def _give_way(self, warming: ModeScheduler | None = None) -> None:
+        """Wait until every sched that serves (but `warming`) gives way to warm-up work: background
         compiles, imports and probes take turns with requests rather than slowing them, except while
         requests wait for a mode that does not serve yet (then the warm-up is what they wait on)."""
-        awaited = lambda: any(not x.serving and not x.waiting.empty() for x in self.lanes.values())  # noqa: E731
-        for lane in self.lanes.values():
-            if lane is not warming:
-                lane.give_turn(awaited)
+        awaited = lambda: any(not x.serving and not x.waiting.empty() for x in self.schedulers.values())  # noqa: E731
+        for sched in self.schedulers.values():
+            if sched is not warming:
+                sched.give_turn(awaited)
         if self._closed:  # it shut down meanwhile: no more warm-up work
             raise EngineError("the engine shut down")
 
-    def _set_up_gpu(self, early: Scheduler | None) -> None:
+    def _set_up_gpu(self, early: ModeScheduler | None) -> None:
         """Kernel probes, codec fuse and first-chunk graphs, as configured: before any mode warms (every
-        mode's talker captures with the kernels chosen here), after the page is up. With a lane serving
+        mode's talker captures with the kernels chosen here), after the page is up. With a sched serving
         already (`early`: eager, which uses none of these kernels), each part waits for its turn: the
         probes between its requests, the codec's changes between its frames."""
         tuning, model = self.config.tuning, self.model
@@ -233,8 +234,8 @@ class Engine:
                   f"{t[2] - t[1]:.1f} s, first-chunk graphs {t[3] - t[2]:.1f} s (as configured)")
 
     def _warm_all(self, order: list[CompileMode]) -> None:
-        # a lane that needs no warm-up to serve (eager) serves from now on, before the GPU set-up
-        early = next((lane for lane in self.lanes.values() if lane.serve_early()), None)
+        # a sched that needs no warm-up to serve (eager) serves from now on, before the GPU set-up
+        early = next((sched for sched in self.schedulers.values() if sched.serve_early()), None)
         self.wait_primed()  # its audio decodes with the codec that the set-up changes
         if self.device.type == "cuda":
             try:
@@ -246,11 +247,11 @@ class Engine:
         for mode in order:
             if self._closed:
                 return
-            lane = self.lanes[mode]
+            sched = self.schedulers[mode]
             self._audio.drain()  # no audio decoding while graphs are captured
-            lane.warm(self._say)
-            if lane.warm_report:
-                self.stats.capture[mode.value] = {k: lane.warm_report[k]
+            sched.warm(self._say)
+            if sched.warm_report:
+                self.stats.capture[mode.value] = {k: sched.warm_report[k]
                                                   for k in ("seconds", "pool_bytes", "tree_pool_bytes")}
 
     def _trim_heap_periodically(self) -> None:
@@ -263,11 +264,11 @@ class Engine:
 
     def wait_ready(self, mode: str | CompileMode | None = None, timeout: float | None = None) -> bool:
         """Block until `mode` (default: the engine's default mode) is warm; False on timeout."""
-        return self._lane(mode).ready.wait(timeout)
+        return self._scheduler(mode).ready.wait(timeout)
 
     def set_default_mode(self, mode: str | CompileMode) -> CompileMode:
         """The mode of requests that name none (an engine-wide choice: the app keeps it for its admins)."""
-        self.default_mode = self._lane(mode).mode
+        self.default_mode = self._scheduler(mode).mode
         return self.default_mode
 
     def modes(self) -> dict[str, dict[str, Any]]:
@@ -275,13 +276,13 @@ class Engine:
         progress (warm steps done, of how many), why, warm-up seconds, note."""
         out: dict[str, dict[str, Any]] = {}
         for m in CompileMode:
-            lane = self.lanes.get(m)
-            why = self.impls.unavailable(m) or ("" if lane else "not resident (preset key 'modes')")
-            state = lane.state if lane else "unavailable"
-            out[m.value] = {"state": state, "serving": bool(lane and lane.serving),
-                            "progress": lane.warm_progress if lane else (0, 0),
-                            "reason": lane.error if lane else why, "note": MODES[m].note,
-                            "seconds": lane.warm_report.get("seconds") if lane else None,
+            sched = self.schedulers.get(m)
+            why = self.impls.unavailable(m) or ("" if sched else "not resident (preset key 'modes')")
+            state = sched.state if sched else "unavailable"
+            out[m.value] = {"state": state, "serving": bool(sched and sched.serving),
+                            "progress": sched.warm_progress if sched else (0, 0),
+                            "reason": sched.error if sched else why, "note": MODES[m].note,
+                            "seconds": sched.warm_report.get("seconds") if sched else None,
                             "default": m is self.default_mode, "kernels": self.impls.kernels_report(m)}
         return out
 
@@ -328,9 +329,9 @@ class Engine:
 
     def snapshot(self) -> dict[str, Any]:
         """Engine-wide figures for dashboards (cheap)."""
-        active = {m.value: len(lane.active) for m, lane in self.lanes.items()}
-        waiting = {m.value: lane.waiting.qsize() for m, lane in self.lanes.items()}
-        pool = sum(lane.runner.pool_bytes() for lane in self.lanes.values())
+        active = {m.value: len(sched.active) for m, sched in self.schedulers.items()}
+        waiting = {m.value: sched.waiting.qsize() for m, sched in self.schedulers.items()}
+        pool = sum(sched.runner.pool_bytes() for sched in self.schedulers.values())
         trees = sum(c.get("tree_pool_bytes", 0) for c in self.stats.capture.values())
         return {
             "mode": self.default_mode.value,
@@ -362,10 +363,10 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        for lane in self.lanes.values():  # every lane told first, so none starts a warm step meanwhile
-            lane.stop(timeout=0)
-        for lane in self.lanes.values():
-            lane.stop()
+        for sched in self.schedulers.values():  # every sched told first, so none starts a warm step meanwhile
+            sched.stop(timeout=0)
+        for sched in self.schedulers.values():
+            sched.stop()
         self._audio.stop(timeout=30)
 
 

@@ -22,10 +22,10 @@ import torch
 
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, graph_tree_pool_bytes, pick_bucket
-from omni_tts.engine.fast_path import FastPath
 from omni_tts.engine.step_impl import StepImpls
 from omni_tts.errors import InputError
 from omni_tts.models import sampling, transfer
+from omni_tts.models.compiled.fast_path import FastPath
 from omni_tts.models.loading import load_model
 from omni_tts.models.qwen3_tts import Prepared, TTSModel
 
@@ -210,7 +210,7 @@ class Runner:
 
     def warm_steps(self, say: Callable[[str], None] | None = None) -> list[Callable[[], None]]:
         """`warm` as steps run in turn, each a whole capture set (or the CodePredictor's compile): between
-        two of them the eager lane serves frames on the reference talker (a capture syncs the device
+        two of them the eager sched serves frames on the reference talker (a capture syncs the device
         first, so no frame is in flight). What the steps capture is used from `warmed` on."""
         say = say or (lambda s: None)
         steps: list[Callable[[], None]] = []
@@ -261,7 +261,7 @@ class Runner:
 
     def _compile_predictor(self, b: int, sort: bool) -> None:
         """One bucket shape and sampling variant now, not on the first request (a warm step each, so
-        serving lanes get their turns between them); Inductor's graph trees run a shape once to warm
+        serving schedulers get their turns between them); Inductor's graph trees run a shape once to warm
         up, record it on the next call, replay it after that."""
         for _ in range(3 if self.cp_impl.records_graph_trees else 1):
             self._make_cp_fn(sort)(b)()

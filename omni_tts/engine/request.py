@@ -10,13 +10,15 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from omni_tts.config import SynthesisParams
 from omni_tts.engine.metrics import RequestMetrics, now
 from omni_tts.errors import Cancelled, EngineError, OmniTTSError
+from omni_tts.models.qwen3_tts import Prepared
 
 _DONE = object()
 
@@ -117,3 +119,16 @@ class RequestHandle:
         self._error = error
         self._finished.set()
         self._events.put(_DONE)
+
+
+@dataclass(eq=False)  # identity: slots are found with `is`-equality
+class Request:
+    """A request as the engine keeps it: built once at submit, then its slot-side state."""
+
+    handle: RequestHandle
+    prep: Prepared
+    decoder: Any = None  # codec.StreamingDecoder, made at admission
+    codes: list[np.ndarray] = field(default_factory=list)
+    chunks: int = 0
+    failed: bool = False
+    left: bool = False  # out of its slot (finished, cancelled or failed): later step results are ignored

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from omni_tts.config import CompileMode, EngineConfig
-from omni_tts.engine.fast_path import FastPath
+from omni_tts.models.compiled.fast_path import FastPath
 
 
 @dataclass(frozen=True)

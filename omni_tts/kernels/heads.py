@@ -1,4 +1,4 @@
-"""Triton kernels implementing omni_tts.engine.fast_path.predictor_head (final norm + codebook head +
+"""Triton kernels implementing omni_tts.models.compiled.fast_path.predictor_head (final norm + codebook head +
 omni_tts.models.sampling.choose) and predictor_feed (code embedding + input projection): the code
 predictor's per-codebook work between its layer steps.
 
@@ -124,7 +124,7 @@ if kernels.triton is not None:
 
 def head_choose(norm: Any, head: Any, x: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tensor,
                 codebook: int, table: torch.Tensor, esum: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """omni_tts.engine.fast_path.predictor_head + the code's embedding added to esum, for rows that
+    """omni_tts.models.compiled.fast_path.predictor_head + the code's embedding added to esum, for rows that
     `fits_topk(sp.topk_cap)` (or all greedy). x: [B, T, d] (the last position is used); table: this codebook's
     embedding [V, D]; esum: [B, D] float32 (updated). -> codes [B] int64"""
     logits = kernels._proj(x[:, -1], head.weight, n=head.weight.shape[0], norm=norm, pdl=pdl)  # [B, V]
@@ -148,7 +148,7 @@ def choose(logits: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tenso
 
 
 def feed(table: torch.Tensor, proj: Any, code: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """omni_tts.engine.fast_path.predictor_feed's next input for a Linear projection: proj(table[code]).
+    """omni_tts.models.compiled.fast_path.predictor_feed's next input for a Linear projection: proj(table[code]).
     code: [B] -> [B, 1, d]"""
     out = kernels._proj(table, proj.weight, n=proj.weight.shape[0], bias=proj.bias, idx=code, pdl=pdl)  # [B, d]
     return out[:, None]

@@ -1,4 +1,4 @@
-"""Triton kernels implementing omni_tts.engine.fast_path.predictor_layer (the compiled form of the code
+"""Triton kernels implementing omni_tts.models.compiled.fast_path.predictor_layer (the compiled form of the code
 predictor's omni_tts.models.layers.DecoderLayer with its 16-position cache) at small batch.
 
 Owns: one predictor layer step as five kernels instead of Inductor's many small ones (norms, cache
@@ -315,7 +315,7 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
 def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_gu: torch.Tensor,
                     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
                     pos0: int, pdl: bool = False) -> torch.Tensor:
-    """omni_tts.engine.fast_path.predictor_layer in five kernels. x: [B, T, d] at positions pos0..pos0+T-1; cos/sin: the
+    """fast_path.predictor_layer in five kernels. x: [B, T, d] at positions pos0..pos0+T-1; cos/sin: the
     rope table [1, P, hd] of all P cache positions; kc/vc: [B, Hkv, P, hd] (written). pdl: launch them
     with programmatic dependent launch (`pdl_available`). -> [B, T, d]"""
     attn = layer.self_attn

@@ -1,4 +1,4 @@
-"""Triton kernels implementing omni_tts.engine.fast_path.talker_attn_in / talker_attn_out: the compiled
+"""Triton kernels implementing omni_tts.models.compiled.fast_path.talker_attn_in / talker_attn_out: the compiled
 talker omni_tts.models.layers.DecoderLayer around its attention, one new token per row, at small batch.
 
 Owns: the talker layer around its attention in five kernels (norm + q|k|v, then q/k norm + rope with
@@ -50,7 +50,7 @@ if kernels.triton is not None:
 def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.Tensor,
                    cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor,
                    pdl: bool = False) -> torch.Tensor:
-    """omni_tts.engine.fast_path.talker_attn_in (rows 0..B-1) in two kernels: norm + q|k|v, then q/k norm + rope and K/V
+    """fast_path.talker_attn_in (rows 0..B-1) in two kernels: norm + q|k|v, then q/k norm + rope and K/V
     written at each row's position. x: [B, 1, D]; cos/sin: [B, 1, hd]; kc/vc: [B, Hkv, M, hd] (last two dims
     contiguous); pos: [B]. -> q [B, H, 1, hd]"""
     attn = layer.self_attn
@@ -68,7 +68,7 @@ def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, 
 
 def talker_attn_out(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pdl: bool = False
                     ) -> torch.Tensor:
-    """omni_tts.engine.fast_path.talker_attn_out in three kernels. x: [B, 1, D], a: [B, H, 1, hd] -> [B, 1, D]"""
+    """fast_path.talker_attn_out in three kernels. x: [B, 1, D], a: [B, H, 1, hd] -> [B, 1, D]"""
     B, _, D = x.shape
     return kernels._mlp_block(layer, w_gu, x.reshape(B, D), a.reshape(B, -1), pdl).view(B, 1, D)
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from omni_tts.engine.fast_path import fuse_layer
 from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import layers as kernels
+from omni_tts.models.compiled.fast_path import fuse_layer
 
 Config = kernel_configs.Config
 

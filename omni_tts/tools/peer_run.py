@@ -130,7 +130,7 @@ class Official:
 
 
 class VllmOmni:
-    """vLLM-Omni's Qwen3-TTS pipeline (talker + code predictor stage, Code2Wav stage) through AsyncOmni,
+    """vLLM-Omni's Qwen3-TTS pipeline (talker + code predictor stage, AudioStage stage) through AsyncOmni,
     its stock deploy config, prompts built the way its speech server builds them."""
 
     def __init__(self, a: argparse.Namespace) -> None:

@@ -6,7 +6,7 @@ ends), then a wait for a line in the app's log (e.g. "eager ready").
         [--frames 25] [--wait-for "eager ready"] [--limit 300] [--port 7860] [--json OUT]
 
 Each request is streamed as server-sent events, so besides this client's clock (first audio, whole
-request) it reports the engine's own: how long the request was queued before its lane took it (a warm
+request) it reports the engine's own: how long the request was queued before its scheduler took it (a warm
 step, a set-up chore) and its TTFP. Starts `app.py` itself and stops it at the end.
 """
 

@@ -24,11 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_tts.engine.packed_weights import fuse_layer
 from omni_tts.kernels import heads as head_kernels
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import talker as talker_kernels
 from omni_tts.models import sampling
+from omni_tts.models.compiled.packed_weights import fuse_layer
 from omni_tts.models.layers import apply_rope, gqa_attention, rms_norm
 
 # Rows (batch x tokens) up to which a projection runs as multiply-and-sum: Inductor makes it one reduction

@@ -1,10 +1,10 @@
 """One mode's serving loop: its warm-up, admission into slots, the batched frame loop, leaving, failure
 isolation.
 
-Each resident mode has a `Scheduler` with its own runner (slots, KV cache, graphs) and its own thread,
+Each resident mode has a `ModeScheduler` with its own runner (slots, KV cache, graphs) and its own thread,
 so a slow mode never sets the frame pace of a fast one. Every scheduler launches onto the engine's one
 step stream (graphs that share a pool must never run at the same time), and hands each frame's codes
-to the shared audio stage, which emits audio and completes requests. A lane warms in its own thread;
+to the shared audio stage, which emits audio and completes requests. A sched warms in its own thread;
 eager's serves from the start and takes its warm steps (and the engine's GPU set-up chores) between
 requests. Knows nothing about Gradio.
 """
@@ -17,47 +17,31 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from omni_tts.engine.audio_stage import Code2Wav
+from omni_tts.engine.audio_stage import AudioStage
 from omni_tts.engine.metrics import EngineStats, now
 from omni_tts.engine.model_runner import Runner
-from omni_tts.engine.request import RequestHandle
+from omni_tts.engine.request import Request
 from omni_tts.errors import EngineError, OmniTTSError, as_engine_error, one_line
 from omni_tts.models.qwen3_tts import Prepared
 
-# a lane that serves while it warms takes its next warm step or set-up chore once idle this long (a
+# a sched that serves while it warms takes its next warm step or set-up chore once idle this long (a
 # visitor's next request, sent as the last one ends, starts first), or after WARM_STEP_EVERY_BUSY_S busy
 WARM_STEP_IDLE_S = 1.0
 WARM_STEP_EVERY_BUSY_S = 10.0
 
 
-@dataclass(eq=False)  # identity: slots are found with `is`-equality
-class Request:
-    """A request as the engine keeps it: built once at submit, then its slot-side state."""
-
-    handle: RequestHandle
-    prep: Prepared
-    decoder: Any = None  # codec.StreamingDecoder, made at admission
-    codes: list[np.ndarray] = field(default_factory=list)
-    chunks: int = 0
-    failed: bool = False
-    left: bool = False  # out of its slot (finished, cancelled or failed): later step results are ignored
-
-
-class Scheduler:
+class ModeScheduler:
     """Serves the requests of one mode with one runner on one thread."""
 
-    def __init__(self, runner: Runner, config: Any, audio: Code2Wav, stats: EngineStats,
+    def __init__(self, runner: Runner, config: Any, audio: AudioStage, stats: EngineStats,
                  step_stream: Callable[[], Any], make_decoder: Callable[[Prepared], Any]) -> None:
         self.runner, self.config, self.audio, self.stats = runner, config, audio, stats
         self.mode = runner.mode
         self._step_stream, self._make_decoder = step_stream, make_decoder
         self.waiting: queue.Queue[Request] = queue.Queue()
-        self._arriving = 0  # submits to this lane still preparing their prompts (`arriving`)
+        self._arriving = 0  # submits to this sched still preparing their prompts (`arriving`)
         self._arriving_lock = threading.Lock()
         self.admit_hold_s = config.tuning.admit_hold_ms / 1000
         self.active: list[Request] = []  # index == slot (kept compact: slots 0..n-1)
@@ -74,7 +58,7 @@ class Scheduler:
         self._warm_now = threading.Event()
         self._last_busy = time.perf_counter()  # when it last had a request in a slot or waiting
         self._last_aside = time.perf_counter()  # when it last gave way to warm-up work (its own or another's)
-        # before each warm step of a lane that does not serve yet: wait for the serving lanes' turn (engine)
+        # before each warm step of a sched that does not serve yet: wait for the serving schedulers' turn (engine)
         self.wait_for_turn: Callable[[], None] = lambda: None
         self._chores: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
         self._say: Callable[[str], None] = lambda s: None
@@ -100,9 +84,9 @@ class Scheduler:
             self._wake.set()
 
     def warm(self, say: Callable[[str], None]) -> None:
-        """Compile and capture in this lane's own thread, and return when that is done (called by the
+        """Compile and capture in this sched's own thread, and return when that is done (called by the
         engine's warm-up thread, one mode at a time). Dynamo's settings and Inductor's graph trees are
-        per thread: what the thread that serves the mode records is what its requests replay. A lane
+        per thread: what the thread that serves the mode records is what its requests replay. A sched
         whose runner serves while warming (eager) serves from now on and warms between requests."""
         self._say = say
         self._warm_now.set()
@@ -110,7 +94,7 @@ class Scheduler:
         self.ready.wait()
 
     def serve_early(self) -> bool:
-        """Start serving before this lane's warm-up (a runner that serves while warming: eager's);
+        """Start serving before this sched's warm-up (a runner that serves while warming: eager's);
         -> whether it does. Its warm steps wait for `warm`."""
         if not self.runner.serves_while_warming or self._stop.is_set():
             return False
@@ -121,9 +105,9 @@ class Scheduler:
         return True
 
     def between_frames(self, fn: Callable[[], Any]) -> Any:
-        """Run `fn` in this lane's thread between two of its frames (none in flight, the audio stage
+        """Run `fn` in this sched's thread between two of its frames (none in flight, the audio stage
         drained) and return its result; its exception is raised here. For set-up work that must not
-        overlap a frame or a decode (a codec change, a capture) while the lane serves; a serving lane
+        overlap a frame or a decode (a codec change, a capture) while the sched serves; a serving sched
         takes it on its turn, as a warm step (`_aside_turn`), so it never pauses a request just begun."""
         fut: Future = Future()
         self._chores.put((fn, fut))
@@ -146,13 +130,13 @@ class Scheduler:
         self._last_aside = time.perf_counter()
 
     def _quiesce(self) -> None:
-        """Nothing of this lane in flight and no audio decoding: before a warm step or a chore."""
+        """Nothing of this sched in flight and no audio decoding: before a warm step or a chore."""
         with self._step_stream():
             self._guard(self._settle)  # a frame's failure is its requests', not the warm-up's
         self.audio.drain()
 
     def _warm(self) -> list[Callable[[], None]]:
-        """Warm this lane; -> the warm steps still to run between requests (a lane that serves while it
+        """Warm this sched; -> the warm steps still to run between requests (a sched that serves while it
         warms), else [] once warm or failed."""
         self.state, self._warm_t0 = "warming", time.perf_counter()
         try:
@@ -173,7 +157,7 @@ class Scheduler:
         return steps
 
     def _warm_step(self, steps: list[Callable[[], None]]) -> list[Callable[[], None]]:
-        """Run the next warm step between two frames (nothing of this lane in flight)."""
+        """Run the next warm step between two frames (nothing of this sched in flight)."""
         try:
             self._quiesce()
             with self._step_stream():
@@ -186,7 +170,7 @@ class Scheduler:
         return steps
 
     def _take_turn(self) -> None:
-        """Wait for the serving lanes' turn (`wait_for_turn`); a shutdown meanwhile ends the warm-up."""
+        """Wait for the serving schedulers' turn (`wait_for_turn`); a shutdown meanwhile ends the warm-up."""
         self.wait_for_turn()
         if self._stop.is_set():
             raise EngineError("the engine shut down")
@@ -197,8 +181,8 @@ class Scheduler:
         self.warm_progress = (self.warm_progress[0] + 1, self.warm_progress[1])
 
     def _aside_turn(self) -> bool:
-        """Whether this serving lane gives way now to warm-up work (its own warm step or chore, or another
-        lane's compile): once idle for WARM_STEP_IDLE_S, or when busy for long enough that the warm-up
+        """Whether this serving sched gives way now to warm-up work (its own warm step or chore, or another
+        sched's compile): once idle for WARM_STEP_IDLE_S, or when busy for long enough that the warm-up
         would otherwise never finish."""
         t = time.perf_counter()
         if self.active or not self.waiting.empty():
@@ -208,7 +192,7 @@ class Scheduler:
         return t - self._last_aside > WARM_STEP_EVERY_BUSY_S
 
     def give_turn(self, unless: Callable[[], bool] = lambda: False) -> None:
-        """Block the calling thread (the engine's GPU set-up, another lane's warm-up) until this lane gives
+        """Block the calling thread (the engine's GPU set-up, another sched's warm-up) until this sched gives
         way: its requests run on a host-bound thread that compiles, imports and probes beside it would
         slow. At once if it does not serve, or as soon as `unless()` (requests wait for that warm-up)."""
         while self.serving and not self._stop.is_set() and not self._aside_turn() and not unless():
