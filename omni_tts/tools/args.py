@@ -60,7 +60,7 @@ def add_engine_flags(p: argparse.ArgumentParser, preset: str = "default", mode: 
     p.add_argument("--preset", default=preset, metavar="NAME|FILE",
                    help=f"engine preset: a shipped name ({', '.join(preset_names())}) or a YAML file; default {preset}")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a preset key (repeatable), e.g. --set max_num_seqs=16 --set kernels=false")
+                   help="override a preset key (repeatable), e.g. --set max_num_seqs=16 --set chunk_growth=false")
     if mode:
         p.add_argument("--mode", default=None, choices=["auto", *(m.value for m in CompileMode)],
                        help="requests' default compile mode (default: the preset's)")

@@ -21,7 +21,6 @@ import argparse
 import itertools
 import json
 import math
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +30,7 @@ from omni_tts.errors import OmniTTSError
 from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import layers as kernels
 from omni_tts.models.compiled.fast_path import TALKER_PDL_ROWS, fuse_layer
+from omni_tts.tools.args import progress
 
 Config = kernel_configs.Config
 
@@ -150,7 +150,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    say = progress()
     if not torch.cuda.is_available() or not kernels.available():
         raise OmniTTSError("the kernel sweep needs CUDA and triton (it times the kernels on this GPU)")
     if any(not 1 <= m <= kernels.MAX_ROWS for m in args.rows):
