@@ -55,12 +55,6 @@ def fill_slots(runner: Any, n: int, speaker: str | None) -> None:
                                           language="English", fixed_frames=300))
 
 
-def step_callables(runner: Any, b: int, kv_len: int | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """(code predictor step, talker step) for rows [:b] as the runner would run them; the talker's attention
-    over kv_len cache positions (default: what the rows' positions need)."""
-    return runner.step_fns(b, kv_len)
-
-
 def codec_costs(model: Any) -> dict[str, float]:
     """ms per decode_window call: the first chunk (no context, 1 frame), the second of a 75-frame
     benchmark request (1 context + 25 new) and a steady chunk (full receptive field + 25 new), batch 1,
@@ -111,7 +105,7 @@ def profile_steps(runner: Any, buckets: Sequence[int], out_dir: str) -> dict[str
 
     out: dict[str, Any] = {}
     for b in buckets:
-        graph_cp, graph_talker = step_callables(runner, b)
+        graph_cp, graph_talker = runner.step_fns(b)
         launched_cp, launched_talker = runner.launched_step_fns(b)
         codes = torch.randint(0, 2048, (b, 26, 16), device=runner.device)
         params = SynthesisParams(text=PROMPTS[0], speaker=(runner.model.speakers() or [None])[0], greedy=True,
@@ -215,14 +209,14 @@ def measure_mode(runner: Any, buckets: Sequence[int], speaker: str | None, repor
     row: dict[str, Any] = {"setup_s": report["seconds"], "actual_mode": report["mode"], "per_bucket": {},
                            "layer_kernels": runner.layer_kernels(), "notice": report.get("notice", "")}
     for b in buckets:
-        cp, talker = step_callables(runner, b)
+        cp, talker = runner.step_fns(b)
         row["per_bucket"][b] = {"cp_ms": time_ms(cp), "talker_ms": time_ms(talker), "kv_len": runner.kv_len(b),
                                 "variant": "full sort" if runner.variant(b) else "top-k selection"}
         cp_s, talker_s = runner.step_fns(b, sort=True)  # the full-sort variant (top-p without top-k)
         row["per_bucket"][b].update(cp_ms_full_sort=time_ms(cp_s), talker_ms_full_sort=time_ms(talker_s))
         if runner.graphs:  # the talker step's cost against the attention length it reads
             row["per_bucket"][b]["talker_ms_by_kv_len"] = {
-                L: time_ms(step_callables(runner, b, L)[1]) for L in runner.kv_buckets}
+                L: time_ms(runner.step_fns(b, L)[1]) for L in runner.kv_buckets}
         say(f"{mode} b={b}: {row['per_bucket'][b]}")
     row["prefill"] = prefill_costs(runner, speaker)
     return row
