@@ -18,8 +18,8 @@ import sys
 import time
 from typing import Any
 
-from omni_tts.config import CompileMode, EngineConfig, load_preset, preset_names
 from omni_tts.errors import OmniTTSError
+from omni_tts.tools.args import Parser, engine_config, engine_parent
 from omni_tts.ui import files, openai_api
 from omni_tts.ui import support as ui
 
@@ -35,15 +35,10 @@ def build_demo(engine: Any, **kw: Any) -> Any:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="omni-tts Gradio app (Qwen3-TTS 12 Hz) with an OpenAI-compatible "
-                                "/v1/audio/speech endpoint", epilog=f"Engine-wide actions (default-mode switch, "
-                                f"listening and load tests) are open on a loopback address; on a public one they "
-                                f"need env {ui.ADMIN_ENV}=<token>, entered in the page's Admin token box.")
-    p.add_argument("--preset", default="default" if "default" in preset_names() else None,
-                   help=f"engine preset name or YAML path (available: {', '.join(preset_names())})")
-    p.add_argument("--model", default=None, help="checkpoint dir or Hub id (default: env OMNI_TTS_MODEL, the HF "
-                   "cache, Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice when online, else the embedded demo)")
-    p.add_argument("--mode", default=None, choices=["auto", *(m.value for m in CompileMode)])
+    p = Parser(prog="app.py", description="omni-tts Gradio app (Qwen3-TTS 12 Hz) with an OpenAI-compatible "
+               "/v1/audio/speech endpoint", parents=[engine_parent(mode=True)],
+               epilog=f"Engine-wide actions (default-mode switch, listening and load tests) are open on a loopback "
+               f"address; on a public one they need env {ui.ADMIN_ENV}=<token>, entered in the page's Admin token box.")
     p.add_argument("--host", default=None, help="default 127.0.0.1 (0.0.0.0 on a Space)")
     p.add_argument("--port", type=int, default=None, help="default 7860 (env PORT/GRADIO_SERVER_PORT on a Space)")
     p.add_argument("--share", action="store_true", help="create a public gradio.live link")
@@ -82,8 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     say = lambda s: print(f"[omni-tts {time.perf_counter() - t0:5.1f}s] {s}", file=sys.stderr, flush=True)  # noqa: E731
     zero = ui.zero_gpu()
     try:
-        config = load_preset(args.preset, model=args.model, mode=args.mode) if args.preset else \
-            EngineConfig(model=args.model, mode=args.mode or "auto")
+        config = engine_config(args)
         if zero and config.mode not in ui.ZERO_GPU_MODES:
             config.mode = ui.ZERO_GPU_MODES[0]
         # the page never waits for a compile, and the warm-up starts once the page is up

@@ -1,6 +1,8 @@
-"""`python -m omni_tts`: the command line (omni_tts.tools.cli)."""
+"""`python -m omni_tts`: the `omni-tts` command (omni_tts.tools.cli)."""
+
+import sys
 
 from omni_tts.tools.cli import main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -1,7 +1,7 @@
 """Configuration records: EngineConfig (load time), SynthesisParams (per request), CompileMode.
 
-Owns the field names, defaults and validation of presets (`presets/*.yaml`, unknown keys are an
-error) and of requests. Knows nothing about models or devices beyond their names.
+Owns the field names, defaults and validation of presets (`omni_tts/presets/*.yaml`, unknown keys are
+an error) and of requests. Knows nothing about models or devices beyond their names.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import yaml
 
 from omni_tts.errors import InputError, OmniTTSError
 
-PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
+PRESET_DIR = Path(__file__).resolve().parent / "presets"  # package data (pyproject.toml)
 MAX_TEXT_CHARS = 2000  # text and instruct
 MAX_NAME_CHARS = 64  # speaker and language names
 
@@ -182,44 +182,19 @@ def _show(value: Any, limit: int = 40) -> str:
 
 
 @dataclass
-class TuningConfig:
-    """Switches for isolating or tuning the fast paths (a preset's `tuning:` section); defaults serve best."""
+class ExperimentalConfig:
+    """Switches whose question measurement has not closed yet (a preset's `experimental:` section)."""
 
-    kernels: bool = True  # CUDA: hand-written Triton layers, heads and sampling for talker and CodePredictor
-    predictor_kernel_rows: int = 32  # ...for CodePredictor steps of at most this many rows (batch x positions)
-    talker_kernel_rows: int = 8  # ...for talker steps of at most this many rows (cuBLAS wins above)
-    kernel_pdl: bool = True  # Hopper+: the CodePredictor's kernels with programmatic dependent launch
-    talker_pdl_rows: int = 1  # ...and the talker's for steps of at most this many rows (0: never)
-    kernel_configs: str | None = None  # a kernel sweep's JSON of launch configs for this GPU (tools/kernel_sweep)
-    buckets: list[int] | None = None  # graph batch buckets; None: powers of two up to max_num_seqs
-    use_vllm_pool: bool = True  # capture into vLLM's global graph pool when vllm is importable
-    lookahead: bool = True  # launch frame t+1 before reading frame t
-    # hold a burst's first arrivals this long at most while the rest still prepare their prompts, so the
-    # burst shares one prefill pass and its chunks stay in step (batched code-to-wave); 0: admit at once
-    admit_hold_ms: int = 30
-    priority_streams: bool = True  # CUDA: graphed frame steps and first audio chunks on high-priority streams
-    codec_precision: str = "auto"  # code-to-wave: auto (tf32 on CUDA, float32 on CPU) | float32 | tf32 | bfloat16
-    codec_fused: bool = True  # CUDA: the codec's SnakeBeta activations as Triton kernels
-    first_chunk_graphs: bool = True  # CUDA: the codec's first-chunk decode as CUDA graphs (the TTFP path)
-    compile_regions: bool = True  # reduce-overhead's whole-frame compile reuses one compiled layer and head
-    default_whole_frame: bool = False  # default mode compiles the CodePredictor's frame as one function too
-
-    def validate(self) -> None:
-        if self.codec_precision not in ("auto", "float32", "tf32", "bfloat16"):
-            raise OmniTTSError(f"codec_precision must be auto, float32, tf32 or bfloat16 "
-                               f"(got '{self.codec_precision}')")
-        if self.kernel_configs and not Path(self.kernel_configs).is_file():
-            raise OmniTTSError(f"kernel_configs: no such file '{self.kernel_configs}' (write one with kernel_sweep)")
-        if not 0 <= self.admit_hold_ms <= 1000:
-            raise OmniTTSError(f"admit_hold_ms must be 0..1000 (got {self.admit_hold_ms})")
-        for key in ("predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows"):
-            if not 0 <= getattr(self, key) <= 32:
-                raise OmniTTSError(f"{key} must be 0..32 (got {getattr(self, key)})")
+    # CUDA: hand-written Triton layers, heads and sampling; false puts every compiled mode on Inductor's
+    # kernels, so reduce-overhead and default+cudagraph can be compared with the same kernels
+    kernels: bool = True
+    use_vllm_pool: bool = True  # default+cudagraph captures into vLLM's global graph pool when vllm is importable
 
 
 @dataclass
 class EngineConfig:
-    """Load-time engine settings; a preset YAML holds a subset of these keys (tuning under `tuning:`)."""
+    """Load-time engine settings. A preset YAML holds a subset of these keys (the undecided switches under
+    `experimental:`); these defaults are presets/default.yaml's values (tests/test_config.py checks)."""
 
     model: str | None = None  # dir or hub id; None = choose (cache, hub, embedded)
     mode: str = "auto"  # requests' default mode: a CompileMode value, or auto (default+cudagraph on CUDA, else eager)
@@ -229,19 +204,25 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16
     max_num_seqs: int = 8  # concurrent requests per mode
-    max_seq_len: int = 1024  # talker KV cache length per slot (prompt + frames)
-    initial_chunk_frames: int = 2
-    chunk_frames: int = 25
-    chunk_growth: bool = False  # chunks after the first double in size up to chunk_frames (gap-free playback)
-    left_context_frames: int = 72
+    max_seq_len: int = 2048  # talker KV cache length per slot (prompt + frames)
+    initial_chunk_frames: int = 1  # frames in a request's first audio chunk
+    chunk_frames: int = 25  # frames in each later chunk
+    chunk_growth: bool = True  # chunks after the first double in size up to chunk_frames (gap-free playback)
+    left_context_frames: int = 72  # frames of context each chunk is decoded with
     gpu_memory_limit_gb: float | None = None  # CUDA: cap this process's allocator
-    tuning: TuningConfig = dataclasses.field(default_factory=TuningConfig)
-    name: str = ""
+    buckets: list[int] | None = None  # graph batch buckets; None: powers of two up to max_num_seqs
+    # hold a burst's first arrivals this long at most while the rest still prepare their prompts, so the
+    # burst shares one prefill pass and its chunks stay in step (batched code-to-wave); 0: admit at once
+    admit_hold_ms: int = 30
+    codec_precision: str = "auto"  # code-to-wave: auto (tf32 on CUDA, float32 on CPU) | float32 | tf32 | bfloat16
+    kernel_configs: str | None = None  # a kernel sweep's JSON of Triton launch configs for this GPU
+    experimental: ExperimentalConfig = dataclasses.field(default_factory=ExperimentalConfig)
+    name: str = ""  # the preset's file name, and what it is for
     description: str = ""
 
     def resolved_buckets(self) -> list[int]:
-        if self.tuning.buckets:
-            fit = {int(b) for b in self.tuning.buckets if 0 < int(b) <= self.max_num_seqs}
+        if self.buckets:
+            fit = {int(b) for b in self.buckets if 0 < int(b) <= self.max_num_seqs}
             return sorted(fit | {self.max_num_seqs})
         out, b = [], 1
         while b < self.max_num_seqs:
@@ -278,70 +259,76 @@ class EngineConfig:
             raise OmniTTSError(f"gpu_memory_limit_gb must be > 0 (got {self.gpu_memory_limit_gb})")
         if self.initial_chunk_frames < 1 or self.chunk_frames < 1:
             raise OmniTTSError("initial_chunk_frames and chunk_frames must be >= 1")
-        self.tuning.validate()
+        if self.codec_precision not in ("auto", "float32", "tf32", "bfloat16"):
+            raise OmniTTSError(f"codec_precision must be auto, float32, tf32 or bfloat16 "
+                               f"(got '{self.codec_precision}')")
+        if self.kernel_configs and not Path(self.kernel_configs).is_file():
+            raise OmniTTSError(f"kernel_configs: no such file '{self.kernel_configs}' (write one with kernel-sweep)")
+        if not 0 <= self.admit_hold_ms <= 1000:
+            raise OmniTTSError(f"admit_hold_ms must be 0..1000 (got {self.admit_hold_ms})")
 
 
-_TUNING_KEYS = {f.name for f in dataclasses.fields(TuningConfig)}
-_PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)} - {"tuning"} | {f"tuning.{k}" for k in _TUNING_KEYS}
-_INT_KEYS = {"max_num_seqs", "max_seq_len", "initial_chunk_frames", "chunk_frames", "left_context_frames",
-             "predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows", "admit_hold_ms"}
-_BOOL_KEYS = {"use_vllm_pool", "compile_regions", "default_whole_frame", "codec_fused", "first_chunk_graphs",
-              "lookahead", "chunk_growth", "kernel_pdl", "priority_streams", "kernels", "enforce_eager"}
-_LIST_KEYS = {"buckets": int, "modes": str}
+# The preset keys and their types, read from the records' annotations ('experimental.KEY' for that section).
+_EXPERIMENTAL_KEYS = {f.name: f.type for f in dataclasses.fields(ExperimentalConfig)}
+_KEY_TYPES = {f.name: f.type for f in dataclasses.fields(EngineConfig) if f.name != "experimental"} | {
+    f"experimental.{k}": t for k, t in _EXPERIMENTAL_KEYS.items()}
 
 
-def _check_types(data: dict[str, Any], path: Path) -> None:
-    """Each preset value has its field's type (bool is not an int here), else one line naming the key."""
-    for key, v in data.items():
-        bare = key.removeprefix("tuning.")
-        if v is None and bare in ("model", "buckets", "modes", "gpu_memory_limit_gb", "kernel_configs"):
-            continue
-        if bare in _INT_KEYS:
-            ok, want = isinstance(v, int) and not isinstance(v, bool), "an integer"
-        elif bare == "gpu_memory_limit_gb":
-            ok, want = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
-        elif bare in _BOOL_KEYS:
-            ok, want = isinstance(v, bool), "true or false"
-        elif bare in _LIST_KEYS:
-            t = _LIST_KEYS[bare]
-            ok = isinstance(v, list) and all(isinstance(b, t) and not isinstance(b, bool) for b in v)
-            want = f"a list of {'positive integers' if t is int else 'mode names'}"
-            ok = ok and (t is not int or all(b > 0 for b in v))
-        else:
-            ok, want = isinstance(v, str), "a string"
-        if not ok:
-            raise OmniTTSError(f"{path}: preset key '{key}' must be {want} (got {v!r})")
+def _type_ok(v: Any, hint: str) -> tuple[bool, str]:
+    """Whether a preset value fits its field's annotation (bool is not an int here); -> (ok, what it wants)."""
+    base, _, none = hint.partition(" | ")
+    if v is None and none == "None":
+        return True, ""
+    if base == "int":
+        return isinstance(v, int) and not isinstance(v, bool), "an integer"
+    if base == "float":
+        return isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
+    if base == "bool":
+        return isinstance(v, bool), "true or false"
+    if base == "list[int]":
+        ok = isinstance(v, list) and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in v)
+        return ok, "a list of positive integers"
+    if base == "list[str]":
+        return isinstance(v, list) and all(isinstance(b, str) for b in v), "a list of mode names"
+    return isinstance(v, str), "a string"
 
 
-def _flatten(data: dict[str, Any], path: Path) -> dict[str, Any]:
-    """A preset mapping -> {key or 'tuning.key': value}; a bare tuning key is read as 'tuning.key'."""
+def _flatten(data: dict[str, Any], path: Path | str) -> dict[str, Any]:
+    """A preset mapping -> {key or 'experimental.key': value}, each value of its field's type; a bare
+    experimental key is read as 'experimental.key'. Unknown keys and wrong types: one line naming the key."""
     out: dict[str, Any] = {}
     for key, v in data.items():
-        if key == "tuning":
+        if key == "experimental":
             if not isinstance(v, dict):
-                raise OmniTTSError(f"{path}: 'tuning' is a mapping of tuning keys to values")
-            out.update({f"tuning.{k}": x for k, x in v.items()})
+                raise OmniTTSError(f"{path}: 'experimental' is a mapping of experimental keys to values")
+            out.update({f"experimental.{k}": x for k, x in v.items()})
         else:
-            out[f"tuning.{key}" if key in _TUNING_KEYS else key] = v
-    unknown = sorted(set(out) - _PRESET_KEYS)
+            out[f"experimental.{key}" if key in _EXPERIMENTAL_KEYS else key] = v
+    unknown = sorted(set(out) - set(_KEY_TYPES))
     if unknown:
         raise OmniTTSError(f"{path}: unknown preset key(s): {', '.join(unknown)}; "
-                           f"valid: {', '.join(sorted(_PRESET_KEYS))}")
-    _check_types(out, path)
+                           f"valid: {', '.join(sorted(_KEY_TYPES))}")
+    for key, v in out.items():
+        ok, want = _type_ok(v, _KEY_TYPES[key])
+        if not ok:
+            raise OmniTTSError(f"{path}: preset key '{key}' must be {want} (got {v!r})")
     return out
 
 
-def build_config(flat: dict[str, Any]) -> EngineConfig:
-    """{key or 'tuning.key': value} -> a validated EngineConfig."""
-    tuning = TuningConfig(**{k.removeprefix("tuning."): v for k, v in flat.items() if k.startswith("tuning.")})
-    cfg = EngineConfig(**{k: v for k, v in flat.items() if not k.startswith("tuning.")}, tuning=tuning)
+def build_config(values: dict[str, Any], source: str = "config") -> EngineConfig:
+    """{key, 'experimental.key' or a bare experimental key: value} -> a checked and validated EngineConfig."""
+    flat = _flatten(values, source)
+    experimental = ExperimentalConfig(**{k.removeprefix("experimental."): v for k, v in flat.items()
+                                         if k.startswith("experimental.")})
+    cfg = EngineConfig(**{k: v for k, v in flat.items() if not k.startswith("experimental.")},
+                       experimental=experimental)
     cfg.validate()
     return cfg
 
 
 def parse_sets(pairs: list[str] | None) -> dict[str, Any]:
-    """KEY=VALUE strings (a CLI's --set) -> preset overrides, each VALUE read as YAML (true, 16, [1, 8]) and
-    checked like a preset's keys and types."""
+    """KEY=VALUE strings (the command line's --set) -> preset overrides, each VALUE read as YAML (true, 16,
+    [1, 8]) and checked like a preset's keys and types."""
     out: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
@@ -352,15 +339,15 @@ def parse_sets(pairs: list[str] | None) -> dict[str, Any]:
             out[key] = yaml.safe_load(value)
         except yaml.YAMLError:
             raise OmniTTSError(f"--set {key}: cannot read '{value}'") from None
-    return _flatten(out, Path("--set"))
+    return _flatten(out, "--set")
 
 
 def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
-def load_preset(name_or_path: str | Path, **overrides: Any) -> EngineConfig:
-    """Read a preset by name (presets/NAME.yaml) or path; unknown keys are an error naming them."""
+def read_preset(name_or_path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """A preset's file and its mapping as written (by name: omni_tts/presets/NAME.yaml; or a path)."""
     path = Path(name_or_path)
     if not path.suffix:
         path = PRESET_DIR / f"{name_or_path}.yaml"
@@ -372,7 +359,14 @@ def load_preset(name_or_path: str | Path, **overrides: Any) -> EngineConfig:
         raise OmniTTSError(f"{path}: malformed YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise OmniTTSError(f"{path}: a preset is a mapping of keys to values")
+    return path, data
+
+
+def load_preset(name_or_path: str | Path, **overrides: Any) -> EngineConfig:
+    """Read a preset by name or path, then `overrides` (keys as in a preset; None keeps the preset's value);
+    unknown keys and wrong types are an error naming them."""
+    path, data = read_preset(name_or_path)
     flat = _flatten(data, path)
     flat.setdefault("name", path.stem)
     flat.update({k: v for k, v in overrides.items() if v is not None})
-    return build_config(flat)
+    return build_config(flat, str(path))

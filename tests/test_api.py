@@ -173,11 +173,11 @@ def test_files_the_app_did_not_hand_out_are_not_served(server):
 
 
 def test_bench_measures_the_server_through_its_speech_route(server, capsys):
-    """`python -m omni_tts.bench --http URL`: the closed loop through POST /v1/audio/speech, streamed pcm."""
-    from omni_tts.tools import bench
+    """`omni-tts bench --http URL`: the closed loop through POST /v1/audio/speech, streamed pcm."""
+    from omni_tts.tools.cli import main
 
     url, engine = server
-    assert bench.main(["--http", url, "--modes", "eager", "--concurrency", "1", "2", "--num-prompts", "2",
+    assert main(["bench", "--http", url, "--modes", "eager", "--concurrency", "1", "2", "--num-prompts", "2",
                        "--fixed-frames", "6", "--warmup", "1"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("| Audio tput (s/s) | 2 |"))

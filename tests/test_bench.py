@@ -16,18 +16,19 @@ import pytest
 from _fixtures import fixture_dir
 
 from omni_tts.tools import bench, load
+from omni_tts.tools.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-LABELS = ["Med TTFP (ms)", "p90 TTFP (ms)", "Med E2E (ms)", "Mean RTF", "Req/s", "Audio tput (s/s)", "Rows per frame",
-          "Code-to-wave calls"]
+LABELS = ["Med TTFP (ms)", "p90 TTFP (ms)", "Med E2E (ms)", "Mean RTF", "Req/s", "Audio tput (s/s)",
+          "Mean batch per frame", "Code-to-wave calls"]
 KEYS = ["requests", "med_ttfp_ms", "p90_ttfp_ms", "med_queue_ms", "med_e2e_ms", "mean_rtf", "req_per_s",
-        "audio_s_per_s", "audio_s", "wall_s", "rows_per_frame", "decode_calls"]
+        "audio_s_per_s", "audio_s", "wall_s", "batch_per_frame", "decode_calls"]
 
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "omni_tts.bench", *args], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "omni_tts", "bench", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -71,7 +72,7 @@ def test_bench_cli_runs_end_to_end_and_writes_a_table_and_json(tmp_path):
         assert s["wall_s"] > 0 and s["req_per_s"] == pytest.approx(3 / s["wall_s"])
         assert s["audio_s_per_s"] == pytest.approx(s["audio_s"] / s["wall_s"])
         assert 0 < s["med_ttfp_ms"] <= s["p90_ttfp_ms"] and 0 < s["med_e2e_ms"] and s["mean_rtf"] > 0
-        assert 0.5 <= s["rows_per_frame"] <= int(c)  # c clients keep at most c rows busy
+        assert 0.5 <= s["batch_per_frame"] <= int(c)  # c clients keep at most c rows busy
         assert 1 <= s["decode_calls"] <= 3 * 3  # each request's chunks (first, rest, flush) at most
         for label, key, fmt in bench.ROWS:  # the table shows the JSON's numbers
             assert table[(label, c)] == fmt.format(s[key])
@@ -80,8 +81,8 @@ def test_bench_cli_runs_end_to_end_and_writes_a_table_and_json(tmp_path):
 def test_bench_serves_a_checkpoint_without_speakers_with_voice_design(tmp_path, capsys):
     model = fixture_dir("voice_design")
     out = tmp_path / "vd.json"
-    rc = bench.main(["--model", str(model), "--preset", "all-eager", "--modes", "eager", "--concurrency", "1",
-                     "--num-prompts", "1", "--fixed-frames", "2", "--warmup", "1", "--json", str(out)])
+    rc = main(["bench", "--model", str(model), "--preset", "all-eager", "--modes", "eager", "--concurrency", "1",
+               "--num-prompts", "1", "--fixed-frames", "2", "--warmup", "1", "--json", str(out)])
     assert rc == 0
     s = json.loads(out.read_text())["results"]["eager"]["1"]
     assert s["requests"] == 1.0 and s["audio_s"] == pytest.approx(2 * 0.08)
@@ -89,21 +90,40 @@ def test_bench_serves_a_checkpoint_without_speakers_with_voice_design(tmp_path, 
 
 
 def test_bench_reports_a_bad_preset_as_one_line_and_exit_2(capsys):
-    assert bench.main(["--preset", "no-such-preset", "--modes", "eager"]) == 2
+    assert main(["bench", "--preset", "no-such-preset", "--modes", "eager"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("error: preset 'no-such-preset' not found; available:")
     assert all(n in err for n in ("all-eager", "bench", "default")) and err.count("\n") == 1
 
 
 def test_bench_set_overrides_are_checked_before_loading_anything(capsys):
-    assert bench.main(["--preset", "all-eager", "--modes", "eager", "--set", "lookahead=maybe"]) == 2
+    assert main(["bench", "--preset", "all-eager", "--modes", "eager", "--set", "kernels=maybe"]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err == "error: --set: preset key 'tuning.lookahead' must be true or false (got 'maybe')\n"
+    assert out == "" and err == "error: --set: preset key 'experimental.kernels' must be true or false (got 'maybe')\n"
 
 
 def test_bench_refuses_an_unknown_mode_before_loading_anything(capsys):
-    assert bench.main(["--modes", "eager,turbo", "--model", "/nonexistent"]) == 2
+    assert main(["bench", "--modes", "eager,turbo", "--model", "/nonexistent"]) == 2
     assert capsys.readouterr().err.startswith("error: unknown compile mode 'turbo'")
+
+
+@pytest.mark.parametrize("args,why", [(["--device", "cpu", "--modes", "eager,reduce-overhead"], "needs CUDA"),
+                                      (["--preset", "all-eager", "--modes", "default"], "enforce_eager")])
+def test_bench_refuses_a_mode_this_run_cannot_serve_before_loading_anything(args, why, capsys):
+    """A CUDA-only mode on a CPU, or a compiled mode under enforce_eager: one line naming the mode and
+    the modes that can run, before any model is looked for (the model path does not exist)."""
+    assert main(["bench", "--model", "/nonexistent", *args]) == 2
+    out, err = capsys.readouterr()
+    mode = args[-1].split(",")[-1]
+    assert out == "" and err.startswith(f"error: mode {mode} cannot run here: ") and why in err
+    assert "modes here: eager" in err and err.count("\n") == 1
+
+
+def test_bench_defaults_to_the_modes_this_run_can_serve():
+    from omni_tts.config import load_preset
+
+    assert bench.device_modes(load_preset("bench", device="cpu"), None) == ["eager", "default"]
+    assert bench.device_modes(load_preset("all-eager"), None) == ["eager"]
 
 
 def test_format_table_shows_errors_and_missing_values():
@@ -133,9 +153,9 @@ def test_bench_peers_runs_each_system_in_its_own_process(tmp_path, capsys):
     import importlib.util
 
     out = tmp_path / "peers.json"
-    assert bench.main(["peers", "--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--frames", "4",
-                       "--num-prompts", "3", "--concurrency", "1", "2", "--peers", "vllm-omni,qwen-tts",
-                       "--json", str(out), "--log-dir", str(tmp_path / "logs")]) == 0
+    assert main(["peers", "--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--frames", "4",
+                 "--num-prompts", "3", "--concurrency", "1", "2", "--peers", "vllm-omni,qwen-tts",
+                 "--json", str(out), "--log-dir", str(tmp_path / "logs")]) == 0
     results = {r["system"]: r for r in json.loads(out.read_text())["results"]}
     assert list(results) == ["vllm-omni", "qwen-tts", "omni-tts"]
     ours = results["omni-tts"]
@@ -155,9 +175,9 @@ def test_bench_peers_stops_a_system_at_its_time_limit_and_goes_on(tmp_path, caps
     """A system that outlives --timeout is stopped with its whole process group, its row says so, and
     the table is still printed."""
     out = tmp_path / "peers.json"
-    assert bench.main(["peers", "--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--frames", "4",
-                       "--num-prompts", "2", "--concurrency", "1", "--peers", "omni-tts", "--timeout", "0.5",
-                       "--json", str(out), "--log-dir", str(tmp_path / "logs")]) == 0
+    assert main(["peers", "--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--frames", "4",
+                 "--num-prompts", "2", "--concurrency", "1", "--peers", "omni-tts", "--timeout", "0.5",
+                 "--json", str(out), "--log-dir", str(tmp_path / "logs")]) == 0
     (ours,) = json.loads(out.read_text())["results"]
     assert ours["error"] == "stopped at the 0.5 s limit after 0 concurrency levels" and not ours.get("rows")
     assert "| omni-tts | - | stopped at the 0.5 s limit" in capsys.readouterr().out
@@ -175,12 +195,27 @@ def test_peer_tally_counts_a_repeated_chunk_once():
 def test_mixed_load_bursts_over_the_modes_and_measures_a_mode_beside_another(tmp_path):
     """The mixed-load tool (CPU, eager only: the one mode that needs no compile here) finishes every
     request of its burst, counts them per mode, and times the fast mode alone and beside the slow one."""
-    from omni_tts.tools import mixed_load
-
     out = tmp_path / "mixed.json"
-    rc = mixed_load.main(["--model", str(fixture_dir("custom_voice")), "--modes", "eager", "--requests", "5",
-                          "--max-num-seqs", "2", "--fixed-frames", "3", "--device", "cpu", "--json", str(out)])
+    rc = main(["mixed-load", "--model", str(fixture_dir("custom_voice")), "--modes", "eager", "--requests", "5",
+               "--max-num-seqs", "2", "--fixed-frames", "3", "--device", "cpu", "--json", str(out)])
     report = json.loads(out.read_text())
     assert rc == 0 and report["burst"]["eager"]["done"] == 5 and report["burst"]["eager"]["failed"] == 0
     assert report["burst"]["eager"]["med_ttfp_ms"] > 0 and report["burst"]["eager"]["med_rtf"] > 0
     assert report["beside"]["solo_rtf"] > 0 and report["beside"]["beside_rtf"] > 0
+
+
+@pytest.mark.slow  # every step timed 20 times per bucket and variant: half a minute on a 2-core CPU
+def test_microbench_times_each_bucket_and_compares_greedy_codes(tmp_path, capsys):
+    """The microbench on the tiny checkpoint (CPU, eager): step costs per bucket for both sampling
+    variants, prefill costs, and the greedy codes of the side-by-side requests agree with themselves."""
+    out = tmp_path / "mb.json"
+    assert main(["microbench", "--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--modes", "eager",
+                 "--buckets", "1", "2", "--frames", "2", "--skip-codec", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data == json.loads(capsys.readouterr().out) and data["buckets"] == [1, 2]
+    row = data["modes"]["eager"]
+    assert set(row["per_bucket"]) == {"1", "2"}
+    for b in row["per_bucket"].values():
+        assert b["cp_ms"] > 0 and b["talker_ms"] > 0 and b["cp_ms_full_sort"] > 0
+    assert row["prefill"] and all(v > 0 for v in row["prefill"].values())
+    assert row["agree_with_first_mode"]["identical"] == row["agree_with_first_mode"]["of"] == 2

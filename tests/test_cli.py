@@ -210,3 +210,41 @@ def test_a_leftover_embedded_dir_without_config_is_rebuilt_and_said(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"embedded demo checkpoint at {leftover} is broken" in r.stderr and "rebuilding it" in r.stderr
     assert (leftover / "config.json").is_file() and sf.read(tmp_path / "x.wav")[0].shape == (3 * 1920,)
+
+
+# ------------------------------------------------------------------------------------------ one entry point
+def test_help_lists_every_subcommand_and_each_answers_its_own_help() -> None:
+    from omni_tts.tools.cli import COMMANDS
+
+    r = cli("--help")
+    assert r.returncode == 0 and all(name in r.stdout for name in COMMANDS)
+    r = cli("soak", "--help")  # a tool's flags: the shared engine flags and its own
+    assert r.returncode == 0 and all(f in r.stdout for f in ("--model", "--preset", "--set", "--minutes"))
+
+
+def test_a_command_whose_module_is_missing_is_one_line(monkeypatch, capsys) -> None:
+    from omni_tts.tools import cli as cli_module
+
+    monkeypatch.setitem(cli_module.COMMANDS, "serve", cli_module.Command("omni_tts.no_such_module", "x"))
+    assert cli_module.main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: 'serve' is not available in this installation (omni_tts.no_such_module is missing)\n"
+
+
+def test_the_shared_flags_are_defined_once_and_the_app_uses_them() -> None:
+    """`--model` (and its siblings) are added in one place; app.py's parser and every engine command's
+    take them, and turn them into the same EngineConfig."""
+    import app
+    from omni_tts.tools.args import Parser, add_engine_flags, engine_config
+
+    sources = [REPO / "app.py", *(REPO / "omni_tts").rglob("*.py")]
+    defs = [p for p in sources for line in p.read_text().splitlines() if 'add_argument("--model"' in line]
+    assert defs == [REPO / "omni_tts" / "tools" / "args.py"]
+    argv = ["--model", "/m", "--preset", "bench", "--set", "max_num_seqs=4", "--set", "kernels=false",
+            "--device", "cpu"]
+    tool = Parser(prog="t")
+    add_engine_flags(tool)
+    from_app, from_tool = engine_config(app.parse_args(argv)), engine_config(tool.parse_args(argv))
+    assert from_app == from_tool
+    assert (from_app.model, from_app.max_num_seqs, from_app.device, from_app.name) == ("/m", 4, "cpu", "bench")
+    assert not from_app.experimental.kernels

@@ -3,6 +3,7 @@ keys are refused with one line naming them, CompileMode parsing, EngineConfig / 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,12 @@ from omni_tts.config import (
     PRESET_DIR,
     CompileMode,
     EngineConfig,
+    ExperimentalConfig,
     SynthesisParams,
     load_preset,
     parse_sets,
     preset_names,
+    read_preset,
 )
 from omni_tts.errors import InputError, OmniTTSError
 
@@ -24,7 +27,7 @@ PRESETS = sorted(PRESET_DIR.glob("*.yaml"))
 def test_the_preset_folder_ships_the_app_default_the_benchmark_and_the_all_eager_baseline():
     assert preset_names() == sorted(p.stem for p in PRESETS) == ["all-eager", "bench", "default"]
     default, bench, eager = load_preset("default"), load_preset("bench"), load_preset("all-eager")
-    assert default.mode == "auto" and default.modes is None and default.tuning.buckets is None
+    assert default.mode == "auto" and default.modes is None and default.buckets is None
     assert default.chunk_growth and not default.enforce_eager
     assert bench.mode == "default+cudagraph" and bench.max_num_seqs == 32 and not bench.chunk_growth
     assert eager.enforce_eager and eager.mode == "eager" and eager.modes == ["eager"]
@@ -34,6 +37,30 @@ def test_the_preset_folder_ships_the_app_default_the_benchmark_and_the_all_eager
     assert default.resident_modes(True) == list(CompileMode)
     assert default.resident_modes(False) == [CompileMode.EAGER]
     assert default.default_mode(True) is CompileMode.DEFAULT_CUDAGRAPH
+
+
+def test_the_record_defaults_are_the_app_default_preset_and_it_names_every_key():
+    """One source of every default: presets/default.yaml sets every field, to the record's own default."""
+    _, data = read_preset("default")
+    fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"name", "experimental"}
+    assert set(data) == fields | {"experimental"}
+    assert set(data["experimental"]) == {f.name for f in dataclasses.fields(ExperimentalConfig)}
+    record = EngineConfig(name="default", description=data["description"])
+    for f in dataclasses.fields(EngineConfig):
+        assert getattr(load_preset("default"), f.name) == getattr(record, f.name), f.name
+    assert EngineConfig().experimental == ExperimentalConfig(**data["experimental"])
+
+
+def test_presets_ship_inside_the_package():
+    import tomllib
+
+    import omni_tts
+
+    assert PRESET_DIR == Path(omni_tts.__file__).parent / "presets"
+    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+        data = tomllib.load(f)["tool"]["setuptools"]["package-data"]["omni_tts"]
+    # package data: `pip install .` elsewhere has every shipped preset
+    assert sorted(p for pattern in data for p in PRESET_DIR.parent.glob(pattern)) == PRESETS
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=[p.stem for p in PRESETS])
@@ -84,13 +111,13 @@ def test_bad_preset_values_are_one_line_errors(tmp_path: Path, text: str, match:
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("line,key", [('max_num_seqs: "eight"', "max_num_seqs"), ("buckets: 3", "tuning.buckets"),
-                                      ("use_vllm_pool: 1", "tuning.use_vllm_pool"),
+@pytest.mark.parametrize("line,key", [('max_num_seqs: "eight"', "max_num_seqs"), ("buckets: 3", "buckets"),
+                                      ("use_vllm_pool: 1", "experimental.use_vllm_pool"),
                                       ("max_seq_len: true", "max_seq_len"),
                                       ("mode: 7", "mode"), ("gpu_memory_limit_gb: big", "gpu_memory_limit_gb"),
-                                      ("codec_fused: 1", "tuning.codec_fused"),
-                                      ('lookahead: "sometimes"', "tuning.lookahead"),
-                                      ("tuning: {lookahead: 1}", "tuning.lookahead"), ("modes: eager", "modes"),
+                                      ("codec_precision: 16", "codec_precision"),
+                                      ('kernels: "sometimes"', "experimental.kernels"),
+                                      ("experimental: {kernels: 1}", "experimental.kernels"), ("modes: eager", "modes"),
                                       ("modes: [eager, 3]", "modes"), ("enforce_eager: yes please", "enforce_eager")])
 def test_a_preset_value_of_the_wrong_type_is_an_omnitts_error(tmp_path: Path, line: str, key: str):
     f = tmp_path / "typed.yaml"
@@ -166,13 +193,12 @@ def test_synthesis_params_validate():
 
 @pytest.mark.parametrize("line,fragment", [("max_seq_len: 0", "max_seq_len must be >= 16"),
                                            ("gpu_memory_limit_gb: -1", "gpu_memory_limit_gb must be > 0"),
-                                           ("predictor_kernel_rows: 64", "predictor_kernel_rows must be 0..32"),
-                                           ("predictor_kernel_rows: true", "must be an integer"),
-                                           ("talker_kernel_rows: -1", "talker_kernel_rows must be 0..32"),
-                                           ("talker_pdl_rows: 33", "talker_pdl_rows must be 0..32"),
+                                           ("codec_precision: fp8", "codec_precision must be auto, float32"),
+                                           ("kernel_configs: /no/such.json", "kernel_configs: no such file"),
                                            ("admit_hold_ms: -1", "admit_hold_ms must be 0..1000"),
                                            ("admit_hold_ms: 0.5", "must be an integer"),
-                                           ("kernel_pdl: 1", "'tuning.kernel_pdl' must be true or false")])
+                                           ("max_seq_len: 0.5", "must be an integer"),
+                                           ("use_vllm_pool: 1", "'experimental.use_vllm_pool' must be true or false")])
 def test_out_of_range_preset_values_are_one_line_errors(tmp_path: Path, line: str, fragment: str):
     f = tmp_path / "range.yaml"
     f.write_text(line + "\n")
@@ -182,25 +208,31 @@ def test_out_of_range_preset_values_are_one_line_errors(tmp_path: Path, line: st
 
 def test_switches_load_from_a_preset_and_from_set_pairs(tmp_path: Path):
     f = tmp_path / "switches.yaml"
-    f.write_text("codec_fused: false\nlookahead: false\nfirst_chunk_graphs: false\ntuning:\n  kernel_pdl: false\n"
-                 "  priority_streams: false\n")
-    cfg = load_preset(f)  # tuning keys bare or under `tuning:` land in the same place
-    t = cfg.tuning
-    assert (t.codec_fused, t.lookahead, t.first_chunk_graphs, t.kernel_pdl, t.priority_streams) == (False,) * 5
-    d = EngineConfig().tuning
-    assert (d.codec_fused, d.lookahead, d.first_chunk_graphs, d.kernel_pdl, d.priority_streams) == (True,) * 5
-    sets = parse_sets(["lookahead=false", "max_num_seqs=16", "buckets=[1, 4, 16]", "mode=default",
-                       "tuning.kernels=false", "modes=[eager, default]"])
-    assert sets == {"tuning.lookahead": False, "max_num_seqs": 16, "tuning.buckets": [1, 4, 16], "mode": "default",
-                    "tuning.kernels": False, "modes": ["eager", "default"]}
+    f.write_text("kernels: false\nexperimental:\n  use_vllm_pool: false\n")
+    cfg = load_preset(f)  # experimental keys bare or under `experimental:` land in the same place
+    assert cfg.experimental == ExperimentalConfig(kernels=False, use_vllm_pool=False)
+    assert EngineConfig().experimental == ExperimentalConfig(kernels=True, use_vllm_pool=True)
+    sets = parse_sets(["kernels=false", "max_num_seqs=16", "buckets=[1, 4, 16]", "mode=default",
+                       "experimental.use_vllm_pool=false", "modes=[eager, default]", "admit_hold_ms=0"])
+    assert sets == {"experimental.kernels": False, "max_num_seqs": 16, "buckets": [1, 4, 16], "mode": "default",
+                    "experimental.use_vllm_pool": False, "modes": ["eager", "default"], "admit_hold_ms": 0}
     cfg = load_preset("bench", **sets)
-    assert (cfg.tuning.lookahead, cfg.max_num_seqs, cfg.tuning.buckets, cfg.mode) == (False, 16, [1, 4, 16], "default")
-    assert not cfg.tuning.kernels and cfg.resident_modes(False) == [CompileMode.EAGER, CompileMode.DEFAULT]
+    assert (cfg.max_num_seqs, cfg.buckets, cfg.mode, cfg.admit_hold_ms) == (16, [1, 4, 16], "default", 0)
+    assert not cfg.experimental.kernels and cfg.resident_modes(False) == [CompileMode.EAGER, CompileMode.DEFAULT]
 
 
-def test_a_tuning_section_that_is_not_a_mapping_or_has_unknown_keys_is_refused(tmp_path: Path):
-    for text, match in (("tuning: 3\n", "'tuning' is a mapping"), ("tuning: {turbo: true}\n", "tuning.turbo")):
-        f = tmp_path / "tuning.yaml"
+def test_decided_switches_are_gone():
+    """The A/B switches that measurement decided are no keys any more: a preset naming one is refused."""
+    for key in ("lookahead", "kernel_pdl", "talker_pdl_rows", "predictor_kernel_rows", "talker_kernel_rows",
+                "priority_streams", "codec_fused", "first_chunk_graphs", "compile_regions", "default_whole_frame"):
+        with pytest.raises(OmniTTSError, match=f"unknown preset key\\(s\\): {key};"):
+            parse_sets([f"{key}=true"])
+
+
+def test_an_experimental_section_that_is_not_a_mapping_or_has_unknown_keys_is_refused(tmp_path: Path):
+    for text, match in (("experimental: 3\n", "'experimental' is a mapping"),
+                        ("experimental: {turbo: true}\n", "experimental.turbo")):
+        f = tmp_path / "experimental.yaml"
         f.write_text(text)
         with pytest.raises(OmniTTSError, match=match) as e:
             load_preset(f)

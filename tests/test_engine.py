@@ -19,7 +19,7 @@ import pytest
 import torch
 from _fixtures import FIXTURES, fixture_dir
 
-from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, TuningConfig, build_config
+from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, build_config
 from omni_tts.engine import offline
 from omni_tts.engine.engine import Engine, RequestHandle
 from omni_tts.engine.mode_scheduler import ModeScheduler
@@ -29,16 +29,14 @@ from omni_tts.models import sampling
 SR = 24000
 SPF = 1920  # samples per 12.5 Hz frame at 24 kHz (0.08 s)
 TIMEOUT = 120.0  # a hang fails the test instead of the suite
-_TUNING = {f.name for f in dataclasses.fields(TuningConfig)}
 
 
 def make_engine(model: Path | str, **kw) -> Engine:
-    """An eager CPU engine; tuning keys may be given bare, as in a preset."""
+    """An eager CPU engine; experimental keys may be given bare, as in a preset."""
     cfg = dict(mode="eager", device="cpu", max_num_seqs=3, max_seq_len=256, initial_chunk_frames=1,
-               chunk_frames=4)
+               chunk_frames=4, chunk_growth=False)
     cfg.update(kw)
-    flat = {f"tuning.{k}" if k in _TUNING else k: v for k, v in cfg.items()}
-    return Engine.from_config(build_config({"model": str(model), **flat}))
+    return Engine.from_config(build_config({"model": str(model), **cfg}))
 
 
 def lane(eng: Engine, mode: CompileMode = CompileMode.EAGER) -> ModeScheduler:
@@ -118,24 +116,22 @@ def test_one_request_equals_the_plain_path_and_the_golden_codes(engine):
     assert res.sample_rate == SR and res.metrics.status == "done"
 
 
-def test_with_and_without_lookahead_the_engine_gives_the_same_audio_and_codes(_one_thread):
-    """lookahead (the default) launches a frame while the one before it is still unread; lookahead: false
-    (the switch to isolate GPU issues) never does. Both give the plain path's codes and audio for requests
-    that end at different frames."""
-    for lookahead in (True, False):
-        eng = make_engine(fixture_dir("custom_voice"), lookahead=lookahead)
-        overlapped: list[bool] = []  # per launch: was a launched frame still unread?
-        sched = lane(eng)
-        launch = sched.runner.launch
-        sched.runner.launch = lambda n: overlapped.append(sched._pending is not None) or launch(n)
-        try:
-            ps = [greedy("Short.", max_new_tokens=6), greedy("A longer request here.", fixed_frames=9)]
-            for p, h in zip(ps, [eng.submit(p) for p in ps]):
-                r = h.result(TIMEOUT)
-                assert_same_as_plain(eng, p, r.codes, r.wav)
-            assert len(overlapped) >= 9 and any(overlapped) == lookahead
-        finally:
-            eng.shutdown()
+def test_a_frame_launched_ahead_gives_the_plain_paths_audio_and_codes(_one_thread):
+    """The scheduler launches a frame while the one before it is still unread, and still gives the plain
+    path's codes and audio for requests that end at different frames."""
+    eng = make_engine(fixture_dir("custom_voice"))
+    overlapped: list[bool] = []  # per launch: was a launched frame still unread?
+    sched = lane(eng)
+    launch = sched.runner.launch
+    sched.runner.launch = lambda n: overlapped.append(sched._pending is not None) or launch(n)
+    try:
+        ps = [greedy("Short.", max_new_tokens=6), greedy("A longer request here.", fixed_frames=9)]
+        for p, h in zip(ps, [eng.submit(p) for p in ps]):
+            r = h.result(TIMEOUT)
+            assert_same_as_plain(eng, p, r.codes, r.wav)
+        assert len(overlapped) >= 9 and any(overlapped)
+    finally:
+        eng.shutdown()
 
 
 def test_voice_design_checkpoint_matches_its_golden_and_needs_an_instruct():

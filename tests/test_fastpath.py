@@ -181,19 +181,17 @@ def test_reduce_overhead_compiles_the_whole_frame_as_one_function() -> None:
     assert ro.records_graph_trees and not default.records_graph_trees
 
 
-def test_default_runs_the_whole_frame_only_when_asked() -> None:
-    """default keeps its per-unit path unless `tuning.default_whole_frame` (an A/B for what its per-unit
-    calls cost); reduce-overhead always runs the whole frame; the panel says which."""
-    from omni_tts.config import CompileMode, EngineConfig, TuningConfig
+def test_only_reduce_overhead_runs_the_whole_frame() -> None:
+    """default keeps its per-unit path; reduce-overhead runs the whole frame; the panel says which."""
+    from omni_tts.config import CompileMode, EngineConfig
     from omni_tts.engine.step_impl import StepImpls
 
     m, _ = model_and_fast()
-    for on in (False, True):
-        impls = StepImpls(m, EngineConfig(tuning=TuningConfig(default_whole_frame=on)))
-        fast = impls.predictor(CompileMode.DEFAULT)
-        assert impls.predict_fn(CompileMode.DEFAULT) == (fast.whole_frame if on else fast.predict_frame)
-        assert ("whole frame" in impls.kernels_report(CompileMode.DEFAULT)) is on
-        assert impls.whole_frame(CompileMode.REDUCE_OVERHEAD)
+    impls = StepImpls(m, EngineConfig())
+    fast = impls.predictor(CompileMode.DEFAULT)
+    assert impls.predict_fn(CompileMode.DEFAULT) == fast.predict_frame
+    assert "whole frame" not in impls.kernels_report(CompileMode.DEFAULT)
+    assert impls.whole_frame(CompileMode.REDUCE_OVERHEAD) and not impls.whole_frame(CompileMode.DEFAULT)
 
 
 @pytest.mark.parametrize("case", golden_cases("custom_voice"))

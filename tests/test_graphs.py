@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from omni_tts.config import EngineConfig, TuningConfig
+from omni_tts.config import EngineConfig
 from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, graph_attention, pick_bucket
 
 
@@ -27,7 +27,7 @@ def test_pick_bucket_is_the_smallest_bucket_that_fits(n, buckets, want):
     (3, [3], [3]), (5, [], [1, 2, 4, 5]),  # an empty list means the default
 ])
 def test_resolved_buckets(max_num_seqs, buckets, want):
-    cfg = EngineConfig(max_num_seqs=max_num_seqs, tuning=TuningConfig(buckets=buckets))
+    cfg = EngineConfig(max_num_seqs=max_num_seqs, buckets=buckets)
     assert cfg.resolved_buckets() == want
 
 

@@ -1,5 +1,5 @@
 """omni_tts.tools.kernel_sweep's pure parts on the CPU: the candidate configs, the choice, the JSON it writes
-being what omni_tts.kernels.layers loads from the preset key tuning.kernel_configs, and its refusal without CUDA."""
+being what omni_tts.kernels.layers loads from the preset key kernel_configs, and its refusal without CUDA."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from omni_tts.kernels import configs as kernel_configs
 from omni_tts.tools import kernel_sweep
+from omni_tts.tools.cli import main
 
 
 def test_candidates_offer_multiply_and_sum_tiles_only_up_to_8_rows() -> None:
@@ -53,5 +54,6 @@ def test_written_configs_are_what_the_kernels_load(tmp_path, monkeypatch) -> Non
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
 def test_sweep_refuses_without_cuda(capsys) -> None:
-    assert kernel_sweep.main(["--out", "unused.json"]) == 2
-    assert "needs CUDA" in capsys.readouterr().err
+    assert main(["kernel-sweep", "--out", "unused.json"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "needs CUDA" in err and err.count("\n") == 1

@@ -236,23 +236,23 @@ def test_probe_builds_every_variant_or_says_why_not() -> None:
 def test_fastpath_chooses_the_kernels_it_can_build_and_says_so() -> None:
     """FastPath.use_kernels (what the runner calls for default+cudagraph): builds each group for the given
     batches; a group that cannot run falls back with a notice; the panel line says what runs."""
-    from omni_tts.config import TuningConfig
+    from omni_tts.models.compiled.fast_path import TALKER_KERNEL_ROWS
 
     m, _ = model_and_fast()
     fast = FastPath(m, None)
-    cfg = TuningConfig(predictor_kernel_rows=2, talker_kernel_rows=1)
-    assert fast.use_kernels(cfg, False, [1, 2], [8], torch.float32) == ""
+    assert fast.use_kernels(False, [1, 2], [8], torch.float32) == ""
     assert fast.kernels_report() == "Inductor kernels" and fast.kernel_rows == fast.head_kernel_rows == 0
-    assert fast.use_kernels(cfg, True, [1, 2], [8], torch.float32) == ""
-    assert (fast.kernel_rows, fast.head_kernel_rows, fast.talker_kernel_rows) == (2, 2, 1)
+    assert fast.use_kernels(True, [1, 2], [8], torch.float32) == ""
+    rows = kernels.MAX_ROWS
+    assert (fast.kernel_rows, fast.head_kernel_rows, fast.talker_kernel_rows) == (rows, rows, TALKER_KERNEL_ROWS)
     assert not fast.kernel_pdl  # no programmatic dependent launch off Hopper
-    assert "2 predictor rows (+ heads and sampling) / 1 talker rows" in fast.kernels_report()
+    assert f"{rows} predictor rows (+ heads and sampling) / {TALKER_KERNEL_ROWS} talker rows" in fast.kernels_report()
     layer = m.talker.layers[0]
     act = layer.mlp.act
     layer.mlp.act = torch.nn.functional.gelu  # a talker the kernels do not implement: that group falls back
     try:
-        notice = fast.use_kernels(cfg, True, [1], [8], torch.float32)
+        notice = fast.use_kernels(True, [1], [8], torch.float32)
     finally:
         layer.mlp.act = act
     assert notice.startswith("Triton talker kernels unavailable") and "activation" in notice
-    assert fast.talker_kernel_rows == 0 and fast.kernel_rows == 2
+    assert fast.talker_kernel_rows == 0 and fast.kernel_rows == rows

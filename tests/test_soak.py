@@ -13,13 +13,14 @@ from _fixtures import fixture_dir
 from omni_tts.config import SynthesisParams
 from omni_tts.engine.metrics import RequestMetrics
 from omni_tts.engine.request import SynthesisResult
-from omni_tts.tools.soak import check, main, rss_mb
+from omni_tts.tools.cli import main
+from omni_tts.tools.soak import check, rss_mb
 
 
 def test_a_short_soak_serves_every_kind_of_request_and_reports_memory(tmp_path: Path, capsys) -> None:
     out = tmp_path / "soak.json"
-    rc = main(["--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--mode", "eager",
-               "--max-num-seqs", "3", "--burst", "5", "--warmup", "5", "--max-frames", "6", "--requests", "40",
+    rc = main(["soak", "--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--mode", "eager",
+               "--set", "max_num_seqs=3", "--burst", "5", "--warmup", "5", "--max-frames", "6", "--requests", "40",
                "--minutes", "5", "--marks", "0", "--gap-s", "0", "--json", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text

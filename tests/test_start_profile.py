@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from _fixtures import FIXTURES
 
+from omni_tts.config import load_preset
 from omni_tts.tools import start_profile
 
 
 def test_start_profile_times_each_request_and_samples_the_first_ones_threads():
     """Also: an eager lane that compiles nothing imports nothing (Dynamo) on its first request's path."""
-    res = start_profile.measure("default", str(FIXTURES / "custom_voice"), ["modes=[eager]", "mode=eager"],
-                                requests=2, frames=6, page_s=0.2)
+    config = load_preset("default", model=str(FIXTURES / "custom_voice"), modes=["eager"], mode="eager")
+    res = start_profile.measure(config, requests=2, frames=6, page_s=0.2)
     assert [r["sent_s"] >= 0.2 for r in res["requests"]] == [True, True]
     for r in res["requests"]:
         assert 0 <= r["queue_ms"] <= r["ttfp_ms"] and r["first_audio_s"] > 0

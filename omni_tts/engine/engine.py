@@ -58,8 +58,7 @@ class Engine:
         self._ids = itertools.count(1)
         self._closed = False
         cuda = self.device.type == "cuda"
-        tuning = config.tuning
-        model.set_codec_precision(tuning.codec_precision if tuning.codec_precision != "auto" else
+        model.set_codec_precision(config.codec_precision if config.codec_precision != "auto" else
                                   "tf32" if cuda else "float32")
         self.impls = StepImpls(model, config)
         self.default_mode = config.default_mode(cuda)
@@ -68,15 +67,14 @@ class Engine:
         self.kernel_notice = self.codec_fused_error = ""
         self._primer: threading.Thread | None = None
         resident = [m for m in config.resident_modes(cuda) if not self.impls.unavailable(m)]
-        self._audio = AudioStage(self.device, self.stats, priority=cuda and tuning.priority_streams)
+        self._audio = AudioStage(self.device, self.stats, priority=cuda)
         # one step stream for every mode: graphs that share a pool must never run at the same time
-        self._stream = (torch.cuda.Stream(self.device, priority=-1 if tuning.priority_streams else 0)
-                        if cuda else None)
+        self._stream = torch.cuda.Stream(self.device, priority=-1) if cuda else None
         self.schedulers: dict[CompileMode, ModeScheduler] = {}
         for mode in resident:
             # one pool per mode (its graphs never run beside another mode's on the shared stream);
             # default+cudagraph's is vLLM's global pool when vllm is importable, as in vLLM-Omni
-            vllm = tuning.use_vllm_pool and mode is CompileMode.DEFAULT_CUDAGRAPH
+            vllm = config.experimental.use_vllm_pool and mode is CompileMode.DEFAULT_CUDAGRAPH
             pool = GraphPool(vllm) if self.impls.talker_graphs else None
             runner = Runner(model, config, mode, self.impls, pool)
             self.schedulers[mode] = ModeScheduler(runner, config, self._audio, self.stats, self._step_stream,
@@ -213,25 +211,24 @@ class Engine:
             raise EngineError("the engine shut down")
 
     def _set_up_gpu(self, early: ModeScheduler | None) -> None:
-        """Kernel probes, codec fuse and first-chunk graphs, as configured: before any mode warms (every
+        """Kernel probes, codec fuse and first-chunk graphs: before any mode warms (every
         mode's talker captures with the kernels chosen here), after the page is up. With a sched serving
         already (`early`: eager, which uses none of these kernels), each part waits for its turn: the
         probes between its requests, the codec's changes between its frames."""
-        tuning, model = self.config.tuning, self.model
+        model = self.model
         between = early.between_frames if early is not None else (lambda fn: fn())
         t = [time.perf_counter()]
         self._give_way()
         self.kernel_notice = self.impls.configure_kernels(self.config.resolved_buckets(), model.dtype,
                                                           self._give_way)
         t.append(time.perf_counter())
-        self.codec_fused_error = between(lambda: fuse_codec(model.codec)) if tuning.codec_fused else ""
+        self.codec_fused_error = between(lambda: fuse_codec(model.codec))
         t.append(time.perf_counter())
-        if tuning.first_chunk_graphs:
-            between(lambda: self._audio.capture_first_chunks(model.codec, self.config.initial_chunk_frames,
-                                                             self.config.resolved_buckets()))
+        between(lambda: self._audio.capture_first_chunks(model.codec, self.config.initial_chunk_frames,
+                                                         self.config.resolved_buckets()))
         t.append(time.perf_counter())
         self._say(f"GPU set-up took {t[3] - t[0]:.1f} s: kernel probes {t[1] - t[0]:.1f} s, codec fuse "
-                  f"{t[2] - t[1]:.1f} s, first-chunk graphs {t[3] - t[2]:.1f} s (as configured)")
+                  f"{t[2] - t[1]:.1f} s, first-chunk graphs {t[3] - t[2]:.1f} s")
 
     def _warm_all(self, order: list[CompileMode]) -> None:
         # a sched that needs no warm-up to serve (eager) serves from now on, before the GPU set-up
@@ -347,7 +344,7 @@ class Engine:
             "decode_calls": self.stats.decode_calls,
             "decode_seconds": self.stats.decode_seconds,
             "layer_kernels": self.impls.kernels_report(self.default_mode),
-            "kernels": _state(self.impls.talker_graphs and self.config.tuning.kernels, self.kernel_notice),
+            "kernels": _state(self.impls.talker_graphs and self.config.experimental.kernels, self.kernel_notice),
             "enforce_eager": self.config.enforce_eager,
             "codec_precision": getattr(self.model.codec_if_built, "precision", "not built"),
             "codec_fused": _state(getattr(self.model.codec_if_built, "fused", False), self.codec_fused_error),

@@ -133,7 +133,7 @@ class EngineStats:
 
 
 def summarize(records: list[RequestMetrics], wall_s: float) -> dict[str, float]:
-    """The seed table's figures over finished requests of one run."""
+    """The benchmark table's figures over finished requests of one run."""
     done = [r for r in records if r.status == "done"]
     ttfp = [r.ttfp_ms for r in done if r.ttfp_ms is not None]
     queued = [r.queue_ms for r in done if r.queue_ms is not None]

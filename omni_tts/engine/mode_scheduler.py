@@ -43,7 +43,7 @@ class ModeScheduler:
         self.waiting: queue.Queue[Request] = queue.Queue()
         self._arriving = 0  # submits to this sched still preparing their prompts (`arriving`)
         self._arriving_lock = threading.Lock()
-        self.admit_hold_s = config.tuning.admit_hold_ms / 1000
+        self.admit_hold_s = config.admit_hold_ms / 1000
         self.active: list[Request] = []  # index == slot (kept compact: slots 0..n-1)
         # one frame of lookahead: the step launched last and the requests in its rows
         self._pending: tuple[Any, list[Request]] | None = None
@@ -336,8 +336,6 @@ class ModeScheduler:
         done, self._pending = self._pending, (ticket, list(self.active))
         if done is not None:
             self._take(*done)
-        if not self.config.tuning.lookahead:
-            self._settle()
 
     def _settle(self) -> None:
         """Take in the frame still in flight, if any (when the loop idles)."""

@@ -215,7 +215,7 @@ class Runner:
         say = say or (lambda s: None)
         steps: list[Callable[[], None]] = []
         if self.impls.talker_graphs:
-            self.pool = self.pool or GraphPool(self.config.tuning.use_vllm_pool)
+            self.pool = self.pool or GraphPool(self.config.experimental.use_vllm_pool)
             self.pool.begin_capture()
             self._planned = self._plan_graphs()
             steps += [functools.partial(self._capture_one, g, say) for d in self._planned for g in d.values()]

@@ -88,9 +88,8 @@ class StepImpls:
         return fast.whole_frame if self.whole_frame(mode) else fast.predict_frame
 
     def whole_frame(self, mode: CompileMode) -> bool:
-        """Whether `mode`'s CodePredictor runs as one compiled frame (reduce-overhead always; default
-        with `tuning.default_whole_frame`, to measure how much of its cost is per-unit calls)."""
-        return MODES[mode].whole_frame or (mode is CompileMode.DEFAULT and self.config.tuning.default_whole_frame)
+        """Whether `mode`'s CodePredictor runs as one compiled frame (reduce-overhead's)."""
+        return MODES[mode].whole_frame
 
     def compiles(self, mode: CompileMode) -> bool:
         """Whether warming `mode` runs torch.compile: its talker (on CUDA) or its CodePredictor."""
@@ -102,7 +101,7 @@ class StepImpls:
 
     def configure_kernels(self, batches: list[int], dtype: torch.dtype,
                           between: Callable[[], None] = lambda: None) -> str:
-        """Probe and switch on the Triton kernels (`tuning.kernels`) for the talker (every mode) and
+        """Probe and switch on the Triton kernels (`experimental.kernels`) for the talker (every mode) and
         default's and default+cudagraph's CodePredictor; reduce-overhead's whole-frame compile keeps
         Inductor's (ours are launched from Python, outside a traced function). `between`: called
         between two groups of probes.
@@ -110,12 +109,12 @@ class StepImpls:
         fast = self.talker
         if fast is None:
             return ""
-        if self.config.tuning.kernel_configs:
+        if self.config.kernel_configs:
             from omni_tts.kernels import configs
 
-            configs.load_configs(self.config.tuning.kernel_configs)
-        self.kernel_notice = fast.use_kernels(self.config.tuning, self.cuda and self.config.tuning.kernels,
-                                              batches, [], dtype, between)
+            configs.load_configs(self.config.kernel_configs)
+        self.kernel_notice = fast.use_kernels(self.cuda and self.config.experimental.kernels, batches, [], dtype,
+                                              between)
         return self.kernel_notice
 
     def kernels_report(self, mode: CompileMode) -> str:
@@ -145,5 +144,5 @@ class StepImpls:
                 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                                       str(Path.home() / ".cache" / "omni_tts" / "inductor"))
                 self.compile_settings()
-                self._fast[inductor] = FastPath(self.model, inductor, self.config.tuning.compile_regions)
+                self._fast[inductor] = FastPath(self.model, inductor)
             return self._fast[inductor]

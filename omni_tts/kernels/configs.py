@@ -1,6 +1,6 @@
 """Launch configs of omni_tts.kernels.layers' projection kernel, per (rows, output width, input width).
 
-Owns: the table swept on an H200 (`TUNED`), extra entries from the JSON that the preset key tuning.kernel_configs
+Owns: the table swept on an H200 (`TUNED`), extra entries from the JSON that the preset key kernel_configs
 names (what `python -m omni_tts.tools.kernel_sweep` writes for the GPU at hand), and the lookup with its
 fallbacks (`config`). Knows nothing about the kernels' code, models or devices.
 """
@@ -25,7 +25,7 @@ def _next_pow2(n: int) -> int:
 # predictor's). One-row entries use whole-row tiles (BK >= K: under programmatic dependent launch a
 # program's weights all load before it waits for the previous kernel) and were swept with PDL on, as the
 # engine launches one-row steps. 2..16 rows take the 8-row entry (the same 16-row tensor-core tile),
-# 17..32 the 32-row one; untuned shapes `config`'s default. the preset key tuning.kernel_configs names a JSON of
+# 17..32 the 32-row one; untuned shapes `config`'s default. the preset key kernel_configs names a JSON of
 # more entries ("rows,n,K": [...]).
 Config = tuple[int, int, int, int, bool]
 # (n, K): one row (BN, BK, warps), multiply-and-sum, one stage; 8 rows and 32 rows (BN, BK, stages),
@@ -56,7 +56,7 @@ CHOOSE_SORT_FREE = True
 
 
 def load_configs(path: str) -> None:
-    """Add a kernel sweep's JSON (tools/kernel_sweep.py) to the table: the preset key `tuning.kernel_configs`."""
+    """Add a kernel sweep's JSON (tools/kernel_sweep.py) to the table: the preset key `kernel_configs`."""
     global CHOOSE_WARPS, CHOOSE_SORT_FREE
     with open(path) as f:
         for key, value in json.load(f).items():

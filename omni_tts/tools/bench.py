@@ -1,12 +1,12 @@
-"""The benchmark CLI: CodePredictor modes x concurrency, as rows of the seed table (docs/benchmarks.md).
+"""`omni-tts bench`: latency and throughput per CodePredictor mode and concurrency, in one engine.
 
-    python -m omni_tts.bench --model DIR --preset NAME [--modes eager,default,...]
-        [--concurrency 1 8 32] [--num-prompts N] [--fixed-frames N] [--json OUT]
-    python -m omni_tts.bench peers --model DIR ...   (omni_tts/peers.py: the peers beside us)
+    omni-tts bench --model DIR [--preset bench] [--modes eager,default,...] [--concurrency 1 8 32]
+        [--num-prompts N] [--fixed-frames N] [--json OUT] [--http URL]
 
-Owns: the prompt list, the closed-loop load generator (c clients, each sending its next request
-when the last one finished), warm-up exclusion, and the table/JSON output. All figures come from
-the engine's own per-request metrics (omni_tts.engine.metrics). Knows nothing about model internals.
+Owns: the modes checked against the device before anything loads, warm-up exclusion, the frames'
+fill between two snapshots, and the table/JSON output. The load itself is tools/load.py's closed loop
+(tools/http_load.py's through a server with --http). All figures come from the engine's own per-request
+metrics (omni_tts.engine.metrics). Knows nothing about model internals.
 """
 
 from __future__ import annotations
@@ -14,20 +14,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from omni_tts.config import CompileMode, SynthesisParams, load_preset, parse_sets
+from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.engine.metrics import RequestMetrics, summarize
 from omni_tts.errors import OmniTTSError
-from omni_tts.models.qwen3_tts import NEUTRAL_INSTRUCT
-from omni_tts.tools.load import make_params, run_load
+from omni_tts.tools.args import add_engine_flags, engine_config, progress
+from omni_tts.tools.load import request_maker, run_load
 
 ROWS = [("Med TTFP (ms)", "med_ttfp_ms", "{:.1f}"), ("p90 TTFP (ms)", "p90_ttfp_ms", "{:.1f}"),
         ("Med E2E (ms)", "med_e2e_ms", "{:.1f}"), ("Mean RTF", "mean_rtf", "{:.3f}"),
         ("Req/s", "req_per_s", "{:.2f}"), ("Audio tput (s/s)", "audio_s_per_s", "{:.1f}"),
-        ("Rows per frame", "rows_per_frame", "{:.2f}"), ("Code-to-wave calls", "decode_calls", "{:.0f}")]
+        ("Mean batch per frame", "batch_per_frame", "{:.2f}"), ("Code-to-wave calls", "decode_calls", "{:.0f}")]
 
 
 def format_table(results: dict[str, dict[int, dict[str, float]]], concurrency: Sequence[int],
@@ -93,11 +92,11 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
 
 
 def _frames_since(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
-    """How full the frames were (mean rows per frame: below the concurrency when slots wait between
-    requests) and how many batched code-to-wave calls decoded the chunks, between two snapshots."""
+    """How full the frames were (mean requests per batched frame step: below the concurrency when slots
+    wait between requests) and how many batched code-to-wave calls decoded the chunks, between two snapshots."""
     steps = after["steps"] - before["steps"]
     busy = after["busy_slots_sum"] - before["busy_slots_sum"]
-    return {"rows_per_frame": busy / steps if steps else float("nan"),
+    return {"batch_per_frame": busy / steps if steps else float("nan"),
             "decode_calls": float(after["decode_calls"] - before["decode_calls"])}
 
 
@@ -112,58 +111,55 @@ def _cudagraph_counters() -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(found.items())) or "none"
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m omni_tts.bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="checkpoint dir or hub id (default: embedded demo)")
-    ap.add_argument("--preset", default="bench")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    add_engine_flags(ap, preset="bench")
+    ap.add_argument("--modes", default=None, help="comma-separated modes (default: every mode this device runs; "
+                    "with --http: the server's default)")
     ap.add_argument("--max-num-seqs", type=int, default=None, help="slots per mode (default: the largest concurrency)")
-    ap.add_argument("--modes", default=None, help="comma-separated modes (default: all; with --http: the server's)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--num-prompts", type=int, default=None, help="requests per concurrency, at least one per client "
-                    "(default 2x the largest conc, >= 12)")
+                    "(default 2x the largest concurrency, >= 12)")
     ap.add_argument("--fixed-frames", type=int, default=None, help="every request makes exactly N frames")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--speaker", default=None)
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--dtype", default=None)
     ap.add_argument("--json", default=None, help="write results as JSON here")
     ap.add_argument("--http", default=None, metavar="URL",
                     help="measure a running server through POST URL/v1/audio/speech (streamed pcm) instead of an "
                          "in-process engine; --modes are sent as each request's mode, --fixed-frames as max_new_tokens")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a preset key (repeatable), e.g. --set kernels=false --set enforce_eager=true")
-    return ap
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["peers"]:
-        from omni_tts.tools.peers import main as peers_main
+def device_modes(cfg: EngineConfig, names: str | None) -> list[str]:
+    """The modes to measure: `names` (comma-separated), each one this config can run on this machine, else
+    every mode it can; checked before anything loads (OmniTTSError naming the first that cannot run)."""
+    import torch
 
-        return peers_main(argv[1:])
-    args = _parser().parse_args(argv)
-    t0 = time.perf_counter()
-    say = lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", file=sys.stderr, flush=True)  # noqa: E731
+    cuda = cfg.device != "cpu" and torch.cuda.is_available()
+
+    def why_not(m: CompileMode) -> str:
+        if m.needs_cuda and not cuda:
+            return "it needs CUDA, and this run is on a CPU"
+        return "the preset sets enforce_eager" if m.compiled and cfg.enforce_eager else ""
+
+    runs = [m.value for m in CompileMode if not why_not(m)]
+    if names is None:
+        return runs
+    modes = [CompileMode.parse(m) for m in names.split(",") if m.strip()]
+    for m in modes:
+        if why_not(m):
+            raise OmniTTSError(f"mode {m.value} cannot run here: {why_not(m)} (modes here: {', '.join(runs)})")
+    return [m.value for m in modes]
+
+
+def main(args: argparse.Namespace) -> int:
     if args.http:
         return _bench_over_http(args)
-    try:
-        names = args.modes or ",".join(m.value for m in CompileMode)
-        modes = [CompileMode.parse(m).value for m in names.split(",") if m.strip()]
-        overrides = parse_sets(args.set)
-        overrides.update({k: v for k, v in (("model", args.model), ("device", args.device), ("dtype", args.dtype))
-                          if v is not None})
-        overrides["max_num_seqs"] = args.max_num_seqs or max(args.concurrency)
-        load_preset(args.preset, **overrides)  # a bad preset or key fails here, before any load
-    except OmniTTSError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    say = progress()
+    slots = args.max_num_seqs or max(args.concurrency)
+    modes = device_modes(engine_config(args, max_num_seqs=slots), args.modes)  # a bad preset or key fails here
+    config = engine_config(args, max_num_seqs=slots, mode=modes[0], modes=modes)
     results: dict[str, dict[int, dict[str, float]]] = {}
     extra: dict[str, dict[str, Any]] = {}
-    try:
-        snapshot = _bench_group(modes, args, overrides, results, extra, say)
-    except OmniTTSError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    snapshot = _bench_group(config, args, results, extra, say)
     print(f"model: {snapshot['model']}\ndevice: {snapshot['device']}  dtype: {snapshot['dtype']}  "
           f"fixed_frames: {args.fixed_frames}")
     print(format_table(results, args.concurrency, extra))
@@ -194,17 +190,14 @@ def _bench_over_http(args: Any) -> int:
     return 0
 
 
-def _bench_group(modes: list[str], args: Any, overrides: dict[str, Any], results: dict, extra: dict,
-                 say: Callable[[str], None]) -> dict[str, Any]:
-    """Every mode of `modes` resident in one engine, benchmarked one after another."""
+def _bench_group(config: EngineConfig, args: Any, results: dict, extra: dict, say: Callable[[str], None]
+                 ) -> dict[str, Any]:
+    """Every mode of `config.modes` resident in one engine, benchmarked one after another."""
     from omni_tts.engine.engine import Engine
 
-    engine = Engine.from_config(load_preset(args.preset, **overrides, mode=modes[0], modes=modes), progress=say)
-    # a Base checkpoint has no such voice: its requests are refused with the message saying so
-    voice = engine.plain_voice() or {"task": "voice_design", "speaker": None, "instruct": NEUTRAL_INSTRUCT}
-    speaker = args.speaker or voice["speaker"]
-    make = lambda i, m: make_params(i, speaker, args.fixed_frames, task=voice["task"],  # noqa: E731
-                                    instruct=voice["instruct"], mode=m)
+    modes = list(config.modes or [])
+    engine = Engine.from_config(config, progress=say)
+    make = request_maker(engine, args.fixed_frames, args.speaker)
     for mode in modes:  # measure only once every mode is warm: a warming mode competes for the GPU
         engine.wait_ready(mode)
     try:
@@ -219,7 +212,3 @@ def _bench_group(modes: list[str], args: Any, overrides: dict[str, Any], results
         snapshot = engine.snapshot()
         engine.shutdown()
     return snapshot
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,14 +1,14 @@
 """Launch-config sweep of omni_tts.kernels.layers' projection kernel on this GPU, written as a JSON that
-the preset key tuning.kernel_configs loads (and that kernel_configs.TUNED is updated from).
+the preset key kernel_configs loads (and that kernel_configs.TUNED is updated from).
 
-    python -m omni_tts.tools.kernel_sweep [--size 1.7B] [--parts predictor talker] [--rows 1 2 8 16 32]
-        [--no-pdl] [--talker-pdl-rows 1] [--quick] [--out kernel_configs.json]
+    omni-tts kernel-sweep [--size 1.7B] [--parts predictor talker] [--rows 1 2 8 16 32]
+        [--no-pdl] [--quick] [--out kernel_configs.json]
 
 Owns: the candidate configs per row count, timing each of a decoder layer's four projections (q|k|v
 after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual; the code
 predictor's and / or the talker's shapes) per candidate, launched as the engine launches them (with
 programmatic dependent launch where the GPU has it: the predictor's always, the talker's up to
-`--talker-pdl-rows` rows), in a CUDA graph of back-to-back launches whose weights rotate through
+the engine's TALKER_PDL_ROWS), in a CUDA graph of back-to-back launches whose weights rotate through
 enough copies to overflow the L2 cache (inside a frame 150 MB of predictor weights stream from HBM; a
 sweep that keeps one copy hot in a 50 MB L2 picks configs for the wrong regime),
 and the choice of the fastest per (rows, shape). Weights are random at the size's shapes (values don't change speed).
@@ -21,15 +21,16 @@ import argparse
 import itertools
 import json
 import math
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from omni_tts.errors import OmniTTSError
 from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import layers as kernels
-from omni_tts.models.compiled.fast_path import fuse_layer
+from omni_tts.models.compiled.fast_path import TALKER_PDL_ROWS, fuse_layer
+from omni_tts.tools.args import progress
 
 Config = kernel_configs.Config
 
@@ -54,7 +55,7 @@ def fastest(timings: dict[Config, float]) -> Config:
 
 
 def configs_json(best: dict[tuple[int, int, int], Config]) -> dict[str, list]:
-    """{(rows, n, K): config} -> the tuning.kernel_configs format ({"rows,n,K": [BN, BK, stages, warps, vec]})."""
+    """{(rows, n, K): config} -> the kernel_configs format ({"rows,n,K": [BN, BK, stages, warps, vec]})."""
     return {f"{m},{n},{k}": list(cfg) for (m, n, k), cfg in sorted(best.items())}
 
 
@@ -93,13 +94,13 @@ def _graph_us(fns: list[Callable[[], Any]], launches: int = 60, replays: int = 5
 
 
 def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Sequence[str] = ("predictor",),
-          pdl: bool = True, quick: bool = False, talker_pdl_rows: int = 1) -> dict[tuple[int, int, int], Config]:
-    """The fastest config per (rows, shape); launches with PDL as the engine's (`kernel_pdl`, `talker_pdl_rows`):
-    the predictor's at every row count, the talker's up to talker_pdl_rows rows."""
+          pdl: bool = True, quick: bool = False) -> dict[tuple[int, int, int], Config]:
+    """The fastest config per (rows, shape); launches with PDL as the engine's: the predictor's at every row
+    count, the talker's up to TALKER_PDL_ROWS rows."""
     best: dict[tuple[int, int, int], Config] = {}
     pdl = pdl and kernels.pdl_available(torch.device("cuda"))
     for part in parts:
-        pdl_rows = (kernels.MAX_ROWS if part == "predictor" else talker_pdl_rows) if pdl else 0
+        pdl_rows = (kernels.MAX_ROWS if part == "predictor" else TALKER_PDL_ROWS) if pdl else 0
         best.update(_sweep_part(size, part, rows, say, pdl_rows, quick))
     return best
 
@@ -139,30 +140,23 @@ def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], 
     return best
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m omni_tts.tools.kernel_sweep", description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--size", default="1.7B", help="layer shapes of this size (0.6B and 1.7B share the predictor's)")
     ap.add_argument("--parts", nargs="+", choices=("predictor", "talker"), default=["predictor", "talker"])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 16, 32])
     ap.add_argument("--no-pdl", action="store_true", help="time launches without programmatic dependent launch")
-    ap.add_argument("--talker-pdl-rows", type=int, default=1,
-                    help="the talker's launches with PDL up to this many rows, as the engine key talker_pdl_rows")
     ap.add_argument("--quick", action="store_true", help="fewer candidates (4 warps only)")
     ap.add_argument("--out", default="kernel_configs.json")
-    args = ap.parse_args(argv)
-    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+
+
+def main(args: argparse.Namespace) -> int:
+    say = progress()
     if not torch.cuda.is_available() or not kernels.available():
-        say("error: the kernel sweep needs CUDA and triton (it times the kernels on this GPU)")
-        return 2
+        raise OmniTTSError("the kernel sweep needs CUDA and triton (it times the kernels on this GPU)")
     if any(not 1 <= m <= kernels.MAX_ROWS for m in args.rows):
-        say(f"error: --rows must be within 1..{kernels.MAX_ROWS}")
-        return 2
-    best = sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick, args.talker_pdl_rows)
+        raise OmniTTSError(f"--rows must be within 1..{kernels.MAX_ROWS}")
+    best = sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick)
     with open(args.out, "w") as f:
         json.dump(configs_json(best), f, indent=1)
     say(f"wrote {args.out}: run with --set kernel_configs={args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -35,6 +35,17 @@ def make_params(i: int, speaker: str | None, fixed_frames: int | None, seed: int
                            instruct=instruct, seed=seed + i, fixed_frames=fixed_frames, mode=mode)
 
 
+def request_maker(engine: Any, fixed_frames: int | None, speaker: str | None = None
+                  ) -> Callable[[int, str | None], SynthesisParams]:
+    """(i, mode) -> prompt i as a request in the checkpoint's plain voice (`speaker` if given). A Base
+    checkpoint has none: its requests ask for a neutral designed voice and are refused saying why."""
+    from omni_tts.models.qwen3_tts import NEUTRAL_INSTRUCT
+
+    voice = engine.plain_voice() or {"task": "voice_design", "speaker": None, "instruct": NEUTRAL_INSTRUCT}
+    return lambda i, mode: make_params(i, speaker or voice["speaker"], fixed_frames, task=voice["task"],
+                                       instruct=voice["instruct"], mode=mode)
+
+
 def closed_loop(concurrency: int, num_prompts: int, work: Callable[[int], Any]) -> tuple[list[Any], float]:
     """`concurrency` clients share prompts 0..num_prompts-1, each sending its next when its last one is
     done; work(i) -> a record, or raises (recorded, the run goes on). -> (records, wall seconds); the

@@ -1,6 +1,6 @@
 """Per-bucket cost of a frame's two steps in each CompileMode, and greedy agreement between modes.
 
-    python -m omni_tts.tools.microbench --model DIR [--modes eager,default,...] [--buckets 1 8 16 32 64]
+    omni-tts microbench --model DIR [--preset bench] [--modes eager,default,...] [--buckets 1 8 16 32 64]
         [--frames 40] [--json OUT]
 
 Owns: filling the runner's slots with real prefilled requests, timing the code-predictor step and
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,8 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, build_config, parse_sets
+from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.engine.metrics import gpu_memory
+from omni_tts.tools.args import add_engine_flags, engine_config, progress
+from omni_tts.tools.bench import device_modes
 from omni_tts.tools.load import PROMPTS
 
 
@@ -52,12 +53,6 @@ def fill_slots(runner: Any, n: int, speaker: str | None) -> None:
     for i in range(n):
         runner.prefill(i, SynthesisParams(text=PROMPTS[i % len(PROMPTS)], speaker=speaker, greedy=True,
                                           language="English", fixed_frames=300))
-
-
-def step_callables(runner: Any, b: int, kv_len: int | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """(code predictor step, talker step) for rows [:b] as the runner would run them; the talker's attention
-    over kv_len cache positions (default: what the rows' positions need)."""
-    return runner.step_fns(b, kv_len)
 
 
 def codec_costs(model: Any) -> dict[str, float]:
@@ -110,7 +105,7 @@ def profile_steps(runner: Any, buckets: Sequence[int], out_dir: str) -> dict[str
 
     out: dict[str, Any] = {}
     for b in buckets:
-        graph_cp, graph_talker = step_callables(runner, b)
+        graph_cp, graph_talker = runner.step_fns(b)
         launched_cp, launched_talker = runner.launched_step_fns(b)
         codes = torch.randint(0, 2048, (b, 26, 16), device=runner.device)
         params = SynthesisParams(text=PROMPTS[0], speaker=(runner.model.speakers() or [None])[0], greedy=True,
@@ -175,8 +170,8 @@ def first_diff(a: torch.Tensor, b: torch.Tensor) -> int | None:
 
 def load_test(model: Any, cfg: EngineConfig, mode: str, concurrency: Sequence[int], fixed_frames: int,
               num_prompts: int, say: Callable[[str], None], slots: Sequence[int] | None = None) -> dict[str, Any]:
-    """The seed table for one mode through a real Engine over `model` with only that mode resident
-    (admits up to max(concurrency), or each of `slots`)."""
+    """bench's closed-loop figures for one mode through a real Engine over `model` with only that mode
+    resident (admits up to max(concurrency), or each of `slots`)."""
     import dataclasses
 
     from omni_tts.engine.engine import Engine
@@ -206,16 +201,6 @@ def load_test(model: Any, cfg: EngineConfig, mode: str, concurrency: Sequence[in
     return out
 
 
-def make_config(model: str, buckets: Sequence[int], dtype: str, overrides: dict[str, Any] | None = None
-                ) -> EngineConfig:
-    """The runners' config: slots for the largest bucket, exactly these buckets, then `overrides`
-    ({key or 'tuning.key': value}, as parse_sets gives them)."""
-    flat: dict[str, Any] = {"model": model, "mode": "eager", "max_num_seqs": max(buckets), "max_seq_len": 512,
-                            "dtype": dtype, "initial_chunk_frames": 1, "tuning.buckets": list(buckets)}
-    flat.update(overrides or {})
-    return build_config(flat)
-
-
 def measure_mode(runner: Any, buckets: Sequence[int], speaker: str | None, report: dict[str, Any],
                  say: Callable[[str], None]) -> dict[str, Any]:
     """Step costs per bucket (both sampling variants; per attention length where graphed) and prefill costs."""
@@ -224,28 +209,28 @@ def measure_mode(runner: Any, buckets: Sequence[int], speaker: str | None, repor
     row: dict[str, Any] = {"setup_s": report["seconds"], "actual_mode": report["mode"], "per_bucket": {},
                            "layer_kernels": runner.layer_kernels(), "notice": report.get("notice", "")}
     for b in buckets:
-        cp, talker = step_callables(runner, b)
+        cp, talker = runner.step_fns(b)
         row["per_bucket"][b] = {"cp_ms": time_ms(cp), "talker_ms": time_ms(talker), "kv_len": runner.kv_len(b),
                                 "variant": "full sort" if runner.variant(b) else "top-k selection"}
         cp_s, talker_s = runner.step_fns(b, sort=True)  # the full-sort variant (top-p without top-k)
         row["per_bucket"][b].update(cp_ms_full_sort=time_ms(cp_s), talker_ms_full_sort=time_ms(talker_s))
         if runner.graphs:  # the talker step's cost against the attention length it reads
             row["per_bucket"][b]["talker_ms_by_kv_len"] = {
-                L: time_ms(step_callables(runner, b, L)[1]) for L in runner.kv_buckets}
+                L: time_ms(runner.step_fns(b, L)[1]) for L in runner.kv_buckets}
         say(f"{mode} b={b}: {row['per_bucket'][b]}")
     row["prefill"] = prefill_costs(runner, speaker)
     return row
 
 
-def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, dtype: str,
-        say: Callable[[str], None], load: dict[str, Any] | None = None, out_json: str | None = None,
-        profile_dir: str | None = None, profile_buckets: Sequence[int] = (1,), skip_codec: bool = False,
-        overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def run(cfg: EngineConfig, modes: Sequence[str], frames: int, say: Callable[[str], None],
+        load: dict[str, Any] | None = None, out_json: str | None = None, profile_dir: str | None = None,
+        profile_buckets: Sequence[int] = (1,), skip_codec: bool = False) -> dict[str, Any]:
+    """Every mode's runner in turn over one loaded model with `cfg`'s slots and buckets."""
     from omni_tts.engine.model_runner import Runner
     from omni_tts.engine.step_impl import StepImpls
     from omni_tts.models.loading import load_model
 
-    cfg = make_config(model, buckets, dtype, overrides)
+    buckets = cfg.resolved_buckets()
     t0 = time.perf_counter()
     tts = load_model(cfg, progress=say)
     say(f"loaded in {time.perf_counter() - t0:.1f} s")
@@ -301,16 +286,14 @@ def _save(result: dict[str, Any], out_json: str | None) -> None:
             json.dump(result, f, indent=1)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m omni_tts.tools.microbench", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--modes", default=",".join(m.value for m in CompileMode))
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    add_engine_flags(ap, preset="bench")
+    ap.add_argument("--modes", default=None, help="comma-separated (default: every mode this device runs)")
     ap.add_argument("--buckets", type=int, nargs="+", default=[1, 8, 16, 32, 64])
     ap.add_argument("--frames", type=int, default=40)
-    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--json", default=None)
     ap.add_argument("--load-concurrency", type=int, nargs="*", default=[],
-                    help="also run the seed table at these concurrencies in each mode (same process)")
+                    help="also run bench's closed loop at these concurrencies in each mode (same process)")
     ap.add_argument("--fixed-frames", type=int, default=75)
     ap.add_argument("--num-prompts", type=int, default=12)
     ap.add_argument("--stress-slots", type=int, nargs="*", default=[],
@@ -321,10 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--stress-modes", default=None, help="modes that get the stress runs (default: all)")
     ap.add_argument("--profile-dir", default=None, help="CUDA only: profile one step per --profile-buckets here")
     ap.add_argument("--profile-buckets", type=int, nargs="*", default=[1, 32])
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override an engine key (repeatable), e.g. --set predictor_kernel_rows=0")
-    args = ap.parse_args(argv)
-    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+
+
+def main(args: argparse.Namespace) -> int:
+    # the runners' slots: the largest bucket, with exactly these buckets
+    cfg = engine_config(args, mode="eager", max_num_seqs=max(args.buckets), buckets=list(args.buckets))
+    modes = device_modes(cfg, args.modes)
     load = {"concurrency": args.load_concurrency, "fixed_frames": args.fixed_frames,
             "num_prompts": args.num_prompts, "stress_slots": args.stress_slots,
             "stress_clients": args.stress_clients}
@@ -332,11 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         load["modes"] = args.load_modes.split(",")
     if args.stress_modes:
         load["stress_modes"] = args.stress_modes.split(",")
-    res = run(args.model, [m for m in args.modes.split(",") if m], args.buckets, args.frames, args.dtype, say,
-              load, args.json, args.profile_dir, args.profile_buckets, args.skip_codec, parse_sets(args.set))
+    res = run(cfg, modes, args.frames, progress(), load, args.json, args.profile_dir, args.profile_buckets,
+              args.skip_codec)
     print(json.dumps(res, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

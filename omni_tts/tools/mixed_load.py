@@ -1,10 +1,11 @@
-"""Modes side by side in one engine: a burst spread over every resident mode, and a fast mode's RTF with a
-slow mode streaming beside it.
+"""`omni-tts mixed-load`: modes side by side in one engine: a burst spread over every resident mode, and a
+fast mode's RTF with a slow mode streaming beside it.
 
-    python -m omni_tts.tools.mixed_load --model DIR [--modes M,...] [--requests 64] [--fixed-frames 75] [--json OUT]
+    omni-tts mixed-load --model DIR [--preset default] [--modes M,...] [--requests 64] [--fixed-frames 75]
 
-Uses only the Engine's public API. Prints per mode: requests done / failed, median TTFP and RTF; then the
-default mode's solo RTF against its RTF while one eager request streams beside it.
+Uses only the Engine's public API; the engine is the preset's with the modes and slots asked for.
+Prints per mode: requests done / failed, median TTFP and RTF; then the first mode's solo RTF against its
+RTF while one request of the last mode streams beside it.
 """
 
 from __future__ import annotations
@@ -12,17 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import threading
-from collections.abc import Sequence
 from typing import Any
 
-import torch
-
-from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.engine.engine import Engine
 from omni_tts.errors import OmniTTSError
-from omni_tts.tools.load import make_params
+from omni_tts.tools.args import add_engine_flags, engine_config, progress
+from omni_tts.tools.bench import device_modes
+from omni_tts.tools.load import request_maker
 
 
 def burst(engine: Engine, modes: list[str], n: int, make: Any) -> dict[str, dict[str, Any]]:
@@ -58,37 +56,25 @@ def beside(engine: Engine, fast: str, slow: str, make: Any, repeats: int = 3) ->
     return {"solo_rtf": statistics.median(solo), "beside_rtf": statistics.median(paired)}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m omni_tts.tools.mixed_load", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    add_engine_flags(ap)
     ap.add_argument("--modes", default=None, help="comma-separated, the fast one first and the slow one last "
-                    "(default: every mode on CUDA, default and eager on a CPU)")
+                    "(default: every mode this device runs, fastest first)")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--fixed-frames", type=int, default=75)
-    ap.add_argument("--device", default="auto")
     ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
-    names = args.modes or ("default+cudagraph,default,reduce-overhead,eager" if torch.cuda.is_available()
-                           else "default,eager")
-    modes = [m.strip() for m in names.split(",") if m.strip()]
-    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    try:
-        cfg = EngineConfig(model=args.model, mode=modes[0], modes=modes, device=args.device,
-                           max_num_seqs=args.max_num_seqs, max_seq_len=1024, initial_chunk_frames=1)
-        engine = Engine.from_config(cfg, progress=say)
-    except OmniTTSError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for m in modes:
-        engine.wait_ready(m)
-    voice = engine.plain_voice() or {}  # Base has none: its requests say why they are refused
 
-    def make(i: int, mode: str) -> SynthesisParams:
-        return make_params(i, voice.get("speaker"), args.fixed_frames, task=voice.get("task", "custom_voice"),
-                           instruct=voice.get("instruct"), mode=mode)
 
+def main(args: argparse.Namespace) -> int:
+    config = engine_config(args, max_num_seqs=args.max_num_seqs)
+    modes = device_modes(config, args.modes)[::-1 if args.modes is None else 1]  # eager, the slowest, last
+    engine = Engine.from_config(engine_config(args, max_num_seqs=args.max_num_seqs, mode=modes[0], modes=modes),
+                                progress=progress())
+    make = request_maker(engine, args.fixed_frames)
     try:
+        for m in modes:
+            engine.wait_ready(m)
         report = {"burst": burst(engine, modes, args.requests, make),
                   "beside": beside(engine, modes[0], modes[-1], make)}
     finally:
@@ -98,7 +84,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

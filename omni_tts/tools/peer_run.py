@@ -1,8 +1,8 @@
 """One system of `bench peers`, in a process of its own: start it, time its start-up, run the closed
 loops, print one JSON line.
 
-    python -m omni_tts.tools.peer_run SYSTEM --model DIR [--frames 75] [--concurrency 1 8 32]
-        [--num-prompts 32] [--device cuda] [--speaker ryan]
+    python -m omni_tts.tools.peer_run SYSTEM --model DIR --device cuda [--frames 75] [--concurrency 1 8 32]
+        [--num-prompts 32] [--speaker ryan]   (started by `omni-tts peers`, with its flags: `run_argv`)
 
 Owns each system's adapter behind one call, `one(i) -> RequestMetrics`, timed alike in this process:
 TTFP = request start -> first non-empty audio chunk in hand, E2E = start -> last chunk, audio = the
@@ -31,6 +31,7 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 from omni_tts.engine.metrics import RequestMetrics, summarize  # noqa: E402
+from omni_tts.tools.args import Parser, add_engine_flags, engine_config  # noqa: E402
 from omni_tts.tools.load import PROMPTS, closed_loop  # noqa: E402
 
 SINGLE_STREAM = {"faster-qwen3-tts", "qwen-tts"}  # no concurrent API: concurrency 1 only
@@ -70,16 +71,15 @@ def timed(i: int, chunks: Iterable[Any], sample_rate: int = 24000) -> RequestMet
 
 
 class Ours:
-    """omni-tts through Engine.submit/stream: the bench preset, default+cudagraph on CUDA (eager on CPU)."""
+    """omni-tts through Engine.submit/stream: the preset (bench unless --preset), default+cudagraph on CUDA
+    (eager on CPU)."""
 
     def __init__(self, a: argparse.Namespace) -> None:
-        from omni_tts.config import load_preset
         from omni_tts.engine.engine import Engine
 
         mode = "default+cudagraph" if a.device.startswith("cuda") else "eager"
         self.a = a
-        self.engine = Engine.from_config(load_preset("bench", model=a.model, device=a.device, mode=mode, modes=[mode],
-                                                     max_num_seqs=max(a.concurrency)))
+        self.engine = Engine.from_config(engine_config(a, mode=mode, modes=[mode], max_num_seqs=max(a.concurrency)))
 
     def one(self, i: int) -> RequestMetrics:
         from omni_tts.config import SynthesisParams
@@ -255,19 +255,37 @@ async def _async_start(a: argparse.Namespace) -> VllmOmni:
     return VllmOmni(a)  # AsyncOmni binds its queues to the running loop
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m omni_tts.tools.peer_run", description=__doc__.splitlines()[0])
-    ap.add_argument("system", choices=["omni-tts", "vllm-omni", "faster-qwen3-tts", "qwen-tts"])
-    ap.add_argument("--model", required=True)
+FORWARDED = ("model", "device", "dtype", "preset", "frames", "num_prompts", "single_stream_prompts", "speaker",
+             "vo_extra_tokens")
+
+
+def add_run_flags(ap: argparse.ArgumentParser) -> None:
+    """The flags of one system's run, shared by `omni-tts peers` and this process (which `run_argv` starts)."""
+    add_engine_flags(ap, preset="bench")
     ap.add_argument("--frames", type=int, default=75)
-    ap.add_argument("--frame-rate", type=float, default=12.5, help="codec frames per audio second")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--num-prompts", type=int, default=32)
-    ap.add_argument("--single-stream-prompts", type=int, default=4, help="requests for a single-stream system")
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--single-stream-prompts", type=int, default=4,
+                    help="requests for the systems without a concurrent API (concurrency 1 only)")
     ap.add_argument("--speaker", default="ryan")
     ap.add_argument("--vo-extra-tokens", type=int, default=1,
                     help="vLLM-Omni: talker tokens asked beyond --frames (it returns one frame fewer)")
+
+
+def run_argv(system: str, a: argparse.Namespace) -> list[str]:
+    """The command line of `system`'s process: this module with the run flags of `a` (device resolved)."""
+    argv = [sys.executable, "-m", "omni_tts.tools.peer_run", system, "--concurrency", *map(str, a.concurrency)]
+    for key in FORWARDED:
+        if getattr(a, key) is not None:
+            argv += [f"--{key.replace('_', '-')}", str(getattr(a, key))]
+    return argv + [x for pair in a.set for x in ("--set", pair)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = Parser(prog="python -m omni_tts.tools.peer_run", description=__doc__.splitlines()[0])
+    ap.add_argument("system", choices=["omni-tts", "vllm-omni", "faster-qwen3-tts", "qwen-tts"])
+    add_run_flags(ap)
+    ap.add_argument("--frame-rate", type=float, default=12.5, help="codec frames per audio second")
     a = ap.parse_args(argv)
     emit = lambda d: print("RESULT " + json.dumps(d), flush=True)  # noqa: E731
     try:

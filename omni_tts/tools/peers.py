@@ -1,7 +1,7 @@
-"""`python -m omni_tts.bench peers`: the systems a user would otherwise pick, beside our engine, on the
-same checkpoint and prompts with the same number of frames, measured the same way in one run.
+"""`omni-tts peers`: the systems a user would otherwise pick, beside our engine, on the same checkpoint and
+prompts with the same number of frames, measured the same way in one run.
 
-    python -m omni_tts.bench peers --model DIR [--peers vllm-omni,faster-qwen3-tts,qwen-tts]
+    omni-tts peers --model DIR [--peers vllm-omni,faster-qwen3-tts,qwen-tts]
         [--path vllm-omni=/opt/vo --path qwen-tts=/opt/peers ...] [--concurrency 1 8 32]
         [--num-prompts 32] [--frames 75] [--json OUT] [--log-dir DIR]
 
@@ -25,9 +25,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from omni_tts.errors import OmniTTSError
+from omni_tts.tools.peer_run import add_run_flags, run_argv
 
 ROOT = Path(__file__).resolve().parents[2]  # the directory holding the omni_tts package
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
@@ -81,10 +83,7 @@ def run_system(name: str, a: argparse.Namespace, paths: dict[str, str], mem: Gpu
     env["PYTHONPATH"] = os.pathsep.join(p for p in (paths.get(name), str(ROOT), env.get("PYTHONPATH")) if p)
     if name == "vllm-omni":
         env.update(OFFLINE_ENV)
-    cmd = [sys.executable, "-m", "omni_tts.tools.peer_run", name, "--model", a.model, "--frames", str(a.frames),
-           "--num-prompts", str(a.num_prompts), "--device", a.device, "--speaker", a.speaker,
-           "--vo-extra-tokens", str(a.vo_extra_tokens), "--single-stream-prompts", str(a.single_stream_prompts),
-           "--concurrency", *map(str, a.concurrency)]
+    cmd = run_argv(name, a)
     baseline = mem.latest
     mem.peak = baseline or 0.0
     result: dict[str, Any] = {"system": name, "error": "no result (see its log)"}
@@ -140,26 +139,23 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m omni_tts.bench peers", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="checkpoint dir in the released layout (the same for every system)")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    add_run_flags(ap)
     ap.add_argument("--peers", default="vllm-omni,faster-qwen3-tts,qwen-tts",
                     help="comma-separated, run in this order; omni-tts runs last unless listed")
     ap.add_argument("--path", action="append", default=[], metavar="NAME=DIR",
                     help="put DIR first on NAME's import path (a --target install of that peer)")
-    ap.add_argument("--frames", type=int, default=75)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--num-prompts", type=int, default=32)
-    ap.add_argument("--single-stream-prompts", type=int, default=4,
-                    help="requests for the systems without a concurrent API (concurrency 1 only)")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--speaker", default="ryan")
-    ap.add_argument("--vo-extra-tokens", type=int, default=1,
-                    help="vLLM-Omni: talker tokens asked beyond --frames (it returns one frame fewer)")
     ap.add_argument("--timeout", type=float, default=1500, help="seconds per system")
     ap.add_argument("--json", default=None)
     ap.add_argument("--log-dir", default=None, help="each system's stderr as DIR/peer-NAME.log (default: a temp dir)")
-    a = ap.parse_args(argv)
+
+
+def main(a: argparse.Namespace) -> int:
+    import torch
+
+    if not a.model:
+        raise OmniTTSError("peers needs --model DIR: a checkpoint in the released layout, the same for every system")
+    a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     names = [p.strip() for p in a.peers.split(",") if p.strip()]
     names += [] if "omni-tts" in names else ["omni-tts"]
     paths = dict(p.split("=", 1) for p in a.path)

@@ -1,8 +1,8 @@
 """Soak test: one engine under a long run of mixed load, watching for memory that grows and for requests
 that fail or disturb each other.
 
-    python -m omni_tts.tools.soak --minutes 30 [--model DIR] [--device cpu|cuda] [--mode M]
-        [--max-num-seqs 8] [--burst 12] [--max-frames 48] [--marks 5] [--json OUT]
+    omni-tts soak --minutes 30 [--model DIR] [--preset default] [--set max_num_seqs=8] [--mode M]
+        [--burst 12] [--max-frames 48] [--marks 5] [--json OUT]
 
 Owns the load: bursts of concurrent requests mixing the checkpoint's tasks, text lengths, sampling
 settings and seeds; some read to the end, some streamed and cancelled after their first chunk, some
@@ -10,7 +10,7 @@ cancelled at once, some bad inputs that must be refused at submit. Every outcome
 request's codes within the codebook and its audio exactly its frames long, a cancelled one's partial
 audio and codes agreeing). Prints RSS (from /proc/self/statm) after warm-up, at each mark and at the
 end, the requests served and the outcomes by kind; exit status 1 when any outcome was unexpected or the
-growth after warm-up exceeds --max-growth-mb. Uses only the Engine's public API.
+growth after warm-up exceeds --max-growth-mb. Uses only the Engine's public API, on the preset's engine.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from omni_tts.config import EngineConfig, SynthesisParams
+from omni_tts.config import SynthesisParams
 from omni_tts.errors import Cancelled, InputError, OmniTTSError
+from omni_tts.tools.args import add_engine_flags, engine_config
 
 WORDS = ("the quick brown fox jumps over a lazy dog near river bank please remember bring umbrella rain "
          "store opens monday morning beautiful sunset mountains meeting moved thursday time prepare").split()
@@ -205,14 +205,10 @@ class Soak:
                     timeline=self.timeline, growth_mb=round(growth, 1), requests=sum(self.outcomes.values()))
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m omni_tts.tools.soak", description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    add_engine_flags(ap, mode=True)
     ap.add_argument("--minutes", type=float, default=30.0, help="how long to run after warm-up")
     ap.add_argument("--requests", type=int, default=0, help="stop after this many requests (0: time only)")
-    ap.add_argument("--model", help="checkpoint dir or Hub id (default: model selection, as the CLI)")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--mode", default="auto", help="a CompileMode value, or auto")
-    ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--burst", type=int, default=12, help="at most this many requests at once")
     ap.add_argument("--warmup", type=int, default=16, help="requests before the first RSS mark")
     ap.add_argument("--max-frames", type=int, default=48, help="frames per request at most")
@@ -221,22 +217,15 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-growth-mb", type=float, help="fail when RSS grows more than this after warm-up")
     ap.add_argument("--json", help="write the summary here")
-    return ap
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(args: argparse.Namespace) -> int:
     from omni_tts.engine.engine import Engine
 
-    args = _parser().parse_args(argv)
-    config = EngineConfig(model=args.model, device=args.device, mode=args.mode, max_num_seqs=args.max_num_seqs)
+    engine = Engine.from_config(engine_config(args), progress=lambda s: print(s, file=sys.stderr))
     try:
-        engine = Engine.from_config(config, progress=lambda s: print(s, file=sys.stderr))
-    except OmniTTSError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        print(f"soak: {engine.snapshot().get('model', '?')}, mode {engine.mode.value}, {args.max_num_seqs} slots, "
-              f"{args.minutes:g} min, bursts of up to {args.burst}", flush=True)
+        print(f"soak: {engine.snapshot().get('model', '?')}, mode {engine.mode.value}, "
+              f"{engine.config.max_num_seqs} slots, {args.minutes:g} min, bursts of up to {args.burst}", flush=True)
         soak = Soak(engine, args)
         soak.run()
         out = soak.summary()
@@ -251,7 +240,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dump(dict(args=vars(args), **out), f, indent=1)
     too_much = args.max_growth_mb is not None and out["growth_mb"] > args.max_growth_mb
     return 1 if out["unexpected"] or too_much else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

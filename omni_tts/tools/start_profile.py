@@ -3,7 +3,7 @@ warming; primed, and the priming waited for, unless --no-prime; a pause standing
 then `start_warming`), eager requests sent one after another, and every thread's stack sampled every
 few milliseconds.
 
-    python -m omni_tts.tools.start_profile --model CUSTOM_VOICE_DIR [--preset bench] [--set KEY=VALUE] [--requests 3]
+    omni-tts start-profile --model CUSTOM_VOICE_DIR [--preset bench] [--set KEY=VALUE] [--requests 3]
         [--frames 25] [--page-s 3] [--no-prime] [--json OUT]
 
 For each request: when it was sent, its queued time and TTFP; for the first one, per thread, the most
@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from omni_tts.config import EngineConfig
+from omni_tts.tools.args import add_engine_flags, engine_config
 
 SAMPLE_S = 0.005
 DEPTH = 90
@@ -78,16 +81,15 @@ def _place(frames: list[str]) -> str:
     return f"{importing}{ours[0] if ours else '-'} | {ours[-1] if ours else '-'} | {frames[0] if frames else '-'}"
 
 
-def measure(preset: str, model: str | None, sets: Sequence[str] = (), requests: int = 3, frames: int = 25,
-            page_s: float = 3.0, prime: bool = True) -> dict[str, Any]:
+def measure(config: EngineConfig, requests: int = 3, frames: int = 25, page_s: float = 3.0, prime: bool = True
+            ) -> dict[str, Any]:
     """Build the engine, run `requests` eager requests one after another, return the timings and samples."""
-    from omni_tts.config import SynthesisParams, load_preset, parse_sets
+    from omni_tts.config import SynthesisParams
     from omni_tts.engine.engine import Engine
 
     log: list[tuple[float, str]] = []
     with StackSampler() as sampler:
         t0 = time.perf_counter()
-        config = load_preset(preset, model=model, **parse_sets(list(sets)))
         engine = Engine.from_config(config, progress=lambda s: log.append((time.perf_counter() - t0, s)),
                                     wait=False, warm=False)
         try:
@@ -114,22 +116,21 @@ def measure(preset: str, model: str | None, sets: Sequence[str] = (), requests: 
     first_window = sampler.top(*rows[0]["window"]) if rows else {}
     for r in rows:
         r.pop("window")
-    return {"preset": preset, "model": model, "sets": list(sets), "prime": prime, "page_s": page_s,
+    return {"config": dataclasses.asdict(config), "prime": prime, "page_s": page_s,
             "requests": rows, "log": [(round(t, 3), s) for t, s in log], "first_request_threads": first_window}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--preset", default="bench")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset key")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    add_engine_flags(ap, preset="bench")
     ap.add_argument("--requests", type=int, default=3)
     ap.add_argument("--frames", type=int, default=25)
     ap.add_argument("--page-s", type=float, default=3.0, help="pause standing for the app's page build")
     ap.add_argument("--no-prime", action="store_true")
     ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
-    res = measure(args.preset, args.model, args.set, args.requests, args.frames, args.page_s, not args.no_prime)
+
+
+def main(args: argparse.Namespace) -> int:
+    res = measure(engine_config(args), args.requests, args.frames, args.page_s, not args.no_prime)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     for r in res["requests"]:
@@ -140,7 +141,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         for place, n in v["top"][:5]:
             print(f"   {n:5d}  {place}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

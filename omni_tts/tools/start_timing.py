@@ -2,7 +2,7 @@
 `POST /v1/audio/speech`, sent one after another from the moment the page answers (each as the last one
 ends), then a wait for a line in the app's log (e.g. "eager ready").
 
-    python -m omni_tts.tools.start_timing [--app-args "--model DIR --preset bench"] [--requests 2]
+    omni-tts start-timing [--app-args "--model DIR --preset bench"] [--requests 2]
         [--frames 25] [--wait-for "eager ready"] [--limit 300] [--port 7860] [--json OUT]
 
 Each request is streamed as server-sent events, so besides this client's clock (first audio, whole
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -122,8 +123,7 @@ def measure(app_args: Sequence[str], requests: int = 2, frames: int = 25, wait_f
     return res
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--app-args", default="", help='arguments for app.py, e.g. "--model DIR --preset bench"')
     ap.add_argument("--requests", type=int, default=2)
     ap.add_argument("--frames", type=int, default=25)
@@ -131,14 +131,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--limit", type=float, default=300.0, help="seconds from process start before giving up")
     ap.add_argument("--port", type=int, default=7860)
     ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
-    res = measure(args.app_args.split(), args.requests, args.frames, args.wait_for, args.limit, args.port)
+
+
+def main(args: argparse.Namespace) -> int:
+    res = measure(shlex.split(args.app_args), args.requests, args.frames, args.wait_for, args.limit, args.port)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in res.items() if k != "log"}, indent=1))
     print("\n".join(res["log"]))
     return 0 if res["page_s"] is not None and all("error" not in r for r in res["requests"]) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

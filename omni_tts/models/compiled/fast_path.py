@@ -34,6 +34,8 @@ from omni_tts.models.layers import apply_rope, gqa_attention, rms_norm
 # Rows (batch x tokens) up to which a projection runs as multiply-and-sum: Inductor makes it one reduction
 # kernel that reads the weight once and fuses its neighbours (cuBLAS's GEMV wins from two rows on).
 GEMV_MAX_ROWS = 1
+TALKER_KERNEL_ROWS = 8  # talker steps of at most this many rows run the Triton layers (cuBLAS wins above)
+TALKER_PDL_ROWS = 1  # ...with programmatic dependent launch only at one row (whole-row tiles; it costs above)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -189,8 +191,7 @@ class FastPath:
         # the whole frame as one compiled function (Inductor's kernels only, batch size dynamic after the
         # first two shapes, so four compiles in all instead of one per bucket): reduce-overhead's graph
         # trees record one graph per batch shape and replay it once per frame (the KV cache is an
-        # intermediate, so no input is written in place; outputs are copied out before the next replay);
-        # default runs it only for its A/B switch (tuning.default_whole_frame)
+        # intermediate, so no input is written in place; outputs are copied out before the next replay)
         self.records_graph_trees = inductor_mode == "reduce-overhead"
         self.region_error = ""  # why the whole frame fell back to inlined layers, if it did
         self._compile, self._frame, self._frame_ran = compile_, None, False
@@ -256,7 +257,7 @@ class FastPath:
         h = x[:, None]  # [b, 1, D]
         for i, (layer, (w_qkv, b_qkv, w_gu)) in enumerate(zip(talker.layers, self.talker_w)):
             kc, vc = cache.k[i, :b], cache.v[i, :b]  # [b, Hkv, M, hd]
-            if tri:  # programmatic dependent launch up to `talker_pdl_rows` (see config.py)
+            if tri:  # programmatic dependent launch up to TALKER_PDL_ROWS
                 q = talker_kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, pdl)
             else:
                 q = self.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, rows, pos)  # [b, H, 1, hd]
@@ -349,18 +350,18 @@ class FastPath:
         return torch.stack(codes, dim=1), esum.to(e0.dtype)  # [B, 15], [B, D]
 
     # ------------------------------------------------------------------ hand-written kernels
-    def use_kernels(self, config: Any, on: bool, batches: list[int], kv_lens: list[int], dtype: torch.dtype,
+    def use_kernels(self, on: bool, batches: list[int], kv_lens: list[int], dtype: torch.dtype,
                     between: Callable[[], None] = lambda: None) -> str:
-        """Choose the hand-written Triton kernels from `config` (an EngineConfig) when `on` (default+cudagraph
-        on CUDA): predictor layers and heads, talker layers, talker attention, and whether the predictor's
-        launch with programmatic dependent launch; each group is built now for every batch (and kv length)
-        a capture will use, and where one cannot be, Inductor's kernels (or SDPA) do.
+        """Choose the hand-written Triton kernels when `on` (default+cudagraph on CUDA): predictor layers and
+        heads, talker layers, talker attention, and whether they launch with programmatic dependent launch;
+        each group is built now for every batch (and kv length) a capture will use, and where one cannot
+        be, Inductor's kernels (or SDPA) do.
         -> '' or a notice saying what was turned off and why."""
         on = on and kernels.available()
-        self.kernel_rows = config.predictor_kernel_rows if on else 0
-        self.talker_kernel_rows = config.talker_kernel_rows if on else 0
-        self.kernel_pdl = on and config.kernel_pdl and kernels.pdl_available(self.model.device)
-        self.talker_pdl_rows = config.talker_pdl_rows if self.kernel_pdl else 0
+        self.kernel_rows = kernels.MAX_ROWS if on else 0
+        self.talker_kernel_rows = TALKER_KERNEL_ROWS if on else 0
+        self.kernel_pdl = on and kernels.pdl_available(self.model.device)
+        self.talker_pdl_rows = TALKER_PDL_ROWS if self.kernel_pdl else 0
         self.head_kernel_rows = 0
         notices = []
         if self.talker_kernel_rows:
