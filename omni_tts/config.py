@@ -233,7 +233,6 @@ class EngineConfig:
     initial_chunk_frames: int = 2
     chunk_frames: int = 25
     chunk_growth: bool = False  # chunks after the first double in size up to chunk_frames (gap-free playback)
-    left_context_frames: int = 72
     gpu_memory_limit_gb: float | None = None  # CUDA: cap this process's allocator
     tuning: TuningConfig = dataclasses.field(default_factory=TuningConfig)
     name: str = ""
@@ -283,7 +282,7 @@ class EngineConfig:
 
 _TUNING_KEYS = {f.name for f in dataclasses.fields(TuningConfig)}
 _PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)} - {"tuning"} | {f"tuning.{k}" for k in _TUNING_KEYS}
-_INT_KEYS = {"max_num_seqs", "max_seq_len", "initial_chunk_frames", "chunk_frames", "left_context_frames",
+_INT_KEYS = {"max_num_seqs", "max_seq_len", "initial_chunk_frames", "chunk_frames",
              "predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows", "admit_hold_ms"}
 _BOOL_KEYS = {"use_vllm_pool", "compile_regions", "default_whole_frame", "codec_fused", "first_chunk_graphs",
               "lookahead", "chunk_growth", "kernel_pdl", "priority_streams", "kernels", "enforce_eager"}
