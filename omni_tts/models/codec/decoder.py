@@ -238,7 +238,7 @@ class CodecDecoder(nn.Module):
         x = conv(act(x, pad=conv.reach), padded=True, carry=carry)  # x: [B, 1, T*upsample]
         return x.squeeze(1).clamp(-1.0, 1.0)
 
-    def _vocode_pending(self, x: torch.Tensor, carry: Carry | None) -> torch.Tensor:
+    def _vocode_pending(self, x: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:
         """The vocoder after the upsampling blocks with every bias and residual add inside the Triton snake
         kernels (`Pending`). x: [B, latent, T'] -> wav [B, T'*rates]"""
         first, *stages, act, conv = self.decoder
