@@ -15,6 +15,7 @@ from omni_tts.config import SynthesisParams, build_config
 from omni_tts.engine.engine import Engine
 from omni_tts.errors import Cancelled, InputError
 from omni_tts.models.checkpoint import load_checkpoint
+from omni_tts.models.codec.costs import chunk_costs
 from omni_tts.models.codec.decoder import CodecDecoder
 from omni_tts.models.codec.layers import CausalConv1d, CausalUpConv1d, WindowAttention, WindowTransformer
 from omni_tts.models.codec.streaming import StreamingDecoder, StreamingDecoderState, decode_chunk, decode_plans
@@ -207,3 +208,15 @@ def test_a_cancelled_request_frees_its_decoder_state(_one_thread) -> None:
     finally:
         eng.shutdown()
 
+
+
+def test_chunk_costs_scale_with_rows_and_count_at_least_the_transformer_matmuls() -> None:
+    cfg = load_checkpoint(fixture_dir("custom_voice")).codec_config
+    dec = decoder()
+    one, two = chunk_costs(cfg, 1, 8, torch.float32), chunk_costs(cfg, 2, 8, torch.float32)
+    assert two.flops == 2 * one.flops
+    assert one.weight_bytes == two.weight_bytes == sum(4 * p.numel() for p in dec.parameters())
+    linear = sum(m.weight.numel() for m in dec.pre_transformer.modules() if isinstance(m, torch.nn.Linear))
+    assert one.flops > 2 * linear * 8  # 2 FLOPs per weight per frame in the transformer alone
+    assert two.bytes_moved > one.bytes_moved > one.weight_bytes
+    assert one.per_frame()["flops"] == one.flops / 8

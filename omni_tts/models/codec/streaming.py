@@ -114,8 +114,8 @@ def _decode_group(codec: CodecDecoder, rows: list[tuple[Piece, StreamingDecoderS
 
 def decode_plans(plans: list[ChunkPlan], fast: FastFirst | None = None) -> tuple[list[torch.Tensor | Exception], int]:
     """Decode every plan's pieces: a decoder's plans in order, each round one piece of every decoder, as
-    one batched decode per (codec, piece length). `fast`, when given, is tried for batches of rows that
-    all start their stream (e.g. graphed first chunks).
+    one batched decode per (codec, piece length, restart or not). `fast`, when given, is tried for the
+    batches of rows that start their stream (e.g. graphed first chunks).
 
     The decoder is row-independent, so a row decoded in a batch equals its decode alone. Returns, per
     plan, its float32 CPU audio [N*upsample] or the exception its decode raised (a failing batch is
@@ -129,10 +129,11 @@ def decode_plans(plans: list[ChunkPlan], fast: FastFirst | None = None) -> tuple
     errors: dict[int, Exception] = {}  # plan index -> its error
     calls = 0
     while queues:
-        groups: dict[tuple[int, int], list[tuple[int, int, Piece]]] = {}
+        groups: dict[tuple[int, int, bool], list[tuple[int, int, Piece]]] = {}
         for key, queue in queues.items():
             i, piece = queue.pop(0)
-            groups.setdefault((id(plans[i].decoder.codec), piece.codes.shape[0]), []).append((key, i, piece))
+            shape = (id(plans[i].decoder.codec), piece.codes.shape[0], piece.reset)
+            groups.setdefault(shape, []).append((key, i, piece))
         for members in groups.values():
             codec = plans[members[0][1]].decoder.codec
             wavs, n = _decode_group(codec, [(p, plans[i].decoder.state) for _, i, p in members], fast)
