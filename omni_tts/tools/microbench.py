@@ -79,12 +79,17 @@ def codec_costs(model: Any) -> dict[str, float]:
     benchmark request (1 context + 25 new) and a steady chunk (full receptive field + 25 new), and per
     carried-state chunk as the engine streams (25 new frames of streams 100 frames in), batch 1, 8 and
     32, in the tf32 and bfloat16 precisions with eager and fused (compiled) activations; plus each
-    variant's max abs difference from float32 eager on one steady window."""
+    variant's max abs difference from float32 eager on one steady window, and the carried chunk's FLOPs
+    and bytes moved per frame (`codec.costs.chunk_costs`, bfloat16) for the roofline."""
     import copy
 
     from omni_tts.engine.audio_stage import fuse_codec
+    from omni_tts.models.codec.costs import chunk_costs
 
     out: dict[str, float] = {}
+    for b in (1, 8, 32, 64):
+        per_frame = chunk_costs(model.ckpt.codec_config, b, 25).per_frame()
+        out.update({f"carried_b{b}_{k}_per_frame": v for k, v in per_frame.items()})
     shapes = {"first": (0, 1), "second": (1, 25), "steady": (model.codec.receptive_field_frames, 25)}
     probe = torch.randint(0, 2048, (1, sum(shapes["steady"]), 16), device=model.device)
     ref = copy.deepcopy(model.codec).set_precision("float32").set_fused(False).decode_window(probe, shapes["steady"][0])
