@@ -45,7 +45,7 @@ class Pending(NamedTuple):
     res: torch.Tensor | None  # [B, C, T], contiguous; the summing kernel may write over it
 
 
-Carry = dict
+Carry = dict[nn.Module, torch.Tensor]
 """Streaming state of a batch of decoder rows: {layer module: tensor [B, ...]}, written by the layers as
 they run. A layer missing from it starts from what a decode sees at position 0: zeros (the causal
 padding), an empty attention window."""
