@@ -47,8 +47,9 @@ def _stack(states: Sequence[StreamingDecoderState]) -> Carry:
     """The rows' carries as one batch carry; a row without an entry gets zeros (a stream's start)."""
     out: Carry = {}
     for key in {k: None for s in states for k in s.carry}:
-        ref = next(s.carry[key] for s in states if key in s.carry)
-        out[key] = torch.cat([s.carry.get(key, torch.zeros_like(ref)) for s in states])
+        rows = [s.carry.get(key) for s in states]
+        ref = next(r for r in rows if r is not None)
+        out[key] = torch.cat([torch.zeros_like(ref) if r is None else r for r in rows])
     return out
 
 
