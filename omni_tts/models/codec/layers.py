@@ -313,7 +313,8 @@ class WindowTransformer(nn.Module):
         q_idx, k_idx = pos[0][:, None], pos  # [T, 1], [1, T]
         if carry is not None:
             past = self.window - 1
-            start = carry.get(self, torch.zeros(x.shape[0], dtype=torch.long, device=dev))  # [B]
+            start = carry.get(self)  # [B] each row's next position
+            start = torch.zeros(x.shape[0], dtype=torch.long, device=dev) if start is None else start
             carry[self] = start + t
             pos = start[:, None] + pos  # [B, T]
             # key column j holds position start - past + j; columns before the row's stream are empty
