@@ -208,7 +208,6 @@ class EngineConfig:
     initial_chunk_frames: int = 1  # frames in a request's first audio chunk
     chunk_frames: int = 25  # frames in each later chunk
     chunk_growth: bool = True  # chunks after the first double in size up to chunk_frames (gap-free playback)
-    left_context_frames: int = 72  # frames of context each chunk is decoded with
     gpu_memory_limit_gb: float | None = None  # CUDA: cap this process's allocator
     buckets: list[int] | None = None  # graph batch buckets; None: powers of two up to max_num_seqs
     # hold a burst's first arrivals this long at most while the rest still prepare their prompts, so the

@@ -172,7 +172,6 @@ def test_left_context_is_the_receptive_field() -> None:
     dcfg = load_checkpoint(FIXTURES / "custom_voice").codec_config["decoder_config"]
     front = 2 + dcfg["num_hidden_layers"] * (dcfg["sliding_window"] - 1)  # pre-conv + stacked windows
     assert dec.receptive_field_frames == front + dec.vocoder_context_frames
-    assert StreamingDecoder(dec).left_context_frames == max(dcfg["sliding_window"], dec.receptive_field_frames)
     codes, full = long_case()
     codes = codes[None]  # codes: [1, 200, 16]
     upf, worst_72 = dec.decode_upsample_rate, 0.0
@@ -215,7 +214,7 @@ def _lockstep(decs: list[StreamingDecoder], codes: list[torch.Tensor]) -> tuple[
     def run(plans: list) -> None:
         nonlocal windows, calls
         wavs, n = decode_plans([p for _, p in plans])
-        windows, calls = windows + sum(len(p.windows) for _, p in plans), calls + n
+        windows, calls = windows + sum(len(p.pieces) for _, p in plans), calls + n
         for (i, plan), wav in zip(plans, wavs):
             chunks[i].append(plan.decoder.account(plan, wav))
 

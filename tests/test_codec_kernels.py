@@ -83,3 +83,23 @@ def test_pending_vocoder_decodes_as_the_module_vocoder() -> None:
         got = dec._vocode_pending(x)
     assert got.shape == ref.shape and float(ref.abs().max()) > 1e-3
     assert float((got - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))
+
+
+def test_pending_vocoder_streamed_with_carried_state_decodes_as_in_one_pass() -> None:
+    """The fused path streamed: each conv's carried input columns go into the zero padding the kernel
+    wrote (in place), so latent frames vocoded 1, 2 then 3 at a time join to the eager one-pass vocoder."""
+    dec = CodecDecoder.from_checkpoint(load_checkpoint(fixture_dir("custom_voice")))
+    lat = torch.randn(2, dec.upsample[0][0].conv.in_channels, 6, generator=torch.Generator().manual_seed(5))
+    carry: dict = {}
+    pieces, at = [], 0
+    with torch.inference_mode():
+        ref = dec._vocode(lat)
+        for n in (1, 2, 3):
+            x = lat[..., at: at + n]
+            for up, block in dec.upsample:
+                x = block(up(x, carry), carry)
+            pieces.append(dec._vocode_pending(x, carry))
+            at += n
+    got = torch.cat(pieces, dim=-1)
+    assert got.shape == ref.shape and float(ref.abs().max()) > 1e-3
+    assert float((got - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))

@@ -379,10 +379,10 @@ def test_mode_notes_say_what_each_mode_runs_and_the_cpu_engine_says_why_the_grap
 def test_first_chunk_graphs_are_skipped_while_paused(engine):
     """The audio stage asks its first-chunk graphs (CUDA only; a recording stand-in here that declines, so
     the chunk decodes eagerly) only while graphs_on; off, every first chunk decodes eagerly."""
-    calls: list[tuple[int, int]] = []
+    calls: list[int] = []
 
-    def first(codec, rows, context):
-        calls.append((rows.shape[0], context))
+    def first(codec, rows):
+        calls.append(rows.shape[0])
         return None
 
     c2w = engine._audio
@@ -392,7 +392,7 @@ def test_first_chunk_graphs_are_skipped_while_paused(engine):
     try:
         p = SynthesisParams(text="hello there", speaker="ryan", language="English", greedy=True, fixed_frames=3)
         engine.submit(p).result(TIMEOUT)
-        assert calls and calls[0] == (1, 0)  # the first chunk: one row, no left context
+        assert calls and calls[0] == 1  # the first chunk: one row, starting its stream
         calls.clear()
         c2w.graphs_on = False
         r = engine.submit(p).result(TIMEOUT)

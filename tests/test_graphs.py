@@ -156,8 +156,14 @@ def test_first_chunk_graphs_equal_the_eager_decode():
     codec = CodecDecoder.from_checkpoint(load_checkpoint(fixture_dir("custom_voice"))).cuda().set_precision("tf32")
     first = FirstChunkGraphs(codec, 1, [1, 4])
     for n in (1, 3, 4):
-        codes = torch.randint(0, 2048, (n, 1, 16))
-        wav = first(codec, codes, 0)
-        assert not wav.requires_grad and torch.equal(wav, codec.decode_window(codes, 0))
-    assert first(codec, torch.zeros(5, 1, 16, dtype=torch.long), 0) is None  # above the largest bucket
-    assert first(codec, torch.zeros(1, 2, 16, dtype=torch.long), 0) is None  # another window shape
+        codes, more = torch.randint(0, 2048, (n, 1, 16)), torch.randint(0, 2048, (n, 3, 16))
+        wav, carry = first(codec, codes)
+        with torch.inference_mode():
+            eager = {}
+            assert not wav.requires_grad and torch.equal(wav, codec.decode_carried(codec.prepare(codes), eager))
+            assert list(carry) == list(eager) and all(torch.equal(carry[k], eager[k]) for k in carry)
+            nxt = codec.decode_carried(codec.prepare(more), carry)  # the streams continue from the graph's state
+        want = codec.decode_window(torch.cat([codes, more], dim=1), 1)
+        assert float((nxt - want).abs().max()) <= 1e-3
+    assert first(codec, torch.zeros(5, 1, 16, dtype=torch.long)) is None  # above the largest bucket
+    assert first(codec, torch.zeros(1, 2, 16, dtype=torch.long)) is None  # another chunk length

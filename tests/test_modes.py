@@ -151,7 +151,7 @@ def lone_lane(cfg: EngineConfig, runner_cls: type[Runner] = Runner) -> tuple[Any
     audio = AudioStage(model.device, stats)
     sched = ModeScheduler(runner_cls(model, cfg, CompileMode.EAGER), cfg, audio, stats, nullcontext,
                       lambda prep: model.streaming_decoder(cfg.initial_chunk_frames, cfg.chunk_frames,
-                                                           cfg.left_context_frames, prefix_codes=prep.decoder_prefix))
+                                                           prefix_codes=prep.decoder_prefix))
     return model, sched, audio
 
 

@@ -4,11 +4,13 @@ Owns: the code-to-wave thread (and its CUDA stream, so decoding audio overlaps t
 talker / predictor work), its job queue, turning codec codes into `AudioChunk`s delivered to request
 handles, and completing requests once their audio is out. Each pass drains every job queued at that moment,
 plans the chunks that became due (`StreamingDecoder.plan_push` / `plan_flush`), decodes all of them
-with one batched `decode_window` per distinct window shape (`codec.decode_plans`; chunks of requests
-that started together share a shape), then emits chunks and completions in job order, so each
-request's chunks and its completion stay in order. On CUDA the first chunk of a plain request (the
-TTFP path) replays a CUDA graph per batch bucket (`FirstChunkGraphs`); `drain()` lets the scheduler
-wait for an idle stage. Does not know: the runner, slots, sampling, or how the codec computes a window.
+with one batched carried-state decode per chunk length (`codec.decode_plans`: each frame decoded once;
+chunks of requests that started together share a length), then emits chunks and completions in job
+order, so each request's chunks and its completion stay in order. A request that completes (done,
+failed or cancelled) drops its decoder state (`live_states` counts those held). On CUDA the first
+chunk of a plain request (the TTFP path) replays a CUDA graph per batch bucket (`FirstChunkGraphs`);
+`drain()` lets the scheduler wait for an idle stage. Does not know: the runner, slots, sampling, or
+how the codec computes a chunk.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.engine.metrics import EngineStats, now
 from omni_tts.engine.request import AudioChunk
 from omni_tts.errors import OmniTTSError, as_engine_error, one_line
+from omni_tts.models.codec.layers import Carry
 from omni_tts.models.codec.streaming import ChunkPlan, decode_plans
 
 
@@ -41,7 +44,11 @@ def fuse_codec(codec: Any) -> str:
     try:
         codec.set_fused(True)
         for b in (1, 2):
-            codec.decode_window(torch.zeros(b, 3, codec.num_quantizers, dtype=torch.long), 1)
+            codes = torch.zeros(b, 3, codec.num_quantizers, dtype=torch.long)
+            with torch.inference_mode():
+                carry: Carry = {}
+                for _ in range(2):  # a stream's first chunk, then one with carried state
+                    codec.decode_carried(codec.prepare(codes), carry)
         return ""
     except Exception as e:
         codec.set_fused(False)
@@ -49,41 +56,52 @@ def fuse_codec(codec: Any) -> str:
 
 
 class FirstChunkGraphs:
-    """CUDA graphs of the codec's first-chunk decode (`frames` frames, no left context: the window every
-    plain request starts with, so it decides TTFP) per batch bucket; ~900 eager kernel launches become
-    one replay. Their own pool, not the engine's shared one: they replay on the code-to-wave stream
-    while the step graphs replay on the scheduler's, and graphs sharing a pool must never run at the
-    same time. Other window shapes (they vary with history length) decode eagerly."""
+    """CUDA graphs of the codec's first-chunk decode (`frames` frames of streams that start: the chunk
+    every plain request starts with, so it decides TTFP) per batch bucket, returning the audio and the
+    carried state the streams continue from; ~900 eager kernel launches become one replay. Their own
+    pool, not the engine's shared one: they replay on the code-to-wave stream while the step graphs
+    replay on the scheduler's, and graphs sharing a pool must never run at the same time. Other chunks
+    (their state varies per request) decode eagerly."""
 
     def __init__(self, codec: Any, frames: int, buckets: list[int], priority: bool = False) -> None:
         """priority: replay on a high-priority stream (as the frame steps run), so a first chunk (TTFP) is
-        not queued behind other requests' later windows."""
+        not queued behind other requests' later chunks."""
         self.codec, self.frames = codec, frames
         device = codec.quantizer["rvq_first"].tables.device
         self.stream = torch.cuda.Stream(device, priority=-1) if priority else None
         self.codes = torch.zeros(max(buckets), frames, codec.num_quantizers, dtype=torch.long, device=device)
-        self.graph = BucketedGraph("codec first chunk", lambda b: (lambda: (codec.window(self.codes[:b], 0),)),
-                                   buckets, GraphPool(use_vllm=False))
+        self.keys: list[Any] = []  # the carry's layers, in the order of the graph's outputs after the audio
+        self.graph = BucketedGraph("codec first chunk", lambda b: (lambda: self._decode(b)), buckets,
+                                   GraphPool(use_vllm=False))
         with torch.no_grad():  # outputs must not require grad (the codec's parameters do)
             self.graph.capture()
 
-    def __call__(self, codec: Any, rows: torch.Tensor, context: int) -> torch.Tensor | None:
-        """rows [n, C+N, Q] host codes -> wav [n, N*upsample] (a view: copy it before the next call), or None
-        when this shape has no graph."""
+    def _decode(self, b: int) -> tuple[torch.Tensor, ...]:
+        carry: Carry = {}
+        wav = self.codec.decode_carried(self.codes[:b], carry)
+        self.keys = list(carry)
+        return (wav, *carry.values())
+
+    def __call__(self, codec: Any, rows: torch.Tensor) -> tuple[torch.Tensor, Carry] | None:
+        """rows [n, N, Q] host codes of streams that start -> (wav [n, N*upsample] (a view: copy it before the
+        next call), their carry), or None when this shape has no graph."""
         n = rows.shape[0]
-        if (codec is not self.codec or context != 0 or rows.shape[1] != self.frames
-                or pick_bucket(n, self.graph.buckets) is None):
+        if codec is not self.codec or rows.shape[1] != self.frames or pick_bucket(n, self.graph.buckets) is None:
             return None
         if self.stream is None:
-            self.codes[:n].copy_(codec.prepare(rows))
-            return self.graph.run(n)[0]
+            return self._replay(codec, rows)
         current = torch.cuda.current_stream(self.stream.device)
         self.stream.wait_stream(current)
         with torch.cuda.stream(self.stream):
-            self.codes[:n].copy_(codec.prepare(rows))
-            wav = self.graph.run(n)[0]
+            out = self._replay(codec, rows)
         current.wait_stream(self.stream)
-        return wav
+        return out
+
+    def _replay(self, codec: Any, rows: torch.Tensor) -> tuple[torch.Tensor, Carry]:
+        n = rows.shape[0]
+        self.codes[:n].copy_(codec.prepare(rows))
+        wav, *state = self.graph.run(n)
+        return wav, {k: t.clone() for k, t in zip(self.keys, state)}  # the next replay overwrites the outputs
 
 
 class AudioStage:
@@ -102,6 +120,7 @@ class AudioStage:
         # False: decode first chunks eagerly (a switch for isolating GPU issues)
         self.graphs_on = True
         self._jobs: queue.Queue[list[tuple] | None] = queue.Queue()
+        self._live: dict[int, Any] = {}  # id -> request record whose decoder may hold carried state
         self._thread = threading.Thread(target=self._loop, name="omni-tts-code2wav", daemon=True)
         self._thread.start()
 
@@ -112,6 +131,10 @@ class AudioStage:
             self.first = FirstChunkGraphs(codec, frames, buckets, priority=self.priority)
         except Exception as e:  # never fatal: first chunks then decode eagerly
             self.first_error = one_line(e)
+
+    def live_states(self) -> int:
+        """Requests whose decoder state this stage holds (each is dropped when its request completes)."""
+        return len(self._live)
 
     def put(self, jobs: list[tuple]) -> None:
         if jobs:
@@ -167,11 +190,12 @@ class AudioStage:
                 steps.append(("fail", a, _error(e)))
                 continue
             if plan is not None:
+                self._live[id(a)] = a
                 steps.append(("chunk", a, plan))
         plans = [s[2] for s in steps if s[0] == "chunk"]
         t0 = now()
         wavs, calls = decode_plans(plans, self.first if self.graphs_on else None) if plans else ([], 0)
-        self.stats.on_decode(sum(len(p.windows) for p in plans), calls, now() - t0)
+        self.stats.on_decode(sum(p.keep for plan in plans for p in plan.pieces), calls, now() - t0)
         results = iter(wavs)
         for step in steps:
             self._apply(step, next(results) if step[0] == "chunk" else None)
@@ -206,6 +230,8 @@ class AudioStage:
         a.chunks += 1
 
     def _complete(self, a: Any, status: str, error: OmniTTSError | None = None) -> None:
+        if self._live.pop(id(a), None) is not None:  # before the handle completes: its waiter sees it freed
+            a.decoder.release()
         a.handle.complete(a.codes, status, error)
         if status == "done" and a.handle.recorded:
             self.stats.on_finish(a.handle.metrics)

@@ -153,8 +153,8 @@ class Engine:
 
     def _decoder(self, prep: Prepared) -> Any:
         c = self.config
-        return self.model.streaming_decoder(c.initial_chunk_frames, c.chunk_frames, c.left_context_frames,
-                                            prefix_codes=prep.decoder_prefix, grow=c.chunk_growth)
+        return self.model.streaming_decoder(c.initial_chunk_frames, c.chunk_frames, prefix_codes=prep.decoder_prefix,
+                                            grow=c.chunk_growth)
 
     # ------------------------------------------------------------------ modes
     def prime(self) -> None:

@@ -338,14 +338,13 @@ class TTSModel:
         wav = self.codec.decode(codes[None].to(self.device))  # [1, samples]
         return wav[0].float().cpu().numpy().astype(np.float32)
 
-    def streaming_decoder(self, initial_chunk_frames: int, chunk_frames: int, left_context_frames: int | None = None,
-                          prefix_codes: torch.Tensor | None = None, grow: bool = False) -> Any:
+    def streaming_decoder(self, initial_chunk_frames: int, chunk_frames: int, prefix_codes: torch.Tensor | None = None,
+                          grow: bool = False) -> Any:
         """A codec.StreamingDecoder; `prefix_codes` [R, 16] (clone.decoder_prefix) are decoded as left
         context only, so the chunks are the audio of the pushed frames alone; `grow`: chunk sizes double."""
         from omni_tts.models.codec.streaming import StreamingDecoder
 
-        return StreamingDecoder(self.codec, initial_chunk_frames, chunk_frames, left_context_frames,
-                                prefix_codes=prefix_codes, grow=grow)
+        return StreamingDecoder(self.codec, initial_chunk_frames, chunk_frames, prefix_codes=prefix_codes, grow=grow)
 
     # ------------------------------------------------------------------ voice clone
     def voice_prompt(self, audio: Any, ref_text: str | None = None, x_vector_only: bool = False,

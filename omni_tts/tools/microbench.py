@@ -55,16 +55,36 @@ def fill_slots(runner: Any, n: int, speaker: str | None) -> None:
                                           language="English", fixed_frames=300))
 
 
+def carried_chunk(codec: Any, b: int, history: int, frames: int) -> Callable[[], Any]:
+    """A call decoding the next `frames` frames of b streams `history` frames in (their state copied per call)."""
+    device = codec.quantizer["rvq_first"].tables.device
+    codes = torch.randint(0, 2048, (b, history + frames, codec.num_quantizers), device=device)
+    carry: dict = {}
+    with torch.inference_mode():
+        codec.decode_carried(codes[:, :history], carry)
+
+    def run() -> Any:
+        with torch.inference_mode():
+            return codec.decode_carried(codes[:, history:], dict(carry))
+    return run
+
+
 def codec_costs(model: Any) -> dict[str, float]:
     """ms per decode_window call: the first chunk (no context, 1 frame), the second of a 75-frame
-    benchmark request (1 context + 25 new) and a steady chunk (full receptive field + 25 new), batch 1,
-    8 and 32, in the tf32 and bfloat16 precisions with eager and fused (compiled) activations; plus each
-    variant's max abs difference from float32 eager on one steady window."""
+    benchmark request (1 context + 25 new) and a steady chunk (full receptive field + 25 new), and per
+    carried-state chunk as the engine streams (25 new frames of streams 100 frames in), batch 1, 8 and
+    32, in the tf32 and bfloat16 precisions with eager and fused (compiled) activations; plus each
+    variant's max abs difference from float32 eager on one steady window, and the carried chunk's FLOPs
+    and bytes moved per frame (`codec.costs.chunk_costs`, bfloat16) for the roofline."""
     import copy
 
     from omni_tts.engine.audio_stage import fuse_codec
+    from omni_tts.models.codec.costs import chunk_costs
 
     out: dict[str, float] = {}
+    for b in (1, 8, 32, 64):
+        per_frame = chunk_costs(model.ckpt.codec_config, b, 25).per_frame()
+        out.update({f"carried_b{b}_{k}_per_frame": v for k, v in per_frame.items()})
     shapes = {"first": (0, 1), "second": (1, 25), "steady": (model.codec.receptive_field_frames, 25)}
     probe = torch.randint(0, 2048, (1, sum(shapes["steady"]), 16), device=model.device)
     ref = copy.deepcopy(model.codec).set_precision("float32").set_fused(False).decode_window(probe, shapes["steady"][0])
@@ -82,6 +102,7 @@ def codec_costs(model: Any) -> dict[str, float]:
                 for shape, (c, n) in shapes.items():
                     codes = torch.randint(0, 2048, (b, c + n, 16), device=model.device)
                     out[f"{name}_b{b}_{shape}_ms"] = time_ms(lambda: codec.decode_window(codes, c), iters=5)
+                out[f"{name}_b{b}_carried_ms"] = time_ms(carried_chunk(codec, b, 100, 25), iters=5)
     if not torch.cuda.is_available():
         return out
     from omni_tts.engine.audio_stage import FirstChunkGraphs
@@ -89,9 +110,9 @@ def codec_costs(model: Any) -> dict[str, float]:
     first = FirstChunkGraphs(model.codec, 1, [1, 8, 32])  # the engine's first-chunk graphs (as served)
     for b in (1, 8, 32):
         codes = torch.randint(0, 2048, (b, 1, 16))  # host codes, as the engine hands them over
-        out[f"graph_{model.codec.precision}_b{b}_first_ms"] = time_ms(lambda: first(model.codec, codes, 0), iters=10)
+        out[f"graph_{model.codec.precision}_b{b}_first_ms"] = time_ms(lambda: first(model.codec, codes), iters=10)
         eager = model.codec.decode_window(codes, 0)
-        out[f"graph_b{b}_first_max_abs_diff_vs_eager"] = float((first(model.codec, codes, 0) - eager).abs().max())
+        out[f"graph_b{b}_first_max_abs_diff_vs_eager"] = float((first(model.codec, codes)[0] - eager).abs().max())
     return out
 
 

@@ -4,8 +4,9 @@ Owns: the decoder half of `speech_tokenizer/` assembled from the layers in `code
 codebook lookup, causal pre-conv, sliding-window pre-transformer, ConvNeXt upsampler, SnakeBeta /
 transposed-conv vocoder), reading `decoder_config`, strict loading of its `decoder.*` tensors, the official
 decode conventions (codes clamped at 0, frames whose first code is -1 are padding, output clamped to [-1, 1],
-300-frame segments decoded with 25 frames of left context), exact chunked decoding (`decode_window`,
-`windows`, `decode_frames`; codec/streaming.py builds per-request streams on them).
+300-frame segments decoded with 25 frames of left context), windowed decoding (`decode_window`, `windows`,
+`decode_frames`: the one-shot decode's segments) and piecewise decoding with carried state (`decode_carried`:
+each frame decoded once; codec/streaming.py builds per-request streams on it).
 Does not know: the codec encoder (`codec/encoder.py`), the talker, devices or chunk-size policy
 (the engine picks those), audio file I/O.
 
@@ -16,8 +17,11 @@ right-edge hold-back is needed. The left reach adds up though: pre-conv 2 frames
 attention layers W-1 more (they stack), the conv stack after the transformer 10 more (for rates
 8,5,4,3 / 2,2). `receptive_field_frames` walks the modules to compute it: 154 frames for the tiny
 fixture (L=2), 580 for L=8. With that much context a window's last frames equal a full pass; with
-only W=72 frames the tiny fixture is off by ~3e-4. Only the cheap frame-rate front (VQ + transformer)
-runs over the whole context; the vocoder runs over the new frames plus `vocoder_context_frames`.
+only W=72 frames the tiny fixture is off by ~3e-4. In a window only the cheap frame-rate front (VQ +
+transformer) runs over the whole context; the vocoder runs over the new frames plus `vocoder_context_frames`.
+Streams need no context at all: `decode_carried` keeps what the next piece reads of the past (each causal
+conv's last inputs, each transposed conv's overlapping input, each attention layer's last W-1 keys and
+values and the position) in a `Carry`, so the pieces join to the pass over all their frames.
 Decoding runs in the module's dtype (float32, or bf16 on CUDA) and returns float32; float32 decode
 turns cuDNN's TF32 convs off while it runs (matmul precision follows torch's global setting). In
 bf16, chunks match the one-shot decode only to bf16 rounding (~1e-2), not 1e-4.
@@ -36,6 +40,7 @@ from torch import nn
 from omni_tts.errors import CheckpointError, InputError
 from omni_tts.kernels import snake as codec_kernels
 from omni_tts.models.codec.layers import (
+    Carry,
     CausalConv1d,
     CausalUpConv1d,
     CodebookGroup,
@@ -213,32 +218,42 @@ class CodecDecoder(nn.Module):
             raise InputError(f"codec code {int(codes.max())} is outside the codebook (size {tables.shape[1]})")
         return to_device(codes, tables.device)
 
-    def _front(self, codes: torch.Tensor) -> torch.Tensor:  # codes: [B, T, Q] -> latent [B, latent, T]
+    def _front(self, codes: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:
+        """codes: [B, T, Q] -> latent [B, latent, T]"""
         lat = self.quantizer["rvq_first"](codes[..., :1]) + self.quantizer["rvq_rest"](codes[..., 1:])
-        lat = self.pre_conv(lat).transpose(1, 2)  # lat: [B, T, latent]
-        return self.pre_transformer(lat).transpose(1, 2)
+        lat = self.pre_conv(lat, carry=carry).transpose(1, 2)  # lat: [B, T, latent]
+        return self.pre_transformer(lat, carry).transpose(1, 2)
 
-    def _vocode(self, lat: torch.Tensor) -> torch.Tensor:  # lat: [B, latent, T] -> wav [B, T*upsample]
+    def _vocode(self, lat: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:
+        """lat: [B, latent, T] -> wav [B, T*upsample]"""
         x = lat
         for up, block in self.upsample:
-            x = block(up(x))  # x: [B, latent, T*r]
+            x = block(up(x, carry), carry)  # x: [B, latent, T*r]
         if self.fused and x.is_cuda and codec_kernels.available():
-            return self._vocode_pending(x)
-        *body, act, conv = self.decoder  # the last activation writes the last conv's left padding
-        for layer in body:
-            x = layer(x)
-        x = conv(act(x, pad=conv.reach), padded=True)  # x: [B, 1, T*upsample]
+            return self._vocode_pending(x, carry)
+        first, *stages, act, conv = self.decoder  # the last activation writes the last conv's left padding
+        x = first(x, carry=carry)
+        for stage in stages:
+            x = stage(x, carry)
+        x = conv(act(x, pad=conv.reach), padded=True, carry=carry)  # x: [B, 1, T*upsample]
         return x.squeeze(1).clamp(-1.0, 1.0)
 
-    def _vocode_pending(self, x: torch.Tensor) -> torch.Tensor:
+    def _vocode_pending(self, x: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:
         """The vocoder after the upsampling blocks with every bias and residual add inside the Triton snake
         kernels (`Pending`). x: [B, latent, T'] -> wav [B, T'*rates]"""
         first, *stages, act, conv = self.decoder
-        p = first.pending(x)  # [B, dim, T']
+        p = first.pending(x, carry=carry)  # [B, dim, T']
         for stage in stages:
-            p = stage.pending(p)
-        x = conv(act.fused(p, pad=conv.reach)[1], padded=True)  # x: [B, 1, T*upsample]
+            p = stage.pending(p, carry)
+        x = conv(act.fused(p, pad=conv.reach)[1], padded=True, carry=carry)  # x: [B, 1, T*upsample]
         return x.squeeze(1).clamp(-1.0, 1.0)
+
+    def decode_carried(self, codes: torch.Tensor, carry: Carry) -> torch.Tensor:
+        """The next frames of B streams: codes `prepare`d [B, N, Q] -> float32 [B, N*upsample], equal to
+        those frames of one pass over each stream (from its last reset: an empty carry). `carry` (the
+        streams' state, rows stacked) is updated in place; graph-capturable."""
+        with _conv_precision(codes.device, self.precision):
+            return self._vocode(self._front(codes, carry), carry).float()
 
     @torch.inference_mode()
     def decode_window(self, codes: torch.Tensor, context_frames: int) -> torch.Tensor:
@@ -259,40 +274,44 @@ class CodecDecoder(nn.Module):
             wav = self._vocode(lat[..., total - keep:])  # wav: [B, keep*upsample]
         return wav[:, (keep - n) * self.samples_per_frame:].float()
 
-    def _segment_start(self, frame: int) -> int:
+    def segment_start(self, frame: int) -> int:
         """First frame of the window the official decode uses for `frame` (its 300/25 segmentation)."""
         if self.segment_frames is None:
             return 0
         seg = frame // self.segment_frames * self.segment_frames
         return seg - min(self.segment_context, seg)
 
-    def _pieces(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+    def segment_restarts(self, frame: int) -> bool:
+        """Whether the official decode starts a new window (with zero state) for the segment at `frame`."""
+        return self.segment_frames is not None and frame > 0 and frame % self.segment_frames == 0
+
+    def segment_pieces(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+        """Frames [start, end) cut where the official segments begin."""
         seg = self.segment_frames
         while start < end:
             stop = end if seg is None else min(end, (start // seg + 1) * seg)
             yield start, stop
             start = stop
 
-    def windows(self, codes: torch.Tensor, start: int, end: int,
-                left_context: int | None = None) -> list[tuple[torch.Tensor, int]]:
+    def windows(self, codes: torch.Tensor, start: int, end: int) -> list[tuple[torch.Tensor, int]]:
         """The (window [..., C+N, Q], C) pieces whose last N frames are frames [start, end) of `codes` [..., T, Q].
 
-        One piece per official segment touched. Each gets max(left_context, receptive_field_frames)
+        One piece per official segment touched. Each gets max(receptive_field_frames, segment_context)
         frames of context but never reaches before the start of its official segment window, so
         decoding every piece with `decode_window` gives exactly that slice of `decode`.
         """
-        ctx = max(left_context or 0, self.receptive_field_frames, self.segment_context)
+        ctx = max(self.receptive_field_frames, self.segment_context)
         out = []
-        for lo, hi in self._pieces(start, end):
-            first = max(self._segment_start(lo), lo - ctx)
+        for lo, hi in self.segment_pieces(start, end):
+            first = max(self.segment_start(lo), lo - ctx)
             out.append((codes[..., first:hi, :], lo - first))
         return out
 
     @torch.inference_mode()
-    def decode_frames(self, codes: torch.Tensor, start: int, end: int, left_context: int | None = None) -> torch.Tensor:
+    def decode_frames(self, codes: torch.Tensor, start: int, end: int) -> torch.Tensor:
         """Audio of frames [start, end) of the full matrix `codes` [B, T, Q], equal to that slice of `decode`."""
         codes = self.prepare(codes)
-        out = [self.window(w, c) for w, c in self.windows(codes, start, end, left_context)]  # [B, N_i*upsample]
+        out = [self.window(w, c) for w, c in self.windows(codes, start, end)]  # [B, N_i*upsample]
         if not out:
             return torch.zeros(codes.shape[0], 0, dtype=torch.float32, device=codes.device)
         return torch.cat(out, dim=-1)

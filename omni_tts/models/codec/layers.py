@@ -2,10 +2,12 @@
 vocoder stages, ConvNeXt blocks, the sliding-window transformer and the split residual-VQ codebook
 groups; for both halves the causal attention (`WindowAttention`; the encoder's runs without a window).
 
-Owns: each layer's math and parameter names (they match the checkpoint's `decoder.*` keys), and
-each layer's `lookback(j)` (the earliest input index output j depends on) that decoder.py chains to
-compute the decoder's receptive field. The RMS norm, rotary embedding, SwiGLU MLP, attention
-projections and layer scale are those of omni_tts.models.layers.
+Owns: each layer's math and parameter names (they match the checkpoint's `decoder.*` keys), each
+layer's `lookback(j)` (the earliest input index output j depends on) that decoder.py chains to
+compute the decoder's receptive field, and each layer's streaming state in a `Carry` (a conv's last
+input columns, a transposed conv's overlapping inputs, the attention's key/value window and position),
+so that a stream decoded piece by piece with one carry equals the decode of the whole. The RMS norm,
+rotary embedding, SwiGLU MLP, attention projections and layer scale are those of omni_tts.models.layers.
 Does not know: configs or checkpoint files (decoder.py reads `decoder_config` and loads tensors),
 devices, dtypes, streaming or segmentation policy.
 """
@@ -43,6 +45,32 @@ class Pending(NamedTuple):
     res: torch.Tensor | None  # [B, C, T], contiguous; the summing kernel may write over it
 
 
+Carry = dict[nn.Module, torch.Tensor]
+"""Streaming state of a batch of decoder rows: {layer module: tensor [B, ...]}, written by the layers as
+they run. A layer missing from it starts from what a decode sees at position 0: zeros (the causal
+padding), an empty attention window."""
+
+
+def carried(carry: Carry, owner: nn.Module, x: torch.Tensor, reach: int) -> torch.Tensor:
+    """x [B, C, T] behind the owner's carried `reach` input columns (zeros at first) -> [B, C, reach + T];
+    the carry then holds the last `reach` columns of that for the next piece."""
+    if reach == 0:
+        return x
+    tail = carry.get(owner)
+    xp = torch.cat([x.new_zeros(*x.shape[:2], reach) if tail is None else tail, x], dim=-1)
+    carry[owner] = xp[..., xp.shape[-1] - reach:].contiguous()
+    return xp
+
+
+def refill(carry: Carry, owner: nn.Module, xp: torch.Tensor, reach: int) -> None:
+    """`carried` for an input that already has `reach` zero columns in front (a SnakeBeta wrote them):
+    those columns get the carried ones, in place."""
+    tail = carry.get(owner)
+    if tail is not None:
+        xp[..., :reach].copy_(tail)
+    carry[owner] = xp[..., xp.shape[-1] - reach:].contiguous()
+
+
 class CausalConv1d(nn.Module):
     """Stride-1 conv that only looks back: left-pads (kernel-1)*dilation zeros."""
 
@@ -51,36 +79,54 @@ class CausalConv1d(nn.Module):
         self.conv = nn.Conv1d(c_in, c_out, kernel, dilation=dilation, groups=groups)
         self.reach = (kernel - 1) * dilation
 
-    def forward(self, x: torch.Tensor, padded: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, padded: bool = False, carry: Carry | None = None) -> torch.Tensor:
         """x: [B, Cin, T] -> [B, Cout, T]; padded: x already starts with the `reach` zero columns (a
-        SnakeBeta called with pad=reach wrote them), so x is [B, Cin, reach + T] and is not copied."""
-        return self.conv(x if padded else F.pad(x, (self.reach, 0)))
+        SnakeBeta called with pad=reach wrote them), so x is [B, Cin, reach + T] and is not copied;
+        carry: the padding is the previous piece's last input columns instead of zeros."""
+        return self.conv(self._padded(x, padded, carry))
 
-    def pending(self, x: torch.Tensor, padded: bool = False) -> Pending:
+    def pending(self, x: torch.Tensor, padded: bool = False, carry: Carry | None = None) -> Pending:
         """forward with the bias left to the next kernel (cuDNN adds it as a pass of its own)."""
         c = self.conv
-        raw = F.conv1d(x if padded else F.pad(x, (self.reach, 0)), c.weight, None, 1, 0, c.dilation, c.groups)
+        raw = F.conv1d(self._padded(x, padded, carry), c.weight, None, 1, 0, c.dilation, c.groups)
         return Pending(raw, c.bias, None)  # raw: [B, Cout, T]
+
+    def _padded(self, x: torch.Tensor, padded: bool, carry: Carry | None) -> torch.Tensor:
+        if carry is None:
+            return x if padded else F.pad(x, (self.reach, 0))
+        if not padded:
+            return carried(carry, self, x, self.reach)
+        if self.reach:
+            refill(carry, self, x, self.reach)
+        return x
 
     def lookback(self, j: int) -> int:
         return j - self.reach
 
 
 class CausalUpConv1d(nn.Module):
-    """Transposed conv (kernel K >= stride s) keeping the first T*s samples, i.e. the causal ones."""
+    """Transposed conv (kernel K >= stride s) keeping the first T*s samples, i.e. the causal ones. Output
+    sample j sums inputs ceil((j-K+1)/s)..j//s: streamed, the last ceil(K/s)-1 inputs are carried and
+    run again in front of the next piece, whose first (ceil(K/s)-1)*s outputs are the overlap, dropped."""
 
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int):
         super().__init__()
         self.conv = nn.ConvTranspose1d(c_in, c_out, kernel, stride=stride)
         self.kernel, self.stride = kernel, stride
+        self.reach = -(-kernel // stride) - 1  # input columns each piece needs from the previous one
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(x)[..., : x.shape[-1] * self.stride]  # [B, Cin, T] -> [B, Cout, T*s]
+    def forward(self, x: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:
+        return self._up(x, self.conv.bias, carry)  # [B, Cin, T] -> [B, Cout, T*s]
 
-    def pending(self, x: torch.Tensor) -> Pending:
+    def pending(self, x: torch.Tensor, carry: Carry | None = None) -> Pending:
         """forward with the bias left to the next kernel; raw is a strided view of the untrimmed output."""
-        raw = F.conv_transpose1d(x, self.conv.weight, None, self.stride)[..., : x.shape[-1] * self.stride]
-        return Pending(raw, self.conv.bias, None)  # raw: [B, Cout, T*s]
+        return Pending(self._up(x, None, carry), self.conv.bias, None)  # raw: [B, Cout, T*s]
+
+    def _up(self, x: torch.Tensor, bias: torch.Tensor | None, carry: Carry | None) -> torch.Tensor:
+        t, skip = x.shape[-1] * self.stride, 0
+        if carry is not None and self.reach:
+            x, skip = carried(carry, self, x, self.reach), self.reach * self.stride
+        return F.conv_transpose1d(x, self.conv.weight, bias, self.stride)[..., skip: skip + t]
 
     def lookback(self, j: int) -> int:
         return -((self.kernel - 1 - j) // self.stride)  # ceil((j - K + 1) / s)
@@ -140,15 +186,15 @@ class ResidualUnit(nn.Module):
         self.act1, self.conv1 = SnakeBeta(dim), CausalConv1d(dim, dim, 7, dilation=dilation)
         self.act2, self.conv2 = SnakeBeta(dim), CausalConv1d(dim, dim, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
-        h = self.conv1(self.act1(x, pad=self.conv1.reach), padded=True)  # h: [B, C, T]
+    def forward(self, x: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:  # x: [B, C, T]
+        h = self.conv1(self.act1(x, pad=self.conv1.reach), padded=True, carry=carry)  # h: [B, C, T]
         return x + self.conv2(self.act2(h))
 
-    def pending(self, p: Pending) -> Pending:
+    def pending(self, p: Pending, carry: Carry | None = None) -> Pending:
         """forward on a pending input, the output left pending: 2 element-wise kernels instead of 5 (the
         convs' bias adds and the residual add move into the snakes)."""
         x, s = self.act1.fused(p, self.conv1.reach, keep=True)  # x: [B, C, T] the unit's input, summed
-        _, s = self.act2.fused(self.conv1.pending(s, padded=True))  # s: [B, C, T]
+        _, s = self.act2.fused(self.conv1.pending(s, padded=True, carry=carry))  # s: [B, C, T]
         return self.conv2.pending(s)._replace(res=x)
 
     def lookback(self, j: int) -> int:
@@ -163,17 +209,19 @@ class VocoderStage(nn.Module):
         units = [ResidualUnit(c_out, d) for d in RESIDUAL_DILATIONS]
         self.block = nn.ModuleList([SnakeBeta(c_in), CausalUpConv1d(c_in, c_out, 2 * rate, rate), *units])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, Cin, T] -> [B, Cout, T*rate]
-        for layer in self.block:
-            x = layer(x)
+    def forward(self, x: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:  # [B, Cin, T] -> [B, Cout, T*rate]
+        act, up, *units = self.block
+        x = up(act(x), carry)
+        for unit in units:
+            x = unit(x, carry)
         return x
 
-    def pending(self, p: Pending) -> Pending:
+    def pending(self, p: Pending, carry: Carry | None = None) -> Pending:
         """forward on a pending input, the output left pending (see ResidualUnit.pending)."""
         act, up, *units = self.block
-        p = up.pending(act.fused(p)[1])  # [B, Cout, T*rate]
+        p = up.pending(act.fused(p)[1], carry)  # [B, Cout, T*rate]
         for unit in units:
-            p = unit.pending(p)
+            p = unit.pending(p, carry)
         return p
 
     def lookback(self, j: int) -> int:
@@ -188,8 +236,8 @@ class ConvNeXtBlock(nn.Module):
         self.pwconv1, self.pwconv2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
         self.gamma = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
-        h = self.norm(self.dwconv(x).transpose(1, 2))  # h: [B, T, C]
+    def forward(self, x: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:  # x: [B, C, T]
+        h = self.norm(self.dwconv(x, carry=carry).transpose(1, 2))  # h: [B, T, C]
         h = self.gamma * self.pwconv2(F.gelu(self.pwconv1(h)))
         return x + h.transpose(1, 2)
 
@@ -208,11 +256,18 @@ class WindowAttention(AttentionProjections):
     """Causal attention under the caller's mask (the decoder's sliding window; None: every earlier
     position, as the encoder attends), RoPE on q and k, KV heads repeated for grouped queries."""
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+                carry: Carry | None = None) -> torch.Tensor:
+        """carry: holds this layer's past keys and values [B, 2*nkv, M, hd] (rotated), put in front of the
+        new ones (the mask covers M + T keys); it then holds the last M of them."""
         t = x.shape[1]
         q, k, v = (h.transpose(1, 2) for h in self.heads_of(x))  # q: [B, nh, T, hd], k/v: [B, nkv, T, hd]
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if carry is not None:
+            past_k, past_v = carry[self].chunk(2, dim=1)  # [B, nkv, M, hd] each
+            m = past_k.shape[2]
+            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)  # [B, nkv, M+T, hd]
+            carry[self] = torch.cat([k[:, :, k.shape[2] - m:], v[:, :, v.shape[2] - m:]], dim=1)
         if self.kv_heads != self.heads:
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)  # k: [B, nh, T, hd]
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
@@ -233,8 +288,9 @@ class TransformerLayer(nn.Module):
         self.mlp = MLP(h, d["intermediate_size"], d["hidden_act"], "speech_tokenizer decoder_config")
         self.mlp_layer_scale = LayerScale(h)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), rope, mask))
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor,
+                carry: Carry | None = None) -> torch.Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), rope, mask, carry))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))  # x: [B, T, H]
 
 
@@ -249,17 +305,33 @@ class WindowTransformer(nn.Module):
         self.norm = RMSNorm(d["hidden_size"], d["rms_norm_eps"])
         self.output_proj = nn.Linear(d["hidden_size"], d["latent_dim"])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, latent] (positions restart at 0)
+    def forward(self, x: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:
+        """x: [B, T, latent] -> [B, T, latent]. Positions restart at 0, or with carry continue each row's
+        stream: its next position (this module's entry, [B]) and each layer's last window - 1 keys/values."""
         t, dev = x.shape[1], x.device
+        pos = torch.arange(t, device=dev)[None]  # [1, T]
+        q_idx, k_idx = pos[0][:, None], pos  # [T, 1], [1, T]
+        if carry is not None:
+            past = self.window - 1
+            start = carry.get(self)  # [B] each row's next position
+            start = torch.zeros(x.shape[0], dtype=torch.long, device=dev) if start is None else start
+            carry[self] = start + t
+            pos = start[:, None] + pos  # [B, T]
+            # key column j holds position start - past + j; columns before the row's stream are empty
+            k_idx = torch.arange(past + t, device=dev)[None] - past  # [1, past+T]
+            empty = k_idx[None] < -start.clamp(max=past)[:, None, None]  # [B, 1, past+T]
+            for layer in self.layers:
+                attn = layer.self_attn
+                if attn not in carry:
+                    carry[attn] = x.new_zeros(x.shape[0], 2 * attn.kv_heads, past, self.head_dim)
         # frequencies made on x's device each call, as the module's dtype may be bfloat16 (no float32 buffer)
-        rope = rope_cos_sin(torch.arange(t, device=dev)[None], rope_frequencies(self.head_dim, self.theta, dev),
-                            x.dtype)  # [1, T, hd] each
-        q_idx = torch.arange(t, device=dev)[:, None]
-        k_idx = torch.arange(t, device=dev)[None, :]
-        mask = (k_idx <= q_idx) & (k_idx > q_idx - self.window)  # mask: [T, T], True = attend
+        rope = rope_cos_sin(pos, rope_frequencies(self.head_dim, self.theta, dev), x.dtype)  # [1 or B, T, hd]
+        mask = (k_idx <= q_idx) & (k_idx > q_idx - self.window)  # mask: [T, T or past+T], True = attend
+        if carry is not None:
+            mask = (mask[None] & ~empty)[:, None]  # [B, 1, T, past+T]
         h = self.input_proj(x)  # h: [B, T, H]
         for layer in self.layers:
-            h = layer(h, rope, mask)
+            h = layer(h, rope, mask, carry)
         return self.output_proj(self.norm(h))  # [B, T, latent]
 
     def lookback(self, j: int) -> int:

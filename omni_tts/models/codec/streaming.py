@@ -1,17 +1,20 @@
-"""Streaming decode of the 12 Hz speech tokenizer: per-request chunks of audio as frames arrive, many
-requests' chunks decoded as one batch.
+"""Streaming decode of the 12 Hz speech tokenizer: per-request chunks of audio as frames arrive, each frame
+decoded once, many requests' chunks decoded as one batch.
 
-Owns: `StreamingDecoder` (when a chunk is due, how much left context it gets, a voice-clone prefix that
-primes the decoder but is never emitted), `ChunkPlan` (a chunk owed, planned apart from decoding) and
-`decode_plans` (one batched `CodecDecoder.decode_window` per distinct window shape, a failing batch
-retried row by row so one bad request never fails the others). The chunks join to exactly the one-shot
-decode, as the decoder is causal with a finite receptive field (see codec/decoder.py).
+Owns: `StreamingDecoderState` (one stream's carried decoder state between chunks), `decode_chunk` (the next
+frames of several streams as one batched `CodecDecoder.decode_carried`, their states stacked and put
+back), `StreamingDecoder` (when a chunk is due; where the stream restarts: its first emitted frame after
+a voice-clone prefix, which primes the state but is never emitted, and each official 300-frame segment,
+primed with the frames the one-shot decode gives it as context), `ChunkPlan` (a chunk owed, planned
+apart from decoding) and `decode_plans` (every plan's pieces, batched per round and chunk length, a
+failing batch retried row by row so one bad request never fails the others). The chunks join to the
+one-shot decode (see codec/decoder.py).
 Does not know: the engine, requests or chunk-size policy (the caller picks those).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,65 +22,133 @@ import numpy as np
 import torch
 
 from omni_tts.models.codec.decoder import CodecDecoder
+from omni_tts.models.codec.layers import Carry
 from omni_tts.models.transfer import to_host
+
+# fast(codec, rows [B, N, Q] host codes) for rows that all start a stream: (wav [B, N*upsample], their
+# carry) or None (not covered: decode_carried runs)
+FastFirst = Callable[[Any, torch.Tensor], "tuple[torch.Tensor, Carry] | None"]
+
+
+class StreamingDecoderState:
+    """One stream's carry between decode calls: {layer: tensor [1, ...]}; empty at the stream's start."""
+
+    def __init__(self) -> None:
+        self.carry: Carry = {}
+
+    def reset(self) -> None:
+        self.carry = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.carry)
+
+
+def _stack(states: Sequence[StreamingDecoderState]) -> Carry:
+    """The rows' carries as one batch carry; a row without an entry gets zeros (a stream's start)."""
+    out: Carry = {}
+    for key in {k: None for s in states for k in s.carry}:
+        rows = [s.carry.get(key) for s in states]
+        ref = next(r for r in rows if r is not None)
+        out[key] = torch.cat([torch.zeros_like(ref) if r is None else r for r in rows])
+    return out
+
+
+def decode_chunk(codec: CodecDecoder, codes: torch.Tensor, states: Sequence[StreamingDecoderState],
+                 fast: FastFirst | None = None) -> torch.Tensor:
+    """The next frames codes [B, N, Q] of B streams (row i continues states[i]) -> float32 [B, N*upsample],
+    those frames of each stream's one-shot decode. The states advance only if the whole batch decodes."""
+    got = fast(codec, codes) if fast is not None and not any(states) else None
+    if got is None:
+        carry = _stack(states)
+        with torch.inference_mode():
+            wav = codec.decode_carried(codec.prepare(codes), carry)
+    else:
+        wav, carry = got
+    for i, s in enumerate(states):
+        s.carry = {k: v[i: i + 1] for k, v in carry.items()}
+    return wav
+
+
+@dataclass
+class Piece:
+    """Frames [N, Q] a stream decodes in turn: after a restart (`reset`: an empty state) or where it left
+    off; `keep`: its audio is part of the chunk (else it only primes the state)."""
+
+    codes: torch.Tensor
+    reset: bool
+    keep: bool
 
 
 @dataclass
 class ChunkPlan:
     """A chunk a StreamingDecoder owes: frames [start, end) of its stream (prefix included), not decoded yet.
 
-    `windows`: the (codes [C+N, Q] int64, C) pieces to run through `CodecDecoder.decode_window` (one
-    per official segment touched; their audio, joined, is the chunk). Decode with `decode_plans`, then
-    hand the audio to `decoder.account` in the order the plans were made.
+    `pieces`: what its decoder's state decodes, in order (their kept audio, joined, is the chunk). Decode
+    with `decode_plans`, then hand the audio to `decoder.account` in the order the plans were made.
     """
 
     decoder: StreamingDecoder
     start: int
     end: int
-    windows: list[tuple[torch.Tensor, int]]
+    pieces: list[Piece]
 
 
-def decode_plans(plans: list[ChunkPlan], fast: Callable[[Any, torch.Tensor, int], torch.Tensor | None] | None = None
-                 ) -> tuple[list[torch.Tensor | Exception], int]:
-    """Decode every plan's windows with one batched `decode_window` per distinct (codec, C+N, C).
-    `fast(codec, rows [B, C+N, Q], C)`, when given, is tried first (e.g. graphed shapes; None: no).
+def _decode_group(codec: CodecDecoder, rows: list[tuple[Piece, StreamingDecoderState]],
+                  fast: FastFirst | None) -> tuple[list[Any], int]:
+    """One batched decode of same-length pieces, each row's state advanced -> (per row: its host audio,
+    None for a priming piece, or the exception; the decode calls made)."""
+    try:
+        run = [StreamingDecoderState() if p.reset else s for p, s in rows]
+        wav = decode_chunk(codec, torch.stack([p.codes for p, _ in rows]), run, fast)
+        for (_, s), r in zip(rows, run):
+            s.carry = r.carry
+        host = list(to_host(wav)) if any(p.keep for p, _ in rows) else [None] * len(rows)
+        return [w if p.keep else None for (p, _), w in zip(rows, host)], 1
+    except Exception as e:
+        if len(rows) == 1:
+            return [e], 1
+    out: list[Any] = []
+    for row in rows:  # find the row(s) at fault
+        out += _decode_group(codec, [row], None)[0]
+    return out, 1 + len(rows)
+
+
+def decode_plans(plans: list[ChunkPlan], fast: FastFirst | None = None) -> tuple[list[torch.Tensor | Exception], int]:
+    """Decode every plan's pieces: a decoder's plans in order, each round one piece of every decoder, as
+    one batched decode per (codec, piece length, restart or not). `fast`, when given, is tried for the
+    batches of rows that start their stream (e.g. graphed first chunks).
 
     The decoder is row-independent, so a row decoded in a batch equals its decode alone. Returns, per
     plan, its float32 CPU audio [N*upsample] or the exception its decode raised (a failing batch is
-    retried row by row, so one bad request never fails the others), and how many decode calls ran.
+    retried row by row, so one bad request never fails the others; that decoder's later plans in the
+    call fail with it), and how many decode calls ran.
     """
-    groups: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+    queues: dict[int, list[tuple[int, Piece]]] = {}
     for i, plan in enumerate(plans):
-        for j, (codes, ctx) in enumerate(plan.windows):
-            groups.setdefault((id(plan.decoder.codec), codes.shape[0], ctx), []).append((i, j))
-    pieces: list[list[Any]] = [[None] * len(plan.windows) for plan in plans]
+        queues.setdefault(id(plan.decoder), []).extend((i, p) for p in plan.pieces)
+    audio: list[list[torch.Tensor]] = [[] for _ in plans]
+    errors: dict[int, Exception] = {}  # plan index -> its error
     calls = 0
-    for (_, _, ctx), members in groups.items():
-        codec = plans[members[0][0]].decoder.codec
-        rows = [plans[i].windows[j][0] for i, j in members]  # each [C+N, Q]
-        try:
-            calls += 1
-            batch = torch.stack(rows)  # [B, C+N, Q]
-            wav = fast(codec, batch, ctx) if fast is not None else None
-            wav = wav if wav is not None else codec.decode_window(batch, ctx)
-            wavs: list[Any] = list(to_host(wav))  # B x [N*upsample]
-        except Exception as e:
-            if len(rows) == 1:
-                wavs = [e]
-            else:
-                wavs = []
-                for row in rows:  # find the row(s) at fault
-                    calls += 1
-                    try:
-                        wavs.append(to_host(codec.decode_window(row[None], ctx))[0])
-                    except Exception as err:
-                        wavs.append(err)
-        for (i, j), wav in zip(members, wavs):
-            pieces[i][j] = wav
+    while queues:
+        groups: dict[tuple[int, int, bool], list[tuple[int, int, Piece]]] = {}
+        for key, queue in queues.items():
+            i, piece = queue.pop(0)
+            shape = (id(plans[i].decoder.codec), piece.codes.shape[0], piece.reset)
+            groups.setdefault(shape, []).append((key, i, piece))
+        for members in groups.values():
+            codec = plans[members[0][1]].decoder.codec
+            wavs, n = _decode_group(codec, [(p, plans[i].decoder.state) for _, i, p in members], fast)
+            calls += n
+            for (key, i, _), wav in zip(members, wavs):
+                if isinstance(wav, Exception):
+                    errors.update({j: wav for j in [i, *(j for j, _ in queues[key])]})
+                    queues[key] = []
+                elif wav is not None:
+                    audio[i].append(wav)
+        queues = {k: q for k, q in queues.items() if q}
     out: list[torch.Tensor | Exception] = []
-    for got in pieces:
-        err = next((w for w in got if isinstance(w, Exception)), None)
-        out.append(err if err is not None else got[0] if len(got) == 1 else torch.cat(got))
+    for i, got in enumerate(audio):
+        out.append(errors[i] if i in errors else got[0] if len(got) == 1 else torch.cat(got))
     return out, calls
 
 
@@ -85,32 +156,30 @@ class StreamingDecoder:
     """Per-request incremental decode: `push` frames as they arrive, `flush` at the end.
 
     The first chunk is emitted once `initial_chunk_frames` frames are in, then one every `chunk_frames` (with
-    `grow`, chunk sizes double from the first up to `chunk_frames`); each chunk is decoded with
-    max(left_context_frames, the decoder's receptive field) frames of left context, so the concatenated chunks
-    equal `CodecDecoder.decode` of all frames.
+    `grow`, chunk sizes double from the first up to `chunk_frames`); each frame is decoded once, from the
+    carried `state`, so the concatenated chunks equal `CodecDecoder.decode` of all frames.
     Chunks are 1-D float32 numpy arrays of frames * decode_upsample_rate samples.
-    `prefix_codes` [P, Q] (voice-clone reference codes) prime the decoder: they are left context of the
-    pushed frames but never emitted, so the chunks equal `decode([prefix; pushed])` minus its first
-    P * decode_upsample_rate samples.
+    `prefix_codes` [P, Q] (voice-clone reference codes) prime the decoder: the first chunk first decodes
+    the prefix's last frames that reach the pushed ones (at most the receptive field) into the state, so
+    the chunks equal `decode([prefix; pushed])` minus its first P * decode_upsample_rate samples.
 
     Planning is split from decoding so that many decoders' chunks can be decoded in one batch:
     `plan_push` / `plan_flush` return the ChunkPlan that became due (frames [planned_frames, ...) are
     then promised to it), `decode_plans` decodes plans of many decoders, `account` takes each chunk's
-    audio back in order. `push` / `flush` do all three for this decoder alone.
+    audio back in order. `push` / `flush` do all three for this decoder alone. `release` drops the state.
     """
 
     def __init__(self, codec: CodecDecoder, initial_chunk_frames: int = 2, chunk_frames: int = 12,
-                 left_context_frames: int | None = None, prefix_codes: torch.Tensor | np.ndarray | None = None,
-                 grow: bool = False):
+                 prefix_codes: torch.Tensor | np.ndarray | None = None, grow: bool = False):
         if initial_chunk_frames < 1 or chunk_frames < 1:
             raise ValueError("initial_chunk_frames and chunk_frames must be >= 1")
         self.codec = codec
         self.initial_chunk_frames, self.chunk_frames = initial_chunk_frames, chunk_frames
         self.grow = grow  # chunks after the first double in size up to chunk_frames
+        self.state = StreamingDecoderState()
         self._last_chunk = 0  # frames in the last planned chunk
-        wanted = codec.sliding_window if left_context_frames is None else left_context_frames
-        self.left_context_frames = max(wanted, codec.receptive_field_frames)
-        self._codes: list[torch.Tensor] = []
+        self._codes: list[torch.Tensor] = []  # frames [_first, total_frames) of the stream
+        self._first = 0
         self.total_frames = 0  # frames in (prefix included)
         self.planned_frames = 0  # frames promised to a ChunkPlan
         self.emitted_frames = 0  # frames whose audio has been accounted
@@ -141,11 +210,21 @@ class StreamingDecoder:
         return self._plan() if self.total_frames > self.planned_frames else None
 
     def _plan(self) -> ChunkPlan:
-        codes = torch.cat(self._codes)  # codes: [T, Q]
-        self._codes = [codes]
-        windows = self.codec.windows(codes, self.planned_frames, self.total_frames, self.left_context_frames)
-        plan = ChunkPlan(self, self.planned_frames, self.total_frames, windows)
-        self._last_chunk = self.total_frames - self.planned_frames
+        codec, start = self.codec, self.planned_frames
+        codes = torch.cat(self._codes)  # codes: [total - _first, Q]
+        pieces = []
+        for lo, hi in codec.segment_pieces(start, self.total_frames):
+            reset = lo == self.prefix_frames or codec.segment_restarts(lo)
+            # a restart first decodes what the one-shot decode has before lo that output from lo on reads
+            first = max(codec.segment_start(lo), lo - codec.receptive_field_frames) if reset else lo
+            if first < lo:
+                pieces.append(Piece(codes[first - self._first: lo - self._first], True, False))
+            pieces.append(Piece(codes[lo - self._first: hi - self._first], reset and first == lo, True))
+        plan = ChunkPlan(self, start, self.total_frames, pieces)
+        # a restart reads at most the receptive field back: keep that much before this plan (re-planned on failure)
+        keep = max(self._first, start - max(codec.receptive_field_frames, codec.segment_context))
+        self._codes, self._first = [codes[keep - self._first:]], keep
+        self._last_chunk = self.total_frames - start
         self.planned_frames = self.total_frames
         return plan
 
@@ -156,6 +235,10 @@ class StreamingDecoder:
                              f"(emitted {self.emitted_frames} frames)")
         self.emitted_frames = plan.end
         return wav.reshape(-1).float().cpu().numpy()
+
+    def release(self) -> None:
+        """Drop the carried state (the stream ends or is abandoned)."""
+        self.state.reset()
 
     def push(self, codes_new: torch.Tensor | np.ndarray) -> np.ndarray | None:
         """Add [n, Q] (or [Q]) frames; return the audio of the frames that became due, or None."""
@@ -168,8 +251,9 @@ class StreamingDecoder:
         return None if plan is None else self._decode(plan)
 
     def _decode(self, plan: ChunkPlan) -> np.ndarray:
+        saved = self.state.carry
         wav = decode_plans([plan])[0][0]
         if isinstance(wav, Exception):
-            self.planned_frames = plan.start  # nothing was emitted: the frames are owed again
+            self.planned_frames, self.state.carry = plan.start, saved  # nothing was emitted: the frames are owed again
             raise wav
         return self.account(plan, wav)
