@@ -19,7 +19,9 @@ import yaml
 from omni_tts.errors import InputError, OmniTTSError
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
-MAX_TEXT_CHARS = 2000  # text and instruct
+MAX_TEXT_CHARS = 2000  # instruct and a reference transcript
+# the text to speak: longer than one prompt should be, so the engine speaks it in segments (engine/long_text)
+MAX_INPUT_CHARS = 5000
 MAX_NAME_CHARS = 64  # speaker and language names
 
 
@@ -126,7 +128,7 @@ class SynthesisParams:
             raise InputError(f"unknown task '{self.task}'; valid: {', '.join(TASKS)}")
         if self.text is None or (isinstance(self.text, str) and not self.text.strip()):
             raise InputError("text is empty: give some words to speak")
-        check_text("text", self.text, MAX_TEXT_CHARS)
+        check_text("text", self.text, MAX_INPUT_CHARS)
         check_text("instruct", self.instruct, MAX_TEXT_CHARS)
         check_text("speaker", self.speaker, MAX_NAME_CHARS)
         check_text("language", self.language, MAX_NAME_CHARS)
