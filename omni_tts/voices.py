@@ -83,6 +83,14 @@ def exists(name: str) -> bool:
         return False
 
 
+def by_name(name: Any, builtin: list[str]) -> Any:
+    """The VoicePrompt a request's voice name means when it names a saved voice; None for a built-in
+    speaker's name (they win) or a name the library does not hold."""
+    if not isinstance(name, str) or not name.strip() or name.strip().lower() in {s.lower() for s in builtin}:
+        return None
+    return load(name) if exists(name) else None
+
+
 def save(name: str, prompt: Any, meta: dict[str, Any] | None = None, overwrite: bool = True) -> dict[str, Any]:
     """Keep `prompt` (a VoicePrompt) under `name` with its metadata -> the metadata as stored.
     overwrite False: a voice of that name already there raises VoiceExists."""

@@ -30,8 +30,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from omni_tts import voices
 from omni_tts.config import SynthesisParams
 from omni_tts.errors import EngineError, InputError, OmniTTSError
+from omni_tts.models import stretch
 from omni_tts.ui import files, labels
 
 log = logging.getLogger("omni_tts.openai")
@@ -146,13 +148,21 @@ class SpeechService:
 
     def params(self, req: SpeechRequest) -> SynthesisParams:
         """The engine request of a body (ApiError naming the field for what only this API can get wrong)."""
-        if req.speed != 1.0:
-            raise ApiError(400, f"speed {req.speed:g} is not supported: only 1.0", "speed")
+        try:
+            stretch.check_speed(req.speed)
+            saved = voices.by_name(req.voice.get("id") if isinstance(req.voice, dict) else req.voice,
+                                   self.info["speakers"])
+        except InputError as e:
+            raise ApiError(400, str(e), "voice" if "voice" in str(e).lower() else "speed") from None
+        if saved is not None and "voice_clone" not in self.info["tasks"]:
+            tasks = ", ".join(self.info["tasks"])
+            raise ApiError(400, f"voice '{req.voice}' is a saved (cloned) voice, and this model ({tasks}) cannot "
+                                "clone voices: load a Base checkpoint", "voice")
         task = TASKS.get((req.task_type or "").replace("-", "_").lower()) if req.task_type else None
         if req.task_type and task is None:
             raise ApiError(400, f"unknown task_type '{req.task_type}'; valid: CustomVoice, VoiceDesign, Base",
                            "task_type")
-        task = task or (self.info["tasks"] or ["custom_voice"])[0]
+        task = task or ("voice_clone" if saved is not None else (self.info["tasks"] or ["custom_voice"])[0])
         if task not in self.info["tasks"]:
             raise ApiError(400, f"task_type '{req.task_type}' is not what this model does; it does: "
                            f"{', '.join(self.info['tasks'])}", "task_type")
@@ -160,7 +170,7 @@ class SpeechService:
         speaker = None
         if task == "custom_voice":
             speaker = voice or (self.info["speakers"] or [None])[0]
-        prompt = self._voice_prompt(req) if task == "voice_clone" else None
+        prompt = saved if saved is not None else self._voice_prompt(req) if task == "voice_clone" else None
         return SynthesisParams(text=req.input, task=task, speaker=speaker, language=req.language or "auto",
                                instruct=(req.instructions or "").strip() or None, temperature=req.temperature,
                                top_k=req.top_k, top_p=req.top_p, repetition_penalty=req.repetition_penalty,
@@ -192,6 +202,10 @@ class SpeechService:
             handle.cancel()
             raise ApiError(400, f"response_format '{req.response_format}' cannot be streamed; stream pcm or wav",
                            "response_format")
+        if streamed and req.speed != 1.0:
+            handle.cancel()
+            raise ApiError(400, f"speed {req.speed:g} cannot be streamed (the time-stretch needs the whole clip): "
+                                "ask for wav, flac, mp3, opus or aac without stream, or speed 1", "speed")
         headers = {"X-Sample-Rate": str(handle.sample_rate), "X-Request-Id": str(handle.id)}
         if req.stream_format == "sse":
             return StreamingResponse(self._sse(handle), media_type="text/event-stream", headers=headers)
@@ -202,7 +216,8 @@ class SpeechService:
             result = handle.result()
         except OmniTTSError as e:
             raise _from_engine(e) from None
-        body = encode(result.wav, result.sample_rate, req.response_format)
+        body = encode(stretch.change_speed(result.wav, result.sample_rate, req.speed), result.sample_rate,
+                      req.response_format)
         return Response(body, media_type=MEDIA[req.response_format], headers=headers)
 
     def _raw(self, handle: Any, fmt: str) -> Iterator[bytes]:
