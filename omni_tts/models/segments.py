@@ -16,6 +16,7 @@ import re
 SEGMENT_BUDGET = 300
 _CLOSERS = "\"'”’)\\]」』）》"
 _SENTENCE = re.compile(rf"(?:[.!?…]+[{_CLOSERS}]*(?=\s|$)|[。！？．]+[{_CLOSERS}]*|\n\s*\n)\s*")
+_SENTENCE_DONE = re.compile(rf"(?:[.!?…]+[{_CLOSERS}]*\s+|[。！？．]+[{_CLOSERS}]*|\n\s*\n)\s*")  # more text may follow
 _CLAUSE = re.compile(rf"(?:[,;:]+[{_CLOSERS}]*(?=\s)|[—–]|[，；：、]+[{_CLOSERS}]*)\s*")
 _SPACE = re.compile(r"\s+")
 _WIDE = re.compile(r"[\u1100-\u11ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
@@ -92,3 +93,17 @@ def split_text(text: str, budget: int = SEGMENT_BUDGET) -> list[str]:
         alone.update(range(len(units), len(units) + len(parts)))
         units.extend(parts)
     return _pack(units, budget, alone)
+
+
+def take_sentences(buffer: str, budget: int = SEGMENT_BUDGET) -> tuple[list[str], str]:
+    """Text arriving in pieces: (the sentences `buffer` completes, what is left to wait for more). A Latin
+    sentence is complete once a space follows its end (more digits or letters could follow '3.');
+    a run past the budget with no end yet gives up all but its last segment."""
+    ends = [m.end() for m in _SENTENCE_DONE.finditer(buffer)]
+    done, rest = (buffer[:ends[-1]], buffer[ends[-1]:]) if ends else ("", buffer)
+    sentences = [s.strip() for s in _cut(done, _SENTENCE_DONE) if s.strip()]
+    if weight(rest.strip()) > budget:
+        parts = split_text(rest, budget)
+        sentences += parts[:-1]
+        rest = rest[rest.rindex(parts[-1]):]
+    return sentences, rest
