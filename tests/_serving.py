@@ -8,15 +8,12 @@ from contextlib import contextmanager
 
 import uvicorn
 from _fixtures import free_port
-from fastapi import APIRouter, FastAPI
+from fastapi import FastAPI
 
 
 @contextmanager
-def serve(*routers: APIRouter) -> Iterator[str]:
-    """The routers (earlier ones win a shared path) on 127.0.0.1; yields the base URL, stops at exit."""
-    app = FastAPI()
-    for r in routers:
-        app.include_router(r)
+def serve(app: FastAPI) -> Iterator[str]:
+    """`app` on 127.0.0.1; yields the base URL, stops at exit."""
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws="websockets-sansio")
     server = uvicorn.Server(config)

@@ -16,7 +16,7 @@ from _serving import serve
 from omni_tts.config import EngineConfig
 from omni_tts.errors import InputError
 from omni_tts.models.stretch import change_speed, check_speed
-from omni_tts.ui import openai_api
+from omni_tts.serving.app import build_app
 
 SR = 24000
 BODY = {"input": "Hello there.", "voice": "ryan", "max_new_tokens": 13, "seed": 3}
@@ -48,7 +48,7 @@ def server():
 
     engine = Engine.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), device="cpu", max_num_seqs=2,
                                              max_seq_len=96, mode="eager", initial_chunk_frames=1, chunk_frames=4))
-    with serve(openai_api.router(engine)) as url:
+    with serve(build_app(engine)) as url:
         yield url, engine
     engine.shutdown()
 

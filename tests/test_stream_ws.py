@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from omni_tts.config import EngineConfig, SynthesisParams
-from omni_tts.serving import stream_ws
+from omni_tts.serving.app import build_app
 
 CONFIG = {"type": "session.config", "voice": "ryan", "language": "English", "max_new_tokens": 5, "seed": 4}
 
@@ -27,7 +27,7 @@ def server():
 
     engine = Engine.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), device="cpu", max_num_seqs=2,
                                              max_seq_len=4096, mode="eager", initial_chunk_frames=1, chunk_frames=2))
-    with serve(stream_ws.router(engine)) as url:
+    with serve(build_app(engine)) as url:
         yield url.replace("http://", "ws://") + "/v1/audio/speech/stream", engine
     engine.shutdown()
 

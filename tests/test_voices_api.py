@@ -17,8 +17,8 @@ from _serving import serve
 from omni_tts import voices
 from omni_tts.config import EngineConfig
 from omni_tts.serving import voices as voices_api
-from omni_tts.ui import openai_api
-from omni_tts.ui.support import AdminPolicy
+from omni_tts.serving.app import build_app
+from omni_tts.serving.settings import ServeSettings
 
 SHORT = {"max_new_tokens": 5, "seed": 3}
 
@@ -48,7 +48,7 @@ def library(tmp_path_factory):
 @pytest.fixture(scope="module")
 def base(library):
     engine = engine_for("base")
-    with serve(voices_api.router(engine), openai_api.router(engine)) as url:
+    with serve(build_app(engine)) as url:
         yield url, engine
     engine.shutdown()
 
@@ -124,9 +124,8 @@ def test_a_taken_name_is_refused_with_409_and_a_large_clip_with_413(base):
 
 def test_changes_need_the_admin_token_on_a_public_server(library):
     engine = engine_for("base")
-    policy = AdminPolicy(token="s3cret", public=True)
     try:
-        with serve(voices_api.router(engine, policy)) as url:
+        with serve(build_app(engine, ServeSettings(public=True, admin_token="s3cret"))) as url:
             r = upload(url, "gated", x_vector_only="true")
             assert r.status_code == 403 and "Authorization: Bearer" in r.json()["error"]["message"]
             assert httpx.get(url + "/v1/audio/voices").status_code == 200  # listing stays open
@@ -137,7 +136,7 @@ def test_changes_need_the_admin_token_on_a_public_server(library):
             assert httpx.delete(url + "/v1/audio/voices/gated").status_code == 403
             assert httpx.delete(url + "/v1/audio/voices/gated", headers={"Authorization": "Bearer s3cret"}).json()[
                 "deleted"]
-        with serve(voices_api.router(engine, AdminPolicy(public=True))) as url:
+        with serve(build_app(engine, ServeSettings(public=True))) as url:
             r = upload(url, "off", x_vector_only="true")
             assert r.status_code == 403 and "off on a public server" in r.json()["error"]["message"]
     finally:
@@ -147,7 +146,7 @@ def test_changes_need_the_admin_token_on_a_public_server(library):
 def test_a_custom_voice_checkpoint_refuses_to_clone(library):
     engine = engine_for("custom_voice")
     try:
-        with serve(voices_api.router(engine), openai_api.router(engine)) as url:
+        with serve(build_app(engine)) as url:
             r = upload(url, "nope", x_vector_only="true")
             assert r.status_code == 400 and "cannot clone voices" in r.json()["error"]["message"]
             listed = httpx.get(url + "/v1/audio/voices").json()

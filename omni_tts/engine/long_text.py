@@ -20,7 +20,7 @@ import numpy as np
 from omni_tts.config import SynthesisParams
 from omni_tts.engine.metrics import RequestMetrics, now
 from omni_tts.engine.request import AudioChunk, RequestHandle
-from omni_tts.errors import Cancelled, as_engine_error
+from omni_tts.errors import Cancelled, Overloaded, as_engine_error
 from omni_tts.models.segments import split_text
 
 # A fixed silence between segments, about the pause a reader leaves between sentences: generated pauses
@@ -50,6 +50,9 @@ class LongTextHandle(RequestHandle):
         try:  # in the caller's thread: a segment the engine refuses raises here, as submit does
             for part in self._parts[:self._ahead]:
                 self._handles.append(submit(part))
+        except Overloaded:  # the first one must get in; the others are submitted as their turn comes
+            if not self._handles:
+                raise
         except BaseException:
             for h in self._handles:
                 h.cancel()
@@ -62,20 +65,26 @@ class LongTextHandle(RequestHandle):
         self._all_codes: list[np.ndarray] = []
         threading.Thread(target=self._run, name=f"omni-tts-long-{self.id}", daemon=True).start()
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = "") -> None:
         with self._lock:
-            self.cancel_requested.set()
+            super().cancel(reason)
             for h in self._handles:
-                h.cancel()
+                h.cancel(reason)
 
     def _fill(self, delivering: int) -> None:
-        """Submit segments until `ahead` of them, from `delivering` on, have been submitted."""
+        """Submit segments until `ahead` of them, from `delivering` on, have been submitted. A full queue
+        refuses only the one being delivered; those further ahead wait for the next segment's turn."""
         while len(self._handles) < min(len(self._parts), delivering + self._ahead):
-            handle = self._submit(self._parts[len(self._handles)])
+            try:
+                handle = self._submit(self._parts[len(self._handles)])
+            except Overloaded:
+                if len(self._handles) <= delivering:
+                    raise
+                return
             with self._lock:
                 self._handles.append(handle)
                 if self.cancel_requested.is_set():  # cancelled while it was being submitted
-                    handle.cancel()
+                    handle.cancel(self.cancel_reason)
 
     def _run(self) -> None:
         status, error = "done", None
@@ -93,7 +102,7 @@ class LongTextHandle(RequestHandle):
             with self._lock:
                 self.cancel_requested.set()  # no more submits; the rest go
                 for h in self._handles:
-                    h.cancel()
+                    h.cancel(self.cancel_reason)
             self.complete(self._all_codes, status, error)
 
     def _segment(self, i: int) -> None:

@@ -29,8 +29,10 @@ from omni_tts.config import MAX_INPUT_CHARS
 from omni_tts.errors import OmniTTSError
 from omni_tts.models import stretch
 from omni_tts.models.segments import take_sentences
-from omni_tts.ui import files
-from omni_tts.ui.openai_api import ApiError, SpeechService, _from_engine, _parse, wav_stream_header
+from omni_tts.serving.encoding import pcm_bytes, wav_stream_header
+from omni_tts.serving.errors import ApiError, from_engine
+from omni_tts.serving.settings import ServeSettings
+from omni_tts.serving.speech import SpeechService, parse
 
 log = logging.getLogger("omni_tts.stream_ws")
 AHEAD = 2  # sentences synthesized at once per session: the next one is ready when the current one ends
@@ -58,9 +60,10 @@ class Session:
         self.format = str(message.get("format") or body.pop("response_format", None) or "pcm")
         if self.format not in FORMATS:
             raise ApiError(400, f"format '{self.format}' cannot be streamed; use pcm or wav", "response_format")
-        req = _parse(json.dumps({**body, "input": "."}).encode())
+        req = parse(json.dumps({**body, "input": "."}).encode())
         self.speed = req.speed
-        self.params = await run_in_threadpool(self.service.params, req)  # a reference clip is encoded once
+        cap = self.service.settings.token_cap(self.ws.headers.get("authorization"))  # a public bind's anonymous cap
+        self.params = await run_in_threadpool(self.service.params, req, cap)  # a reference clip is encoded once
 
     async def receive(self) -> None:
         """Read text until input.done; queue each sentence as soon as it is complete."""
@@ -102,7 +105,7 @@ class Session:
         try:
             return await run_in_threadpool(self._submit_now, dataclasses.replace(self.params, text=sentence))
         except OmniTTSError as e:
-            raise _from_engine(e) from None
+            raise from_engine(e, self.service.settings.retry_after_s) from None
 
     def _submit_now(self, params: Any) -> Any:
         """Submit and register in one step, so a session closed meanwhile still cancels the request."""
@@ -138,7 +141,7 @@ class Session:
         try:
             while (chunk := await loop.run_in_executor(None, next, chunks, None)) is not None:
                 if self.speed == 1.0:
-                    await self.ws.send_bytes(files.pcm16(chunk.samples).astype("<i2").tobytes())
+                    await self.ws.send_bytes(pcm_bytes(chunk.samples))
                 else:
                     kept.append(chunk.samples)
         except OmniTTSError as e:
@@ -146,7 +149,7 @@ class Session:
             return
         if kept:
             wav = stretch.change_speed(np.concatenate(kept), handle.sample_rate, self.speed)
-            await self.ws.send_bytes(files.pcm16(wav).astype("<i2").tobytes())
+            await self.ws.send_bytes(pcm_bytes(wav))
 
     async def error(self, message: str, index: int | None = None) -> None:
         body: dict[str, Any] = {"type": "error", "message": message}
@@ -161,9 +164,9 @@ class Session:
                 handle.cancel()
 
 
-def router(engine: Any) -> APIRouter:
+def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
     """The WebSocket route over `engine`, to include in the app's FastAPI app."""
-    service, r = SpeechService(engine), APIRouter(prefix="/v1")
+    service, r = SpeechService(engine, settings), APIRouter(prefix="/v1")
 
     @r.websocket("/audio/speech/stream")
     async def stream(ws: WebSocket) -> None:

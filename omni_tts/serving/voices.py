@@ -22,7 +22,9 @@ from starlette.datastructures import UploadFile
 
 from omni_tts import voices
 from omni_tts.errors import InputError, OmniTTSError
-from omni_tts.ui.openai_api import ApiError, SpeechService
+from omni_tts.serving.errors import ApiError
+from omni_tts.serving.settings import ADMIN_ENV, ServeSettings
+from omni_tts.serving.speech import SpeechService
 
 MAX_SAMPLE_BYTES = 10 << 20
 FORM_FIELDS = {"audio_sample", "name", "consent", "ref_text", "x_vector_only"}
@@ -36,17 +38,17 @@ def _flag(value: Any, field: str) -> bool:
     return text in _YES
 
 
-def _admin(policy: Any, request: Request, what: str) -> None:
-    """Refuse (403) unless the admin policy allows `what` for this caller (its token as a Bearer header)."""
-    if policy is None:
-        return
-    auth = request.headers.get("authorization", "")
-    token = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-admin-token")
-    try:
-        policy.check(token, what)
-    except InputError as e:
-        raise ApiError(403, str(e).replace("enter the Admin token", "send the admin token as "
-                                           "'Authorization: Bearer <token>'"), None, "permission_error") from None
+def _admin(settings: ServeSettings, request: Request, what: str) -> None:
+    """Refuse (403) a change of the library unless this caller may make it: with an admin token set, whoever
+    sends it as 'Authorization: Bearer <token>'; without one, anyone on a private bind, nobody on a public one."""
+    if settings.admin_token:
+        if not settings.is_admin(request.headers.get("authorization")):
+            raise ApiError(403, f"{what} changes the server's voice library: send the admin token (set by "
+                                f"{ADMIN_ENV} on the server) as 'Authorization: Bearer <token>'", None,
+                           "permission_error")
+    elif settings.public:
+        raise ApiError(403, f"{what} is off on a public server: start it with {ADMIN_ENV}=<token> and send that "
+                            "token as 'Authorization: Bearer <token>'", None, "permission_error")
 
 
 def saved_entry(name: str) -> dict[str, Any]:
@@ -56,8 +58,8 @@ def saved_entry(name: str) -> dict[str, Any]:
 class VoiceService:
     """The routes' logic over one engine and the voice library."""
 
-    def __init__(self, engine: Any) -> None:
-        self.engine, self.speech = engine, SpeechService(engine)
+    def __init__(self, engine: Any, settings: ServeSettings) -> None:
+        self.engine, self.speech = engine, SpeechService(engine, settings)
         self.tasks = engine.model_info()["tasks"]
 
     def listing(self) -> dict[str, Any]:
@@ -122,9 +124,10 @@ class VoiceService:
         return {"id": stem, "object": "audio.voice.deleted", "deleted": True}
 
 
-def router(engine: Any, policy: Any = None) -> APIRouter:
-    """The voice routes over `engine`; `policy` (ui.support.AdminPolicy or alike, None: open) gates changes."""
-    service, r = VoiceService(engine), APIRouter(prefix="/v1")
+def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
+    """The voice routes over `engine`; `settings` say whether the bind is public and the admin token."""
+    settings = settings or ServeSettings()
+    service, r = VoiceService(engine, settings), APIRouter(prefix="/v1")
 
     @r.get("/audio/voices")
     def listing() -> dict[str, Any]:
@@ -133,7 +136,7 @@ def router(engine: Any, policy: Any = None) -> APIRouter:
     @r.post("/audio/voices")
     async def create(request: Request) -> JSONResponse:
         try:
-            _admin(policy, request, "Saving a voice")
+            _admin(settings, request, "Saving a voice")
             size = int(request.headers.get("content-length") or 0)
             if size > MAX_SAMPLE_BYTES + (1 << 20):
                 raise ApiError(413, f"request body is {size} bytes; audio_sample may be at most "
@@ -152,7 +155,7 @@ def router(engine: Any, policy: Any = None) -> APIRouter:
     @r.delete("/audio/voices/{name}")
     def delete(name: str, request: Request) -> JSONResponse:
         try:
-            _admin(policy, request, "Deleting a voice")
+            _admin(settings, request, "Deleting a voice")
             return JSONResponse(service.delete(name))
         except ApiError as e:
             return e.response()
