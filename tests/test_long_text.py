@@ -111,3 +111,20 @@ def test_cancelling_a_long_text_cancels_every_segment(engine):
     for h in handle._handles:  # every segment it submitted ended, none is left holding a slot
         assert h._finished.wait(60)
     assert len(handle._handles) < len(handle.segments)  # the rest were never submitted
+
+
+def test_the_speech_route_streams_a_long_text_as_one_clip(engine):
+    import httpx
+    from _serving import serve
+
+    from omni_tts.serving.app import build_app
+
+    text = mixed_text(1200)
+    whole = engine.submit(params(text)).result(timeout=120).wav
+    with serve(build_app(engine)) as url:
+        body = {"input": text, "voice": "ryan", "response_format": "pcm", "max_new_tokens": 4, "seed": 11}
+        with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=120) as r:
+            assert r.status_code == 200
+            pcm = np.frombuffer(b"".join(r.iter_bytes()), "<i2")
+    expected = (np.clip(whole, -1, 1) * 32767).astype(np.int16)
+    assert pcm.shape == expected.shape and np.abs(pcm.astype(int) - expected).max() <= 1
