@@ -164,3 +164,14 @@ def test_synthesize_endpoint_speaks_a_saved_voice_by_name(base):
     path, metrics = api.synthesize_request(engine, engine.model_info(), "Hello.", speaker="forgradio",
                                            max_new_tokens=5, seed=2)
     assert metrics["status"] == "done" and sf.read(path)[0].size == 4 * 1920
+
+
+def test_a_form_of_unknown_length_is_refused(base):
+    url, _ = base
+
+    def chunks():
+        yield b"--x\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\nstreamed\r\n--x--\r\n"
+
+    r = httpx.post(url + "/v1/audio/voices", content=chunks(),
+                   headers={"Content-Type": "multipart/form-data; boundary=x"})
+    assert r.status_code == 411 and "Content-Length" in r.json()["error"]["message"]

@@ -3,9 +3,10 @@
 
 Owns: the upload form (file `audio_sample` up to 10 MB, `name`, `consent`, optional `ref_text` and
 `x_vector_only`), its checks and error statuses (400 naming the field, 409 for a taken name, 413 for
-a clip over the limit, 403 when the admin policy refuses), the listing of built-in speakers beside
-saved voices with their kind, and the admin gate on changes. The voices are made with the engine's
-public `voice_prompt` and kept in the library the page uses (omni_tts.voices).
+a clip over the limit, 411 for a body of unknown length, 403 when the admin gate refuses), the
+listing of built-in speakers beside saved voices with their kind, and the admin gate on changes. The
+voices are made with the engine's public `voice_prompt` and kept in the library the page uses
+(omni_tts.voices).
 """
 
 from __future__ import annotations
@@ -137,7 +138,10 @@ def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
     async def create(request: Request) -> JSONResponse:
         try:
             _admin(settings, request, "Saving a voice")
-            size = int(request.headers.get("content-length") or 0)
+            declared = request.headers.get("content-length", "")
+            if not declared.isdigit():  # a body of unknown length would be spooled whole before any check
+                raise ApiError(411, "send the form with a Content-Length header")
+            size = int(declared)
             if size > MAX_SAMPLE_BYTES + (1 << 20):
                 raise ApiError(413, f"request body is {size} bytes; audio_sample may be at most "
                                     f"{MAX_SAMPLE_BYTES >> 20} MB", "audio_sample")
