@@ -19,7 +19,9 @@ import yaml
 from omni_tts.errors import InputError, OmniTTSError
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"  # package data (pyproject.toml)
-MAX_TEXT_CHARS = 2000  # text and instruct
+MAX_TEXT_CHARS = 2000  # instruct and a reference transcript
+# the text to speak: longer than one prompt should be, so the engine speaks it in segments (engine/long_text)
+MAX_INPUT_CHARS = 5000
 MAX_NAME_CHARS = 64  # speaker and language names
 
 
@@ -126,7 +128,7 @@ class SynthesisParams:
             raise InputError(f"unknown task '{self.task}'; valid: {', '.join(TASKS)}")
         if self.text is None or (isinstance(self.text, str) and not self.text.strip()):
             raise InputError("text is empty: give some words to speak")
-        check_text("text", self.text, MAX_TEXT_CHARS)
+        check_text("text", self.text, MAX_INPUT_CHARS)
         check_text("instruct", self.instruct, MAX_TEXT_CHARS)
         check_text("speaker", self.speaker, MAX_NAME_CHARS)
         check_text("language", self.language, MAX_NAME_CHARS)
@@ -204,6 +206,10 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16
     max_num_seqs: int = 8  # concurrent requests per mode
+    max_waiting: int | None = None  # requests a mode holds waiting for a slot beyond that (None: max_num_seqs;
+    #   0: unbounded); more are refused at submit (Overloaded)
+    request_timeout_s: float | None = None  # a request still running this long after submit is ended
+    #   (DeadlineExceeded); None or 0: no deadline
     max_seq_len: int = 2048  # talker KV cache length per slot (prompt + frames)
     initial_chunk_frames: int = 1  # frames in a request's first audio chunk
     chunk_frames: int = 25  # frames in each later chunk
@@ -218,6 +224,14 @@ class EngineConfig:
     experimental: ExperimentalConfig = dataclasses.field(default_factory=ExperimentalConfig)
     name: str = ""  # the preset's file name, and what it is for
     description: str = ""
+
+    def waiting_bound(self) -> int | None:
+        """How many requests a mode may hold waiting beyond its slots (None: unbounded)."""
+        n = self.max_num_seqs if self.max_waiting is None else self.max_waiting
+        return n or None
+
+    def deadline_s(self) -> float | None:
+        return self.request_timeout_s or None
 
     def resolved_buckets(self) -> list[int]:
         if self.buckets:
@@ -256,6 +270,10 @@ class EngineConfig:
             raise OmniTTSError(f"max_seq_len must be >= 16 (got {self.max_seq_len})")
         if self.gpu_memory_limit_gb is not None and self.gpu_memory_limit_gb <= 0:
             raise OmniTTSError(f"gpu_memory_limit_gb must be > 0 (got {self.gpu_memory_limit_gb})")
+        if self.max_waiting is not None and self.max_waiting < 0:
+            raise OmniTTSError(f"max_waiting must be >= 0 (got {self.max_waiting})")
+        if self.request_timeout_s is not None and not self.request_timeout_s >= 0:
+            raise OmniTTSError(f"request_timeout_s must be >= 0 (got {self.request_timeout_s})")
         if self.initial_chunk_frames < 1 or self.chunk_frames < 1:
             raise OmniTTSError("initial_chunk_frames and chunk_frames must be >= 1")
         if self.codec_precision not in ("auto", "float32", "tf32", "bfloat16"):

@@ -177,8 +177,8 @@ def test_engine_config_validate():
 
 def test_synthesis_params_validate():
     SynthesisParams(text="hi").validate()
-    SynthesisParams(text="x" * 2000, task="voice_design", instruct="calm", temperature=0.0, top_p=1.0).validate()
-    for kw, match in [(dict(text="x" * 2001), "too long \\(2001 characters; at most 2000\\)"),
+    SynthesisParams(text="x" * 5000, task="voice_design", instruct="calm", temperature=0.0, top_p=1.0).validate()
+    for kw, match in [(dict(text="x" * 5001), "too long \\(5001 characters; at most 5000\\)"),
                       (dict(text=""), "text is empty"), (dict(text=None), "text is empty"),
                       (dict(text="hi", task="voice_design"), "needs an instruct"),
                       (dict(text="hi", max_new_tokens=0), "max_new_tokens must be >= 2 and <= 8192"),

@@ -512,7 +512,7 @@ def test_a_submit_refused_while_preparing_holds_nobody_afterwards():
 @pytest.mark.parametrize("kw,match", [
     (dict(text=""), "text is empty"),
     (dict(text="   \n"), "text is empty"),
-    (dict(text="x" * 2001), "too long"),
+    (dict(text="x" * 5001), "too long"),
     (dict(speaker="nobody"), "unknown speaker 'nobody'; valid: dylan, eric, ryan, vivian"),
     (dict(language="klingon"), "unknown language 'klingon'; valid: .*english"),
     (dict(max_new_tokens=0), "max_new_tokens must be >= 2"),

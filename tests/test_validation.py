@@ -65,7 +65,7 @@ BAD = [  # (field, value, fragment of the message); the field's name must lead t
     ("fixed_frames", 10**9, "fixed_frames must be >= 1 and <= 8191"),
     ("text", "a\ud800b", "text has a character that is not valid Unicode at position 1"),
     ("text", 42, "text must be a string (got int)"),
-    ("text", "x" * 2001, "text is too long (2001 characters; at most 2000)"),
+    ("text", "x" * 5001, "text is too long (5001 characters; at most 5000)"),
     ("instruct", "calm \udfff", "instruct has a character that is not valid Unicode at position 5"),
     ("instruct", "x" * 2001, "instruct is too long"),
     ("speaker", "r" * 65, "speaker is too long (65 characters; at most 64)"),

@@ -16,6 +16,8 @@ from typing import Any
 
 import gradio as gr
 
+from omni_tts import voices
+from omni_tts.models import stretch
 from omni_tts.ui import engine_access, files, formatting
 from omni_tts.ui import support as ui
 from omni_tts.ui.handlers import user_errors
@@ -28,19 +30,25 @@ def synthesize_request(engine: Any, info: Mapping[str, Any], text: str, task: st
                        temperature: float | None = None, top_k: float | None = None, top_p: float | None = None,
                        repetition_penalty: float | None = None, max_new_tokens: float | None = None,
                        seed: float | None = -1, ref_audio: str | None = None, ref_text: str = "",
-                       x_vector_only: bool = False, voice_file: str | None = None) -> tuple[str, dict[str, Any]]:
-    """One whole clip: (wav path, metrics). Empty task / speaker: the checkpoint's first; mode '': the
-    engine's default; sampling fields None: the checkpoint's generation defaults; seed -1: random."""
-    f = ui.form(text=text or "", task=task or (info["tasks"] or ["custom_voice"])[0],
+                       x_vector_only: bool = False, voice_file: str | None = None,
+                       speed: float | None = 1.0) -> tuple[str, dict[str, Any]]:
+    """One whole clip: (wav path, metrics). Empty task / speaker: the checkpoint's first; a speaker that
+    names a saved voice: that voice (voice clone); mode '': the engine's default; sampling fields None:
+    the checkpoint's generation defaults; seed -1: random; speed: 0.25-4, pitch kept."""
+    saved = bool(speaker) and speaker not in info["speakers"] and voices.exists(speaker)
+    f = ui.form(text=text or "", task=task or ("voice_clone" if saved else (info["tasks"] or ["custom_voice"])[0]),
                 speaker=speaker or (info["speakers"] or [None])[0], language=language or "auto",
+                saved_voice=speaker if saved else "",
                 instruct=instruct or "", mode=mode or "", temperature=temperature, top_k=top_k, top_p=top_p,
                 rep=repetition_penalty, max_len=max_new_tokens, seed=-1 if seed is None else seed,
                 ref_audio=ref_audio or None, ref_text=ref_text or "", xvec_only=bool(x_vector_only),
                 voice_file=voice_file or None)
     with user_errors("synthesis"):
+        speed = stretch.check_speed(1.0 if speed is None else speed)
         params = ui.make_params(engine, f, info)
         result = engine.synthesize(engine_access.with_mode(params, f["mode"] or None))
-    path = files.write_wav(result.wav, result.sample_rate, "omni-tts")
+        wav = stretch.change_speed(result.wav, result.sample_rate, speed)
+    path = files.write_wav(wav, result.sample_rate, "omni-tts")
     m = result.metrics
     metrics = {**formatting.record(m, streaming=False), "frames": int(m.frames), "sample_rate": int(result.sample_rate)}
     metrics.pop("streaming", None)
@@ -55,7 +63,8 @@ def add_endpoint(engine: Any, info: Mapping[str, Any]) -> None:
         inputs = [
             gr.Textbox(label="text"),
             gr.Textbox(value="", label="task", info="custom_voice, voice_design or voice_clone ('' = the model's)"),
-            gr.Textbox(value="", label="speaker", info=f"one of {', '.join(info['speakers']) or 'none'} ('' = first)"),
+            gr.Textbox(value="", label="speaker", info=f"one of {', '.join(info['speakers']) or 'none'}, or a saved "
+                       "voice's name ('' = first)"),
             gr.Textbox(value="auto", label="language"),
             gr.Textbox(value="", label="instruct"),
             gr.Textbox(value="", label="mode", info="'' = the engine's default mode"),
@@ -69,6 +78,7 @@ def add_endpoint(engine: Any, info: Mapping[str, Any]) -> None:
             gr.Textbox(value="", label="ref_text"),
             gr.Checkbox(value=False, label="x_vector_only"),
             gr.File(label="voice_file", type="filepath"),
+            gr.Number(value=1.0, label="speed", minimum=stretch.MIN_SPEED, maximum=stretch.MAX_SPEED),
         ]
         outputs = [gr.File(label="wav"), gr.JSON(label="metrics")]
         trigger = gr.Button("synthesize")
@@ -79,10 +89,10 @@ def add_endpoint(engine: Any, info: Mapping[str, Any]) -> None:
                    repetition_penalty: float | None = gen.get("repetition_penalty", 1.05),
                    max_new_tokens: float | None = None, seed: float | None = -1, ref_audio: str | None = None,
                    ref_text: str = "", x_vector_only: bool = False,
-                   voice_file: str | None = None) -> tuple[str, dict[str, Any]]:
+                   voice_file: str | None = None, speed: float | None = 1.0) -> tuple[str, dict[str, Any]]:
         """Synthesize `text`; returns the wav file and the request's metrics (TTFP, E2E, RTF, audio seconds)."""
         return synthesize_request(engine, info, text, task, speaker, language, instruct, mode, temperature,
                                   top_k, top_p, repetition_penalty, max_new_tokens, seed, ref_audio, ref_text,
-                                  x_vector_only, voice_file)
+                                  x_vector_only, voice_file, speed)
 
     trigger.click(synthesize, inputs, outputs, api_name=API_NAME, concurrency_id="synthesis")

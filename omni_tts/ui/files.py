@@ -1,10 +1,9 @@
-"""Files the app writes: one private, bounded temp folder per process, and the saved-voice library.
+"""Files the app writes: one private, bounded temp folder per process (the saved-voice library: omni_tts.voices).
 
 Owns: the process's output folder (made with `tempfile.mkdtemp`, so never a fixed shared name another
 user could plant; oldest files removed past a count or size limit; removed at exit), the names of
-the files in it, the user data folder that keeps saved voices across restarts, and the folder Gradio
-caches served files in (inside the private folder, so it goes with it). Knows nothing about Gradio's
-components or the engine.
+the files in it, and the folder Gradio caches served files in (inside the private folder, so it goes
+with it). Knows nothing about Gradio's components or the engine.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import os
 import re
 import secrets
 import shutil
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -25,9 +23,10 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
+from omni_tts import voices
+
 MAX_FILES = 400  # output files kept per process before the oldest go
 MAX_BYTES = 512 << 20  # and the most bytes they may hold together
-VOICE_SUFFIX = ".safetensors"
 
 
 class OutDir:
@@ -132,42 +131,6 @@ def copy_out(src: str, stem: str) -> str:
 
 
 # ------------------------------------------------------------------ saved voices
-def data_dir(env: dict[str, str] | None = None) -> Path:
-    """The per-user data folder (OMNI_TTS_DATA_DIR, else the platform's usual place), not created here."""
-    env = dict(os.environ) if env is None else env
-    if env.get("OMNI_TTS_DATA_DIR"):
-        return Path(env["OMNI_TTS_DATA_DIR"]).expanduser()
-    home = Path(env.get("HOME") or Path.home())
-    if sys.platform == "win32":
-        return Path(env.get("LOCALAPPDATA") or home / "AppData" / "Local") / "omni_tts"
-    if sys.platform == "darwin":
-        return home / "Library" / "Application Support" / "omni_tts"
-    return Path(env.get("XDG_DATA_HOME") or home / ".local" / "share") / "omni_tts"
-
-
-def voices_dir() -> Path:
-    d = data_dir() / "voices"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def voice_name(name: str) -> str:
-    """A saved voice's name as a safe file stem; one clear message when nothing usable is left."""
-    from omni_tts.errors import InputError
-
-    clean = re.sub(r"[^A-Za-z0-9_ -]+", "", (name or "").strip()).strip().replace(" ", "_")[:64]
-    if not clean:
-        raise InputError("Voice name is empty: give the voice a name (letters, digits, spaces)")
-    return clean
-
-
-def saved_voices() -> list[str]:
-    """Names of the saved voices, newest first."""
-    d = data_dir() / "voices"
-    files = sorted(d.glob(f"*{VOICE_SUFFIX}"), key=_mtime, reverse=True) if d.is_dir() else []
-    return [p.name[: -len(VOICE_SUFFIX)] for p in files]
-
-
-def voice_path(name: str) -> Path:
-    """The library file of a saved voice (the name is sanitised, so it never leaves the folder)."""
-    return voices_dir() / f"{voice_name(name)}{VOICE_SUFFIX}"
+# the library lives in omni_tts.voices (the API serves it too); these names keep the page's calls short
+data_dir, voices_dir, voice_name = voices.data_dir, voices.voices_dir, voices.voice_name
+saved_voices, voice_path = voices.saved_voices, voices.voice_path

@@ -20,6 +20,7 @@ from typing import Any
 import gradio as gr
 import numpy as np
 
+from omni_tts import voices
 from omni_tts.errors import OmniTTSError
 from omni_tts.ui import engine_access, files, formatting, labels, plots
 from omni_tts.ui import support as ui
@@ -166,9 +167,8 @@ def voice_save(engine: Any, f: Mapping[str, Any], name: str) -> tuple[Any, Any]:
     with user_errors("saving the voice"):
         stem = files.voice_name(name)
         prompt = ui.voice_prompt(engine, {**f, "voice_file": None, "saved_voice": ""})
-        target = files.voice_path(stem)
-        prompt.save(target)
-        download = files.copy_out(str(target), stem)
+        voices.save(stem, prompt, {"source": "page"})  # the library the API lists, with its metadata
+        download = files.copy_out(str(files.voice_path(stem)), stem)
     gr.Info(f"Saved voice '{stem}' to the voice library")
     return gr.update(choices=[""] + files.saved_voices(), value=stem), gr.update(value=download, visible=True)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import gradio as gr
 
+from omni_tts import voices
 from omni_tts.ui import api, engine_access, engine_actions, formatting, handlers, tabs
 from omni_tts.ui import support as ui
 
@@ -101,6 +102,9 @@ def _wire_synthesis(ctx: dict, s: dict, p: dict, history: Any) -> None:
                      [s["task"]], [s["speaker"], s["instruct"], s["clone_group"]], queue=False, **PRIVATE)
     s["voice_save"].click(lambda name, *vals: handlers.voice_save(engine, dict(zip(ui.FORM_FIELDS, vals)), name),
                           [s["voice_name"], *_form(s)], [s["saved_voice"], s["voice_out"]], **PRIVATE)
+    # the library changes behind the page too (POST /v1/audio/voices): list it afresh when opened
+    s["saved_voice"].focus(lambda: gr.update(choices=[""] + voices.saved_voices()), None, s["saved_voice"],
+                           queue=False, **PRIVATE)
 
 
 def _wire_panel(ctx: dict, p: dict, history: Any, plotted: Any) -> None:

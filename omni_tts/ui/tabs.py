@@ -21,7 +21,7 @@ from omni_tts.ui import support as ui
 DEFAULT_PROMPTS = ("Hello! This is omni-tts speaking.\nThe quick brown fox jumps over the lazy dog.\n"
                    "Streaming speech starts playing at the first chunk.\nHow fast can this engine talk?")
 N_CLIPS = 4  # listening-test clip slots (one per mode)
-MAX_TEXT = getattr(config, "MAX_TEXT_CHARS", 2000)
+MAX_TEXT = config.MAX_INPUT_CHARS
 COUNTER_JS = f"(t) => `${{(t || '').length}} / {MAX_TEXT} characters`"
 
 

@@ -186,8 +186,8 @@ def test_a_first_visit(server, browser):
     box = d.find_element(By.CSS_SELECTOR, "#text textarea")
     _wait(d, "the example's text in the form", lambda d: box.get_attribute("value").startswith("Hello! This is"),
           10, log)
-    _wait(d, "the character counter", lambda d: re.fullmatch(r"\d+ / 2000 characters", _text(d, "#char-counter"))
-          and _text(d, "#char-counter") != "33 / 2000 characters", 10, log)
+    _wait(d, "the character counter", lambda d: re.fullmatch(r"\d+ / 5000 characters", _text(d, "#char-counter"))
+          and _text(d, "#char-counter") != "33 / 5000 characters", 10, log)
 
     box.send_keys(Keys.CONTROL, "a")
     box.send_keys(Keys.DELETE)

@@ -1,0 +1,200 @@
+"""Text streamed in, audio streamed out: the WebSocket route `/v1/audio/speech/stream` (vLLM-Omni's protocol).
+
+The client sends `{"type": "session.config", ...}` first (the speech route's fields: voice, language,
+instructions, response_format or format (pcm or wav), speed, task_type, ref_audio, sampling, mode),
+then `{"type": "input.text", "text": ...}` pieces and `{"type": "input.done"}`. The server sends, per
+sentence as soon as the text completes it, `{"type": "audio.start", "sentence_index", "sentence_text",
+"format"}`, binary audio frames as they are made (16-bit mono PCM at the model's rate; wav: a header
+first), `{"type": "audio.done", "sentence_index"}`, and after the last `{"type": "session.done",
+"total_sentences"}`; problems as `{"type": "error", "message", ...}`. A few sentences are synthesized
+ahead while earlier ones are sent, in order. When either side closes, every request of the session is
+cancelled; a request the engine refuses ends the session with its error. Owns the session's life
+cycle; requests are made as the speech route makes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from starlette.concurrency import run_in_threadpool
+
+from omni_tts.config import MAX_INPUT_CHARS
+from omni_tts.errors import OmniTTSError
+from omni_tts.models import stretch
+from omni_tts.models.segments import take_sentences
+from omni_tts.serving.encoding import pcm_bytes, wav_stream_header
+from omni_tts.serving.errors import ApiError, from_engine
+from omni_tts.serving.settings import ServeSettings
+from omni_tts.serving.speech import SpeechService, parse
+
+log = logging.getLogger("omni_tts.stream_ws")
+AHEAD = 2  # sentences synthesized at once per session: the next one is ready when the current one ends
+FORMATS = ("pcm", "wav")
+
+
+class Session:
+    """One WebSocket session: its settings, the requests in flight, the sentences sent."""
+
+    def __init__(self, ws: WebSocket, service: SpeechService) -> None:
+        self.ws, self.service = ws, service
+        self.params: Any = None
+        self.format, self.speed = "pcm", 1.0
+        self.handles: set[Any] = set()  # submitted and not yet sent (guarded by lock: submits run in threads)
+        self.lock, self.closed = threading.Lock(), False
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.slots = asyncio.Semaphore(AHEAD)
+        self.received = 0
+
+    async def configure(self, message: dict[str, Any]) -> None:
+        """The session's request settings, checked once as the speech route checks a body (ApiError)."""
+        if message.get("type") != "session.config":
+            raise ApiError(400, "the first message must be {\"type\": \"session.config\", ...}", "type")
+        body = {k: v for k, v in message.items() if k not in ("type", "format")}
+        self.format = str(message.get("format") or body.pop("response_format", None) or "pcm")
+        if self.format not in FORMATS:
+            raise ApiError(400, f"format '{self.format}' cannot be streamed; use pcm or wav", "response_format")
+        req = parse(json.dumps({**body, "input": "."}).encode())
+        self.speed = req.speed
+        cap = self.service.settings.token_cap(self.ws.headers.get("authorization"))  # a public bind's anonymous cap
+        self.params = await run_in_threadpool(self.service.params, req, cap)  # a reference clip is encoded once
+
+    async def receive(self) -> None:
+        """Read text until input.done; queue each sentence as soon as it is complete."""
+        buffer, done = "", False
+        while not done:
+            message = await self._next_message()
+            kind = message.get("type") if message else None
+            if kind == "input.text" and isinstance(message.get("text"), str):
+                buffer += message["text"]
+                self.received += len(message["text"])
+                if self.received > MAX_INPUT_CHARS:
+                    raise ApiError(400, f"the session's text is over {MAX_INPUT_CHARS} characters; start another",
+                                   "text")
+                sentences, buffer = take_sentences(buffer)
+            elif kind == "input.done":
+                sentences, buffer, done = ([buffer.strip()] if buffer.strip() else []), "", True
+            else:
+                await self.error(f"unknown message {str(message)[:80]}: expected input.text (with a text string) "
+                                 "or input.done")
+                continue
+            for sentence in sentences:
+                await self.slots.acquire()
+                await self.queue.put((sentence, await self._submit(sentence)))
+        await self.queue.put(None)
+
+    async def _next_message(self) -> dict[str, Any] | None:
+        raw = await self.ws.receive()
+        if raw["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(raw.get("code", 1000))
+        try:
+            message = json.loads(raw.get("text") or "")
+        except (json.JSONDecodeError, TypeError):
+            return None
+        return message if isinstance(message, dict) else None
+
+    async def _submit(self, sentence: str) -> Any:
+        """The sentence's request; a refusal ends the session (its settings, e.g. an unknown voice, would
+        refuse every sentence)."""
+        try:
+            return await run_in_threadpool(self._submit_now, dataclasses.replace(self.params, text=sentence))
+        except OmniTTSError as e:
+            raise from_engine(e, self.service.settings.retry_after_s) from None
+
+    def _submit_now(self, params: Any) -> Any:
+        """Submit and register in one step, so a session closed meanwhile still cancels the request."""
+        handle = self.service.engine.submit(params)
+        with self.lock:
+            self.handles.add(handle)
+            if self.closed:
+                handle.cancel()
+        return handle
+
+    async def send(self) -> None:
+        """Send every queued sentence's audio in order, then session.done."""
+        index = 0
+        while (item := await self.queue.get()) is not None:
+            sentence, handle = item
+            try:
+                await self.ws.send_json({"type": "audio.start", "sentence_index": index, "sentence_text": sentence,
+                                         "format": self.format})
+                await self._audio(handle)
+                await self.ws.send_json({"type": "audio.done", "sentence_index": index})
+            finally:
+                with self.lock:
+                    self.handles.discard(handle)
+                self.slots.release()
+                index += 1
+        await self.ws.send_json({"type": "session.done", "total_sentences": index})
+
+    async def _audio(self, handle: Any) -> None:
+        """The sentence's audio as binary frames as it is made (with speed != 1: at its end, stretched)."""
+        if self.format == "wav":
+            await self.ws.send_bytes(wav_stream_header(handle.sample_rate))
+        loop, chunks, kept = asyncio.get_running_loop(), iter(handle.stream()), []
+        try:
+            while (chunk := await loop.run_in_executor(None, next, chunks, None)) is not None:
+                if self.speed == 1.0:
+                    await self.ws.send_bytes(pcm_bytes(chunk.samples))
+                else:
+                    kept.append(chunk.samples)
+        except OmniTTSError as e:
+            await self.error(str(e))
+            return
+        if kept:
+            wav = stretch.change_speed(np.concatenate(kept), handle.sample_rate, self.speed)
+            await self.ws.send_bytes(pcm_bytes(wav))
+
+    async def error(self, message: str, index: int | None = None) -> None:
+        body: dict[str, Any] = {"type": "error", "message": message}
+        if index is not None:
+            body["sentence_index"] = index
+        await self.ws.send_json(body)
+
+    def cancel_all(self) -> None:
+        with self.lock:
+            self.closed = True
+            for handle in self.handles:
+                handle.cancel()
+
+
+def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
+    """The WebSocket route over `engine`, to include in the app's FastAPI app."""
+    service, r = SpeechService(engine, settings), APIRouter(prefix="/v1")
+
+    @r.websocket("/audio/speech/stream")
+    async def stream(ws: WebSocket) -> None:
+        await ws.accept()
+        session = Session(ws, service)
+        tasks: list[asyncio.Task] = []
+        try:
+            await session.configure(await session._next_message() or {})
+            tasks = [asyncio.create_task(session.receive()), asyncio.create_task(session.send())]
+            await asyncio.gather(*tasks)
+            await ws.close()
+        except ApiError as e:
+            await _last_word(ws, session, e.message)
+        except (WebSocketDisconnect, RuntimeError, OSError) as e:  # the client left (or a send found it gone)
+            log.info("stream session ended: %s", type(e).__name__)
+        finally:
+            session.cancel_all()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    return r
+
+
+async def _last_word(ws: WebSocket, session: Session, message: str) -> None:
+    """An error that ends the session: say it, then close (the client may have left already)."""
+    try:
+        await session.error(message)
+        await ws.close(code=1008)
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        pass

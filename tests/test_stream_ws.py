@@ -1,0 +1,140 @@
+"""Text streamed in over /v1/audio/speech/stream, with a real WebSocket client against a real uvicorn
+server on the tiny checkpoint: sentences spoken as soon as the text completes them, in order, with their
+audio frames between audio.start and audio.done; errors as error messages; a client that leaves
+cancels the session's requests and frees their slots."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+from _fixtures import fixture_dir
+from _serving import serve
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from omni_tts.config import EngineConfig, SynthesisParams
+from omni_tts.serving.app import build_app
+
+CONFIG = {"type": "session.config", "voice": "ryan", "language": "English", "max_new_tokens": 5, "seed": 4}
+
+
+@pytest.fixture(scope="module")
+def server():
+    from omni_tts.engine.engine import Engine
+
+    engine = Engine.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), device="cpu", max_num_seqs=2,
+                                             max_seq_len=4096, mode="eager", initial_chunk_frames=1, chunk_frames=2))
+    with serve(build_app(engine)) as url:
+        yield url.replace("http://", "ws://") + "/v1/audio/speech/stream", engine
+    engine.shutdown()
+
+
+def messages(ws) -> list:
+    """Everything the server sends until session.done or an error that closes (binary frames as bytes)."""
+    out = []
+    for m in ws:
+        out.append(m if isinstance(m, bytes) else json.loads(m))
+        if isinstance(out[-1], dict) and out[-1]["type"] == "session.done":
+            break
+    return out
+
+
+def test_sentences_are_spoken_in_order_as_the_text_completes_them(server):
+    url, engine = server
+    with connect(url) as ws:
+        ws.send(json.dumps(CONFIG))
+        ws.send(json.dumps({"type": "input.text", "text": "Hello there. How are"}))
+        first = json.loads(ws.recv(timeout=60))  # the first sentence starts before the text is finished
+        assert first == {"type": "audio.start", "sentence_index": 0, "sentence_text": "Hello there.", "format": "pcm"}
+        for piece in (" you today? 我很好。", "Bye"):
+            ws.send(json.dumps({"type": "input.text", "text": piece}))
+        ws.send(json.dumps({"type": "input.done"}))
+        got = [first] + messages(ws)
+    events = [m for m in got if isinstance(m, dict)]
+    starts = [m for m in events if m["type"] == "audio.start"]
+    assert [m["sentence_text"] for m in starts] == ["Hello there.", "How are you today?", "我很好。", "Bye"]
+    assert [m["sentence_index"] for m in starts] == [0, 1, 2, 3]
+    assert events[-1] == {"type": "session.done", "total_sentences": 4}
+    # each sentence: audio.start, its frames, audio.done; its frames equal the sentence spoken alone
+    kinds = ["start" if isinstance(m, dict) and m["type"] == "audio.start" else
+             "done" if isinstance(m, dict) and m["type"] == "audio.done" else "bytes" for m in got[:-1]]
+    assert "".join(k[0] for k in kinds) == "".join("s" + "b" * kinds[i + 1:].index("done") + "d"
+                                                    for i, k in enumerate(kinds) if k == "start")
+    i = got.index(starts[2])
+    audio = b"".join(got[i + 1:got.index({"type": "audio.done", "sentence_index": 2})])
+    alone = engine.synthesize(SynthesisParams(text="我很好。", speaker="ryan", language="English", max_new_tokens=5,
+                                              seed=4))
+    assert np.array_equal(np.frombuffer(audio, "<i2"),
+                          (np.clip(alone.wav, -1, 1) * 32767).astype(np.int16))
+
+
+def test_wav_format_and_speed(server):
+    url, engine = server
+    with connect(url) as ws:
+        ws.send(json.dumps({**CONFIG, "format": "wav", "speed": 2.0}))
+        ws.send(json.dumps({"type": "input.text", "text": "One sentence only."}))
+        ws.send(json.dumps({"type": "input.done"}))
+        got = messages(ws)
+    frames = [m for m in got if isinstance(m, bytes)]
+    assert got[0]["format"] == "wav" and frames[0][:4] == b"RIFF"
+    samples = sum(len(f) for f in frames[1:]) // 2
+    assert samples == pytest.approx(4 * 1920 / 2, abs=200)  # four frames at twice the speed
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"type": "input.text", "text": "hi"}, "first message must be"),
+    ({**CONFIG, "format": "mp3"}, "cannot be streamed"),
+    ({**CONFIG, "speed": 9}, "speed"),
+    ({**CONFIG, "colour": "red"}, "colour"),
+])
+def test_a_bad_config_is_an_error_and_the_session_ends(server, config, words):
+    url, _ = server
+    with connect(url) as ws:
+        ws.send(json.dumps(config))
+        m = json.loads(ws.recv(timeout=30))
+        assert m["type"] == "error" and words in m["message"]
+        with pytest.raises(ConnectionClosed):  # closed by the server
+            ws.recv(timeout=30)
+
+
+def test_a_request_the_engine_refuses_ends_the_session_with_its_error(server):
+    url, _ = server
+    with connect(url) as ws:
+        ws.send(json.dumps({**CONFIG, "voice": "nobody"}))
+        ws.send(json.dumps({"type": "input.text", "text": "Hello there. "}))
+        m = json.loads(ws.recv(timeout=30))
+        assert m["type"] == "error" and "unknown voice 'nobody'" in m["message"]
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=30)
+
+
+def test_an_unknown_message_is_an_error_and_the_session_goes_on(server):
+    url, _ = server
+    with connect(url) as ws:
+        ws.send(json.dumps(CONFIG))
+        ws.send("not json")
+        assert json.loads(ws.recv(timeout=30))["type"] == "error"
+        ws.send(json.dumps({"type": "input.text", "text": "Still here."}))
+        ws.send(json.dumps({"type": "input.done"}))
+        assert messages(ws)[-1] == {"type": "session.done", "total_sentences": 1}
+
+
+def test_a_client_that_leaves_cancels_its_requests(server):
+    url, engine = server
+    free = threading.Event()
+    with connect(url) as ws:
+        ws.send(json.dumps({**CONFIG, "max_new_tokens": 4000}))
+        ws.send(json.dumps({"type": "input.text", "text": "A long one. And another. "}))
+        assert json.loads(ws.recv(timeout=60))["type"] == "audio.start"
+        assert isinstance(ws.recv(timeout=60), bytes)
+        assert engine.snapshot()["active"] >= 1
+    for _ in range(600):  # both sentences would run for thousands of frames: only a cancel ends them soon
+        snap = engine.snapshot()
+        if snap["active"] == 0 and snap["waiting"] == 0:
+            free.set()
+            break
+        free.wait(0.05)
+    assert free.is_set(), "the session's requests still hold slots after the client left"

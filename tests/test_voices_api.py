@@ -1,0 +1,177 @@
+"""Saved voices by API against a real uvicorn server on the tiny Base checkpoint: multipart uploads
+through httpx, the listing, deletion, every refusal naming its field, the admin gate, a saved voice used
+by name through the official `openai` client and through /synthesize, and the refusal on a checkpoint
+that cannot clone."""
+
+from __future__ import annotations
+
+import io
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+from _fixtures import fixture_dir
+from _serving import serve
+
+from omni_tts import voices
+from omni_tts.config import EngineConfig
+from omni_tts.serving import voices as voices_api
+from omni_tts.serving.app import build_app
+from omni_tts.serving.settings import ServeSettings
+
+SHORT = {"max_new_tokens": 5, "seed": 3}
+
+
+def wav_bytes(seconds: float = 1.0) -> bytes:
+    ref = np.load(fixture_dir("base") / "golden_ref_audio.npy")[: int(24000 * seconds)]
+    buf = io.BytesIO()
+    sf.write(buf, ref, 24000, format="WAV")
+    return buf.getvalue()
+
+
+def engine_for(kind: str):
+    from omni_tts.engine.engine import Engine
+
+    return Engine.from_config(EngineConfig(model=str(fixture_dir(kind)), device="cpu", max_num_seqs=2,
+                                           max_seq_len=256, mode="eager", initial_chunk_frames=1, chunk_frames=4))
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("OMNI_TTS_DATA_DIR", str(tmp_path_factory.mktemp("data")))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def base(library):
+    engine = engine_for("base")
+    with serve(build_app(engine)) as url:
+        yield url, engine
+    engine.shutdown()
+
+
+def upload(url: str, name: str, audio: bytes | None = None, **fields) -> httpx.Response:
+    data = {"name": name, "consent": "true", **fields}
+    files = {"audio_sample": ("me.wav", wav_bytes() if audio is None else audio, "audio/wav")}
+    return httpx.post(url + "/v1/audio/voices", data=data, files=files, timeout=120)
+
+
+def test_a_voice_is_saved_listed_used_by_name_and_deleted(base):
+    from openai import OpenAI
+
+    url, engine = base
+    r = upload(url, "Ann Smith", x_vector_only="true")
+    assert r.status_code == 200, r.text
+    made = r.json()
+    assert made["name"] == "Ann_Smith" and made["kind"] == "saved" and made["mode"] == "x_vector_only"
+    assert made["id"].startswith("voice-") and made["consent"] == "true"
+    assert voices.voice_path("Ann_Smith").is_file()  # on disk: a restart finds it
+    listed = httpx.get(url + "/v1/audio/voices").json()
+    assert "Ann_Smith" in listed["voices"]
+    assert {v["name"]: v["kind"] for v in listed["data"]}["Ann_Smith"] == "saved"
+
+    client = OpenAI(base_url=url + "/v1", api_key="unused")
+    got = client.audio.speech.create(model="omni-tts", voice="Ann_Smith", input="Hello there.",
+                                     response_format="wav", extra_body=SHORT)
+    wav, sr = sf.read(io.BytesIO(got.content))
+    assert sr == engine.sample_rate and wav.size == 4 * 1920
+
+    assert httpx.delete(url + "/v1/audio/voices/Ann_Smith").json()["deleted"] is True
+    assert "Ann_Smith" not in httpx.get(url + "/v1/audio/voices").json()["voices"]
+    r = httpx.delete(url + "/v1/audio/voices/Ann_Smith")
+    assert r.status_code == 404 and r.json()["error"]["param"] == "name"
+
+
+def test_an_icl_voice_keeps_its_transcript(base):
+    url, _ = base
+    r = upload(url, "icl", ref_text="Some words the clip says.")
+    assert r.status_code == 200, r.text
+    assert r.json()["mode"] == "icl" and r.json()["ref_text"] == "Some words the clip says."
+    assert voices.load("icl").ref_text == "Some words the clip says."
+
+
+@pytest.mark.parametrize("name, audio, fields, status, param, words", [
+    ("bad", b"this is not audio at all" * 50, {"x_vector_only": "true"}, 400, "audio_sample", "audio_sample"),
+    ("noconsent", None, {"consent": "", "x_vector_only": "true"}, 400, "consent", "consent is required"),
+    ("", None, {"x_vector_only": "true"}, 400, "name", "Voice name is empty"),
+    ("xv", None, {"x_vector_only": "maybe"}, 400, "x_vector_only", "true or false"),
+    ("notext", None, {}, 400, "ref_text", "ref_text"),
+    ("extra", None, {"x_vector_only": "true", "colour": "red"}, 400, "colour", "unknown form field"),
+])
+def test_bad_uploads_are_refused_naming_the_field(base, name, audio, fields, status, param, words):
+    url, _ = base
+    r = upload(url, name, audio, **fields)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"]
+    assert "/tmp" not in err["message"]  # no server paths
+    assert not voices.exists(name or "-")
+
+
+def test_a_taken_name_is_refused_with_409_and_a_large_clip_with_413(base):
+    url, _ = base
+    assert upload(url, "twice", x_vector_only="true").status_code == 200
+    r = upload(url, "twice", x_vector_only="true")
+    assert r.status_code == 409 and r.json()["error"]["param"] == "name"
+    r = upload(url, "huge", b"\0" * (voices_api.MAX_SAMPLE_BYTES + 10), x_vector_only="true")
+    assert r.status_code == 413 and r.json()["error"]["param"] == "audio_sample"
+    r = httpx.post(url + "/v1/audio/voices", data={"name": "nofile", "consent": "true"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "audio_sample"
+
+
+def test_changes_need_the_admin_token_on_a_public_server(library):
+    engine = engine_for("base")
+    try:
+        with serve(build_app(engine, ServeSettings(public=True, admin_token="s3cret"))) as url:
+            r = upload(url, "gated", x_vector_only="true")
+            assert r.status_code == 403 and "Authorization: Bearer" in r.json()["error"]["message"]
+            assert httpx.get(url + "/v1/audio/voices").status_code == 200  # listing stays open
+            r = httpx.post(url + "/v1/audio/voices", data={"name": "gated", "consent": "yes", "x_vector_only": "1"},
+                           files={"audio_sample": ("a.wav", wav_bytes(), "audio/wav")},
+                           headers={"Authorization": "Bearer s3cret"}, timeout=120)
+            assert r.status_code == 200, r.text
+            assert httpx.delete(url + "/v1/audio/voices/gated").status_code == 403
+            assert httpx.delete(url + "/v1/audio/voices/gated", headers={"Authorization": "Bearer s3cret"}).json()[
+                "deleted"]
+        with serve(build_app(engine, ServeSettings(public=True))) as url:
+            r = upload(url, "off", x_vector_only="true")
+            assert r.status_code == 403 and "off on a public server" in r.json()["error"]["message"]
+    finally:
+        engine.shutdown()
+
+
+def test_a_custom_voice_checkpoint_refuses_to_clone(library):
+    engine = engine_for("custom_voice")
+    try:
+        with serve(build_app(engine)) as url:
+            r = upload(url, "nope", x_vector_only="true")
+            assert r.status_code == 400 and "cannot clone voices" in r.json()["error"]["message"]
+            listed = httpx.get(url + "/v1/audio/voices").json()
+            assert {v["kind"] for v in listed["data"]} >= {"builtin"}
+            assert "ryan" in listed["voices"]
+    finally:
+        engine.shutdown()
+
+
+def test_synthesize_endpoint_speaks_a_saved_voice_by_name(base):
+    from omni_tts.ui import api
+
+    url, engine = base
+    assert upload(url, "forgradio", x_vector_only="true").status_code == 200
+    path, metrics = api.synthesize_request(engine, engine.model_info(), "Hello.", speaker="forgradio",
+                                           max_new_tokens=5, seed=2)
+    assert metrics["status"] == "done" and sf.read(path)[0].size == 4 * 1920
+
+
+def test_a_form_of_unknown_length_is_refused(base):
+    url, _ = base
+
+    def chunks():
+        yield b"--x\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\nstreamed\r\n--x--\r\n"
+
+    r = httpx.post(url + "/v1/audio/voices", content=chunks(),
+                   headers={"Content-Type": "multipart/form-data; boundary=x"})
+    assert r.status_code == 411 and "Content-Length" in r.json()["error"]["message"]
