@@ -147,7 +147,9 @@ class SpeechService:
             raise from_engine(e, self.settings.retry_after_s) from None
         headers = {"X-Sample-Rate": str(handle.sample_rate), "X-Request-Id": str(handle.id)}
         sse = req.stream_format == "sse"
-        feed = streams.Feed(handle, self.settings.stream_buffer_bytes, 8 / 3 if sse else 2.0)
+        # a whole clip is kept until it is finished anyway: only a stream's reader can fall behind
+        feed = streams.Feed(handle, self.settings.stream_buffer_bytes if req.streamed else None,
+                            8 / 3 if sse else 2.0)
         if sse:
             return streams.AudioStream(feed, streams.sse_body(feed), media_type="text/event-stream", headers=headers)
         if req.streamed:
