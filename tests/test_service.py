@@ -12,7 +12,9 @@ import pytest
 from _serving import LONG, SHORT, WAIT_S, Ended, Leaver, serve, tiny_config, until
 from prometheus_client.parser import text_string_to_metric_families
 
+from omni_tts.config import SynthesisParams
 from omni_tts.engine.engine import Engine
+from omni_tts.errors import DeadlineExceeded
 from omni_tts.serving.settings import ServeSettings
 
 SLOTS, WAITING = 4, 4
@@ -98,6 +100,27 @@ def test_a_full_mode_answers_503_with_retry_after_and_admitted_requests_finish(s
     assert [m.outcome for m in done] == ["done"] * len(ids)
     assert pcm == [m.frames * 1920 * 2 for m in done]
     assert engine.stats.outcomes[("eager", "refused (overloaded)")] >= 2
+
+
+def test_clients_that_leave_while_waiting_free_their_places_at_once(service):
+    url, engine, ended = service
+    until(lambda: _idle(engine), what="an idle engine")
+    clients = [Leaver(url, {**LONG, "stream": True, "response_format": "pcm"}) for _ in range(SLOTS + WAITING)]
+    ids = [c.status()[1] for c in clients]
+    admitted = sorted(ids)[:SLOTS]
+    waiting = [(c, rid) for c, rid in zip(clients, ids) if rid not in admitted]
+    for c, _ in waiting:
+        c.leave()
+    gone = ended.wait([rid for _, rid in waiting])
+    assert [(m.outcome, m.frames) for m in gone] == [("cancelled (client gone)", 0)] * WAITING
+    assert engine.snapshot()["active"] == SLOTS  # the admitted ones run on meanwhile
+    late = Leaver(url, {**LONG, "stream": True, "response_format": "pcm"})
+    assert late.status()[0] == 200  # a freed place, not a 503
+    for c, rid in zip(clients, ids):
+        if rid in admitted:
+            c.leave()
+    late.leave()
+    until(lambda: _idle(engine), what="an idle engine")
 
 
 def _families(url: str) -> dict:
@@ -199,6 +222,19 @@ def test_past_the_deadline_a_request_ends_with_a_clear_error_on_every_path(deadl
     outcomes = ended.wait([sse_id, int(r.headers["x-request-id"])])
     assert {m.outcome for m in outcomes} == {"error (deadline exceeded)"}
     assert all(0 < m.frames < NATURAL_FRAMES for m in outcomes)
+
+
+def test_a_request_that_waits_past_the_deadline_ends_without_a_slot(deadline_service):
+    _, engine, ended = deadline_service
+    engine.start_warming()
+    assert engine.wait_ready(timeout=WAIT_S)
+    params = SynthesisParams(text=LONG["input"], speaker="ryan", max_new_tokens=LONG["max_new_tokens"], seed=3)
+    handles = [engine.submit(params) for _ in range(3)]  # two slots: the third waits
+    outcomes = ended.wait([h.id for h in handles])
+    assert {m.outcome for m in outcomes} == {"error (deadline exceeded)"}
+    assert outcomes[2].frames == 0 and outcomes[2].started_at is None
+    with pytest.raises(DeadlineExceeded, match="request_timeout_s"):
+        handles[2].result(0)
 
 
 def test_a_shutdown_ends_an_open_sse_stream_with_an_error_event():
