@@ -109,6 +109,7 @@ def test_clients_that_leave_while_waiting_free_their_places_at_once(service):
     ids = [c.status()[1] for c in clients]
     admitted = sorted(ids)[:SLOTS]
     waiting = [(c, rid) for c, rid in zip(clients, ids) if rid not in admitted]
+    until(lambda: engine.snapshot()["active"] == SLOTS, what="every slot taken")
     for c, _ in waiting:
         c.leave()
     gone = ended.wait([rid for _, rid in waiting])
