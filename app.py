@@ -64,8 +64,7 @@ def serve(engine: Any, demo: Any, host: str, port: int, share: bool = False, blo
     server = Server(app, host, port, settings)
     url = server.start()
     if share:
-        say = f"public URL: {_share_link(host, port)}"
-        print(f"[omni-tts] {say}", file=sys.stderr, flush=True)
+        print(f"[omni-tts] public URL: {_share_link(host, port)}", file=sys.stderr, flush=True)
     if block:
         server.wait()
     return server, url

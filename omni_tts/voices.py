@@ -91,16 +91,19 @@ def by_name(name: Any, builtin: list[str]) -> Any:
     return load(name) if exists(name) else None
 
 
-def save(name: str, prompt: Any, meta: dict[str, Any] | None = None, overwrite: bool = True) -> dict[str, Any]:
-    """Keep `prompt` (a VoicePrompt) under `name` with its metadata -> the metadata as stored.
-    overwrite False: a voice of that name already there raises VoiceExists."""
+def save(name: str, prompt: Any, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Keep `prompt` (a VoicePrompt) under `name` with its metadata -> the metadata as stored. A saved voice
+    is never overwritten: a name that is taken, or that differs from a saved one only in case or in
+    characters the sanitising drops, raises VoiceExists."""
     stem = voice_name(name)
     path = voice_path(stem)
     record = {"id": f"voice-{secrets.token_hex(6)}", "name": stem, "kind": "saved", "mode": prompt.mode,
               "ref_text": prompt.ref_text, "created_at": int(time.time()), **(meta or {})}
     with _create_lock:
-        if not overwrite and path.exists():
-            raise VoiceExists(f"a voice named '{stem}' already exists; delete it first or pick another name")
+        taken = next((v for v in saved_voices() if v.lower() == stem.lower()), None)
+        if taken is not None or path.exists():
+            raise VoiceExists(f"Voice name '{stem}' is taken by a saved voice ('{taken or stem}'): delete it "
+                              f"first or pick another name")
         prompt.save(path)
         path.with_suffix(META_SUFFIX).write_text(json.dumps(record))
     return record

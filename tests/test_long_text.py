@@ -115,13 +115,13 @@ def test_cancelling_a_long_text_cancels_every_segment(engine):
 
 def test_the_speech_route_streams_a_long_text_as_one_clip(engine):
     import httpx
-    from _serving import serve
+    from _serving import serve_app
 
     from omni_tts.serving.app import build_app
 
     text = mixed_text(1200)
     whole = engine.submit(params(text)).result(timeout=120).wav
-    with serve(build_app(engine)) as url:
+    with serve_app(build_app(engine)) as url:
         body = {"input": text, "voice": "ryan", "response_format": "pcm", "max_new_tokens": 4, "seed": 11}
         with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=120) as r:
             assert r.status_code == 200

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from _fixtures import fixture_dir
-from _serving import serve
+from _serving import serve_app
 
 from omni_tts.config import EngineConfig
 from omni_tts.errors import InputError
@@ -48,7 +48,7 @@ def server():
 
     engine = Engine.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), device="cpu", max_num_seqs=2,
                                              max_seq_len=96, mode="eager", initial_chunk_frames=1, chunk_frames=4))
-    with serve(build_app(engine)) as url:
+    with serve_app(build_app(engine)) as url:
         yield url, engine
     engine.shutdown()
 

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 from _fixtures import fixture_dir
-from _serving import serve
+from _serving import serve_app
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -27,7 +27,7 @@ def server():
 
     engine = Engine.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), device="cpu", max_num_seqs=2,
                                              max_seq_len=4096, mode="eager", initial_chunk_frames=1, chunk_frames=2))
-    with serve(build_app(engine)) as url:
+    with serve_app(build_app(engine)) as url:
         yield url.replace("http://", "ws://") + "/v1/audio/speech/stream", engine
     engine.shutdown()
 

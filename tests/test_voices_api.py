@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from _fixtures import fixture_dir
-from _serving import serve
+from _serving import serve_app
 
 from omni_tts import voices
 from omni_tts.config import EngineConfig
@@ -48,7 +48,7 @@ def library(tmp_path_factory):
 @pytest.fixture(scope="module")
 def base(library):
     engine = engine_for("base")
-    with serve(build_app(engine)) as url:
+    with serve_app(build_app(engine)) as url:
         yield url, engine
     engine.shutdown()
 
@@ -125,7 +125,7 @@ def test_a_taken_name_is_refused_with_409_and_a_large_clip_with_413(base):
 def test_changes_need_the_admin_token_on_a_public_server(library):
     engine = engine_for("base")
     try:
-        with serve(build_app(engine, ServeSettings(public=True, admin_token="s3cret"))) as url:
+        with serve_app(build_app(engine, ServeSettings(public=True, admin_token="s3cret"))) as url:
             r = upload(url, "gated", x_vector_only="true")
             assert r.status_code == 403 and "Authorization: Bearer" in r.json()["error"]["message"]
             assert httpx.get(url + "/v1/audio/voices").status_code == 200  # listing stays open
@@ -136,7 +136,7 @@ def test_changes_need_the_admin_token_on_a_public_server(library):
             assert httpx.delete(url + "/v1/audio/voices/gated").status_code == 403
             assert httpx.delete(url + "/v1/audio/voices/gated", headers={"Authorization": "Bearer s3cret"}).json()[
                 "deleted"]
-        with serve(build_app(engine, ServeSettings(public=True))) as url:
+        with serve_app(build_app(engine, ServeSettings(public=True))) as url:
             r = upload(url, "off", x_vector_only="true")
             assert r.status_code == 403 and "off on a public server" in r.json()["error"]["message"]
     finally:
@@ -146,7 +146,7 @@ def test_changes_need_the_admin_token_on_a_public_server(library):
 def test_a_custom_voice_checkpoint_refuses_to_clone(library):
     engine = engine_for("custom_voice")
     try:
-        with serve(build_app(engine)) as url:
+        with serve_app(build_app(engine)) as url:
             r = upload(url, "nope", x_vector_only="true")
             assert r.status_code == 400 and "cannot clone voices" in r.json()["error"]["message"]
             listed = httpx.get(url + "/v1/audio/voices").json()

@@ -66,6 +66,9 @@ class _QuietAborts(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], StreamAborted))
 
 
+_QUIET_ABORTS = _QuietAborts()  # one instance: adding it again is a no-op
+
+
 def config(app: Any, host: str, port: int, settings: ServeSettings) -> uvicorn.Config:
     """uvicorn's settings for `app` with the service's limits."""
     protocol = type("Protocol", (HeaderDeadlineH11,), {"header_timeout_s": settings.header_timeout_s})
@@ -84,7 +87,7 @@ class Server:
         self.server = uvicorn.Server(config(app, host, port, self.settings))
         self.host, self.port = host, port
         self._thread = threading.Thread(target=self.server.run, name="omni-tts-http", daemon=True)
-        logging.getLogger("uvicorn.error").addFilter(_QuietAborts())
+        logging.getLogger("uvicorn.error").addFilter(_QUIET_ABORTS)
 
     @property
     def url(self) -> str:

@@ -168,7 +168,9 @@ class SpeechService:
             raise from_engine(e, self.settings.retry_after_s) from None
         headers = {"X-Sample-Rate": str(handle.sample_rate), "X-Request-Id": str(handle.id)}
         sse = req.stream_format == "sse"
-        feed = streams.Feed(handle, self.settings.stream_buffer_bytes, 8 / 3 if sse else 2.0)
+        # a whole clip is kept until it is finished anyway: only a stream's reader can fall behind
+        feed = streams.Feed(handle, self.settings.stream_buffer_bytes if req.streamed else None,
+                            8 / 3 if sse else 2.0)
         if sse:
             return streams.AudioStream(feed, streams.sse_body(feed), media_type="text/event-stream", headers=headers)
         if req.streamed:
@@ -258,9 +260,11 @@ def parse(body: bytes, content_type: str | None = "application/json") -> SpeechR
     try:
         return SpeechRequest.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        field = ".".join(str(x) for x in first.get("loc", ())) or None
-        raise ApiError(400, f"{field}: {first.get('msg', 'invalid')}", field) from None
+        errors = e.errors()
+        field = str((errors[0].get("loc") or ("body",))[0])
+        # a field of several accepted types (voice: a name or {"id": name}) fails once per type
+        said = dict.fromkeys(x.get("msg", "invalid") for x in errors if (x.get("loc") or ("body",))[0] == field)
+        raise ApiError(400, f"{field}: {', or '.join(said)}", field) from None
 
 
 def _members(text: str) -> dict[str, Any]:

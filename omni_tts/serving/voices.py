@@ -92,7 +92,7 @@ class VoiceService:
             raise ApiError(409, f"a voice named '{stem}' already exists; delete it first or pick another name", "name")
         prompt = self._prompt(form.get("audio_sample"), ref_text, x_only)
         try:
-            record = voices.save(stem, prompt, {"consent": consent, "source": "api"}, overwrite=False)
+            record = voices.save(stem, prompt, {"consent": consent, "source": "api"})
         except voices.VoiceExists as e:  # saved by someone else meanwhile
             raise ApiError(409, str(e), "name") from None
         return {**record, "object": "audio.voice"}

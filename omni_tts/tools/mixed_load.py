@@ -69,8 +69,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     config = engine_config(args, max_num_seqs=args.max_num_seqs)
     modes = device_modes(config, args.modes)[::-1 if args.modes is None else 1]  # eager, the slowest, last
-    engine = Engine.from_config(engine_config(args, max_num_seqs=args.max_num_seqs, mode=modes[0], modes=modes),
-                                progress=progress())
+    # max_waiting 0: the burst overfills the slots on purpose
+    engine = Engine.from_config(engine_config(args, max_num_seqs=args.max_num_seqs, mode=modes[0], modes=modes,
+                                              max_waiting=0), progress=progress())
     make = request_maker(engine, args.fixed_frames)
     try:
         for m in modes:

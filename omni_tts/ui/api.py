@@ -20,7 +20,7 @@ from omni_tts import voices
 from omni_tts.models import stretch
 from omni_tts.ui import engine_access, files, formatting
 from omni_tts.ui import support as ui
-from omni_tts.ui.handlers import user_errors
+from omni_tts.ui.handlers import tracked, user_errors, visitor
 
 API_NAME = "synthesize"
 
@@ -31,10 +31,11 @@ def synthesize_request(engine: Any, info: Mapping[str, Any], text: str, task: st
                        repetition_penalty: float | None = None, max_new_tokens: float | None = None,
                        seed: float | None = -1, ref_audio: str | None = None, ref_text: str = "",
                        x_vector_only: bool = False, voice_file: str | None = None,
-                       speed: float | None = 1.0) -> tuple[str, dict[str, Any]]:
+                       speed: float | None = 1.0, caller: str = "local") -> tuple[str, dict[str, Any]]:
     """One whole clip: (wav path, metrics). Empty task / speaker: the checkpoint's first; a speaker that
     names a saved voice: that voice (voice clone); mode '': the engine's default; sampling fields None:
-    the checkpoint's generation defaults; seed -1: random; speed: 0.25-4, pitch kept."""
+    the checkpoint's generation defaults; seed -1: random; speed: 0.25-4, pitch kept. `caller`: the
+    client's session (its request ends when the client leaves: handlers.left)."""
     saved = bool(speaker) and speaker not in info["speakers"] and voices.exists(speaker)
     f = ui.form(text=text or "", task=task or ("voice_clone" if saved else (info["tasks"] or ["custom_voice"])[0]),
                 speaker=speaker or (info["speakers"] or [None])[0], language=language or "auto",
@@ -46,7 +47,8 @@ def synthesize_request(engine: Any, info: Mapping[str, Any], text: str, task: st
     with user_errors("synthesis"):
         speed = stretch.check_speed(1.0 if speed is None else speed)
         params = ui.make_params(engine, f, info)
-        result = engine.synthesize(engine_access.with_mode(params, f["mode"] or None))
+        with tracked(caller, engine.submit(engine_access.with_mode(params, f["mode"] or None))) as handle:
+            result = handle.result()
         wav = stretch.change_speed(result.wav, result.sample_rate, speed)
     path = files.write_wav(wav, result.sample_rate, "omni-tts")
     m = result.metrics
@@ -89,10 +91,11 @@ def add_endpoint(engine: Any, info: Mapping[str, Any]) -> None:
                    repetition_penalty: float | None = gen.get("repetition_penalty", 1.05),
                    max_new_tokens: float | None = None, seed: float | None = -1, ref_audio: str | None = None,
                    ref_text: str = "", x_vector_only: bool = False,
-                   voice_file: str | None = None, speed: float | None = 1.0) -> tuple[str, dict[str, Any]]:
+                   voice_file: str | None = None, speed: float | None = 1.0, request: gr.Request = None
+                   ) -> tuple[str, dict[str, Any]]:
         """Synthesize `text`; returns the wav file and the request's metrics (TTFP, E2E, RTF, audio seconds)."""
         return synthesize_request(engine, info, text, task, speaker, language, instruct, mode, temperature,
                                   top_k, top_p, repetition_penalty, max_new_tokens, seed, ref_audio, ref_text,
-                                  x_vector_only, voice_file, speed)
+                                  x_vector_only, voice_file, speed, visitor(request))
 
     trigger.click(synthesize, inputs, outputs, api_name=API_NAME, concurrency_id="synthesis")

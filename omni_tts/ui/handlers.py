@@ -1,8 +1,9 @@
 """The Synthesis tab's handlers: generate (streamed or whole), stop, save a voice, refresh the panel.
 
 Owns: turning a form into a request and its audio, file and figures; the visitor's history (kept
-in the caller's gr.State, so every visitor sees only their own requests); the running request of
-each visitor (so Stop cancels only theirs); stopped requests' partial audio; the notice when a clip
+in the caller's gr.State, so every visitor sees only their own requests); the running requests of
+each visitor (so Stop cancels only theirs, and a closed tab or a handler Gradio closes because its client
+left ends them as "client gone"); stopped requests' partial audio; the notice when a clip
 was cut at its length cap; every error as one toast in the UI's words plus one log line. Handlers are
 plain functions taking the engine first, so tests call them directly. Uses only the Engine's public
 API, plus omni_tts.ui.engine_access for what it does not expose yet.
@@ -21,13 +22,14 @@ import gradio as gr
 import numpy as np
 
 from omni_tts import voices
+from omni_tts.engine.request import CLIENT_GONE
 from omni_tts.errors import OmniTTSError
 from omni_tts.ui import engine_access, files, formatting, labels, plots
 from omni_tts.ui import support as ui
 
 log = logging.getLogger("omni_tts.app")
 CHUNK_TIMEOUT_S = 600.0  # longest wait between two chunks (a CPU 'default' compile can pause requests minutes)
-_running: dict[str, Any] = {}  # visitor key -> their request in flight
+_running: dict[str, list] = {}  # visitor key -> their requests in flight (the newest last)
 _running_lock = threading.Lock()
 
 
@@ -53,6 +55,30 @@ def user_errors(what: str = "request") -> Iterator[None]:
         raise gr.Error(message, print_exception=False) from None
 
 
+@contextlib.contextmanager
+def tracked(key: str, handle: Any) -> Iterator[Any]:
+    """`handle` is this visitor's while the block runs (Stop and a closed tab find it); a block left before
+    the request ends (its consumer gone: Gradio closes a generator whose client left) cancels it."""
+    with _running_lock:
+        _running.setdefault(key, []).append(handle)
+    try:
+        yield handle
+    finally:
+        with _running_lock:
+            mine = _running.get(key, [])
+            if handle in mine:
+                mine.remove(handle)
+            if not mine:
+                _running.pop(key, None)
+        if not handle.done:
+            handle.cancel(CLIENT_GONE)
+
+
+def _current(key: str) -> Any:
+    with _running_lock:
+        return (_running.get(key) or [None])[-1]
+
+
 def _start(engine: Any, f: Mapping[str, Any], info: Mapping[str, Any]) -> Any:
     """Validate the form and submit it in the mode it asks for ('' = the engine's default)."""
     params = ui.make_params(engine, f, info)
@@ -70,9 +96,7 @@ def synthesize(engine: Any, f: Mapping[str, Any], history: list | None = None, s
     history, key, samples = list(history or []), visitor(request), []
     with user_errors("synthesis"):
         handle = _start(engine, f, info)
-    with _running_lock:
-        _running[key] = handle
-    try:
+    with tracked(key, handle):
         with user_errors("synthesis"):
             for chunk in _chunks(handle):
                 samples.append(chunk.samples)
@@ -80,12 +104,6 @@ def synthesize(engine: Any, f: Mapping[str, Any], history: list | None = None, s
                 running = formatting.record(handle.metrics, streaming)
                 yield (audio, gr.skip(), gr.skip(), formatting.live_markdown(running, _last(history)), gr.skip(),
                        gr.skip())
-    finally:
-        with _running_lock:
-            if _running.get(key) is handle:
-                del _running[key]
-        if not handle.done:
-            handle.cancel()
     yield _finish(engine, handle, samples, history, streaming)
 
 
@@ -151,14 +169,21 @@ def synthesize_in_call(engine: Any, f: Mapping[str, Any], history: list | None =
 
 def stop(request: gr.Request | None = None) -> str:
     """Cancel this visitor's running request; the toast says what happened."""
-    with _running_lock:
-        handle = _running.get(visitor(request))
+    handle = _current(visitor(request))
     if handle is not None and not handle.done:
         handle.cancel()
         gr.Info(f"Stopping request #{handle.id}: the audio made so far stays available")
         return f"stopped request #{handle.id}"
     gr.Info("Nothing to stop: no request of yours is running")
     return "nothing running"
+
+
+def left(request: gr.Request | None = None) -> None:
+    """The visitor closed the page (Gradio's unload, on the end of its heartbeat): their requests end."""
+    with _running_lock:
+        handles = list(_running.get(visitor(request), []))
+    for handle in handles:
+        handle.cancel(CLIENT_GONE)
 
 
 def voice_save(engine: Any, f: Mapping[str, Any], name: str) -> tuple[Any, Any]:
@@ -178,8 +203,7 @@ def refresh_panel(engine: Any, history: list | None, plotted: int = -1,
     """Timer tick: this visitor's live table, the engine-wide figures and readiness, and the plots when
     the visitor's history changed since `plotted` (the newest request drawn)."""
     history = list(history or [])
-    with _running_lock:
-        handle = _running.get(visitor(request))
+    handle = _current(visitor(request))
     running = formatting.record(handle.metrics) if handle is not None and not handle.done else None
     newest = history[-1]["request"] if history else -1
     drawn: tuple = (gr.skip(), gr.skip())
