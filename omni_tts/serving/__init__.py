@@ -1,0 +1,1 @@
+"""Serving the engine over HTTP without the Gradio page: the app's routes, the headless server, Ray Serve."""
