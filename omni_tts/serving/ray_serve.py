@@ -1,5 +1,5 @@
 """Scale-out on Ray Serve: one engine per replica, Ray's HTTP proxy in front, the same routes as the headless
-server (omni_tts.serving.server.build_app), streaming included.
+server (omni_tts.serving.app.build_app), streaming included.
 
 Owns the deployment (a replica builds its engine, then the app; each response names its replica in
 `x-omni-tts-replica`, the replica's Ray actor name), its readiness (`check_health` fails while the engine
@@ -48,13 +48,13 @@ class TTSReplica:
     """One engine and its app (the app is built once the engine is, by Serve's late-bound ingress)."""
 
     def __init__(self, engine_flags: Mapping[str, Any]) -> None:
-        from omni_tts.serving.server import engine_config, start_engine
+        from omni_tts.serving.headless import engine_config, start_engine
 
         self.name = serve.get_replica_context().replica_id.to_full_id_str()
         self.engine = start_engine(engine_config(argparse.Namespace(**_flags(engine_flags))))
 
     def __serve_build_asgi_app__(self) -> Any:
-        from omni_tts.serving.server import build_app
+        from omni_tts.serving.headless import build_app
 
         app = build_app(self.engine)
         app.add_middleware(ReplicaHeader, value=self.name)
@@ -107,7 +107,7 @@ def deployment_options(max_num_seqs: int, replicas: int = 1, gpus_per_replica: f
 def app_builder(args: Mapping[str, Any]) -> Any:
     """The Serve application from string-ish args (`serve run omni_tts.serving.ray_serve:app_builder
     model=DIR` or deploy/ray-serve.yaml's `args`): the engine flags plus the replica options."""
-    from omni_tts.serving.server import engine_config
+    from omni_tts.serving.headless import engine_config
 
     flags = _flags(args)
     config = engine_config(argparse.Namespace(**flags))  # a bad preset or key fails here, not in every replica

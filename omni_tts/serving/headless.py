@@ -123,8 +123,8 @@ def _check_local_flags(args: argparse.Namespace) -> None:
 
 
 def _standalone_parser() -> argparse.ArgumentParser:
-    """`python -m omni_tts.serving.server`: the serve flags plus the engine flags it needs on its own."""
-    p = argparse.ArgumentParser(prog="python -m omni_tts.serving.server", description=__doc__.splitlines()[0])
+    """`python -m omni_tts.serving.headless`: the serve flags plus the engine flags it needs on its own."""
+    p = argparse.ArgumentParser(prog="python -m omni_tts.serving.headless", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="checkpoint dir or Hub id (default: the embedded demo)")
     p.add_argument("--preset", default="default" if "default" in preset_names() else None,
                    help=f"engine preset name or YAML path (available: {', '.join(preset_names())})")
