@@ -1,12 +1,11 @@
-"""omni-tts app entry point: parse the arguments, build the engine, build the page, launch it with the
-OpenAI-compatible speech API mounted beside it.
+"""omni-tts app entry point: parse the arguments, build the engine, build the page, serve it mounted on
+the HTTP service's app (OpenAI-compatible speech routes, health, readiness, metrics).
 
 Owns only start-up: choosing the model (--model, OMNI_TTS_MODEL, the HF cache, the Hub, the embedded
 demo: the runner decides), the engine preset, the bind address (0.0.0.0:$PORT on a Hugging Face
 Space), the queue sized to max_num_seqs, the private temp folder for served files, and who may run
 engine-wide actions (env OMNI_TTS_ADMIN_TOKEN; see omni_tts.ui.support.AdminPolicy). The page lives
-in omni_tts.ui.layout, the named /synthesize API in omni_tts.ui.api, the /v1 routes in
-omni_tts.ui.openai_api.
+in omni_tts.ui.layout, the named /synthesize API in omni_tts.ui.api, the HTTP service in omni_tts.serving.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import Any
 
 from omni_tts.config import CompileMode, EngineConfig, load_preset, preset_names
 from omni_tts.errors import OmniTTSError
-from omni_tts.ui import files, openai_api
+from omni_tts.ui import files
 from omni_tts.ui import support as ui
 
 PRIME_WAIT_S = 10.0  # the page waits for the eager path's priming at most this long
@@ -50,19 +49,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def serve(engine: Any, demo: Any, host: str, port: int, share: bool = False, block: bool = True) -> tuple[Any, str]:
-    """Launch `demo` with the /v1 speech routes on the same server; returns (FastAPI app, local URL)."""
+def serve(engine: Any, demo: Any, host: str, port: int, share: bool = False, block: bool = True,
+          settings: Any = None) -> tuple[Any, str]:
+    """Serve the HTTP service's app (/v1 routes, health, readiness, metrics) with the page mounted at "/",
+    by uvicorn with the service's limits; returns (serving.server.Server, local URL)."""
+    import gradio as gr
+
+    from omni_tts.serving.app import build_app
+    from omni_tts.serving.server import Server
+    from omni_tts.serving.settings import ServeSettings
     from omni_tts.ui import layout
 
+    settings = settings or ServeSettings.from_env(host, share)
     n = engine.config.max_num_seqs
     demo.queue(default_concurrency_limit=n, max_size=max(64, 8 * n))
-    # the /v1 routes exist before the server listens: a request sent as soon as the page answers finds them
-    app, url, _ = demo.launch(server_name=host, server_port=port, share=share or None, prevent_thread_lock=True,
-                              max_threads=max(40, 4 * n + 16), css=layout.CSS, footer_links=["api"], quiet=not block,
-                              app_kwargs={"routes": list(openai_api.router(engine).routes)})
+    demo.max_threads = demo._queue.max_thread_count = max(40, 4 * n + 16)  # what launch(max_threads=) sets
+    app = gr.mount_gradio_app(build_app(engine, settings), demo, "/", server_name=host, server_port=port,
+                              css=layout.CSS, footer_links=["api"])
+    server = Server(app, host, port, settings)
+    url = server.start()
+    if share:
+        say = f"public URL: {_share_link(host, port)}"
+        print(f"[omni-tts] {say}", file=sys.stderr, flush=True)
     if block:
-        demo.block_thread()
-    return app, url
+        server.wait()
+    return server, url
+
+
+def _share_link(host: str, port: int) -> str:
+    """A gradio.live tunnel to the server, as Blocks.launch(share=True) makes one."""
+    import secrets
+
+    from gradio import networking
+
+    try:
+        return networking.setup_tunnel(host, port, secrets.token_urlsafe(32), None, None)
+    except Exception as e:  # no link is no reason to stop serving locally
+        return f"none ({type(e).__name__}: {e})"
 
 
 def _exit_on_kill(*_: Any) -> None:
@@ -102,10 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_kill)
     say(f"files: {files.out_dir().path} (removed at exit); saved voices: {files.data_dir() / 'voices'}")
     demo = build_demo(engine, zero=zero, policy=policy)
-    _, url = serve(engine, demo, host, port, args.share, block=False)
+    server, url = serve(engine, demo, host, port, args.share, block=False)
     say(f"page served at {url}")
     engine.start_warming()
-    demo.block_thread()
+    try:
+        server.wait()
+    finally:  # the engine first: open streams end as errors (an SSE error event, a cut raw stream)
+        engine.shutdown()
+        server.stop()
     return 0
 
 

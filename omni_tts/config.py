@@ -229,6 +229,10 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16
     max_num_seqs: int = 8  # concurrent requests per mode
+    max_waiting: int | None = None  # requests a mode holds waiting for a slot beyond that (None: max_num_seqs;
+    #   0: unbounded); more are refused at submit (Overloaded)
+    request_timeout_s: float | None = None  # a request still running this long after submit is ended
+    #   (DeadlineExceeded); None or 0: no deadline
     max_seq_len: int = 1024  # talker KV cache length per slot (prompt + frames)
     initial_chunk_frames: int = 2
     chunk_frames: int = 25
@@ -238,6 +242,14 @@ class EngineConfig:
     tuning: TuningConfig = dataclasses.field(default_factory=TuningConfig)
     name: str = ""
     description: str = ""
+
+    def waiting_bound(self) -> int | None:
+        """How many requests a mode may hold waiting beyond its slots (None: unbounded)."""
+        n = self.max_num_seqs if self.max_waiting is None else self.max_waiting
+        return n or None
+
+    def deadline_s(self) -> float | None:
+        return self.request_timeout_s or None
 
     def resolved_buckets(self) -> list[int]:
         if self.tuning.buckets:
@@ -276,6 +288,10 @@ class EngineConfig:
             raise OmniTTSError(f"max_seq_len must be >= 16 (got {self.max_seq_len})")
         if self.gpu_memory_limit_gb is not None and self.gpu_memory_limit_gb <= 0:
             raise OmniTTSError(f"gpu_memory_limit_gb must be > 0 (got {self.gpu_memory_limit_gb})")
+        if self.max_waiting is not None and self.max_waiting < 0:
+            raise OmniTTSError(f"max_waiting must be >= 0 (got {self.max_waiting})")
+        if self.request_timeout_s is not None and not self.request_timeout_s >= 0:
+            raise OmniTTSError(f"request_timeout_s must be >= 0 (got {self.request_timeout_s})")
         if self.initial_chunk_frames < 1 or self.chunk_frames < 1:
             raise OmniTTSError("initial_chunk_frames and chunk_frames must be >= 1")
         self.tuning.validate()
@@ -283,8 +299,8 @@ class EngineConfig:
 
 _TUNING_KEYS = {f.name for f in dataclasses.fields(TuningConfig)}
 _PRESET_KEYS = {f.name for f in dataclasses.fields(EngineConfig)} - {"tuning"} | {f"tuning.{k}" for k in _TUNING_KEYS}
-_INT_KEYS = {"max_num_seqs", "max_seq_len", "initial_chunk_frames", "chunk_frames", "left_context_frames",
-             "predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows", "admit_hold_ms"}
+_INT_KEYS = {"max_num_seqs", "max_waiting", "max_seq_len", "initial_chunk_frames", "chunk_frames",
+             "left_context_frames", "predictor_kernel_rows", "talker_kernel_rows", "talker_pdl_rows", "admit_hold_ms"}
 _BOOL_KEYS = {"use_vllm_pool", "compile_regions", "default_whole_frame", "codec_fused", "first_chunk_graphs",
               "lookahead", "chunk_growth", "kernel_pdl", "priority_streams", "kernels", "enforce_eager"}
 _LIST_KEYS = {"buckets": int, "modes": str}
@@ -294,11 +310,12 @@ def _check_types(data: dict[str, Any], path: Path) -> None:
     """Each preset value has its field's type (bool is not an int here), else one line naming the key."""
     for key, v in data.items():
         bare = key.removeprefix("tuning.")
-        if v is None and bare in ("model", "buckets", "modes", "gpu_memory_limit_gb", "kernel_configs"):
+        if v is None and bare in ("model", "buckets", "modes", "gpu_memory_limit_gb", "kernel_configs", "max_waiting",
+                                  "request_timeout_s"):
             continue
         if bare in _INT_KEYS:
             ok, want = isinstance(v, int) and not isinstance(v, bool), "an integer"
-        elif bare == "gpu_memory_limit_gb":
+        elif bare in ("gpu_memory_limit_gb", "request_timeout_s"):
             ok, want = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
         elif bare in _BOOL_KEYS:
             ok, want = isinstance(v, bool), "true or false"

@@ -30,6 +30,16 @@ class Cancelled(EngineError):
         self.partial = partial
 
 
+class Overloaded(EngineError):
+    """Refused at submit: the request's mode already has as many requests waiting as it may hold."""
+
+
+class DeadlineExceeded(EngineError):
+    """The request outlived the engine's per-request deadline (`request_timeout_s`) and was ended."""
+
+    reason = "deadline exceeded"
+
+
 def one_line(e: BaseException, limit: int = 200) -> str:
     """'Type: message' on one line (whitespace runs collapsed), cut at `limit` characters of message: why an
     optional accelerator (fused codec activations, first-chunk graphs, Triton kernels) is off."""

@@ -32,10 +32,11 @@ def server():
     engine = Engine.from_config(EngineConfig(model=str(FIXTURES / "custom_voice"), device="cpu", max_num_seqs=2,
                                              max_seq_len=96, mode="eager", initial_chunk_frames=1, chunk_frames=4))
     demo = app.build_demo(engine)
-    _, url = app.serve(engine, demo, "127.0.0.1", free_port(), block=False)
+    server, url = app.serve(engine, demo, "127.0.0.1", free_port(), block=False)
     yield url.rstrip("/"), engine
-    demo.close()
     engine.shutdown()
+    server.stop()
+    demo.close()
 
 
 def test_gradio_client_synthesize_with_only_text_returns_a_wav_and_metrics(server):

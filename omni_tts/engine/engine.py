@@ -32,7 +32,7 @@ from omni_tts.engine.mode_scheduler import ModeScheduler, Request
 from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import AudioChunk, RequestHandle, SynthesisResult
 from omni_tts.engine.step_impl import MODES, StepImpls
-from omni_tts.errors import EngineError, InputError, OmniTTSError, one_line
+from omni_tts.errors import EngineError, InputError, OmniTTSError, Overloaded, one_line
 from omni_tts.models.loading import load_model
 from omni_tts.models.qwen3_tts import Prepared, TTSModel
 
@@ -118,14 +118,21 @@ class Engine:
             raise EngineError("the engine is shut down")
         params.validate()
         sched = self._scheduler(params.mode)
-        with sched.arriving():
-            prep = self.model.prepare(params, self.config.max_seq_len)
-            rid = next(self._ids)
-            handle = RequestHandle(rid, params, RequestMetrics(rid, sched.mode.value, now(),
-                                                               sample_rate=self.model.sample_rate))
-            handle.max_frames = prep.max_frames  # the most frames it can make (its length cap or the engine's room)
-            handle.recorded = recorded
-            sched.put(Request(handle, prep))
+        try:
+            sched.check_room()  # refused before its prompt is prepared; checked again as it joins the queue
+            with sched.arriving():
+                prep = self.model.prepare(params, self.config.max_seq_len)
+                rid = next(self._ids)
+                handle = RequestHandle(rid, params, RequestMetrics(rid, sched.mode.value, now(),
+                                                                   sample_rate=self.model.sample_rate))
+                handle.max_frames = prep.max_frames  # the most frames it can make (its length cap or the engine's room)
+                handle.recorded = recorded
+                if recorded:
+                    handle.on_finish = self.stats.on_end
+                sched.put(Request(handle, prep))
+        except Overloaded:
+            self.stats.count(sched.mode.value, "refused (overloaded)")
+            raise
         return handle
 
     def synthesize_offline(self, params: SynthesisParams) -> tuple[Any, Any]:

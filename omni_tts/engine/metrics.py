@@ -37,6 +37,12 @@ class RequestMetrics:
     sample_rate: int = 24000
     status: str = "running"  # running | done | cancelled | error
     error: str | None = None
+    reason: str | None = None  # why it was cancelled or ended early ("client gone", "deadline exceeded")
+
+    @property
+    def outcome(self) -> str:
+        """The status with its reason: 'done', 'cancelled (client gone)', 'error (deadline exceeded)'."""
+        return f"{self.status} ({self.reason})" if self.reason else self.status
 
     @property
     def ttfp_ms(self) -> float | None:
@@ -96,6 +102,9 @@ class EngineStats:
     started_at: float = field(default_factory=now)
     capture: dict[str, dict[str, float]] = field(default_factory=dict)  # mode -> {seconds, pool_bytes}
     recent: deque = field(default_factory=deque)
+    # (mode, outcome) -> requests that ended so (done, cancelled (client gone), ...) or were refused at submit
+    outcomes: dict[tuple[str, str], int] = field(default_factory=dict)
+    observers: list = field(default_factory=list)  # fn(RequestMetrics) for every request that ends
     _step_times: deque = field(default_factory=lambda: deque(maxlen=256))
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -116,6 +125,19 @@ class EngineStats:
             self.recent.append(m)
             while len(self.recent) > self.history:
                 self.recent.popleft()
+
+    def count(self, mode: str, outcome: str) -> None:
+        with self._lock:
+            self.outcomes[(mode, outcome)] = self.outcomes.get((mode, outcome), 0) + 1
+
+    def on_end(self, m: RequestMetrics) -> None:
+        """Any outcome (done, cancelled, error): counted by mode and outcome, and shown to the observers."""
+        self.count(m.mode, m.outcome)
+        for fn in list(self.observers):
+            try:
+                fn(m)
+            except Exception:  # an observer's failure never stops an engine thread
+                pass
 
     def steps_per_s(self) -> float:
         with self._lock:

@@ -23,7 +23,7 @@ from omni_tts.engine.audio_stage import AudioStage
 from omni_tts.engine.metrics import EngineStats, now
 from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import Request
-from omni_tts.errors import EngineError, OmniTTSError, as_engine_error, one_line
+from omni_tts.errors import DeadlineExceeded, EngineError, OmniTTSError, Overloaded, as_engine_error, one_line
 from omni_tts.models.qwen3_tts import Prepared
 
 # a sched that serves while it warms takes its next warm step or set-up chore once idle this long (a
@@ -67,8 +67,21 @@ class ModeScheduler:
 
     # ------------------------------------------------------------------ engine side
     def put(self, request: Request) -> None:
-        self.waiting.put(request)
+        with self._arriving_lock:  # concurrent submits see each other's requests in the bound
+            self.check_room()
+            self.waiting.put(request)
         self._wake.set()
+
+    def check_room(self) -> None:
+        """Overloaded when the requests waiting here fill this mode's free slots and its waiting bound
+        (EngineConfig.max_waiting): a refusal costs nothing, a longer queue delays everyone in it."""
+        bound = self.config.waiting_bound()
+        if bound is None:
+            return
+        waiting = self.waiting.qsize()
+        if waiting >= bound + max(self.runner.S - len(self.active), 0):
+            raise Overloaded(f"mode {self.mode.value} is busy: {waiting} requests are waiting for a slot (at most "
+                             f"{bound}); try again shortly")
 
     @contextmanager
     def arriving(self) -> Iterator[None]:
@@ -226,6 +239,7 @@ class ModeScheduler:
     def _loop(self) -> None:
         steps: list[Callable[[], None]] | None = None  # None: not warmed yet
         while not self._stop.is_set():
+            self._sweep_waiting()
             if not self._chores.empty() and (not self.serving or self._aside_turn()):
                 self._run_chores()
             if steps is None and self._warm_now.is_set():  # the engine's turn for this mode
@@ -254,6 +268,27 @@ class ModeScheduler:
     def _refuse_waiting(self, err: OmniTTSError, status: str = "error") -> None:
         while not self.waiting.empty():
             self.waiting.get().handle.fail_unstarted(status, err)
+
+    def _sweep_waiting(self) -> None:
+        """Requests that leave the queue without a slot: cancelled by their caller (a client gone frees its
+        place at once), or past their deadline."""
+        if self.waiting.empty():
+            return
+        deadline, t = self.config.deadline_s(), now()
+        with self.waiting.mutex:  # submits append under it; only this thread takes requests out
+            gone = [r for r in self.waiting.queue if r.handle.cancel_requested.is_set()
+                    or (deadline and t - r.handle.metrics.accepted_at > deadline)]
+            for r in gone:
+                self.waiting.queue.remove(r)
+        for r in gone:
+            if r.handle.cancel_requested.is_set():
+                r.handle.fail_unstarted("cancelled")
+            else:
+                r.handle.fail_unstarted("error", self._expired(r))
+
+    def _expired(self, r: Request) -> DeadlineExceeded:
+        return DeadlineExceeded(f"request {r.handle.id} ran past the server's {self.config.deadline_s():g} s "
+                                f"deadline (request_timeout_s) and was ended")
 
     def _iterate(self) -> None:
         """One pass: admissions, then one frame (or a short idle wait)."""
@@ -351,6 +386,7 @@ class ModeScheduler:
         codes, eos = self.runner.collect(ticket)  # codes: [n, 16] int64 (frame just completed); eos: [n] bool (next)
         self.stats.on_step(sum(not a.left for a in rows))
         jobs: list[tuple] = []  # this step's code-to-wave jobs, queued as one item (decoded as one batch)
+        deadline, t = self.config.deadline_s(), now()
         for i, a in enumerate(rows):
             if a.left:
                 continue
@@ -358,6 +394,9 @@ class ModeScheduler:
             jobs.append(("push", a, codes[i:i + 1]))
             if a.handle.cancel_requested.is_set():
                 jobs.append(("finish", a, "cancelled", None))
+                self._leave(a)
+            elif deadline and t - a.handle.metrics.accepted_at > deadline:
+                jobs.append(("finish", a, "error", self._expired(a)))
                 self._leave(a)
             elif len(a.codes) >= a.prep.max_frames or (eos[i] and not a.prep.fixed):
                 jobs += [("flush", a), ("finish", a, "done", None)]

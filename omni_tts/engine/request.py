@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,10 +17,11 @@ import numpy as np
 
 from omni_tts.config import SynthesisParams
 from omni_tts.engine.metrics import RequestMetrics, now
-from omni_tts.errors import Cancelled, EngineError, OmniTTSError
+from omni_tts.errors import Cancelled, DeadlineExceeded, EngineError, OmniTTSError
 from omni_tts.models.qwen3_tts import Prepared
 
 _DONE = object()
+CLIENT_GONE = "client gone"  # the cancel reason of a request whose caller went away
 
 
 @dataclass
@@ -54,6 +55,10 @@ class RequestHandle:
         self.max_frames: int | None = None  # the most frames this request can make (set at submit)
         self.recorded = True  # False: the engine's own request (priming), kept out of the recent requests
         self.cancel_requested = threading.Event()
+        self.cancel_reason = ""  # why it was cancelled, when the canceller said (e.g. "client gone")
+        # called with the final metrics once it ends, whatever its outcome (the engine's counters)
+        self.on_finish: Callable[[RequestMetrics], None] | None = None
+        self._listeners: list[Callable[[], None]] = []
         self._events: queue.Queue = queue.Queue()
         self._chunks: list[np.ndarray] = []
         self._codes: list[np.ndarray] = []
@@ -64,15 +69,30 @@ class RequestHandle:
     # --- the caller's side ---
     def stream(self, timeout: float | None = None) -> Iterator[AudioChunk]:
         """Yield chunks as they are made; raises the request's error (Cancelled included) at the end."""
-        while True:
-            item = self._events.get(timeout=timeout)
-            if item is _DONE:
-                break
-            yield item
+        while (chunk := self.take(timeout)) is not None:
+            yield chunk
+
+    def take(self, timeout: float | None = None) -> AudioChunk | None:
+        """The next chunk, waiting at most `timeout` s (0: not at all; queue.Empty when none came); None at
+        the end, or the request's error raised (Cancelled included)."""
+        item = self._events.get(timeout=timeout) if timeout != 0 else self._events.get_nowait()
+        if item is not _DONE:
+            return item
+        self._events.put(_DONE)  # later takes see the end too
         if self._error is not None:
             raise self._error
+        return None
 
-    def cancel(self) -> None:
+    def listen(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` (on an engine thread: keep it short) after each chunk and at the end, and once now:
+        how an event loop learns that `take(0)` has something, without a thread waiting on it."""
+        self._listeners.append(fn)
+        fn()
+
+    def cancel(self, reason: str = "") -> None:
+        """Stop making audio at the next frame; `reason` goes into the outcome ("cancelled (reason)")."""
+        if reason and not self.cancel_requested.is_set():
+            self.cancel_reason = reason
         self.cancel_requested.set()
 
     @property
@@ -102,6 +122,14 @@ class RequestHandle:
         self._chunks.append(chunk.samples)
         self._frames_delivered = chunk.first_frame + chunk.frames
         self._events.put(chunk)
+        self._notify()
+
+    def _notify(self) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn()
+            except Exception:  # a caller's hook (its event loop closed meanwhile) never stops an engine thread
+                pass
 
     def complete(self, codes: list[np.ndarray], status: str, error: OmniTTSError | None = None) -> None:
         """Finish: status done | cancelled | error. A cancelled request keeps only the frames its
@@ -110,7 +138,11 @@ class RequestHandle:
         m.status, m.finished_at = status, now()
         if status == "cancelled":
             codes = codes[:self._frames_delivered]
-            error = error or Cancelled(f"request {self.id} was cancelled")
+            why = f" ({self.cancel_reason})" if self.cancel_reason else ""
+            error = error or Cancelled(f"request {self.id} was cancelled{why}")
+            m.reason = self.cancel_reason or None
+        elif isinstance(error, DeadlineExceeded):
+            m.reason = DeadlineExceeded.reason
         m.frames = len(codes)
         m.error = str(error) if error else None
         self._codes = codes
@@ -119,6 +151,9 @@ class RequestHandle:
         self._error = error
         self._finished.set()
         self._events.put(_DONE)
+        self._notify()
+        if self.on_finish is not None:
+            self.on_finish(m)
 
 
 @dataclass(eq=False)  # identity: slots are found with `is`-equality

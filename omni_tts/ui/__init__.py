@@ -1,2 +1,2 @@
-"""The Gradio app's package: page layout, handlers, the named /synthesize API and the OpenAI-compatible
-/v1 speech routes, over the Engine's public API (app.py at the repository root launches them)."""
+"""The Gradio app's package: page layout, handlers and the named /synthesize API, over the Engine's public
+API (app.py at the repository root mounts the page on the HTTP service of omni_tts.serving)."""

@@ -1,0 +1,69 @@
+"""`build_app(engine, settings)`: the one FastAPI app of the HTTP service: the /v1 speech routes, the
+models list, health, readiness and Prometheus metrics. app.py mounts the Gradio page on it; the server
+(serving.server) runs it.
+
+Owns the routes that describe the service (`/health`: the process answers; `/ready`: a mode serves, with
+each mode's state; `/v1/models[/{id}]`; `/metrics`) and one JSON error for anything unexpected. Knows
+nothing about Gradio.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from omni_tts.serving import speech
+from omni_tts.serving.errors import ApiError
+from omni_tts.serving.metrics import EngineMetrics
+from omni_tts.serving.settings import ServeSettings
+
+log = logging.getLogger("omni_tts.serving")
+
+
+def build_app(engine: Any, settings: ServeSettings | None = None) -> FastAPI:
+    """Every HTTP route over `engine` in one app (no docs pages: the API is OpenAI's)."""
+    settings = settings or ServeSettings()
+    service = speech.SpeechService(engine, settings)
+    metrics = EngineMetrics(engine)
+    app = FastAPI(title="omni-tts", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine, app.state.settings, app.state.metrics = engine, settings, metrics
+    app.include_router(speech.router(service))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, e: Exception) -> Response:
+        log.error("unexpected error: %s: %s", type(e).__name__, e, exc_info=e)
+        return ApiError(500, f"internal error: {type(e).__name__}", kind="server_error").response()
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    def ready() -> Response:
+        modes = {m: {"state": v["state"], "serving": v["serving"], "progress": list(v["progress"]),
+                     "default": v["default"]} for m, v in engine.modes().items() if v["state"] != "unavailable"}
+        up = any(v["serving"] for v in modes.values())
+        return JSONResponse({"ready": up, "modes": modes}, status_code=200 if up else 503)
+
+    def card() -> dict[str, Any]:
+        return {"id": service.name, "object": "model", "owned_by": "omni-tts"}
+
+    @app.get("/v1/models")
+    def models() -> dict[str, Any]:
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    def model(model_id: str) -> Response:
+        if model_id != service.name:
+            return ApiError(404, f"no model '{model_id[:100]}' here; this server has '{service.name}'", "model",
+                            "not_found").response()
+        return JSONResponse(card())
+
+    @app.get("/metrics")
+    def scrape() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    return app

@@ -1,0 +1,112 @@
+"""The uvicorn server that runs the service's app, with its limits set: connections and tasks at once,
+idle keep-alive, the size of a request's headers, a deadline for headers that never complete (uvicorn has
+none: a connection that sends part of a request line and waits would stay open), and a bounded shutdown.
+
+Owns `Server` (start in a thread and wait until it listens, stop, wait) and the quiet abort of a stream
+that cannot finish (serving.streams.StreamAborted: uvicorn logs an ASGI exception with a traceback for
+it; the stream already logged its reason). Knows nothing about Gradio or the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from omni_tts.serving.settings import ServeSettings
+from omni_tts.serving.streams import StreamAborted
+
+
+class HeaderDeadlineH11(H11Protocol):
+    """uvicorn's h11 protocol, plus: a connection whose next request's headers are not complete within
+    `header_timeout_s` of its first byte (or of the connection, for the first request) is closed."""
+
+    header_timeout_s = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        """Start the deadline while a request's headers are incomplete (never restarted by more bytes)."""
+        waiting = self.conn.their_state is h11.IDLE and self.timeout_keep_alive_task is None
+        if not waiting:
+            self._disarm()
+        elif self._header_timer is None and not self.transport.is_closing():
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._expire)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _expire(self) -> None:
+        self._header_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+class _QuietAborts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], StreamAborted))
+
+
+def config(app: Any, host: str, port: int, settings: ServeSettings) -> uvicorn.Config:
+    """uvicorn's settings for `app` with the service's limits."""
+    protocol = type("Protocol", (HeaderDeadlineH11,), {"header_timeout_s": settings.header_timeout_s})
+    return uvicorn.Config(app, host=host, port=port, http=protocol, log_config=None, access_log=False,
+                          limit_concurrency=settings.limit_concurrency,
+                          timeout_keep_alive=settings.timeout_keep_alive_s,
+                          h11_max_incomplete_event_size=settings.max_header_bytes,
+                          timeout_graceful_shutdown=settings.graceful_shutdown_s)
+
+
+class Server:
+    """`app` served by uvicorn on a thread of its own (the caller's thread stays free for signals)."""
+
+    def __init__(self, app: Any, host: str, port: int, settings: ServeSettings | None = None) -> None:
+        self.settings = settings or ServeSettings()
+        self.server = uvicorn.Server(config(app, host, port, self.settings))
+        self.host, self.port = host, port
+        self._thread = threading.Thread(target=self.server.run, name="omni-tts-http", daemon=True)
+        logging.getLogger("uvicorn.error").addFilter(_QuietAborts())
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> str:
+        """Serve in the background; -> the local URL once it listens (RuntimeError if it cannot)."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the HTTP server did not start on {self.host}:{self.port}")
+            time.sleep(0.02)
+        return self.url
+
+    def wait(self) -> None:
+        """Block until the server stops (in slices, so the caller's thread still takes signals)."""
+        while self._thread.is_alive():
+            self._thread.join(0.5)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop accepting, let open requests end (at most graceful_shutdown_s), then cut them."""
+        self.server.should_exit = True
+        self._thread.join(timeout if timeout is not None else self.settings.graceful_shutdown_s + 5)
