@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -54,24 +55,12 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(**overrides)
 
 
-def build_app(engine: Any) -> Any:
-    """The FastAPI app over `engine`: every HTTP route, no Gradio page."""
-    try:
-        from omni_tts.serving.app import build_app as full_app
-    except ImportError:  # the routes module not present yet: the /v1 routes alone
-        from fastapi import FastAPI
+def build_app(engine: Any, host: str = DEFAULT_HOST) -> Any:
+    """The service's FastAPI app over `engine` (every HTTP route, no page), its settings read for `host`."""
+    from omni_tts.serving.app import build_app as service_app
+    from omni_tts.serving.settings import ServeSettings
 
-        from omni_tts.ui import openai_api
-
-        app = FastAPI(title="omni-tts")
-        app.include_router(openai_api.router(engine))
-
-        @app.get("/health")
-        def health() -> dict[str, str]:
-            return {"status": "ok"}
-
-        return app
-    return full_app(engine)
+    return service_app(engine, ServeSettings.from_env(host))
 
 
 def start_engine(config: EngineConfig, say: Callable[[str], None] | None = None) -> Any:
@@ -85,16 +74,28 @@ def start_engine(config: EngineConfig, say: Callable[[str], None] | None = None)
 
 
 def serve_local(config: EngineConfig, host: str, port: int, say: Callable[[str], None]) -> int:
-    """One engine in this process behind uvicorn, until SIGINT/SIGTERM."""
-    import uvicorn
+    """One engine in this process behind uvicorn (the service's limits), until SIGINT or SIGTERM."""
+    from omni_tts.serving.server import Server
 
     engine = start_engine(config, say)
+    server = Server(build_app(engine, host), host, port)
+    signal.signal(signal.SIGTERM, _exit_on_kill)
     try:
-        say(f"serving http://{host}:{port}/v1 (health: /health, readiness: /ready, metrics: /metrics)")
-        uvicorn.run(build_app(engine), host=host, port=port, log_level="warning")
-    finally:
+        url = server.start()
+        say(f"serving {url}/v1 (health: /health, readiness: /ready, metrics: /metrics)")
+        server.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:  # the engine first: open streams end as errors, not as short clips that look whole
         engine.shutdown()
+        server.stop()
     return 0
+
+
+def _exit_on_kill(*_: Any) -> None:
+    """SIGTERM runs the same clean-up as Ctrl-C; a second one meanwhile must not cut it short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def main(args: argparse.Namespace) -> int:

@@ -23,6 +23,8 @@ REPLICA_HEADER = "x-omni-tts-replica"
 APP_NAME = "omni-tts"
 ENGINE_KEYS = ("model", "preset", "set", "device", "dtype")  # the engine flags a replica builds its engine from
 HEALTH_PERIOD_S, HEALTH_TIMEOUT_S = 5.0, 30.0
+WARM_TIMEOUT_S = 1800.0  # a replica's first compile on a new machine takes minutes
+PUBLIC_HOST = "0.0.0.0"  # Ray's proxies listen on every node: the service's public-bind settings by default
 
 
 class ReplicaHeader:
@@ -47,16 +49,18 @@ class ReplicaHeader:
 class TTSReplica:
     """One engine and its app (the app is built once the engine is, by Serve's late-bound ingress)."""
 
-    def __init__(self, engine_flags: Mapping[str, Any]) -> None:
+    def __init__(self, engine_flags: Mapping[str, Any], host: str = PUBLIC_HOST) -> None:
         from omni_tts.serving.headless import engine_config, start_engine
 
-        self.name = serve.get_replica_context().replica_id.to_full_id_str()
+        self.name, self.host = serve.get_replica_context().replica_id.to_full_id_str(), host
         self.engine = start_engine(engine_config(argparse.Namespace(**_flags(engine_flags))))
+        # Serve routes to a replica once its constructor returns: not before its default mode is warm
+        self.engine.wait_ready(timeout=WARM_TIMEOUT_S)
 
     def __serve_build_asgi_app__(self) -> Any:
         from omni_tts.serving.headless import build_app
 
-        app = build_app(self.engine)
+        app = build_app(self.engine, self.host)
         app.add_middleware(ReplicaHeader, value=self.name)
         return app
 
@@ -73,13 +77,13 @@ class TTSReplica:
 
 
 def serving_problem(engine: Any) -> str | None:
-    """Why `engine` cannot serve any request now or once warm (None: it can)."""
+    """Why `engine` serves no request now (None: it serves; the same test as the /ready route)."""
     if getattr(engine, "_closed", False):
         return "the engine is shut down"
-    modes = engine.available_modes()
-    if any(why is None for why in modes.values()):
+    modes = engine.modes()
+    if any(v["serving"] for v in modes.values()):
         return None
-    return "no mode can serve: " + "; ".join(f"{m}: {why}" for m, why in modes.items())
+    return "no mode serves: " + "; ".join(f"{m}: {v['state']} {v['reason'] or ''}".strip() for m, v in modes.items())
 
 
 def deployment_options(max_num_seqs: int, replicas: int = 1, gpus_per_replica: float = 0.0,
@@ -116,7 +120,7 @@ def app_builder(args: Mapping[str, Any]) -> Any:
     opts = deployment_options(config.max_num_seqs, num("replicas", int) or 1,
                               _default_gpus(config.device) if gpus is None else gpus,
                               num("min_replicas", int), num("max_replicas", int), num("target_ongoing_requests", float))
-    return serve.deployment(TTSReplica).options(**opts).bind(flags)
+    return serve.deployment(TTSReplica).options(**opts).bind(flags, str(args.get("host") or PUBLIC_HOST))
 
 
 def serve_from_args(args: argparse.Namespace, say: Callable[[str], None]) -> int:
@@ -125,7 +129,7 @@ def serve_from_args(args: argparse.Namespace, say: Callable[[str], None]) -> int
     import ray
 
     flags = {k: getattr(args, k, None) for k in ENGINE_KEYS}
-    builder_args = {**flags, "replicas": args.replicas, "gpus_per_replica": args.gpus_per_replica,
+    builder_args = {**flags, "host": args.host, "replicas": args.replicas, "gpus_per_replica": args.gpus_per_replica,
                     "min_replicas": args.min_replicas, "max_replicas": args.max_replicas,
                     "target_ongoing_requests": getattr(args, "target_ongoing_requests", None)}
     application = app_builder(builder_args)
