@@ -27,12 +27,12 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
 
 
-@pytest.fixture(scope="module")
-def server():
-    """(base URL, process): the headless server, up once /health answers (bounded wait)."""
+def start_headless(*flags: str) -> tuple[str, subprocess.Popen]:
+    """(base URL, process): the headless server on a free port, up once /health answers (bounded wait)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "omni_tts.serving.headless", *ENGINE_FLAGS, "--port", str(port)],
-                            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "omni_tts.serving.headless", *ENGINE_FLAGS, *flags,
+                             "--port", str(port)], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     try:
@@ -40,16 +40,27 @@ def server():
             assert proc.poll() is None, f"the server exited: {proc.stdout.read()}"
             try:
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
+                    return url, proc
             except httpx.TransportError:
                 pass
             assert time.monotonic() < deadline, "the server did not answer /health in 120 s"
             time.sleep(0.1)  # polling a starting process; the deadline bounds it
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+    except BaseException:
+        stop(proc)
+        raise
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def server():
+    url, proc = start_headless()
+    yield url, proc
+    stop(proc)
 
 
 def test_openai_client_gets_a_wav_and_a_pcm_stream(server):
