@@ -229,8 +229,8 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16
     max_num_seqs: int = 8  # concurrent requests per mode
-    max_waiting: int | None = None  # requests a mode holds waiting for a slot beyond that (None: max_num_seqs;
-    #   0: unbounded); more are refused at submit (Overloaded)
+    max_waiting: int | None = None  # requests a mode holds waiting for a slot beyond those (None: twice
+    #   max_num_seqs, two more rounds; 0: unbounded); more are refused at submit (Overloaded)
     request_timeout_s: float | None = None  # a request still running this long after submit is ended
     #   (DeadlineExceeded); None or 0: no deadline
     max_seq_len: int = 1024  # talker KV cache length per slot (prompt + frames)
@@ -245,7 +245,7 @@ class EngineConfig:
 
     def waiting_bound(self) -> int | None:
         """How many requests a mode may hold waiting beyond its slots (None: unbounded)."""
-        n = self.max_num_seqs if self.max_waiting is None else self.max_waiting
+        n = 2 * self.max_num_seqs if self.max_waiting is None else self.max_waiting
         return n or None
 
     def deadline_s(self) -> float | None:

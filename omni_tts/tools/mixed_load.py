@@ -75,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     try:
         cfg = EngineConfig(model=args.model, mode=modes[0], modes=modes, device=args.device,
-                           max_num_seqs=args.max_num_seqs, max_seq_len=1024, initial_chunk_frames=1)
+                           max_num_seqs=args.max_num_seqs, max_seq_len=1024, initial_chunk_frames=1,
+                           max_waiting=0)  # the burst overfills the slots on purpose
         engine = Engine.from_config(cfg, progress=say)
     except OmniTTSError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -18,7 +18,7 @@ import gradio as gr
 
 from omni_tts.ui import engine_access, files, formatting
 from omni_tts.ui import support as ui
-from omni_tts.ui.handlers import user_errors
+from omni_tts.ui.handlers import tracked, user_errors, visitor
 
 API_NAME = "synthesize"
 
@@ -28,9 +28,11 @@ def synthesize_request(engine: Any, info: Mapping[str, Any], text: str, task: st
                        temperature: float | None = None, top_k: float | None = None, top_p: float | None = None,
                        repetition_penalty: float | None = None, max_new_tokens: float | None = None,
                        seed: float | None = -1, ref_audio: str | None = None, ref_text: str = "",
-                       x_vector_only: bool = False, voice_file: str | None = None) -> tuple[str, dict[str, Any]]:
+                       x_vector_only: bool = False, voice_file: str | None = None,
+                       caller: str = "local") -> tuple[str, dict[str, Any]]:
     """One whole clip: (wav path, metrics). Empty task / speaker: the checkpoint's first; mode '': the
-    engine's default; sampling fields None: the checkpoint's generation defaults; seed -1: random."""
+    engine's default; sampling fields None: the checkpoint's generation defaults; seed -1: random.
+    `caller`: the client's session (its request ends when the client leaves: handlers.left)."""
     f = ui.form(text=text or "", task=task or (info["tasks"] or ["custom_voice"])[0],
                 speaker=speaker or (info["speakers"] or [None])[0], language=language or "auto",
                 instruct=instruct or "", mode=mode or "", temperature=temperature, top_k=top_k, top_p=top_p,
@@ -39,7 +41,8 @@ def synthesize_request(engine: Any, info: Mapping[str, Any], text: str, task: st
                 voice_file=voice_file or None)
     with user_errors("synthesis"):
         params = ui.make_params(engine, f, info)
-        result = engine.synthesize(engine_access.with_mode(params, f["mode"] or None))
+        with tracked(caller, engine.submit(engine_access.with_mode(params, f["mode"] or None))) as handle:
+            result = handle.result()
     path = files.write_wav(result.wav, result.sample_rate, "omni-tts")
     m = result.metrics
     metrics = {**formatting.record(m, streaming=False), "frames": int(m.frames), "sample_rate": int(result.sample_rate)}
@@ -79,10 +82,10 @@ def add_endpoint(engine: Any, info: Mapping[str, Any]) -> None:
                    repetition_penalty: float | None = gen.get("repetition_penalty", 1.05),
                    max_new_tokens: float | None = None, seed: float | None = -1, ref_audio: str | None = None,
                    ref_text: str = "", x_vector_only: bool = False,
-                   voice_file: str | None = None) -> tuple[str, dict[str, Any]]:
+                   voice_file: str | None = None, request: gr.Request = None) -> tuple[str, dict[str, Any]]:
         """Synthesize `text`; returns the wav file and the request's metrics (TTFP, E2E, RTF, audio seconds)."""
         return synthesize_request(engine, info, text, task, speaker, language, instruct, mode, temperature,
                                   top_k, top_p, repetition_penalty, max_new_tokens, seed, ref_audio, ref_text,
-                                  x_vector_only, voice_file)
+                                  x_vector_only, voice_file, visitor(request))
 
     trigger.click(synthesize, inputs, outputs, api_name=API_NAME, concurrency_id="synthesis")

@@ -171,3 +171,22 @@ def saved_voices() -> list[str]:
 def voice_path(name: str) -> Path:
     """The library file of a saved voice (the name is sanitised, so it never leaves the folder)."""
     return voices_dir() / f"{voice_name(name)}{VOICE_SUFFIX}"
+
+
+def reserve_voice(name: str) -> Path:
+    """A new library file for a voice called `name`, created empty (claimed, so two saves at once cannot
+    both take it); a name that is taken, or that differs from a saved one only in case or in characters
+    the sanitising drops, is refused: a saved voice is never overwritten."""
+    from omni_tts.errors import InputError
+
+    stem = voice_name(name)
+    taken = next((v for v in saved_voices() if v.lower() == stem.lower()), None)
+    path = voice_path(stem)
+    try:
+        if taken is not None:
+            raise FileExistsError
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        raise InputError(f"Voice name '{stem}' is taken by a saved voice ('{taken or stem}'): pick another "
+                         f"name") from None
+    return path

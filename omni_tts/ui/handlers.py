@@ -20,13 +20,14 @@ from typing import Any
 import gradio as gr
 import numpy as np
 
+from omni_tts.engine.request import CLIENT_GONE
 from omni_tts.errors import OmniTTSError
 from omni_tts.ui import engine_access, files, formatting, labels, plots
 from omni_tts.ui import support as ui
 
 log = logging.getLogger("omni_tts.app")
 CHUNK_TIMEOUT_S = 600.0  # longest wait between two chunks (a CPU 'default' compile can pause requests minutes)
-_running: dict[str, Any] = {}  # visitor key -> their request in flight
+_running: dict[str, list] = {}  # visitor key -> their requests in flight (the newest last)
 _running_lock = threading.Lock()
 
 
@@ -52,6 +53,30 @@ def user_errors(what: str = "request") -> Iterator[None]:
         raise gr.Error(message, print_exception=False) from None
 
 
+@contextlib.contextmanager
+def tracked(key: str, handle: Any) -> Iterator[Any]:
+    """`handle` is this visitor's while the block runs (Stop and a closed tab find it); a block left before
+    the request ends (its consumer gone: Gradio closes a generator whose client left) cancels it."""
+    with _running_lock:
+        _running.setdefault(key, []).append(handle)
+    try:
+        yield handle
+    finally:
+        with _running_lock:
+            mine = _running.get(key, [])
+            if handle in mine:
+                mine.remove(handle)
+            if not mine:
+                _running.pop(key, None)
+        if not handle.done:
+            handle.cancel(CLIENT_GONE)
+
+
+def _current(key: str) -> Any:
+    with _running_lock:
+        return (_running.get(key) or [None])[-1]
+
+
 def _start(engine: Any, f: Mapping[str, Any], info: Mapping[str, Any]) -> Any:
     """Validate the form and submit it in the mode it asks for ('' = the engine's default)."""
     params = ui.make_params(engine, f, info)
@@ -69,9 +94,7 @@ def synthesize(engine: Any, f: Mapping[str, Any], history: list | None = None, s
     history, key, samples = list(history or []), visitor(request), []
     with user_errors("synthesis"):
         handle = _start(engine, f, info)
-    with _running_lock:
-        _running[key] = handle
-    try:
+    with tracked(key, handle):
         with user_errors("synthesis"):
             for chunk in _chunks(handle):
                 samples.append(chunk.samples)
@@ -79,12 +102,6 @@ def synthesize(engine: Any, f: Mapping[str, Any], history: list | None = None, s
                 running = formatting.record(handle.metrics, streaming)
                 yield (audio, gr.skip(), gr.skip(), formatting.live_markdown(running, _last(history)), gr.skip(),
                        gr.skip())
-    finally:
-        with _running_lock:
-            if _running.get(key) is handle:
-                del _running[key]
-        if not handle.done:
-            handle.cancel()
     yield _finish(engine, handle, samples, history, streaming)
 
 
@@ -150,8 +167,7 @@ def synthesize_in_call(engine: Any, f: Mapping[str, Any], history: list | None =
 
 def stop(request: gr.Request | None = None) -> str:
     """Cancel this visitor's running request; the toast says what happened."""
-    with _running_lock:
-        handle = _running.get(visitor(request))
+    handle = _current(visitor(request))
     if handle is not None and not handle.done:
         handle.cancel()
         gr.Info(f"Stopping request #{handle.id}: the audio made so far stays available")
@@ -160,14 +176,26 @@ def stop(request: gr.Request | None = None) -> str:
     return "nothing running"
 
 
+def left(request: gr.Request | None = None) -> None:
+    """The visitor closed the page (Gradio's unload, on the end of its heartbeat): their requests end."""
+    with _running_lock:
+        handles = list(_running.get(visitor(request), []))
+    for handle in handles:
+        handle.cancel(CLIENT_GONE)
+
+
 def voice_save(engine: Any, f: Mapping[str, Any], name: str) -> tuple[Any, Any]:
     """Make a voice from the clone fields, keep it in the voice library under `name`, offer it as a download.
     Returns (the library dropdown's update, the download)."""
     with user_errors("saving the voice"):
         stem = files.voice_name(name)
         prompt = ui.voice_prompt(engine, {**f, "voice_file": None, "saved_voice": ""})
-        target = files.voice_path(stem)
-        prompt.save(target)
+        target = files.reserve_voice(stem)
+        try:
+            prompt.save(target)
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
         download = files.copy_out(str(target), stem)
     gr.Info(f"Saved voice '{stem}' to the voice library")
     return gr.update(choices=[""] + files.saved_voices(), value=stem), gr.update(value=download, visible=True)
@@ -178,8 +206,7 @@ def refresh_panel(engine: Any, history: list | None, plotted: int = -1,
     """Timer tick: this visitor's live table, the engine-wide figures and readiness, and the plots when
     the visitor's history changed since `plotted` (the newest request drawn)."""
     history = list(history or [])
-    with _running_lock:
-        handle = _running.get(visitor(request))
+    handle = _current(visitor(request))
     running = formatting.record(handle.metrics) if handle is not None and not handle.done else None
     newest = history[-1]["request"] if history else -1
     drawn: tuple = (gr.skip(), gr.skip())

@@ -65,6 +65,11 @@ def build_demo(engine: Any, model_reason: str = "", zero: bool = False,
         _wire_panel(ctx, p, history, plotted)
         _wire_tests(ctx, s, p, lt, ld)
         api.add_endpoint(engine, info)
+
+        def on_leave(request: gr.Request):  # a closed tab or a gradio_client gone: its requests end
+            handlers.left(request)
+
+        demo.unload(on_leave)
     return demo
 
 
