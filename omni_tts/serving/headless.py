@@ -24,7 +24,8 @@ EXIT_USER_ERROR = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The serve-specific flags (the engine flags come from the shared engine parser)."""
+    """The engine flags (the shared ones, omni_tts.tools.args) and the serve-specific flags."""
+    _add_engine_flags(parser)
     g = parser.add_argument_group("serving")
     g.add_argument("--host", default=DEFAULT_HOST, help=f"bind address (default {DEFAULT_HOST})")
     g.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
@@ -45,8 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine's config from the engine flags (--preset, --model, --set, --device, --dtype)."""
+    try:
+        from omni_tts.tools.args import engine_config as shared
+    except ImportError:  # before the shared engine flags exist (see _add_engine_flags)
+        shared = None
+    if shared is not None:
+        return shared(args)
     overrides = parse_sets(getattr(args, "set", None))
-    for key in ("model", "device", "dtype"):
+    for key in ("model", "device", "dtype", "mode"):
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
     preset = getattr(args, "preset", None)
@@ -123,15 +130,25 @@ def _check_local_flags(args: argparse.Namespace) -> None:
         raise OmniTTSError(f"{', '.join(named)} need --ray")
 
 
-def _standalone_parser() -> argparse.ArgumentParser:
-    """`python -m omni_tts.serving.headless`: the serve flags plus the engine flags it needs on its own."""
-    p = argparse.ArgumentParser(prog="python -m omni_tts.serving.headless", description=__doc__.splitlines()[0])
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """The shared engine flags; a minimal stand-in while omni_tts.tools.args is not there."""
+    try:
+        from omni_tts.tools.args import add_engine_flags
+    except ImportError:
+        add_engine_flags = None
+    if add_engine_flags is not None:
+        add_engine_flags(p, "default", mode=True)
+        return
     p.add_argument("--model", default=None, help="checkpoint dir or Hub id (default: the embedded demo)")
     p.add_argument("--preset", default="default" if "default" in preset_names() else None,
                    help=f"engine preset name or YAML path (available: {', '.join(preset_names())})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset key")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
+
+
+def _standalone_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m omni_tts.serving.headless", description=__doc__.splitlines()[0])
     return add_arguments(p)
 
 

@@ -21,7 +21,7 @@ from omni_tts.errors import OmniTTSError
 
 REPLICA_HEADER = "x-omni-tts-replica"
 APP_NAME = "omni-tts"
-ENGINE_KEYS = ("model", "preset", "set", "device", "dtype")  # the engine flags a replica builds its engine from
+ENGINE_KEYS = ("model", "preset", "set", "device", "dtype", "mode")  # the engine flags a replica builds its engine from
 HEALTH_PERIOD_S, HEALTH_TIMEOUT_S = 5.0, 30.0
 WARM_TIMEOUT_S = 1800.0  # a replica's first compile on a new machine takes minutes
 PUBLIC_HOST = "0.0.0.0"  # Ray's proxies listen on every node: the service's public-bind settings by default
@@ -158,6 +158,7 @@ def _flags(args: Mapping[str, Any]) -> dict[str, Any]:
     elif isinstance(sets, str):
         sets = [sets]
     out["set"] = list(sets)
+    out["preset"] = out["preset"] or "default"
     return out
 
 
