@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENGINE = {"model": str(FIXTURES / "custom_voice"), "preset": "default",
           "set": ["max_num_seqs=2", "max_seq_len=200", "mode=eager", "chunk_frames=4"]}
 SHORT = {"input": "Hi", "voice": "ryan", "max_new_tokens": 6, "seed": 3}
-LONG = {"input": "A longer clip, streamed.", "voice": "ryan", "max_new_tokens": 150, "seed": 3,
+LONG = {"input": "A longer clip, streamed.", "voice": "ryan", "max_new_tokens": 80, "seed": 3,
         "response_format": "pcm", "stream": True}
 TIMEOUT = httpx.Timeout(60)  # every request is bounded: a hang fails the test instead of stalling it
 RECOVERY_S = 180.0
