@@ -19,6 +19,7 @@ from omni_tts.serving import speech
 from omni_tts.serving.errors import ApiError
 from omni_tts.serving.metrics import EngineMetrics
 from omni_tts.serving.settings import ServeSettings
+from omni_tts.serving.streams import StreamAborted
 
 log = logging.getLogger("omni_tts.serving")
 
@@ -34,7 +35,8 @@ def build_app(engine: Any, settings: ServeSettings | None = None) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, e: Exception) -> Response:
-        log.error("unexpected error: %s: %s", type(e).__name__, e, exc_info=e)
+        if not isinstance(e, StreamAborted):  # an aborted stream logged its reason already
+            log.error("unexpected error: %s: %s", type(e).__name__, e, exc_info=e)
         return ApiError(500, f"internal error: {type(e).__name__}", kind="server_error").response()
 
     @app.get("/health")

@@ -236,9 +236,11 @@ def parse(body: bytes, content_type: str | None = "application/json") -> SpeechR
     try:
         return SpeechRequest.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        field = ".".join(str(x) for x in first.get("loc", ())) or None
-        raise ApiError(400, f"{field}: {first.get('msg', 'invalid')}", field) from None
+        errors = e.errors()
+        field = str((errors[0].get("loc") or ("body",))[0])
+        # a field of several accepted types (voice: a name or {"id": name}) fails once per type
+        said = dict.fromkeys(x.get("msg", "invalid") for x in errors if (x.get("loc") or ("body",))[0] == field)
+        raise ApiError(400, f"{field}: {', or '.join(said)}", field) from None
 
 
 def _members(text: str) -> dict[str, Any]:

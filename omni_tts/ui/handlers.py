@@ -1,8 +1,9 @@
 """The Synthesis tab's handlers: generate (streamed or whole), stop, save a voice, refresh the panel.
 
 Owns: turning a form into a request and its audio, file and figures; the visitor's history (kept
-in the caller's gr.State, so every visitor sees only their own requests); the running request of
-each visitor (so Stop cancels only theirs); stopped requests' partial audio; the notice when a clip
+in the caller's gr.State, so every visitor sees only their own requests); the running requests of
+each visitor (so Stop cancels only theirs, and a closed tab or a handler Gradio closes because its client
+left ends them as "client gone"); stopped requests' partial audio; the notice when a clip
 was cut at its length cap; every error as one toast in the UI's words plus one log line. Handlers are
 plain functions taking the engine first, so tests call them directly. Uses only the Engine's public
 API, plus omni_tts.ui.engine_access for what it does not expose yet.
