@@ -1,0 +1,160 @@
+"""The headless server: the /v1 speech routes, health and metrics under uvicorn, without the Gradio page;
+with `--ray`, the same app as Ray Serve replicas (omni_tts.serving.ray_serve).
+
+Owns the serve-specific flags (bind address, Ray and replica options), building the engine from the
+engine flags and running the app until interrupted. Knows nothing about the routes themselves
+(omni_tts.serving.app) nor about Ray beyond handing the flags over; ray is imported only with `--ray`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from omni_tts.config import EngineConfig, load_preset, parse_sets, preset_names
+from omni_tts.errors import OmniTTSError
+
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
+EXIT_USER_ERROR = 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The engine flags (the shared ones, omni_tts.tools.args) and the serve-specific flags."""
+    _add_engine_flags(parser)
+    g = parser.add_argument_group("serving")
+    g.add_argument("--host", default=DEFAULT_HOST, help=f"bind address (default {DEFAULT_HOST})")
+    g.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    r = parser.add_argument_group("scale-out on Ray Serve (needs requirements-serve.txt)")
+    r.add_argument("--ray", action="store_true", help="serve through Ray Serve replicas, one engine each")
+    r.add_argument("--replicas", type=int, default=1, help="replicas with --ray (fixed count; default 1)")
+    r.add_argument("--gpus-per-replica", type=float, default=None, metavar="F",
+                   help="GPUs each replica reserves, fractions allowed (default: 1 on a CUDA device, else 0)")
+    r.add_argument("--min-replicas", type=int, default=None, metavar="A",
+                   help="autoscale on ongoing requests between A and --max-replicas (instead of --replicas)")
+    r.add_argument("--max-replicas", type=int, default=None, metavar="B")
+    r.add_argument("--target-ongoing-requests", type=float, default=None, metavar="N",
+                   help="autoscaling target per replica (default: the preset's slots per mode)")
+    r.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="connect to this Ray cluster (e.g. auto, ray://head:10001); default: start a local one")
+    return parser
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine's config from the engine flags (--preset, --model, --set, --device, --dtype)."""
+    try:
+        from omni_tts.tools.args import engine_config as shared
+    except ImportError:  # before the shared engine flags exist (see _add_engine_flags)
+        shared = None
+    if shared is not None:
+        return shared(args)
+    overrides = parse_sets(getattr(args, "set", None))
+    for key in ("model", "device", "dtype", "mode"):
+        if getattr(args, key, None) is not None:
+            overrides[key] = getattr(args, key)
+    preset = getattr(args, "preset", None)
+    if preset:
+        return load_preset(preset, **overrides)
+    return EngineConfig(**overrides)
+
+
+def build_app(engine: Any, host: str = DEFAULT_HOST) -> Any:
+    """The service's FastAPI app over `engine` (every HTTP route, no page), its settings read for `host`."""
+    from omni_tts.serving.app import build_app as service_app
+    from omni_tts.serving.settings import ServeSettings
+
+    return service_app(engine, ServeSettings.from_env(host))
+
+
+def start_engine(config: EngineConfig, say: Callable[[str], None] | None = None) -> Any:
+    """Load the model and start serving; the modes warm in the background (/ready says when)."""
+    from omni_tts.engine.engine import Engine
+
+    engine = Engine.from_config(config, progress=say, wait=False, warm=False)
+    engine.prime()
+    engine.start_warming()
+    return engine
+
+
+def serve_local(config: EngineConfig, host: str, port: int, say: Callable[[str], None]) -> int:
+    """One engine in this process behind uvicorn (the service's limits), until SIGINT or SIGTERM."""
+    from omni_tts.serving.server import Server
+
+    engine = start_engine(config, say)
+    server = Server(build_app(engine, host), host, port)
+    signal.signal(signal.SIGTERM, _exit_on_kill)
+    try:
+        url = server.start()
+        say(f"serving {url}/v1 (health: /health, readiness: /ready, metrics: /metrics)")
+        server.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:  # the engine first: open streams end as errors, not as short clips that look whole
+        engine.shutdown()
+        server.stop()
+    return 0
+
+
+def _exit_on_kill(*_: Any) -> None:
+    """SIGTERM runs the same clean-up as Ctrl-C; a second one meanwhile must not cut it short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def main(args: argparse.Namespace) -> int:
+    """Serve until interrupted; a bad flag, preset or checkpoint is one `error: ...` line and status 2."""
+    logging.basicConfig(level=logging.INFO, format="[omni-tts] %(message)s")
+    t0 = time.perf_counter()
+    say = lambda s: print(f"[omni-tts {time.perf_counter() - t0:5.1f}s] {s}", file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        if args.ray:
+            from omni_tts.serving import ray_serve
+
+            return ray_serve.serve_from_args(args, say)
+        _check_local_flags(args)
+        return serve_local(engine_config(args), args.host, args.port, say)
+    except OmniTTSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+def _check_local_flags(args: argparse.Namespace) -> None:
+    named = [f for f, v in (("--replicas", args.replicas != 1), ("--gpus-per-replica", args.gpus_per_replica),
+                            ("--min-replicas", args.min_replicas), ("--max-replicas", args.max_replicas),
+                            ("--ray-address", args.ray_address)) if v]
+    if named:
+        raise OmniTTSError(f"{', '.join(named)} need --ray")
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """The shared engine flags; a minimal stand-in while omni_tts.tools.args is not there."""
+    try:
+        from omni_tts.tools.args import add_engine_flags
+    except ImportError:
+        add_engine_flags = None
+    if add_engine_flags is not None:
+        add_engine_flags(p, "default", mode=True)
+        return
+    p.add_argument("--model", default=None, help="checkpoint dir or Hub id (default: the embedded demo)")
+    p.add_argument("--preset", default="default" if "default" in preset_names() else None,
+                   help=f"engine preset name or YAML path (available: {', '.join(preset_names())})")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset key")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None)
+
+
+def _standalone_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m omni_tts.serving.headless", description=__doc__.splitlines()[0])
+    return add_arguments(p)
+
+
+def cli(argv: Sequence[str] | None = None) -> int:
+    return main(_standalone_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

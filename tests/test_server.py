@@ -1,0 +1,104 @@
+"""The headless server (`python -m omni_tts.serving.headless`) in a subprocess on a real socket over the tiny
+checkpoint: the official `openai` client gets a wav and a pcm stream, the model and health routes answer,
+SIGTERM ends it cleanly; the plain app never imports ray."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import soundfile as sf
+from _fixtures import FIXTURES, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = str(FIXTURES / "custom_voice")
+ENGINE_FLAGS = ["--model", MODEL, "--set", "max_num_seqs=2", "--set", "max_seq_len=96", "--set", "mode=eager"]
+SHORT = {"max_new_tokens": 24, "seed": 3}
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+
+
+def start_headless(*flags: str) -> tuple[str, subprocess.Popen]:
+    """(base URL, process): the headless server on a free port, up once /health answers (bounded wait)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "omni_tts.serving.headless", *ENGINE_FLAGS, *flags,
+                             "--port", str(port)], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            assert proc.poll() is None, f"the server exited: {proc.stdout.read()}"
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    return url, proc
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not answer /health in 120 s"
+            time.sleep(0.1)  # polling a starting process; the deadline bounds it
+    except BaseException:
+        stop(proc)
+        raise
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def server():
+    url, proc = start_headless()
+    yield url, proc
+    stop(proc)
+
+
+def test_openai_client_gets_a_wav_and_a_pcm_stream(server):
+    from openai import OpenAI
+
+    url, _ = server
+    client = OpenAI(base_url=url + "/v1", api_key="x")
+    audio = client.audio.speech.create(model="omni-tts", voice="ryan", input="Hello", extra_body=SHORT)
+    wav, sr = sf.read(io.BytesIO(audio.content))
+    assert sr == 24000 and wav.size == 23 * 1920
+    with client.audio.speech.with_streaming_response.create(
+            model="omni-tts", voice="vivian", input="Streamed.", response_format="pcm", extra_body=SHORT) as r:
+        pieces = [len(p) for p in r.iter_bytes()]
+    assert len(pieces) > 1 and sum(pieces) % (1920 * 2) == 0 and 0 < sum(pieces) <= 23 * 1920 * 2
+    names = [m.id for m in client.models.list().data]
+    assert names == ["custom_voice"]
+    assert "ryan" in httpx.get(url + "/v1/audio/voices", timeout=10).json()["voices"]
+
+
+def test_sigterm_ends_the_server_cleanly(server):
+    _, proc = server
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+
+
+def test_bad_flags_are_one_error_line():
+    done = subprocess.run([sys.executable, "-m", "omni_tts.serving.headless", "--model", MODEL, "--replicas", "2"],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().endswith("error: --replicas need --ray")
+
+
+def test_the_plain_app_never_imports_ray():
+    code = ("import sys\nfrom omni_tts.engine.engine import Engine\nfrom omni_tts.serving import headless\n"
+            f"engine = Engine.from_config(headless.engine_config(headless._standalone_parser().parse_args("
+            f"['--model', {MODEL!r}, '--set', 'mode=eager'])), wait=False, warm=False)\n"
+            "app = headless.build_app(engine)\nengine.shutdown()\n"
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
