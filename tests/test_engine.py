@@ -360,7 +360,7 @@ def test_a_request_names_its_mode_and_an_absent_or_unknown_one_is_refused_at_sub
 
 
 def test_mode_notes_say_what_each_mode_runs_and_the_cpu_engine_says_why_the_graph_modes_are_out(engine):
-    from omni_tts.engine.step_impl import MODES
+    from omni_tts.config import MODES
 
     notes = engine.mode_notes()
     assert list(notes) == list(engine.available_modes()) == list(engine.modes()) == [m.value for m in CompileMode]
@@ -378,6 +378,12 @@ def test_mode_notes_say_what_each_mode_runs_and_the_cpu_engine_says_why_the_grap
     assert [m.value for m in CompileMode if MODES[m].needs_cuda] == ["reduce-overhead", "default+cudagraph"]
     assert MODES[CompileMode.DEFAULT_CUDAGRAPH].graphs and not MODES[CompileMode.REDUCE_OVERHEAD].graphs
     assert [m.value for m in CompileMode if MODES[m].whole_frame] == ["reduce-overhead"]
+    # the table answers the engine's other questions: the warm order, the pools, 'auto', the reference
+    assert sorted(CompileMode, key=lambda m: MODES[m].warm_rank)[0] is CompileMode.reference() is CompileMode.EAGER
+    assert max(CompileMode, key=lambda m: MODES[m].warm_rank) is CompileMode.REDUCE_OVERHEAD
+    assert [m for m in CompileMode if MODES[m].vllm_pool] == [CompileMode.DEFAULT_CUDAGRAPH]
+    assert CompileMode.auto(cuda=True) is CompileMode.DEFAULT_CUDAGRAPH and CompileMode.auto(False) is CompileMode.EAGER
+    assert [m for m in CompileMode if MODES[m].serves_while_warming] == [CompileMode.EAGER]
 
 
 def test_first_chunk_graphs_are_skipped_while_paused(engine):

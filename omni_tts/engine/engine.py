@@ -31,7 +31,7 @@ from omni_tts.engine.metrics import EngineStats, RequestMetrics, gpu_memory, now
 from omni_tts.engine.mode_scheduler import ModeScheduler, Request
 from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import AudioChunk, RequestHandle, SynthesisResult
-from omni_tts.engine.step_impl import MODES, StepImpls
+from omni_tts.engine.step_impl import StepImpls
 from omni_tts.errors import EngineError, InputError, OmniTTSError, one_line
 from omni_tts.models.loading import load_model
 from omni_tts.models.qwen3_tts import Prepared, TTSModel
@@ -74,20 +74,16 @@ class Engine:
                         if cuda else None)
         self.schedulers: dict[CompileMode, ModeScheduler] = {}
         for mode in resident:
-            # one pool per mode (its graphs never run beside another mode's on the shared stream);
-            # default+cudagraph's is vLLM's global pool when vllm is importable, as in vLLM-Omni
-            vllm = tuning.use_vllm_pool and mode is CompileMode.DEFAULT_CUDAGRAPH
-            pool = GraphPool(vllm) if self.impls.talker_graphs else None
+            # one pool per mode (its graphs never run beside another mode's on the shared stream); a
+            # `vllm_pool` mode's is vLLM's global pool when vllm is importable, as in vLLM-Omni
+            pool = GraphPool(tuning.use_vllm_pool and mode.spec.vllm_pool) if self.impls.talker_graphs else None
             runner = Runner(model, config, mode, self.impls, pool)
             self.schedulers[mode] = ModeScheduler(runner, config, self._audio, self.stats, self._step_stream,
                                                   self._decoder)
         for sched in self.schedulers.values():
             sched.wait_for_turn = functools.partial(self._give_way, sched)
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
-        # eager first (it only captures the talker), so a fresh page serves eager requests soonest;
-        # reduce-overhead last, so its graph trees never record while another sched captures
-        order = sorted(self.schedulers, key=lambda m: (m is CompileMode.REDUCE_OVERHEAD, m is not CompileMode.EAGER,
-                                                  m is not self.default_mode))
+        order = sorted(self.schedulers, key=lambda m: (m.spec.warm_rank, m is not self.default_mode))
         self._warmer = threading.Thread(target=self._warm_all, args=(order,), name="omni-tts-warm", daemon=True)
         if warm:
             self.start_warming()
@@ -166,10 +162,10 @@ class Engine:
         page is built); the warm-up waits for it. Skipped without the eager mode or a voice that needs no
         reference clip (Base)."""
         voice = self.model.plain_voice()
-        sched = self.schedulers.get(CompileMode.EAGER)
+        sched = next((s for m, s in self.schedulers.items() if m.spec.serves_while_warming), None)
         if self._primer is not None or voice is None or sched is None or not sched.serve_early():
             return
-        params = SynthesisParams(text="Hello.", greedy=True, fixed_frames=2, mode=CompileMode.EAGER.value, **voice)
+        params = SynthesisParams(text="Hello.", greedy=True, fixed_frames=2, mode=sched.mode.value, **voice)
         try:
             handle = self._submit(params, recorded=False)
         except OmniTTSError as e:  # only a missed head start: the app starts all the same
@@ -281,7 +277,7 @@ class Engine:
             state = sched.state if sched else "unavailable"
             out[m.value] = {"state": state, "serving": bool(sched and sched.serving),
                             "progress": sched.warm_progress if sched else (0, 0),
-                            "reason": sched.error if sched else why, "note": MODES[m].note,
+                            "reason": sched.error if sched else why, "note": m.spec.note,
                             "seconds": sched.warm_report.get("seconds") if sched else None,
                             "default": m is self.default_mode, "kernels": self.impls.kernels_report(m)}
         return out
@@ -292,7 +288,7 @@ class Engine:
                 for m, v in self.modes().items()}
 
     def mode_notes(self) -> dict[str, str]:
-        return {m.value: MODES[m].note for m in CompileMode}
+        return {m.value: m.spec.note for m in CompileMode}
 
     # ------------------------------------------------------------------ description
     @property

@@ -120,7 +120,7 @@ class Runner:
     def serves_while_warming(self) -> bool:
         """Whether requests can run before the warm-up ends: eager's CodePredictor needs none, and its
         talker runs as the reference modules until the talker's graphs (if any) are captured."""
-        return self.mode is CompileMode.EAGER
+        return self.mode.spec.serves_while_warming
 
     def _talker_now(self) -> FastPath | None:
         """The talker implementation requests run on now (never built while the reference one serves)."""

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_tts.config import ModeSpec
 from omni_tts.kernels import heads as head_kernels
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import talker as talker_kernels
@@ -169,15 +170,17 @@ def _cloned(fn: Callable[..., Any]) -> Callable[..., Any]:
 class FastPath:
     """The compiled units of one CompileMode plus the two step bodies built from them."""
 
-    def __init__(self, model: Any, inductor_mode: str | None, regions: bool = True) -> None:
-        """regions: the whole-frame compile traces the layer, head and feed once each and reuses them
-        (False: inlines all 75 layer and 15 head calls, for comparing the two)."""
+    def __init__(self, model: Any, spec: ModeSpec | None, regions: bool = True) -> None:
+        """spec: the compile mode's row of MODES (None: every unit plain, uncompiled); regions: the
+        whole-frame compile traces the layer, head and feed once each and reuses them (False: inlines all
+        75 layer and 15 head calls, for comparing the two)."""
         self.model = model
         self.regions = regions
+        inductor_mode = spec.inductor if spec is not None else None
         compile_: Callable[..., Callable] = lambda f, dynamic=False: torch.compile(  # noqa: E731
             f, mode=inductor_mode, dynamic=dynamic, fullgraph=True)
-        # reduce-overhead compiles only the whole frame (below): its units stay plain functions inside it
-        wrap = (lambda f: f) if inductor_mode in (None, "reduce-overhead") else compile_
+        # a whole-frame mode compiles only the whole frame (below): its units stay plain functions inside it
+        wrap = compile_ if inductor_mode is not None and not spec.whole_frame else (lambda f: f)
         # the talker layer is two units around an uncompiled attention call, so the attention can read
         # only the first L cache positions (L chosen per step) without a recompile per L
         self.talker_attn_in = wrap(talker_attn_in)
@@ -187,11 +190,11 @@ class FastPath:
         self.predictor_head = wrap(predictor_head)
         self.predictor_feed = wrap(predictor_feed)
         # the whole frame as one compiled function (Inductor's kernels only, batch size dynamic after the
-        # first two shapes, so four compiles in all instead of one per bucket): reduce-overhead's graph
-        # trees record one graph per batch shape and replay it once per frame (the KV cache is an
-        # intermediate, so no input is written in place; outputs are copied out before the next replay);
-        # default runs it only for its A/B switch (tuning.default_whole_frame)
-        self.records_graph_trees = inductor_mode == "reduce-overhead"
+        # first two shapes, so four compiles in all instead of one per bucket): graph trees record one graph
+        # per batch shape and replay it once per frame (the KV cache is an intermediate, so no input is
+        # written in place; outputs are copied out before the next replay); a unit-by-unit mode runs it
+        # only for its A/B switch (tuning.default_whole_frame)
+        self.records_graph_trees = spec is not None and spec.graph_trees
         self.region_error = ""  # why the whole frame fell back to inlined layers, if it did
         self._compile, self._frame, self._frame_ran = compile_, None, False
         self.whole_frame: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = (
