@@ -216,7 +216,7 @@ def test_eight_concurrent_sampled_requests_with_three_slots_get_exactly_their_so
 
     def watch() -> None:
         while running.is_set():
-            max_active[0] = max(max_active[0], engine.snapshot()["active"])
+            max_active[0] = max(max_active[0], engine.snapshot().active)
             time.sleep(0.005)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
@@ -237,7 +237,7 @@ def test_eight_concurrent_sampled_requests_with_three_slots_get_exactly_their_so
     assert engine.stats.busy_slots_sum - busy0 == frames  # one frame per active slot per step
     assert engine.stats.steps - steps0 < frames  # requests really shared steps (batched)
     assert max_active[0] <= 3  # never more than max_num_seqs in slots
-    assert engine.snapshot()["active"] == 0 and engine.snapshot()["waiting"] == 0
+    assert engine.snapshot().active == 0 and engine.snapshot().waiting == 0
 
 
 def test_fast_path_engine_with_kv_length_buckets_equals_the_plain_path(_one_thread, monkeypatch):
@@ -307,7 +307,7 @@ def test_cancel_mid_stream_frees_the_slot_and_the_others_finish_unchanged():
             wav, codes = refs[id(p)]
             np.testing.assert_array_equal(r.codes, codes)
             assert float(np.abs(r.wav - wav).max()) <= 1e-4
-        assert eng.snapshot()["active"] == 0
+        assert eng.snapshot().active == 0
         good(eng)
     finally:
         eng.shutdown()
@@ -348,14 +348,14 @@ def test_a_request_names_its_mode_and_an_absent_or_unknown_one_is_refused_at_sub
     r_eager = engine.synthesize(dataclasses.replace(p, mode="eager"), timeout=TIMEOUT)
     assert r_none.metrics.mode == r_eager.metrics.mode == "eager"
     np.testing.assert_array_equal(r_none.codes, r_eager.codes)
-    waiting = engine.snapshot()["waiting"]
+    waiting = engine.snapshot().waiting
     for mode, match in (("default", "mode default is not available: not resident"),
                         ("default+cudagraph", "mode default\\+cudagraph is not available: needs a CUDA GPU"),
                         ("turbo", "unknown compile mode 'turbo'")):
         with pytest.raises(InputError, match=match) as e:
             engine.submit(dataclasses.replace(p, mode=mode))
         assert "\n" not in str(e.value)
-    assert engine.snapshot()["waiting"] == waiting
+    assert engine.snapshot().waiting == waiting
     good(engine)
 
 
@@ -368,11 +368,11 @@ def test_mode_notes_say_what_each_mode_runs_and_the_cpu_engine_says_why_the_grap
     assert "no compile" in notes["eager"] and "guard" in notes["default"]
     assert "private pool" in notes["reduce-overhead"] and "shared pool" in notes["default+cudagraph"]
     modes = engine.modes()
-    assert modes["eager"]["state"] == "ready" and modes["eager"]["default"]
+    assert modes["eager"].state == "ready" and modes["eager"].is_default
     assert engine.available_modes()["eager"] is None
     for mode in ("reduce-overhead", "default+cudagraph"):  # this engine is on CPU
-        assert modes[mode]["state"] == "unavailable" and not modes[mode]["default"]
-        assert "needs a CUDA GPU" in engine.available_modes()[mode] == modes[mode]["reason"]
+        assert modes[mode].state == "unavailable" and not modes[mode].is_default
+        assert "needs a CUDA GPU" in engine.available_modes()[mode] == modes[mode].reason
     assert "not resident" in engine.available_modes()["default"]  # CPU: only the default mode unless listed
     # what decides it: the graph modes need CUDA, default and eager do not
     assert [m.value for m in CompileMode if MODES[m].needs_cuda] == ["reduce-overhead", "default+cudagraph"]
@@ -396,7 +396,7 @@ def test_first_chunk_graphs_are_skipped_while_paused(engine):
         return None
 
     c2w = engine._audio
-    assert c2w.graphs_on and engine.snapshot()["first_chunk_graphs"] == "off"  # CPU: never built
+    assert c2w.graphs_on and engine.snapshot().first_chunk_graphs == "off"  # CPU: never built
     old = c2w.first
     c2w.first = first
     try:
@@ -473,8 +473,8 @@ def test_chunks_of_requests_started_together_are_decoded_in_shared_calls():
             assert_same_as_plain(eng, p, r.codes, r.wav)
             assert [c.frames for c in chunks] == [1, 4, 4, 4] and [c.index for c in chunks] == [0, 1, 2, 3]
         snap = eng.snapshot()
-        assert snap["chunk_decodes"] == 16 == eng.stats.chunk_decodes
-        assert snap["decode_calls"] == 4 < snap["chunk_decodes"]  # one call per step that made chunks due
+        assert snap.chunk_decodes == 16 == eng.stats.chunk_decodes
+        assert snap.decode_calls == 4 < snap.chunk_decodes  # one call per step that made chunks due
     finally:
         eng.shutdown()
 
@@ -537,11 +537,11 @@ def test_a_submit_refused_while_preparing_holds_nobody_afterwards():
 def test_bad_input_is_one_clear_error_at_submit_and_the_engine_keeps_serving(engine, kw, match):
     args = dict(text="hello", speaker="ryan", language="English", max_new_tokens=4)
     args.update(kw)
-    waiting = engine.snapshot()["waiting"]
+    waiting = engine.snapshot().waiting
     with pytest.raises(InputError, match=match) as e:
         engine.submit(SynthesisParams(**args))
     assert "\n" not in str(e.value)
-    assert engine.snapshot()["waiting"] == waiting  # nothing was queued
+    assert engine.snapshot().waiting == waiting  # nothing was queued
     good(engine)
 
 
@@ -632,9 +632,9 @@ def test_metrics_are_present_and_consistent(engine):
         assert d["ttfp_ms"] == m.ttfp_ms and d["rtf"] == m.rtf and d["audio_s"] == m.audio_s
         assert m in engine.stats.recent_requests(50)
     snap = engine.snapshot()
-    assert snap["mode"] == "eager" and snap["device"] == "cpu" and snap["dtype"] == "float32"
-    assert snap["max_num_seqs"] == 3 and snap["active"] == 0 and snap["memory"] == {}
-    assert snap["mean_occupancy"] >= 1.0
+    assert snap.mode == "eager" and snap.device == "cpu" and snap.dtype == "float32"
+    assert snap.max_num_seqs == 3 and snap.active == 0 and snap.memory == {}
+    assert snap.mean_occupancy >= 1.0
 
 
 # ------------------------------------------------------------------------------------------ fixed frames
@@ -682,12 +682,12 @@ def test_an_engine_built_not_warming_accepts_requests_and_serves_them_once_start
         h = eng.submit(SynthesisParams(text="Waits for the warm-up.", speaker="ryan", language="English",
                                        greedy=True, fixed_frames=3))
         time.sleep(0.3)
-        assert eng.modes()["eager"]["state"] == "queued" and not h.done
+        assert eng.modes()["eager"].state == "queued" and not h.done
         eng.start_warming()
         eng.start_warming()
         r = h.result(TIMEOUT)
         assert r.metrics.status == "done" and r.codes.shape == (3, 16)
-        assert eng.modes()["eager"]["state"] == "ready"
+        assert eng.modes()["eager"].state == "ready"
     finally:
         eng.shutdown()
 
@@ -706,7 +706,7 @@ def test_priming_runs_the_eager_path_once_before_the_warm_up_and_changes_no_resu
         eng.prime()
         assert eng.wait_primed(TIMEOUT) and any("eager path primed" in s for s in said), said
         assert eng.stats.busy_slots_sum == 2 and eng.stats.recent_requests() == []  # its two frames, on the lane
-        assert eng.modes()["eager"]["state"] == "warming"  # served before its warm-up
+        assert eng.modes()["eager"].state == "warming"  # served before its warm-up
         eng.start_warming()
         assert eng.wait_ready("eager", timeout=TIMEOUT)
         primed = [i for i, s in enumerate(said) if "eager path primed" in s]

@@ -75,17 +75,17 @@ def two_modes(_one_thread):
 def _default_or_skip(eng: Engine) -> None:
     assert eng.wait_ready("default", timeout=600), "the default mode did not warm within 10 minutes"
     state = eng.modes()["default"]
-    if state["state"] == "failed":
-        pytest.skip(f"Inductor cannot compile on this CPU: {state['reason']}")
+    if state.state == "failed":
+        pytest.skip(f"Inductor cannot compile on this CPU: {state.reason}")
 
 
 @pytest.mark.slow
 def test_an_eager_request_is_served_while_the_compiled_mode_still_warms(two_modes):
     eng = two_modes
-    assert eng.modes()["eager"]["state"] == "ready"
-    assert eng.modes()["default"]["state"] in ("queued", "warming")
+    assert eng.modes()["eager"].state == "ready"
+    assert eng.modes()["default"].state in ("queued", "warming")
     r = eng.synthesize(greedy("served at once", fixed_frames=3, mode="eager"), timeout=TIMEOUT)
-    warming = eng.modes()["default"]["state"]
+    warming = eng.modes()["default"].state
     assert r.metrics.status == "done" and r.metrics.mode == "eager" and r.codes.shape == (3, 16)
     assert warming in ("queued", "warming"), "the eager result must arrive before the default mode is ready"
     assert eng.available_modes()["default"] is None  # usable: requests to it wait for the warm-up
@@ -131,13 +131,13 @@ def test_enforce_eager_leaves_only_eager_and_serves_what_a_normal_engine_serves(
     eng = Engine.from_config(config(enforce_eager=True, mode="auto", modes=["eager", "default"]))
     try:
         modes = eng.modes()
-        assert modes["eager"]["state"] == "ready" and eng.default_mode is CompileMode.EAGER
+        assert modes["eager"].state == "ready" and eng.default_mode is CompileMode.EAGER
         for m in ("default", "reduce-overhead", "default+cudagraph"):
-            assert modes[m]["state"] == "unavailable" and "enforce_eager" in modes[m]["reason"], m
+            assert modes[m].state == "unavailable" and "enforce_eager" in modes[m].reason, m
             assert "enforce_eager" in eng.available_modes()[m]
             with pytest.raises(InputError, match=f"mode {re.escape(m)} is not available: .*enforce_eager"):
                 eng.submit(dataclasses.replace(ps[0], mode=m))
-        assert eng.snapshot()["enforce_eager"] is True
+        assert eng.snapshot().enforce_eager is True
         for p, w in zip(ps, want):
             same(eng.synthesize(p, timeout=TIMEOUT), w)
     finally:
@@ -441,7 +441,7 @@ def test_a_shutdown_while_a_mode_waits_for_its_warm_up_turn_starts_no_compile(_o
     said: list[str] = []
     eng = Engine.from_config(config(modes=["eager", "default"], max_num_seqs=1), progress=said.append)
     deadline = time.monotonic() + TIMEOUT
-    while eng.modes()["default"]["state"] != "warming":
+    while eng.modes()["default"].state != "warming":
         assert time.monotonic() < deadline, eng.modes()
         time.sleep(0.02)
     time.sleep(0.3)

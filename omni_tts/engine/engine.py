@@ -31,12 +31,13 @@ from omni_tts.engine.metrics import EngineStats, RequestMetrics, gpu_memory, now
 from omni_tts.engine.mode_scheduler import ModeScheduler, Request
 from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import AudioChunk, RequestHandle, SynthesisResult
+from omni_tts.engine.snapshot import EngineSnapshot, ModeStatus
 from omni_tts.engine.step_impl import StepImpls
 from omni_tts.errors import EngineError, InputError, OmniTTSError, one_line
 from omni_tts.models.loading import load_model
 from omni_tts.models.qwen3_tts import Prepared, TTSModel
 
-__all__ = ["AudioChunk", "Engine", "RequestHandle", "SynthesisResult"]
+__all__ = ["AudioChunk", "Engine", "EngineSnapshot", "ModeStatus", "RequestHandle", "SynthesisResult"]
 # The scheduler and code-to-wave threads share the GIL; a short switch interval keeps a thread that waits
 # for it from waiting a large part of a frame (a process-wide setting; it only ever lowers it).
 GIL_SWITCH_INTERVAL_S = 0.0005
@@ -267,25 +268,22 @@ class Engine:
         self.default_mode = self._scheduler(mode).mode
         return self.default_mode
 
-    def modes(self) -> dict[str, dict[str, Any]]:
-        """Every mode: state (ready | warming | queued | failed | unavailable), serving (requests run now),
-        progress (warm steps done, of how many), why, warm-up seconds, note."""
-        out: dict[str, dict[str, Any]] = {}
+    def modes(self) -> dict[str, ModeStatus]:
+        """Every mode (by value, in enum order) as it stands now."""
+        out: dict[str, ModeStatus] = {}
         for m in CompileMode:
             sched = self.schedulers.get(m)
             why = self.impls.unavailable(m) or ("" if sched else "not resident (preset key 'modes')")
-            state = sched.state if sched else "unavailable"
-            out[m.value] = {"state": state, "serving": bool(sched and sched.serving),
-                            "progress": sched.warm_progress if sched else (0, 0),
-                            "reason": sched.error if sched else why, "note": m.spec.note,
-                            "seconds": sched.warm_report.get("seconds") if sched else None,
-                            "default": m is self.default_mode, "kernels": self.impls.kernels_report(m)}
+            out[m.value] = ModeStatus(
+                state=sched.state if sched else "unavailable", serving=bool(sched and sched.serving),
+                progress=sched.warm_progress if sched else (0, 0), reason=sched.error if sched else why,
+                note=m.spec.note, seconds=sched.warm_report.get("seconds") if sched else None,
+                is_default=m is self.default_mode, kernels=self.impls.kernels_report(m))
         return out
 
     def available_modes(self) -> dict[str, str | None]:
         """mode -> None when requests can use it here (now or once warm), else the reason it cannot."""
-        return {m: (None if v["state"] in ("ready", "warming", "queued") else v["reason"] or v["state"])
-                for m, v in self.modes().items()}
+        return {m: None if v.usable else v.reason or v.state for m, v in self.modes().items()}
 
     def mode_notes(self) -> dict[str, str]:
         return {m.value: m.spec.note for m in CompileMode}
@@ -323,37 +321,28 @@ class Engine:
                 "generation": dict(ckpt.generation_config or {}), "reason": (ckpt.notes or [""])[-1],
                 "sample_rate": int(self.sample_rate), "name": Path(str(ckpt.path)).name or "omni-tts"}
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> EngineSnapshot:
         """Engine-wide figures for dashboards (cheap)."""
         active = {m.value: len(sched.active) for m, sched in self.schedulers.items()}
         waiting = {m.value: sched.waiting.qsize() for m, sched in self.schedulers.items()}
         pool = sum(sched.runner.pool_bytes() for sched in self.schedulers.values())
         trees = sum(c.get("tree_pool_bytes", 0) for c in self.stats.capture.values())
-        return {
-            "mode": self.default_mode.value,
-            "modes": self.modes(),
-            "device": str(self.device),
-            "dtype": str(self.model.dtype).replace("torch.", ""),
-            "active": sum(active.values()), "active_by_mode": active,
-            "waiting": sum(waiting.values()), "waiting_by_mode": waiting,
-            "max_num_seqs": self.config.max_num_seqs,
-            "steps_per_s": self.stats.steps_per_s(),
-            "mean_occupancy": self.stats.mean_occupancy(),
-            "chunk_decodes": self.stats.chunk_decodes,
-            "decode_calls": self.stats.decode_calls,
-            "decode_seconds": self.stats.decode_seconds,
-            "layer_kernels": self.impls.kernels_report(self.default_mode),
-            "kernels": _state(self.impls.talker_graphs and self.config.tuning.kernels, self.kernel_notice),
-            "enforce_eager": self.config.enforce_eager,
-            "codec_precision": getattr(self.model.codec_if_built, "precision", "not built"),
-            "codec_fused": _state(getattr(self.model.codec_if_built, "fused", False), self.codec_fused_error),
-            "first_chunk_graphs": _state(self._audio.first is not None, self._audio.first_error),
-            "steps": self.stats.steps,
-            "busy_slots_sum": self.stats.busy_slots_sum,  # rows over all frames: occupancy between two snapshots
-            "memory": gpu_memory(self.device, pool, trees),
-            "capture": dict(self.stats.capture),
-            "model": self.model.describe(),
-        }
+        codec = self.model.codec_if_built
+        return EngineSnapshot(
+            mode=self.default_mode.value, modes=self.modes(), device=str(self.device),
+            dtype=str(self.model.dtype).replace("torch.", ""),
+            active=sum(active.values()), active_by_mode=active, waiting=sum(waiting.values()),
+            waiting_by_mode=waiting, max_num_seqs=self.config.max_num_seqs, steps_per_s=self.stats.steps_per_s(),
+            mean_occupancy=self.stats.mean_occupancy(), chunk_decodes=self.stats.chunk_decodes,
+            decode_calls=self.stats.decode_calls, decode_seconds=self.stats.decode_seconds,
+            layer_kernels=self.impls.kernels_report(self.default_mode),
+            kernels=_state(self.impls.talker_graphs and self.config.tuning.kernels, self.kernel_notice),
+            enforce_eager=self.config.enforce_eager, codec_precision=getattr(codec, "precision", "not built"),
+            codec_fused=_state(getattr(codec, "fused", False), self.codec_fused_error),
+            first_chunk_graphs=_state(self._audio.first is not None, self._audio.first_error),
+            steps=self.stats.steps, busy_slots_sum=self.stats.busy_slots_sum,
+            memory=gpu_memory(self.device, pool, trees), capture=dict(self.stats.capture),
+            model=self.model.describe())
 
     def shutdown(self) -> None:
         if self._closed:

@@ -196,7 +196,7 @@ def load_test(model: Any, cfg: EngineConfig, mode: str, concurrency: Sequence[in
             key = str(c) if not slots else f"{c}@{s}slots"
             out[key] = summarize(records, wall)
             snap = engine.snapshot()
-            out[key].update({k: snap[k] for k in ("steps", "chunk_decodes", "decode_calls", "decode_seconds")})
+            out[key].update({k: getattr(snap, k) for k in ("steps", "chunk_decodes", "decode_calls", "decode_seconds")})
             say(f"{mode} concurrency {key}: {out[key]}")
         except Exception as e:
             out[str(c)] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}

@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        print(f"soak: {engine.snapshot().get('model', '?')}, mode {engine.mode.value}, {args.max_num_seqs} slots, "
+        print(f"soak: {engine.snapshot().model}, mode {engine.mode.value}, {args.max_num_seqs} slots, "
               f"{args.minutes:g} min, bursts of up to {args.burst}", flush=True)
         soak = Soak(engine, args)
         soak.run()
