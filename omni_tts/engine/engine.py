@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import functools
 import itertools
 import sys
 import threading
@@ -33,6 +32,7 @@ from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import AudioChunk, RequestHandle, SynthesisResult
 from omni_tts.engine.snapshot import EngineSnapshot, ModeStatus
 from omni_tts.engine.step_impl import StepImpls
+from omni_tts.engine.warmup import WarmupCoordinator, warm_order
 from omni_tts.errors import EngineError, InputError, OmniTTSError, one_line
 from omni_tts.models.loading import load_model
 from omni_tts.models.qwen3_tts import Prepared, TTSModel
@@ -74,17 +74,16 @@ class Engine:
         self._stream = (torch.cuda.Stream(self.device, priority=-1 if tuning.priority_streams else 0)
                         if cuda else None)
         self.schedulers: dict[CompileMode, ModeScheduler] = {}
+        self.warmup = WarmupCoordinator()  # when warm-up work runs beside requests (its rules: warmup.py)
         for mode in resident:
             # one pool per mode (its graphs never run beside another mode's on the shared stream); a
             # `vllm_pool` mode's is vLLM's global pool when vllm is importable, as in vLLM-Omni
             pool = GraphPool(tuning.use_vllm_pool and mode.spec.vllm_pool) if self.impls.talker_graphs else None
             runner = Runner(model, config, mode, self.impls, pool)
             self.schedulers[mode] = ModeScheduler(runner, config, self._audio, self.stats, self._step_stream,
-                                                  self._decoder)
-        for sched in self.schedulers.values():
-            sched.wait_for_turn = functools.partial(self._give_way, sched)
+                                                  self._decoder, self.warmup)
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
-        order = sorted(self.schedulers, key=lambda m: (m.spec.warm_rank, m is not self.default_mode))
+        order = warm_order(list(self.schedulers), self.default_mode)
         self._warmer = threading.Thread(target=self._warm_all, args=(order,), name="omni-tts-warm", daemon=True)
         if warm:
             self.start_warming()
@@ -198,17 +197,6 @@ class Engine:
     def _step_stream(self) -> Any:
         return torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
 
-    def _give_way(self, warming: ModeScheduler | None = None) -> None:
-        """Wait until every sched that serves (but `warming`) gives way to warm-up work: background
-        compiles, imports and probes take turns with requests rather than slowing them, except while
-        requests wait for a mode that does not serve yet (then the warm-up is what they wait on)."""
-        awaited = lambda: any(not x.serving and not x.waiting.empty() for x in self.schedulers.values())  # noqa: E731
-        for sched in self.schedulers.values():
-            if sched is not warming:
-                sched.give_turn(awaited)
-        if self._closed:  # it shut down meanwhile: no more warm-up work
-            raise EngineError("the engine shut down")
-
     def _set_up_gpu(self, early: ModeScheduler | None) -> None:
         """Kernel probes, codec fuse and first-chunk graphs, as configured: before any mode warms (every
         mode's talker captures with the kernels chosen here), after the page is up. With a sched serving
@@ -217,9 +205,9 @@ class Engine:
         tuning, model = self.config.tuning, self.model
         between = early.between_frames if early is not None else (lambda fn: fn())
         t = [time.perf_counter()]
-        self._give_way()
+        self.warmup.give_way()
         self.kernel_notice = self.impls.configure_kernels(self.config.resolved_buckets(), model.dtype,
-                                                          self._give_way)
+                                                          self.warmup.give_way)
         t.append(time.perf_counter())
         self.codec_fused_error = between(lambda: fuse_codec(model.codec)) if tuning.codec_fused else ""
         t.append(time.perf_counter())
@@ -258,6 +246,7 @@ class Engine:
         while trim is not None and not self._closed:
             time.sleep(HEAP_TRIM_INTERVAL_S)
             trim(0)
+            self.stats.heap_trims += 1
 
     def wait_ready(self, mode: str | CompileMode | None = None, timeout: float | None = None) -> bool:
         """Block until `mode` (default: the engine's default mode) is warm; False on timeout."""
@@ -348,6 +337,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        self.warmup.close()
         for sched in self.schedulers.values():  # every sched told first, so none starts a warm step meanwhile
             sched.stop(timeout=0)
         for sched in self.schedulers.values():
