@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, build_config, parse_sets
+from omni_tts.engine import testing
 from omni_tts.engine.metrics import gpu_memory
 from omni_tts.tools.load import PROMPTS
 
@@ -57,7 +58,7 @@ def fill_slots(runner: Any, n: int, speaker: str | None) -> None:
 def step_callables(runner: Any, b: int, kv_len: int | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(code predictor step, talker step) for rows [:b] as the runner would run them; the talker's attention
     over kv_len cache positions (default: what the rows' positions need)."""
-    return runner.step_fns(b, kv_len)
+    return testing.step_fns(runner, b, kv_len)
 
 
 def codec_costs(model: Any) -> dict[str, float]:
@@ -111,7 +112,7 @@ def profile_steps(runner: Any, buckets: Sequence[int], out_dir: str) -> dict[str
     out: dict[str, Any] = {}
     for b in buckets:
         graph_cp, graph_talker = step_callables(runner, b)
-        launched_cp, launched_talker = runner.launched_step_fns(b)
+        launched_cp, launched_talker = testing.launched_step_fns(runner, b)
         codes = torch.randint(0, 2048, (b, 26, 16), device=runner.device)
         params = SynthesisParams(text=PROMPTS[0], speaker=(runner.model.speakers() or [None])[0], greedy=True,
                                  language="English", fixed_frames=8)
@@ -222,12 +223,12 @@ def measure_mode(runner: Any, buckets: Sequence[int], speaker: str | None, repor
     mode = runner.mode.value
     fill_slots(runner, max(buckets), speaker)
     row: dict[str, Any] = {"setup_s": report["seconds"], "actual_mode": report["mode"], "per_bucket": {},
-                           "layer_kernels": runner.layer_kernels(), "notice": report.get("notice", "")}
+                           "layer_kernels": testing.layer_kernels(runner), "notice": report.get("notice", "")}
     for b in buckets:
         cp, talker = step_callables(runner, b)
         row["per_bucket"][b] = {"cp_ms": time_ms(cp), "talker_ms": time_ms(talker), "kv_len": runner.kv_len(b),
                                 "variant": "full sort" if runner.variant(b) else "top-k selection"}
-        cp_s, talker_s = runner.step_fns(b, sort=True)  # the full-sort variant (top-p without top-k)
+        cp_s, talker_s = testing.step_fns(runner, b, sort=True)  # the full-sort variant (top-p without top-k)
         row["per_bucket"][b].update(cp_ms_full_sort=time_ms(cp_s), talker_ms_full_sort=time_ms(talker_s))
         if runner.graphs:  # the talker step's cost against the attention length it reads
             row["per_bucket"][b]["talker_ms_by_kv_len"] = {
@@ -241,15 +242,13 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
         say: Callable[[str], None], load: dict[str, Any] | None = None, out_json: str | None = None,
         profile_dir: str | None = None, profile_buckets: Sequence[int] = (1,), skip_codec: bool = False,
         overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    from omni_tts.engine.model_runner import Runner
-    from omni_tts.engine.step_impl import StepImpls
     from omni_tts.models.loading import load_model
 
     cfg = make_config(model, buckets, dtype, overrides)
     t0 = time.perf_counter()
     tts = load_model(cfg, progress=say)
     say(f"loaded in {time.perf_counter() - t0:.1f} s")
-    impls = StepImpls(tts, cfg)  # one set of compiled units for every mode's runner, as the engine shares them
+    impls = testing.StepImpls(tts, cfg)  # one set of compiled units for every mode's runner, as the engine shares them
     impls.configure_kernels(cfg.resolved_buckets(), tts.dtype)
     speaker = (tts.speakers() or [None])[0]
     result: dict[str, Any] = {"buckets": list(buckets), "modes": {},
@@ -262,7 +261,7 @@ def run(model: str, modes: Sequence[str], buckets: Sequence[int], frames: int, d
         try:
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
-            runner = Runner(tts, cfg, CompileMode.parse(mode), impls)
+            runner = testing.mode_runner(tts, cfg, CompileMode.parse(mode), impls)
             row = measure_mode(runner, buckets, speaker, runner.warm(say), say)
             result["modes"][mode] = row
             _save(result, out_json)  # what is measured so far survives a run cut short
