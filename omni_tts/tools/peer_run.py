@@ -73,10 +73,10 @@ class Ours:
     """omni-tts through Engine.submit/stream: the bench preset, default+cudagraph on CUDA (eager on CPU)."""
 
     def __init__(self, a: argparse.Namespace) -> None:
-        from omni_tts.config import load_preset
+        from omni_tts.config import CompileMode, load_preset
         from omni_tts.engine.engine import Engine
 
-        mode = "default+cudagraph" if a.device.startswith("cuda") else "eager"
+        mode = CompileMode.auto(a.device.startswith("cuda")).value
         self.a = a
         self.engine = Engine.from_config(load_preset("bench", model=a.model, device=a.device, mode=mode, modes=[mode],
                                                      max_num_seqs=max(a.concurrency)))
