@@ -285,7 +285,7 @@ def test_a_request_sent_as_the_last_one_ends_starts_before_the_next_warm_step(_o
 
 
 def test_a_lane_busy_for_long_takes_its_next_warm_step_between_two_frames(_one_thread):
-    """Under steady traffic the warm-up still ends: after WARM_STEP_EVERY_BUSY_S of serving, the next step
+    """Under steady traffic the warm-up still ends: after its busy allowance (the clock moved by hand), the next step
     runs between two frames of an active request, which then goes on to its solo output."""
     warmup, clock = manual_coordinator(idle_s=1.0, busy_s=10.0)
     with gated_lane(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, sched, runner, _):
