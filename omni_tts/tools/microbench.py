@@ -211,8 +211,9 @@ def make_config(model: str, buckets: Sequence[int], dtype: str, overrides: dict[
                 ) -> EngineConfig:
     """The runners' config: slots for the largest bucket, exactly these buckets, then `overrides`
     ({key or 'tuning.key': value}, as parse_sets gives them)."""
-    flat: dict[str, Any] = {"model": model, "mode": "eager", "max_num_seqs": max(buckets), "max_seq_len": 512,
-                            "dtype": dtype, "initial_chunk_frames": 1, "tuning.buckets": list(buckets)}
+    flat: dict[str, Any] = {"model": model, "mode": CompileMode.reference().value, "max_num_seqs": max(buckets),
+                            "max_seq_len": 512, "dtype": dtype, "initial_chunk_frames": 1,
+                            "tuning.buckets": list(buckets)}
     flat.update(overrides or {})
     return build_config(flat)
 
