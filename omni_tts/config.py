@@ -1,7 +1,8 @@
-"""Configuration records: EngineConfig (load time), SynthesisParams (per request), CompileMode.
+"""Configuration records: EngineConfig (load time), SynthesisParams (per request), CompileMode and MODES.
 
 Owns the field names, defaults and validation of presets (`omni_tts/presets/*.yaml`, unknown keys are
-an error) and of requests. Knows nothing about models or devices beyond their names.
+an error) and of requests, and MODES: the one table of what each compile mode runs and how the engine
+treats it. Knows nothing about models or devices beyond their names.
 """
 
 from __future__ import annotations
@@ -68,12 +69,12 @@ LIMITS: dict[str, Limit] = {
 
 
 class CompileMode(str, enum.Enum):
-    """How the CodePredictor runs; the talker runs the same way in every mode."""
+    """How the CodePredictor runs; the talker runs the same way in every mode. What each mode is: MODES."""
 
     EAGER = "eager"
-    DEFAULT = "default"  # torch.compile(mode="default", dynamic=False)
-    REDUCE_OVERHEAD = "reduce-overhead"  # Inductor's own CUDA graphs, private pool
-    DEFAULT_CUDAGRAPH = "default+cudagraph"  # compile default + our per-bucket graphs in one shared pool
+    DEFAULT = "default"
+    REDUCE_OVERHEAD = "reduce-overhead"
+    DEFAULT_CUDAGRAPH = "default+cudagraph"
 
     @classmethod
     def parse(cls, value: str | CompileMode) -> CompileMode:
@@ -84,13 +85,68 @@ class CompileMode(str, enum.Enum):
                 return m
         raise InputError(f"unknown compile mode '{value}'; valid: {', '.join(m.value for m in cls)}")
 
+    @classmethod
+    def auto(cls, cuda: bool) -> CompileMode:
+        """The mode of 'auto': MODES' `auto_on_cuda` row on CUDA, else the reference mode."""
+        return next(m for m, spec in MODES.items() if spec.auto_on_cuda) if cuda else cls.reference()
+
+    @classmethod
+    def reference(cls) -> CompileMode:
+        """The mode that runs the reference modules (nothing compiled or captured)."""
+        return next(m for m, spec in MODES.items() if spec.inductor is None)
+
+    @property
+    def spec(self) -> ModeSpec:
+        return MODES[self]
+
     @property
     def compiled(self) -> bool:
-        return self is not CompileMode.EAGER
+        return self.spec.inductor is not None
 
     @property
     def needs_cuda(self) -> bool:
-        return self in (CompileMode.REDUCE_OVERHEAD, CompileMode.DEFAULT_CUDAGRAPH)
+        return self.spec.needs_cuda
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """What a compile mode runs and how the engine treats it: the one place that decides a mode."""
+
+    inductor: str | None  # torch.compile mode of the CodePredictor; None: the reference modules
+    graph_trees: bool  # Inductor records the compiled frame as CUDA graph trees in its own private pool
+    graphs: bool  # the engine captures the CodePredictor step as CUDA graphs per batch bucket
+    whole_frame: bool  # the CodePredictor's 15 steps are one compiled function (else compiled unit by unit)
+    needs_cuda: bool
+    warm_rank: int  # warm-up order: lower first (ties: the engine's default mode first)
+    vllm_pool: bool  # its graphs go into vLLM's global pool when experimental.use_vllm_pool (else a pool of its own)
+    serves_while_warming: bool  # requests run before its warm-up ends (reference CodePredictor and talker)
+    auto_on_cuda: bool  # the mode of 'auto' on a CUDA device
+    note: str  # what it runs, for the UI and CLI
+
+
+_NO = dict(graph_trees=False, graphs=False, whole_frame=False, needs_cuda=False, vllm_pool=False,
+           serves_while_warming=False, auto_on_cuda=False)
+# eager warms first (it only captures the talker), so a fresh page serves it soonest; reduce-overhead
+# last, so its graph trees never record while another mode captures
+MODES: dict[CompileMode, ModeSpec] = {
+    CompileMode.EAGER: ModeSpec(**{**_NO, "serves_while_warming": True}, inductor=None, warm_rank=0, note=(
+        "reference modules, no compile: host-bound, no warm-up")),
+    CompileMode.DEFAULT: ModeSpec(**_NO, inductor="default", warm_rank=1, note=(
+        "torch.compile default per layer and sampling unit, launched from Python: fused kernels, but launch and "
+        "guard cost on every call")),
+    CompileMode.REDUCE_OVERHEAD: ModeSpec(
+        **{**_NO, "graph_trees": True, "whole_frame": True, "needs_cuda": True}, inductor="reduce-overhead",
+        warm_rank=2, note=(
+            "torch.compile reduce-overhead of the whole frame: Inductor records it as CUDA graph trees in its own "
+            "private pool, one replay per frame (a first compile on a machine takes minutes)")),
+    CompileMode.DEFAULT_CUDAGRAPH: ModeSpec(
+        **{**_NO, "graphs": True, "needs_cuda": True, "vllm_pool": True, "auto_on_cuda": True},
+        inductor="default", warm_rank=1, note=(
+            "torch.compile default per unit + the engine's CUDA graphs per batch bucket, all in one shared pool: "
+            "the fast mode on a GPU")),
+}
+# the talker runs as this mode's compiled units in every mode (on CUDA, captured by the engine)
+TALKER_MODE = CompileMode.DEFAULT
 
 
 TASKS = ("custom_voice", "voice_design", "voice_clone")
@@ -245,7 +301,7 @@ class EngineConfig:
 
     def default_mode(self, cuda: bool) -> CompileMode:
         if self.mode == "auto":
-            return CompileMode.DEFAULT_CUDAGRAPH if cuda and not self.enforce_eager else CompileMode.EAGER
+            return CompileMode.auto(cuda and not self.enforce_eager)
         return CompileMode.parse(self.mode)
 
     def resident_modes(self, cuda: bool) -> list[CompileMode]:

@@ -7,6 +7,7 @@ offline fallback), the private temp folder, the voice library and the pure UI he
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -156,7 +157,7 @@ def test_default_mode_switch_shows_the_engines_real_mode(engine):
     bad = next(m for m, why in engine.available_modes().items() if why)  # a CUDA mode on this CPU engine
     with pytest.warns(UserWarning, match="unavailable"):
         status, radio, readiness = engine_actions.apply_mode(engine, bad)
-    assert "Not changed" in status and radio["value"] == engine.snapshot()["mode"] == "eager"
+    assert "Not changed" in status and radio["value"] == engine.snapshot().mode == "eager"
     status, radio, _ = engine_actions.apply_mode(engine, "eager")
     assert "now run `eager`" in status and radio["value"] == "eager"
     public = ui.AdminPolicy(public=True)
@@ -343,8 +344,9 @@ def test_select_model_offline_falls_back_fast(tmp_path, monkeypatch):
 def test_engine_panel_shows_both_graph_pools_on_a_gpu(engine):
     """The engine figures name the engine's graph pool and Inductor's graph-tree pool (reduce-overhead's
     private one) side by side (CPU engine; its snapshot given a GPU's memory figures)."""
-    snap = dict(engine.snapshot(), memory={"allocated_gib": 3.0, "reserved_gib": 4.0, "peak_gib": 3.5,
-                                           "graph_pool_gib": 1.25, "graph_pool_share": 0.31, "tree_pool_gib": 0.5})
+    snap = dataclasses.replace(engine.snapshot(), memory={
+        "allocated_gib": 3.0, "reserved_gib": 4.0, "peak_gib": 3.5, "graph_pool_gib": 1.25, "graph_pool_share": 0.31,
+        "tree_pool_gib": 0.5})
     text = formatting.engine_markdown(snap)
     assert "CUDA-graph pool 1.25 GiB" in text and "Inductor graph-tree pool 0.50 GiB" in text
     assert "runs on" in formatting.engine_markdown(engine.snapshot())  # no GPU figures on a CPU

@@ -6,12 +6,12 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from _fixtures import fixture_dir
+from test_warmup import until
 
 from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.engine.engine import HEAP_TRIM_INTERVAL_S, Engine
@@ -58,13 +58,17 @@ def test_memory_stays_flat_over_bursts_of_varied_requests() -> None:
             for h in handles:
                 h.result(120)
 
+    def trimmed() -> None:
+        """Wait for a whole heap trim of the engine's to run after the last burst ended."""
+        first = engine.stats.heap_trims
+        until(lambda: engine.stats.heap_trims >= first + 2, "a heap trim", timeout=10 * HEAP_TRIM_INTERVAL_S)
+
     try:
         bursts(4)  # warm-up
-        settle = HEAP_TRIM_INTERVAL_S + 1.0  # one of the engine's heap trims has run since the last burst
-        time.sleep(settle)
+        trimmed()
         before = _rss_mb()
         bursts(12)
-        time.sleep(settle)
+        trimmed()
         grown = _rss_mb() - before
     finally:
         engine.shutdown()

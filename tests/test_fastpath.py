@@ -11,7 +11,7 @@ import pytest
 import torch
 from _fixtures import FIXTURES, fixture_dir
 
-from omni_tts.config import SynthesisParams
+from omni_tts.config import MODES, CompileMode, SynthesisParams
 from omni_tts.models import sampling
 from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.models.compiled.fast_path import FastPath, fuse_layer, mlp_fused, qkv_fused
@@ -174,7 +174,8 @@ def test_reduce_overhead_compiles_the_whole_frame_as_one_function() -> None:
     from omni_tts.models.compiled import fast_path as fp
 
     m, _ = model_and_fast()
-    ro, default, plain = FastPath(m, "reduce-overhead"), FastPath(m, "default"), FastPath(m, None)
+    ro, default = FastPath(m, MODES[CompileMode.REDUCE_OVERHEAD]), FastPath(m, MODES[CompileMode.DEFAULT])
+    plain = FastPath(m, None)
     assert ro.predictor_layer is fp.predictor_layer and ro.predictor_head is fp.predictor_head
     assert default.predictor_layer is not fp.predictor_layer  # a torch.compile wrapper
     assert ro.whole_frame is not None and default.whole_frame is not None and plain.whole_frame is None
@@ -248,7 +249,7 @@ def test_a_frame_whose_regions_cannot_compile_falls_back_to_inlined_layers(monke
 
     monkeypatch.setattr(fp, "LAYER_REGION", torch.compiler.nested_compile_region(breaks))
     m, _ = model_and_fast()
-    fast = FastPath(m, "default")
+    fast = FastPath(m, MODES[CompileMode.DEFAULT])
     fast._compile = lambda f, dynamic=None: torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=dynamic)
     torch._dynamo.reset()
     B = 2
@@ -270,7 +271,7 @@ def test_reduce_overhead_records_its_graph_trees_without_skipping() -> None:
     from torch._dynamo.utils import counters
 
     m = TTSModel.from_checkpoint(load_checkpoint(fixture_dir("custom_voice")), device="cuda")
-    fast = FastPath(m, "reduce-overhead")
+    fast = FastPath(m, MODES[CompileMode.REDUCE_OVERHEAD])
     B = 2
     h = torch.randn(B, m.hidden_size, device="cuda")
     code0 = torch.randint(0, 2000, (B,), device="cuda")

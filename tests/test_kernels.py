@@ -77,11 +77,11 @@ def test_projection_kernel_is_config_independent_including_whole_row_tiles(cfg: 
     n = w_gu.shape[0] // 2
     h = layer.post_attention_layernorm(x)
     ref = torch.nn.functional.silu(h @ w_gu[:n].T) * (h @ w_gu[n:].T)
-    got = kernels._proj(x, w_gu, n=n, norm=layer.post_attention_layernorm, glu=True, cfg=cfg)
+    got = kernels.projection(x, w_gu, n=n, norm=layer.post_attention_layernorm, glu=True, cfg=cfg)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     wd = layer.mlp.down_proj.weight
     a = torch.randn(2, wd.shape[1])
-    got = kernels._proj(a, wd, n=wd.shape[0], res=x, cfg=cfg)
+    got = kernels.projection(a, wd, n=wd.shape[0], res=x, cfg=cfg)
     torch.testing.assert_close(got, x + a @ wd.T, rtol=1e-5, atol=1e-5)
 
 

@@ -22,15 +22,17 @@ import numpy as np
 import pytest
 import torch
 from _fixtures import fixture_dir
+from test_warmup import manual_coordinator, until
 
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
-from omni_tts.engine import mode_scheduler, offline
+from omni_tts.engine import offline
 from omni_tts.engine.audio_stage import AudioStage
 from omni_tts.engine.engine import Engine
 from omni_tts.engine.metrics import EngineStats, RequestMetrics, now
 from omni_tts.engine.mode_scheduler import ModeScheduler
 from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import Request, RequestHandle
+from omni_tts.engine.warmup import WarmupCoordinator
 from omni_tts.errors import Cancelled, EngineError, InputError
 from omni_tts.models.loading import load_model
 
@@ -75,17 +77,17 @@ def two_modes(_one_thread):
 def _default_or_skip(eng: Engine) -> None:
     assert eng.wait_ready("default", timeout=600), "the default mode did not warm within 10 minutes"
     state = eng.modes()["default"]
-    if state["state"] == "failed":
-        pytest.skip(f"Inductor cannot compile on this CPU: {state['reason']}")
+    if state.state == "failed":
+        pytest.skip(f"Inductor cannot compile on this CPU: {state.reason}")
 
 
 @pytest.mark.slow
 def test_an_eager_request_is_served_while_the_compiled_mode_still_warms(two_modes):
     eng = two_modes
-    assert eng.modes()["eager"]["state"] == "ready"
-    assert eng.modes()["default"]["state"] in ("queued", "warming")
+    assert eng.modes()["eager"].state == "ready"
+    assert eng.modes()["default"].state in ("queued", "warming")
     r = eng.synthesize(greedy("served at once", fixed_frames=3, mode="eager"), timeout=TIMEOUT)
-    warming = eng.modes()["default"]["state"]
+    warming = eng.modes()["default"].state
     assert r.metrics.status == "done" and r.metrics.mode == "eager" and r.codes.shape == (3, 16)
     assert warming in ("queued", "warming"), "the eager result must arrive before the default mode is ready"
     assert eng.available_modes()["default"] is None  # usable: requests to it wait for the warm-up
@@ -131,27 +133,28 @@ def test_enforce_eager_leaves_only_eager_and_serves_what_a_normal_engine_serves(
     eng = Engine.from_config(config(enforce_eager=True, mode="auto", modes=["eager", "default"]))
     try:
         modes = eng.modes()
-        assert modes["eager"]["state"] == "ready" and eng.default_mode is CompileMode.EAGER
+        assert modes["eager"].state == "ready" and eng.default_mode is CompileMode.EAGER
         for m in ("default", "reduce-overhead", "default+cudagraph"):
-            assert modes[m]["state"] == "unavailable" and "enforce_eager" in modes[m]["reason"], m
+            assert modes[m].state == "unavailable" and "enforce_eager" in modes[m].reason, m
             assert "enforce_eager" in eng.available_modes()[m]
             with pytest.raises(InputError, match=f"mode {re.escape(m)} is not available: .*enforce_eager"):
                 eng.submit(dataclasses.replace(ps[0], mode=m))
-        assert eng.snapshot()["enforce_eager"] is True
+        assert eng.snapshot().enforce_eager is True
         for p, w in zip(ps, want):
             same(eng.synthesize(p, timeout=TIMEOUT), w)
     finally:
         eng.shutdown()
 
 
-def lone_lane(cfg: EngineConfig, runner_cls: type[Runner] = Runner) -> tuple[Any, ModeScheduler, AudioStage]:
+def lone_lane(cfg: EngineConfig, runner_cls: type[Runner] = Runner, warmup: WarmupCoordinator | None = None
+              ) -> tuple[Any, ModeScheduler, AudioStage]:
     """One eager lane outside an engine: (its model, its scheduler, the audio stage it feeds)."""
     model = load_model(cfg)
     stats = EngineStats()
     audio = AudioStage(model.device, stats)
     sched = ModeScheduler(runner_cls(model, cfg, CompileMode.EAGER), cfg, audio, stats, nullcontext,
                       lambda prep: model.streaming_decoder(cfg.initial_chunk_frames, cfg.chunk_frames,
-                                                           prefix_codes=prep.decoder_prefix))
+                                                           prefix_codes=prep.decoder_prefix), warmup)
     return model, sched, audio
 
 
@@ -216,10 +219,11 @@ class _GatedWarmRunner(Runner):
 
 
 @contextmanager
-def gated_lane(cfg: EngineConfig) -> Iterator[tuple[Any, ModeScheduler, _GatedWarmRunner, AudioStage]]:
+def gated_lane(cfg: EngineConfig, warmup: WarmupCoordinator | None = None
+               ) -> Iterator[tuple[Any, ModeScheduler, _GatedWarmRunner, AudioStage]]:
     """A lone eager lane on a _GatedWarmRunner: (model, scheduler, runner, audio stage); on exit its gates
     open, so no warm step is left waiting, and the lane and its audio stage stop."""
-    model, sched, audio = lone_lane(cfg, _GatedWarmRunner)
+    model, sched, audio = lone_lane(cfg, _GatedWarmRunner, warmup)
     try:
         yield model, sched, sched.runner, audio
     finally:
@@ -248,12 +252,13 @@ def test_a_lane_that_serves_while_it_warms_takes_warm_steps_only_between_request
         assert sched.state == "warming" and sched.serving and not sched.ready.is_set()
         assert sched.warm_progress == (0, 2)
         h2 = submit(second)
-        time.sleep(0.3)
-        assert not h2.done and not runner.entered[1].is_set()  # it waits for the step in progress
+        # the lane's thread is inside the first step (held by its gate): the request waits for it
+        assert not h2.done and not runner.entered[1].is_set()
+        opened = now()
         runner.gates[0].set()
         same(h2.result(TIMEOUT), offline.synthesize(model, second))
         # its wait for the step is its queued time, which the UI and the API's usage show
-        assert 300 <= h2.metrics.queue_ms <= h2.metrics.ttfp_ms
+        assert 1000 * (opened - h2.metrics.accepted_at) <= h2.metrics.queue_ms <= h2.metrics.ttfp_ms
         assert runner.entered[1].wait(TIMEOUT) and not sched.ready.is_set() and sched.warm_progress == (1, 2)
         runner.gates[1].set()
         warmer.join(TIMEOUT)
@@ -262,33 +267,38 @@ def test_a_lane_that_serves_while_it_warms_takes_warm_steps_only_between_request
         assert runner.step_threads == ["omni-tts-eager"] * 2  # in the lane's own thread
 
 
-def test_a_request_sent_as_the_last_one_ends_starts_before_the_next_warm_step(_one_thread, monkeypatch):
+def test_a_request_sent_as_the_last_one_ends_starts_before_the_next_warm_step(_one_thread):
     """A visitor's next request, sent as soon as their last one ended, is served before the lane takes
-    its next warm step (which waits until the lane has been idle for WARM_STEP_IDLE_S)."""
-    monkeypatch.setattr(mode_scheduler, "WARM_STEP_IDLE_S", 3.0)  # margins for a loaded machine
-    monkeypatch.setattr(mode_scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
-    with gated_lane(config(max_num_seqs=1)) as (model, sched, runner, _):
+    its next warm step (which waits until the lane has been idle for the idle grace)."""
+    warmup, clock = manual_coordinator(idle_s=1.0, busy_s=120.0)
+    with gated_lane(config(max_num_seqs=1), warmup) as (model, sched, runner, _):
         first, second = greedy("the first one", fixed_frames=4), sampled("sent as the first ends", 3, fixed_frames=4)
         h1 = queue_request(sched, model, 1, first)
         threading.Thread(target=sched.warm, args=(lambda s: None,), daemon=True).start()
         h1.result(TIMEOUT)
         h2 = queue_request(sched, model, 2, second)
-        same(h2.result(TIMEOUT / 4), offline.synthesize(model, second))  # no warm step in its way
+        same(h2.result(TIMEOUT), offline.synthesize(model, second))  # no warm step in its way
         assert not runner.entered[0].is_set() and sched.warm_progress == (0, 2)
+        clock.advance(1.0)  # idle for the grace
         assert runner.entered[0].wait(TIMEOUT)  # then, idle, the step
 
 
-def test_a_lane_busy_for_long_takes_its_next_warm_step_between_two_frames(_one_thread, monkeypatch):
-    """Under steady traffic the warm-up still ends: after WARM_STEP_EVERY_BUSY_S of serving, the next step
+def test_a_lane_busy_for_long_takes_its_next_warm_step_between_two_frames(_one_thread):
+    """Under steady traffic the warm-up still ends: after its busy allowance (the clock moved by hand), the next step
     runs between two frames of an active request, which then goes on to its solo output."""
-    monkeypatch.setattr(mode_scheduler, "WARM_STEP_EVERY_BUSY_S", 0.2)
-    with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, sched, runner, _):
+    warmup, clock = manual_coordinator(idle_s=1.0, busy_s=10.0)
+    with gated_lane(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, sched, runner, _):
         warmer = threading.Thread(target=sched.warm, args=(lambda s: None,), daemon=True)
         warmer.start()
+        until(lambda: sched.serving, "the lane to serve")
+        clock.advance(1.0)
         assert runner.entered[0].wait(TIMEOUT)  # idle: the first step
         p = sampled("a long request across a warm step", 11, fixed_frames=300)
         h = queue_request(sched, model, 1, p)
         runner.gates[0].set()
+        until(lambda: sched.active and sched.active[0].codes, "the request's first frame")
+        assert not runner.entered[1].is_set()  # within its busy allowance
+        clock.advance(10.5)
         assert runner.entered[1].wait(TIMEOUT)
         assert sched.active and not h.done and 0 < len(sched.active[0].codes) < 300  # between two of its frames
         runner.gates[1].set()
@@ -296,21 +306,19 @@ def test_a_lane_busy_for_long_takes_its_next_warm_step_between_two_frames(_one_t
         assert sched.ready.wait(TIMEOUT) and sched.state == "ready"
 
 
-def test_a_lane_serving_early_runs_set_up_chores_between_its_frames(_one_thread, monkeypatch):
+def test_a_lane_serving_early_runs_set_up_chores_between_its_frames(_one_thread):
     """Before its warm-up is asked for, a lane that serves while warming serves at once (the engine's GPU
     set-up runs meanwhile) and takes no warm step; a chore handed to it while busy for long runs in its
     thread between two frames of an active request (none in flight, audio drained), its result or
     exception comes back to the caller, and the request still gets its solo output. After stop, a
     chore fails instead of hanging."""
-    monkeypatch.setattr(mode_scheduler, "WARM_STEP_EVERY_BUSY_S", 0.2)
-    with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, sched, runner, audio):
+    warmup, clock = manual_coordinator(idle_s=1.0, busy_s=10.0)
+    with gated_lane(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, sched, runner, audio):
         assert sched.serve_early() and sched.state == "warming" and sched.serving
         p = sampled("served before the warm-up, across a chore", 5, fixed_frames=200)
         h = queue_request(sched, model, 1, p)
-        deadline = time.monotonic() + TIMEOUT
-        while not (sched.active and sched.active[0].codes):
-            assert not h.done and time.monotonic() < deadline, "not served before the warm-up"
-            time.sleep(0.01)
+        until(lambda: sched.active and sched.active[0].codes, "the request served before the warm-up")
+        clock.advance(10.5)  # busy for longer than its allowance
 
         def chore() -> tuple[str, int, bool, bool]:
             return (threading.current_thread().name, len(sched.active[0].codes), sched._pending is None,
@@ -318,6 +326,7 @@ def test_a_lane_serving_early_runs_set_up_chores_between_its_frames(_one_thread,
 
         name, frames, settled, drained = sched.between_frames(chore)
         assert name == "omni-tts-eager" and 0 < frames < 200 and settled and drained
+        clock.advance(10.5)  # the next turn: after another allowance (or the idle grace, if it ended)
         with pytest.raises(ZeroDivisionError):
             sched.between_frames(lambda: 1 / 0)
         same(h.result(TIMEOUT), offline.synthesize(model, p))
@@ -326,42 +335,46 @@ def test_a_lane_serving_early_runs_set_up_chores_between_its_frames(_one_thread,
         sched.between_frames(lambda: None)
 
 
-def test_a_set_up_chore_waits_for_the_request_in_progress(_one_thread, monkeypatch):
+def test_a_set_up_chore_waits_for_the_request_in_progress(_one_thread):
     """A chore handed to a serving lane as a visitor's request starts (the engine's codec set-up at
-    start-up) runs once that request has ended and the lane is idle, not in the middle of it."""
-    monkeypatch.setattr(mode_scheduler, "WARM_STEP_IDLE_S", 0.5)
-    monkeypatch.setattr(mode_scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
-    with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, sched, runner, _):
+    start-up) runs once that request has ended and the lane has been idle for the grace, not in the
+    middle of it."""
+    warmup, clock = manual_coordinator(idle_s=1.0, busy_s=120.0)
+    with gated_lane(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, sched, runner, _):
         assert sched.serve_early()
         p = greedy("a first request at start-up", fixed_frames=40)
         h = queue_request(sched, model, 1, p)
-        deadline = time.monotonic() + TIMEOUT
-        while not (sched.active and sched.active[0].codes):
-            assert time.monotonic() < deadline, "not served"
-            time.sleep(0.01)
-        seen = sched.between_frames(lambda: (h.done, len(sched.active), now()))
-        assert seen[:2] == (True, 0)
-        assert seen[2] - h.metrics.finished_at >= 0.4  # after the idle grace
+        until(lambda: sched.active and sched.active[0].codes, "the request to be served")
+        seen: list = []
+        chore = threading.Thread(target=lambda: seen.append(
+            sched.between_frames(lambda: (h.done, len(sched.active), clock()))), daemon=True)
+        chore.start()
         same(h.result(TIMEOUT), offline.synthesize(model, p))
+        ended = clock()
+        assert not seen  # the clock has not moved: no idle grace has passed
+        clock.advance(1.0)
+        chore.join(TIMEOUT)
+        assert seen and seen[0][:2] == (True, 0) and seen[0][2] >= ended + 1.0  # after the idle grace
 
 
-def test_warm_up_work_elsewhere_gives_way_to_the_request_in_progress(_one_thread, monkeypatch):
+def test_warm_up_work_elsewhere_gives_way_to_the_request_in_progress(_one_thread):
     """Work that gives way to a serving lane (the engine's GPU set-up, another lane's compiles, run in
     their own threads) waits while the lane's request runs and starts once the lane has been idle for
-    WARM_STEP_IDLE_S; the request gets its solo output."""
-    monkeypatch.setattr(mode_scheduler, "WARM_STEP_IDLE_S", 0.5)
-    monkeypatch.setattr(mode_scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
-    with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, sched, runner, _):
+    the grace; the request gets its solo output."""
+    warmup, clock = manual_coordinator(idle_s=1.0, busy_s=120.0)
+    with gated_lane(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, sched, runner, _):
         assert sched.serve_early()
         p = sampled("a request that the set-up waits for", 3, fixed_frames=40)
         h = queue_request(sched, model, 1, p)
         turn: list[tuple[bool, float]] = []
-        other = threading.Thread(target=lambda: (sched.give_turn(), turn.append((h.done, now()))))
+        other = threading.Thread(target=lambda: (warmup.give_way(), turn.append((h.done, clock()))))
         other.start()
-        other.join(TIMEOUT)
-        assert turn and turn[0][0], "the other thread's work went ahead of the request"
-        assert turn[0][1] - h.metrics.finished_at >= 0.4  # after the idle grace
+        until(lambda: warmup.waiters == 1, "the other thread to wait for its turn")
         same(h.result(TIMEOUT), offline.synthesize(model, p))
+        assert not turn  # the clock has not moved: no idle grace has passed
+        clock.advance(1.0)
+        other.join(TIMEOUT)
+        assert turn == [(True, 1.0)], "the other thread's work went ahead of the request"
 
 
 class _GatedCompiledRunner(_GatedWarmRunner):
@@ -371,16 +384,16 @@ class _GatedCompiledRunner(_GatedWarmRunner):
 
 
 @contextmanager
-def serving_and_warming(monkeypatch: Any) -> Iterator[tuple[Any, ModeScheduler, ModeScheduler, _GatedCompiledRunner]]:
-    """An eager lane serving early beside a gated lane that serves only once warm (a compiled mode's):
-    (model, serving lane, warming lane, its runner); a 0.5 s idle grace, no busy allowance in reach."""
-    monkeypatch.setattr(mode_scheduler, "WARM_STEP_IDLE_S", 0.5)
-    monkeypatch.setattr(mode_scheduler, "WARM_STEP_EVERY_BUSY_S", 120.0)
-    with gated_lane(config(max_num_seqs=1, max_seq_len=512)) as (model, serving, _, _):
-        _, warming, audio = lone_lane(config(max_num_seqs=1), _GatedCompiledRunner)
+def serving_and_warming() -> Iterator[tuple[Any, ModeScheduler, ModeScheduler, _GatedCompiledRunner, Any]]:
+    """An eager lane serving early beside a gated lane that serves only once warm (a compiled mode's),
+    sharing one WarmupCoordinator on a hand-moved clock (a 1 s idle grace, no busy allowance in reach):
+    (model, serving lane, warming lane, its runner, the clock)."""
+    warmup, clock = manual_coordinator(idle_s=1.0, busy_s=120.0)
+    with gated_lane(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, serving, _, _):
+        _, warming, audio = lone_lane(config(max_num_seqs=1), _GatedCompiledRunner, warmup)
         try:
             assert serving.serve_early()
-            yield model, serving, warming, warming.runner
+            yield model, serving, warming, warming.runner, clock
         finally:
             for g in warming.runner.gates:
                 g.set()
@@ -388,23 +401,21 @@ def serving_and_warming(monkeypatch: Any) -> Iterator[tuple[Any, ModeScheduler, 
             audio.stop()
 
 
-def test_a_compiled_lane_takes_a_warm_step_only_when_the_serving_lane_gives_way(_one_thread, monkeypatch):
-    """A mode warming beside a serving one (the engine points its `wait_for_turn` at the serving lanes)
-    takes no warm step while the serving lane's request runs, takes the first once that lane has been
-    idle for WARM_STEP_IDLE_S and the next at once (still idle), then serves; the request gets its solo
-    output."""
-    with serving_and_warming(monkeypatch) as (model, serving, warming, gated):
-        warming.wait_for_turn = serving.give_turn
+def test_a_compiled_lane_takes_a_warm_step_only_when_the_serving_lane_gives_way(_one_thread):
+    """A mode warming beside a serving one (both on the engine's coordinator) takes no warm step while
+    the serving lane's request runs, takes the first once that lane has been idle for the grace and the
+    next at once (still idle), then serves; the request gets its solo output."""
+    with serving_and_warming() as (model, serving, warming, gated, clock):
         p = sampled("a request the other mode's warm-up waits for", 5, fixed_frames=40)
         h = queue_request(serving, model, 1, p)
-        deadline = time.monotonic() + TIMEOUT
-        while not serving.active:
-            assert time.monotonic() < deadline, "not served"
-            time.sleep(0.01)
+        until(lambda: serving.active, "the request to be served")
         warmer = threading.Thread(target=warming.warm, args=(lambda s: None,), daemon=True)
         warmer.start()
-        assert gated.entered[0].wait(TIMEOUT)
-        assert h.done and now() - h.metrics.finished_at >= 0.4, "a warm step ran beside the request"
+        until(lambda: warming.warmup.waiters == 1, "the warm-up to wait for its turn")
+        h.result(TIMEOUT)
+        assert not gated.entered[0].is_set()  # the clock has not moved: no idle grace has passed
+        clock.advance(1.0)
+        assert gated.entered[0].wait(TIMEOUT) and h.done
         gated.gates[0].set()
         assert gated.entered[1].wait(TIMEOUT)
         gated.gates[1].set()
@@ -413,15 +424,15 @@ def test_a_compiled_lane_takes_a_warm_step_only_when_the_serving_lane_gives_way(
         same(h.result(TIMEOUT), offline.synthesize(model, p))
 
 
-def test_a_warm_up_that_requests_wait_for_goes_ahead_of_a_busy_serving_lane(_one_thread, monkeypatch):
+def test_a_warm_up_that_requests_wait_for_goes_ahead_of_a_busy_serving_lane(_one_thread):
     """A mode's warm step waits for a busy serving lane only while nobody waits for that mode: once a
-    request is queued for it, its warm-up goes ahead (the engine's `_give_way` rule), and that request
-    is then served with its solo output."""
-    with serving_and_warming(monkeypatch) as (model, serving, warming, gated):
-        warming.wait_for_turn = lambda: serving.give_turn(lambda: not warming.waiting.empty())
+    request is queued for it, its warm-up goes ahead (the coordinator's rule 2), and that request is
+    then served with its solo output."""
+    with serving_and_warming() as (model, serving, warming, gated, _):
         busy = queue_request(serving, model, 1, sampled("a long request on the serving lane", 5, fixed_frames=300))
+        until(lambda: serving.active, "the long request to be served")
         threading.Thread(target=warming.warm, args=(lambda s: None,), daemon=True).start()
-        time.sleep(0.5)
+        until(lambda: warming.warmup.waiters == 1, "the warm-up to wait for its turn")
         assert not gated.entered[0].is_set()  # nobody waits for it: it gives way
         p = greedy("a request for the warming mode", fixed_frames=4)
         h = queue_request(warming, model, 2, p)
@@ -432,22 +443,20 @@ def test_a_warm_up_that_requests_wait_for_goes_ahead_of_a_busy_serving_lane(_one
         busy.result(TIMEOUT)
 
 
-def test_a_shutdown_while_a_mode_waits_for_its_warm_up_turn_starts_no_compile(_one_thread, monkeypatch):
+def test_a_shutdown_while_a_mode_waits_for_its_warm_up_turn_starts_no_compile(_one_thread):
     """The default mode waits for eager to give way before it compiles; a shutdown meanwhile ends that
     wait without a compile (which would hold the shutdown for its whole length) and without a
     "failed to warm" report."""
-    monkeypatch.setattr(mode_scheduler, "WARM_STEP_IDLE_S", 600.0)
-    monkeypatch.setattr(mode_scheduler, "WARM_STEP_EVERY_BUSY_S", 600.0)
     said: list[str] = []
-    eng = Engine.from_config(config(modes=["eager", "default"], max_num_seqs=1), progress=said.append)
-    deadline = time.monotonic() + TIMEOUT
-    while eng.modes()["default"]["state"] != "warming":
-        assert time.monotonic() < deadline, eng.modes()
-        time.sleep(0.02)
-    time.sleep(0.3)
+    eng = Engine.from_config(config(modes=["eager", "default"], max_num_seqs=1), progress=said.append,
+                             wait=False, warm=False)
+    eng.warmup.idle_s = eng.warmup.busy_s = 3600.0  # eager never gives way by itself here
+    eng.start_warming()
+    until(lambda: eng.modes()["default"].state == "warming" and eng.warmup.waiters == 1,
+          "the default mode to wait for its warm-up turn")
     t = time.monotonic()
     eng.shutdown()
-    assert time.monotonic() - t < 5.0
+    assert time.monotonic() - t < 30.0  # no compile held it
     assert not any("compiling" in s or "failed to warm" in s for s in said), said
 
 

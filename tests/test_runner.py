@@ -7,11 +7,11 @@ import torch
 from _fixtures import fixture_dir
 
 from omni_tts.config import EngineConfig, SynthesisParams
-from omni_tts.engine.model_runner import Runner
+from omni_tts.engine.testing import warmed_runner
 
 
 def test_batched_prefill_equals_one_prompt_at_a_time(_one_thread):
-    runner = Runner.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), mode="eager", device="cpu",
+    runner = warmed_runner(EngineConfig(model=str(fixture_dir("custom_voice")), mode="eager", device="cpu",
                                              max_num_seqs=4, max_seq_len=128))
     texts = ["Hi.", "A somewhat longer sentence for the second slot.", "Third, with sampling on."]
     ps = [SynthesisParams(text=t, speaker=sp, language="English", greedy=i != 2, seed=5 + i)
@@ -46,7 +46,7 @@ def test_two_frames_in_flight_give_the_codes_of_two_waited_steps(_one_thread):
           for t, s in (("One.", 1), ("Two, a little longer.", 2))]
     runs = []
     for overlapped in (False, True):
-        runner = Runner.from_config(cfg)
+        runner = warmed_runner(cfg)
         runner.prefill_batch(0, [runner.model.prepare(p, runner.max_len) for p in ps])
         frames = []
         if overlapped:
@@ -73,7 +73,7 @@ def test_a_request_begun_on_the_reference_talker_goes_on_on_the_fast_path_with_i
 
     cfg = EngineConfig(model=str(fixture_dir("custom_voice")), mode="eager", device="cpu", max_num_seqs=2,
                        max_seq_len=128)
-    runner = Runner.from_config(cfg)
+    runner = warmed_runner(cfg)
     fast = FastPath(runner.model, None)
     calls: list[int] = []  # talker_step calls (spied, not replaced)
     fast.talker_step = lambda *a, f=fast.talker_step: calls.append(1) or f(*a)

@@ -34,7 +34,7 @@ def service():
 
 def _idle(engine) -> bool:
     snap = engine.snapshot()
-    return snap["active"] == 0 and snap["waiting"] == 0
+    return snap.active == 0 and snap.waiting == 0
 
 
 @pytest.mark.parametrize("how", [{"stream_format": "sse", "response_format": "pcm"},
@@ -59,13 +59,13 @@ def test_eight_clients_that_leave_free_every_slot_and_place(service, how):
     assert [m.outcome for m in gone] == ["cancelled (client gone)"] * len(ids), [m.outcome for m in gone]
     assert all(m.frames < NATURAL_FRAMES for m in gone), [m.frames for m in gone]
     assert _idle(engine)  # nothing of theirs holds a slot or a place
-    rows = engine.snapshot()["busy_slots_sum"]
+    rows = engine.snapshot().busy_slots_sum
     r = httpx.post(url + "/v1/audio/speech", json=SHORT, timeout=WAIT_S)
     assert r.status_code == 200 and r.content[:4] == b"RIFF"
     short = ended.wait([int(r.headers["x-request-id"])])[0]
     # every frame step while it ran was its own: no abandoned request was still being made beside it
     assert short.frames == SHORT["max_new_tokens"] - 1
-    assert engine.snapshot()["busy_slots_sum"] - rows == short.frames
+    assert engine.snapshot().busy_slots_sum - rows == short.frames
 
 
 def test_a_whole_clip_whose_client_hung_up_while_waiting_is_cancelled(service):
@@ -73,7 +73,7 @@ def test_a_whole_clip_whose_client_hung_up_while_waiting_is_cancelled(service):
     until(lambda: _idle(engine), what="an idle engine")
     known = set(ended.by_id)
     client = Leaver(url, LONG)  # a whole wav: nothing is sent before the clip is finished
-    until(lambda: engine.snapshot()["active"] == 1, what="the request in a slot")
+    until(lambda: engine.snapshot().active == 1, what="the request in a slot")
     client.leave()
     m = ended.wait_new(known)[0]
     assert m.outcome == "cancelled (client gone)" and m.frames < NATURAL_FRAMES
@@ -109,12 +109,12 @@ def test_clients_that_leave_while_waiting_free_their_places_at_once(service):
     ids = [c.status()[1] for c in clients]
     admitted = sorted(ids)[:SLOTS]
     waiting = [(c, rid) for c, rid in zip(clients, ids) if rid not in admitted]
-    until(lambda: engine.snapshot()["active"] == SLOTS, what="every slot taken")
+    until(lambda: engine.snapshot().active == SLOTS, what="every slot taken")
     for c, _ in waiting:
         c.leave()
     gone = ended.wait([rid for _, rid in waiting])
     assert [(m.outcome, m.frames) for m in gone] == [("cancelled (client gone)", 0)] * WAITING
-    assert engine.snapshot()["active"] == SLOTS  # the admitted ones run on meanwhile
+    assert engine.snapshot().active == SLOTS  # the admitted ones run on meanwhile
     late = Leaver(url, {**LONG, "stream": True, "response_format": "pcm"})
     assert late.status()[0] == 200  # a freed place, not a 503
     for c, rid in zip(clients, ids):

@@ -47,7 +47,7 @@ def page():
 
 def _idle(engine) -> bool:
     snap = engine.snapshot()
-    return snap["active"] == 0 and snap["waiting"] == 0
+    return snap.active == 0 and snap.waiting == 0
 
 
 def test_a_gradio_client_that_dies_frees_its_request(page):
@@ -65,7 +65,7 @@ def test_a_gradio_client_that_dies_frees_its_request(page):
     client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert client.stdout.readline().strip() == "submitted"
-        until(lambda: engine.snapshot()["active"] == 1, what="its request in the slot")
+        until(lambda: engine.snapshot().active == 1, what="its request in the slot")
     finally:
         client.kill()  # its sockets close with it, as a closed laptop's would
         client.wait(WAIT_S)
@@ -106,7 +106,7 @@ def test_a_full_mode_is_a_busy_toast_on_the_page(page):
     until(lambda: _idle(engine), what="an idle engine")
     params = ui.make_params(engine, form(), engine.model_info())
     held = [engine.submit(params)]
-    until(lambda: engine.snapshot()["active"] == 1, what="the first request in the slot")
+    until(lambda: engine.snapshot().active == 1, what="the first request in the slot")
     held.append(engine.submit(params))  # the one waiting place
     with pytest.raises(gr.Error) as err:
         list(handlers.synthesize(engine, form(max_len=6), [], request=SimpleNamespace(session_hash="late")))

@@ -130,10 +130,10 @@ def test_a_client_that_leaves_cancels_its_requests(server):
         ws.send(json.dumps({"type": "input.text", "text": "A long one. And another. "}))
         assert json.loads(ws.recv(timeout=60))["type"] == "audio.start"
         assert isinstance(ws.recv(timeout=60), bytes)
-        assert engine.snapshot()["active"] >= 1
+        assert engine.snapshot().active >= 1
     for _ in range(600):  # both sentences would run for thousands of frames: only a cancel ends them soon
         snap = engine.snapshot()
-        if snap["active"] == 0 and snap["waiting"] == 0:
+        if snap.active == 0 and snap.waiting == 0:
             free.set()
             break
         free.wait(0.05)

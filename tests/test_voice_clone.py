@@ -295,13 +295,13 @@ def test_icl_prompt_too_long_names_the_reference_audio(engine, model, ref_audio)
         xvec = engine.voice_prompt((ref_audio, SR), x_vector_only=True)
         ok = clone_params(xvec, "hi", max_new_tokens=25)  # 9 + 24 frames + 1 fits exactly
         h_ok = small.submit(ok)
-        waiting = small.snapshot()["waiting"]
+        waiting = small.snapshot().waiting
         with pytest.raises(InputError) as e:  # refused at submit, where the prompt is built
             small.submit(clone_params(icl, "hi"))
         msg = str(e.value)
         assert "\n" not in msg and msg.startswith("text + reference audio is too long for this engine"), msg
         assert "prompt 34 tokens incl. 25 reference frames" in msg and "max_seq_len 34" in msg, msg
-        assert small.snapshot()["waiting"] <= waiting  # nothing was queued for it
+        assert small.snapshot().waiting <= waiting  # nothing was queued for it
         r = h_ok.result(timeout=120)  # the other request in the engine is unaffected
         np.testing.assert_array_equal(r.codes, offline.synthesize(model, ok)[1].numpy())
         # without reference audio in the prompt the message stays about the text alone

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import functools
 import itertools
 import sys
 import threading
@@ -32,13 +31,15 @@ from omni_tts.engine.metrics import EngineStats, RequestMetrics, gpu_memory, now
 from omni_tts.engine.mode_scheduler import ModeScheduler, Request
 from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import AudioChunk, RequestHandle, SynthesisResult
-from omni_tts.engine.step_impl import MODES, StepImpls
+from omni_tts.engine.snapshot import EngineSnapshot, ModeStatus
+from omni_tts.engine.step_impl import StepImpls
+from omni_tts.engine.warmup import WarmupCoordinator, warm_order
 from omni_tts.errors import EngineError, InputError, OmniTTSError, Overloaded, one_line
 from omni_tts.models.loading import load_model
 from omni_tts.models.qwen3_tts import Prepared, TTSModel
 from omni_tts.models.segments import over_budget
 
-__all__ = ["AudioChunk", "Engine", "RequestHandle", "SynthesisResult"]
+__all__ = ["AudioChunk", "Engine", "EngineSnapshot", "ModeStatus", "RequestHandle", "SynthesisResult"]
 # The scheduler and code-to-wave threads share the GIL; a short switch interval keeps a thread that waits
 # for it from waiting a large part of a frame (a process-wide setting; it only ever lowers it).
 GIL_SWITCH_INTERVAL_S = 0.0005
@@ -73,21 +74,17 @@ class Engine:
         # one step stream for every mode: graphs that share a pool must never run at the same time
         self._stream = torch.cuda.Stream(self.device, priority=-1) if cuda else None
         self.schedulers: dict[CompileMode, ModeScheduler] = {}
+        self.warmup = WarmupCoordinator()  # when warm-up work runs beside requests (its rules: warmup.py)
         for mode in resident:
-            # one pool per mode (its graphs never run beside another mode's on the shared stream);
-            # default+cudagraph's is vLLM's global pool when vllm is importable, as in vLLM-Omni
-            vllm = config.experimental.use_vllm_pool and mode is CompileMode.DEFAULT_CUDAGRAPH
+            # one pool per mode (its graphs never run beside another mode's on the shared stream); a
+            # `vllm_pool` mode's is vLLM's global pool when vllm is importable, as in vLLM-Omni
+            vllm = config.experimental.use_vllm_pool and mode.spec.vllm_pool
             pool = GraphPool(vllm) if self.impls.talker_graphs else None
             runner = Runner(model, config, mode, self.impls, pool)
             self.schedulers[mode] = ModeScheduler(runner, config, self._audio, self.stats, self._step_stream,
-                                                  self._decoder)
-        for sched in self.schedulers.values():
-            sched.wait_for_turn = functools.partial(self._give_way, sched)
+                                                  self._decoder, self.warmup)
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
-        # eager first (it only captures the talker), so a fresh page serves eager requests soonest;
-        # reduce-overhead last, so its graph trees never record while another sched captures
-        order = sorted(self.schedulers, key=lambda m: (m is CompileMode.REDUCE_OVERHEAD, m is not CompileMode.EAGER,
-                                                  m is not self.default_mode))
+        order = warm_order(list(self.schedulers), self.default_mode)
         self._warmer = threading.Thread(target=self._warm_all, args=(order,), name="omni-tts-warm", daemon=True)
         if warm:
             self.start_warming()
@@ -176,10 +173,10 @@ class Engine:
         page is built); the warm-up waits for it. Skipped without the eager mode or a voice that needs no
         reference clip (Base)."""
         voice = self.model.plain_voice()
-        sched = self.schedulers.get(CompileMode.EAGER)
+        sched = next((s for m, s in self.schedulers.items() if m.spec.serves_while_warming), None)
         if self._primer is not None or voice is None or sched is None or not sched.serve_early():
             return
-        params = SynthesisParams(text="Hello.", greedy=True, fixed_frames=2, mode=CompileMode.EAGER.value, **voice)
+        params = SynthesisParams(text="Hello.", greedy=True, fixed_frames=2, mode=sched.mode.value, **voice)
         try:
             handle = self._submit(params, recorded=False)
         except OmniTTSError as e:  # only a missed head start: the app starts all the same
@@ -211,17 +208,6 @@ class Engine:
     def _step_stream(self) -> Any:
         return torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
 
-    def _give_way(self, warming: ModeScheduler | None = None) -> None:
-        """Wait until every sched that serves (but `warming`) gives way to warm-up work: background
-        compiles, imports and probes take turns with requests rather than slowing them, except while
-        requests wait for a mode that does not serve yet (then the warm-up is what they wait on)."""
-        awaited = lambda: any(not x.serving and not x.waiting.empty() for x in self.schedulers.values())  # noqa: E731
-        for sched in self.schedulers.values():
-            if sched is not warming:
-                sched.give_turn(awaited)
-        if self._closed:  # it shut down meanwhile: no more warm-up work
-            raise EngineError("the engine shut down")
-
     def _set_up_gpu(self, early: ModeScheduler | None) -> None:
         """Kernel probes, codec fuse and first-chunk graphs: before any mode warms (every
         mode's talker captures with the kernels chosen here), after the page is up. With a sched serving
@@ -230,9 +216,9 @@ class Engine:
         model = self.model
         between = early.between_frames if early is not None else (lambda fn: fn())
         t = [time.perf_counter()]
-        self._give_way()
+        self.warmup.give_way()
         self.kernel_notice = self.impls.configure_kernels(self.config.resolved_buckets(), model.dtype,
-                                                          self._give_way)
+                                                          self.warmup.give_way)
         t.append(time.perf_counter())
         self.codec_fused_error = between(lambda: fuse_codec(model.codec))
         t.append(time.perf_counter())
@@ -270,6 +256,7 @@ class Engine:
         while trim is not None and not self._closed:
             time.sleep(HEAP_TRIM_INTERVAL_S)
             trim(0)
+            self.stats.heap_trims += 1
 
     def wait_ready(self, mode: str | CompileMode | None = None, timeout: float | None = None) -> bool:
         """Block until `mode` (default: the engine's default mode) is warm; False on timeout."""
@@ -280,28 +267,25 @@ class Engine:
         self.default_mode = self._scheduler(mode).mode
         return self.default_mode
 
-    def modes(self) -> dict[str, dict[str, Any]]:
-        """Every mode: state (ready | warming | queued | failed | unavailable), serving (requests run now),
-        progress (warm steps done, of how many), why, warm-up seconds, note."""
-        out: dict[str, dict[str, Any]] = {}
+    def modes(self) -> dict[str, ModeStatus]:
+        """Every mode (by value, in enum order) as it stands now."""
+        out: dict[str, ModeStatus] = {}
         for m in CompileMode:
             sched = self.schedulers.get(m)
             why = self.impls.unavailable(m) or ("" if sched else "not resident (preset key 'modes')")
-            state = sched.state if sched else "unavailable"
-            out[m.value] = {"state": state, "serving": bool(sched and sched.serving),
-                            "progress": sched.warm_progress if sched else (0, 0),
-                            "reason": sched.error if sched else why, "note": MODES[m].note,
-                            "seconds": sched.warm_report.get("seconds") if sched else None,
-                            "default": m is self.default_mode, "kernels": self.impls.kernels_report(m)}
+            out[m.value] = ModeStatus(
+                state=sched.state if sched else "unavailable", serving=bool(sched and sched.serving),
+                progress=sched.warm_progress if sched else (0, 0), reason=sched.error if sched else why,
+                note=m.spec.note, seconds=sched.warm_report.get("seconds") if sched else None,
+                is_default=m is self.default_mode, kernels=self.impls.kernels_report(m))
         return out
 
     def available_modes(self) -> dict[str, str | None]:
         """mode -> None when requests can use it here (now or once warm), else the reason it cannot."""
-        return {m: (None if v["state"] in ("ready", "warming", "queued") else v["reason"] or v["state"])
-                for m, v in self.modes().items()}
+        return {m: None if v.usable else v.reason or v.state for m, v in self.modes().items()}
 
     def mode_notes(self) -> dict[str, str]:
-        return {m.value: MODES[m].note for m in CompileMode}
+        return {m.value: m.spec.note for m in CompileMode}
 
     # ------------------------------------------------------------------ description
     @property
@@ -336,42 +320,34 @@ class Engine:
                 "generation": dict(ckpt.generation_config or {}), "reason": (ckpt.notes or [""])[-1],
                 "sample_rate": int(self.sample_rate), "name": Path(str(ckpt.path)).name or "omni-tts"}
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> EngineSnapshot:
         """Engine-wide figures for dashboards (cheap)."""
         active = {m.value: len(sched.active) for m, sched in self.schedulers.items()}
         waiting = {m.value: sched.waiting.qsize() for m, sched in self.schedulers.items()}
         pool = sum(sched.runner.pool_bytes() for sched in self.schedulers.values())
         trees = sum(c.get("tree_pool_bytes", 0) for c in self.stats.capture.values())
-        return {
-            "mode": self.default_mode.value,
-            "modes": self.modes(),
-            "device": str(self.device),
-            "dtype": str(self.model.dtype).replace("torch.", ""),
-            "active": sum(active.values()), "active_by_mode": active,
-            "waiting": sum(waiting.values()), "waiting_by_mode": waiting,
-            "max_num_seqs": self.config.max_num_seqs,
-            "steps_per_s": self.stats.steps_per_s(),
-            "mean_occupancy": self.stats.mean_occupancy(),
-            "chunk_decodes": self.stats.chunk_decodes,
-            "decode_calls": self.stats.decode_calls,
-            "decode_seconds": self.stats.decode_seconds,
-            "layer_kernels": self.impls.kernels_report(self.default_mode),
-            "kernels": _state(self.impls.talker_graphs and self.config.experimental.kernels, self.kernel_notice),
-            "enforce_eager": self.config.enforce_eager,
-            "codec_precision": getattr(self.model.codec_if_built, "precision", "not built"),
-            "codec_fused": _state(getattr(self.model.codec_if_built, "fused", False), self.codec_fused_error),
-            "first_chunk_graphs": _state(self._audio.first is not None, self._audio.first_error),
-            "steps": self.stats.steps,
-            "busy_slots_sum": self.stats.busy_slots_sum,  # rows over all frames: occupancy between two snapshots
-            "memory": gpu_memory(self.device, pool, trees),
-            "capture": dict(self.stats.capture),
-            "model": self.model.describe(),
-        }
+        codec = self.model.codec_if_built
+        return EngineSnapshot(
+            mode=self.default_mode.value, modes=self.modes(), device=str(self.device),
+            dtype=str(self.model.dtype).replace("torch.", ""),
+            active=sum(active.values()), active_by_mode=active, waiting=sum(waiting.values()),
+            waiting_by_mode=waiting, max_num_seqs=self.config.max_num_seqs, steps_per_s=self.stats.steps_per_s(),
+            mean_occupancy=self.stats.mean_occupancy(), chunk_decodes=self.stats.chunk_decodes,
+            decode_calls=self.stats.decode_calls, decode_seconds=self.stats.decode_seconds,
+            layer_kernels=self.impls.kernels_report(self.default_mode),
+            kernels=_state(self.impls.talker_graphs and self.config.experimental.kernels, self.kernel_notice),
+            enforce_eager=self.config.enforce_eager, codec_precision=getattr(codec, "precision", "not built"),
+            codec_fused=_state(getattr(codec, "fused", False), self.codec_fused_error),
+            first_chunk_graphs=_state(self._audio.first is not None, self._audio.first_error),
+            steps=self.stats.steps, busy_slots_sum=self.stats.busy_slots_sum,
+            memory=gpu_memory(self.device, pool, trees), capture=dict(self.stats.capture),
+            model=self.model.describe())
 
     def shutdown(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self.warmup.close()
         for sched in self.schedulers.values():  # every sched told first, so none starts a warm step meanwhile
             sched.stop(timeout=0)
         for sched in self.schedulers.values():

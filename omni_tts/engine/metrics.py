@@ -99,6 +99,7 @@ class EngineStats:
     chunk_decodes: int = 0  # audio chunk windows decoded by the code-to-wave stage...
     decode_calls: int = 0  # ...in this many codec calls (fewer when chunks of several requests batch)
     decode_seconds: float = 0.0  # wall time of the code-to-wave stage's decode passes
+    heap_trims: int = 0  # heap pages handed back to the OS so far (the engine's periodic trim)
     started_at: float = field(default_factory=now)
     capture: dict[str, dict[str, float]] = field(default_factory=dict)  # mode -> {seconds, pool_bytes}
     recent: deque = field(default_factory=deque)

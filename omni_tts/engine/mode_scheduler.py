@@ -6,7 +6,7 @@ so a slow mode never sets the frame pace of a fast one. Every scheduler launches
 step stream (graphs that share a pool must never run at the same time), and hands each frame's codes
 to the shared audio stage, which emits audio and completes requests. A sched warms in its own thread;
 eager's serves from the start and takes its warm steps (and the engine's GPU set-up chores) between
-requests. Knows nothing about Gradio.
+requests, when the engine's WarmupCoordinator says it gives way. Knows nothing about Gradio.
 """
 
 from __future__ import annotations
@@ -23,20 +23,18 @@ from omni_tts.engine.audio_stage import AudioStage
 from omni_tts.engine.metrics import EngineStats, now
 from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import Request
+from omni_tts.engine.warmup import WarmupCoordinator
 from omni_tts.errors import DeadlineExceeded, EngineError, OmniTTSError, Overloaded, as_engine_error, one_line
 from omni_tts.models.qwen3_tts import Prepared
-
-# a sched that serves while it warms takes its next warm step or set-up chore once idle this long (a
-# visitor's next request, sent as the last one ends, starts first), or after WARM_STEP_EVERY_BUSY_S busy
-WARM_STEP_IDLE_S = 1.0
-WARM_STEP_EVERY_BUSY_S = 10.0
 
 
 class ModeScheduler:
     """Serves the requests of one mode with one runner on one thread."""
 
     def __init__(self, runner: Runner, config: Any, audio: AudioStage, stats: EngineStats,
-                 step_stream: Callable[[], Any], make_decoder: Callable[[Prepared], Any]) -> None:
+                 step_stream: Callable[[], Any], make_decoder: Callable[[Prepared], Any],
+                 warmup: WarmupCoordinator | None = None) -> None:
+        """warmup: the engine's turn-taking rules, shared by its schedulers (default: this one's own)."""
         self.runner, self.config, self.audio, self.stats = runner, config, audio, stats
         self.mode = runner.mode
         self._step_stream, self._make_decoder = step_stream, make_decoder
@@ -56,10 +54,9 @@ class ModeScheduler:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._warm_now = threading.Event()
-        self._last_busy = time.perf_counter()  # when it last had a request in a slot or waiting
-        self._last_aside = time.perf_counter()  # when it last gave way to warm-up work (its own or another's)
-        # before each warm step of a sched that does not serve yet: wait for the serving schedulers' turn (engine)
-        self.wait_for_turn: Callable[[], None] = lambda: None
+        self.warmup = warmup or WarmupCoordinator()
+        self.turn = self.warmup.turn(serving=lambda: self.serving and not self._stop.is_set(),
+                                     active=lambda: bool(self.active), waiting=lambda: not self.waiting.empty())
         self._chores: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
         self._say: Callable[[str], None] = lambda s: None
         self._thread = threading.Thread(target=self._loop, name=f"omni-tts-{self.mode.value}", daemon=True)
@@ -71,6 +68,7 @@ class ModeScheduler:
             self.check_room()
             self.waiting.put(request)
         self._wake.set()
+        self.warmup.poke()  # a request waiting for a mode that does not serve yet lets its warm-up go ahead
 
     def check_room(self) -> None:
         """Overloaded when the requests waiting here fill this mode's free slots and its waiting bound
@@ -112,8 +110,7 @@ class ModeScheduler:
         if not self.runner.serves_while_warming or self._stop.is_set():
             return False
         self.state, self.serving = "warming", True
-        # work that gives way to it starts after the idle grace; its busy allowance counts from here
-        self._last_busy = self._last_aside = time.perf_counter()
+        self.turn.start_serving()
         self._wake.set()
         return True
 
@@ -121,7 +118,7 @@ class ModeScheduler:
         """Run `fn` in this sched's thread between two of its frames (none in flight, the audio stage
         drained) and return its result; its exception is raised here. For set-up work that must not
         overlap a frame or a decode (a codec change, a capture) while the sched serves; a serving sched
-        takes it on its turn, as a warm step (`_aside_turn`), so it never pauses a request just begun."""
+        takes it on its turn, as a warm step (`turn.due`), so it never pauses a request just begun."""
         fut: Future = Future()
         self._chores.put((fn, fut))
         self._wake.set()
@@ -140,7 +137,7 @@ class ModeScheduler:
                 fut.set_result(fn())
             except Exception as e:
                 fut.set_exception(e)
-        self._last_aside = time.perf_counter()
+        self.turn.gave_way()
 
     def _quiesce(self) -> None:
         """Nothing of this sched in flight and no audio decoding: before a warm step or a chore."""
@@ -177,14 +174,14 @@ class ModeScheduler:
                 self._advance(steps)
         except Exception as e:
             return self._warm_failed(e)
-        self._last_aside = time.perf_counter()
+        self.turn.gave_way()
         if not steps:
             self._warmed()
         return steps
 
     def _take_turn(self) -> None:
-        """Wait for the serving schedulers' turn (`wait_for_turn`); a shutdown meanwhile ends the warm-up."""
-        self.wait_for_turn()
+        """Wait for the other serving schedulers to give way; a shutdown meanwhile ends the warm-up."""
+        self.warmup.give_way(self.turn)
         if self._stop.is_set():
             raise EngineError("the engine shut down")
 
@@ -193,35 +190,18 @@ class ModeScheduler:
         steps.pop(0)()
         self.warm_progress = (self.warm_progress[0] + 1, self.warm_progress[1])
 
-    def _aside_turn(self) -> bool:
-        """Whether this serving sched gives way now to warm-up work (its own warm step or chore, or another
-        sched's compile): once idle for WARM_STEP_IDLE_S, or when busy for long enough that the warm-up
-        would otherwise never finish."""
-        t = time.perf_counter()
-        if self.active or not self.waiting.empty():
-            self._last_busy = t
-        elif t - self._last_busy >= WARM_STEP_IDLE_S:
-            return True
-        return t - self._last_aside > WARM_STEP_EVERY_BUSY_S
-
-    def give_turn(self, unless: Callable[[], bool] = lambda: False) -> None:
-        """Block the calling thread (the engine's GPU set-up, another sched's warm-up) until this sched gives
-        way: its requests run on a host-bound thread that compiles, imports and probes beside it would
-        slow. At once if it does not serve, or as soon as `unless()` (requests wait for that warm-up)."""
-        while self.serving and not self._stop.is_set() and not self._aside_turn() and not unless():
-            time.sleep(0.02)
-        self._last_aside = time.perf_counter()
-
     def _warmed(self) -> None:
         with self._step_stream():
             self.warm_report = self.runner.warmed(time.perf_counter() - self._warm_t0, self._say)
         self.state = "ready"
         self.ready.set()
         self._wake.set()
+        self.warmup.poke()
 
     def _warm_failed(self, e: Exception) -> list[Callable[[], None]]:
         self.state, self.error, self.serving = "failed", one_line(e), False
-        if not self._stop.is_set():  # a warm-up cut short by a shutdown is not a failure to report
+        self.warmup.poke()
+        if not (self._stop.is_set() or self.warmup.closed):  # cut short by a shutdown: not a failure to report
             self._say(f"{self.mode.value} failed to warm: {self.error}")
         self._fail_active(EngineError(f"mode {self.mode.value} is unavailable: {self.error}"))
         self.ready.set()
@@ -230,6 +210,7 @@ class ModeScheduler:
 
     def stop(self, timeout: float = 30) -> None:
         self._stop.set()
+        self.warmup.poke()
         self._warm_now.set()
         self.ready.set()
         self._wake.set()
@@ -240,15 +221,16 @@ class ModeScheduler:
         steps: list[Callable[[], None]] | None = None  # None: not warmed yet
         while not self._stop.is_set():
             self._sweep_waiting()
-            if not self._chores.empty() and (not self.serving or self._aside_turn()):
+            if not self._chores.empty() and (not self.serving or self.turn.due()):
                 self._run_chores()
             if steps is None and self._warm_now.is_set():  # the engine's turn for this mode
-                steps, self._last_aside = self._warm(), time.perf_counter()
+                steps = self._warm()
+                self.turn.gave_way()
             if steps is None and not self.serving:  # requests wait for the warm-up
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
-            if steps and self._aside_turn():
+            if steps and self.turn.due():
                 steps = self._warm_step(steps)
                 continue
             if self.state == "failed":
@@ -300,7 +282,7 @@ class ModeScheduler:
             self._wake.wait(0.001 if held else 0.05)
             self._wake.clear()
             return
-        self._last_busy = now()
+        self.turn.mark_busy()
         self._guard(self._step)
 
     def _guard(self, fn: Callable[[], None]) -> None:

@@ -26,7 +26,6 @@ from omni_tts.engine.step_impl import StepImpls
 from omni_tts.errors import InputError
 from omni_tts.models import sampling, transfer
 from omni_tts.models.compiled.fast_path import FastPath
-from omni_tts.models.loading import load_model
 from omni_tts.models.qwen3_tts import Prepared, TTSModel
 
 
@@ -120,7 +119,7 @@ class Runner:
     def serves_while_warming(self) -> bool:
         """Whether requests can run before the warm-up ends: eager's CodePredictor needs none, and its
         talker runs as the reference modules until the talker's graphs (if any) are captured."""
-        return self.mode is CompileMode.EAGER
+        return self.mode.spec.serves_while_warming
 
     def _talker_now(self) -> FastPath | None:
         """The talker implementation requests run on now (never built while the reference one serves)."""
@@ -189,10 +188,6 @@ class Runner:
                 lambda: self._run(self.talker_graphs.get((L, sort)), self._make_talker_fn(L, sort, talker), n,
                                   talker is not None))
 
-    def launched_step_fns(self, b: int) -> tuple[Callable[[], tuple], Callable[[], tuple]]:
-        """`step_fns(b)`'s callables called directly at size b, launched kernel by kernel (profiling)."""
-        sort = self.variant(b)
-        return self._make_cp_fn(sort)(b), self._make_talker_fn(self.kv_len(b), sort, self._talker_now())(b)
 
     def kv_len(self, n: int) -> int:
         """The smallest kv bucket covering the positions of rows [:n] (the whole cache if none does)."""
@@ -266,10 +261,6 @@ class Runner:
         for _ in range(3 if self.cp_impl.records_graph_trees else 1):
             self._make_cp_fn(sort)(b)()
 
-    def layer_kernels(self) -> str:
-        """What runs the CodePredictor's layers in this mode (for the engine panel)."""
-        return self.impls.kernels_report(self.mode)
-
     # ------------------------------------------------------------------ requests
     def after_default_stream(self) -> None:
         """Make the current stream wait for the default stream (tensors other threads made there)."""
@@ -277,15 +268,6 @@ class Runner:
             current, default = torch.cuda.current_stream(self.device), torch.cuda.default_stream(self.device)
             if current != default:
                 current.wait_stream(default)
-
-    @classmethod
-    def from_config(cls, config: EngineConfig, mode: CompileMode | None = None) -> Runner:
-        """A warmed runner of `mode` (default: the config's) over the model `config` loads (tools, tests)."""
-        model = load_model(config)
-        runner = cls(model, config, mode or config.default_mode(model.device.type == "cuda"))
-        runner.impls.compile_settings()
-        runner.warm()
-        return runner
 
     def prefill(self, slot: int, prep: Prepared | SynthesisParams) -> Prepared:
         """Write one request's prompt into `slot` and sample its first code 0."""

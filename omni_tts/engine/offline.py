@@ -20,9 +20,10 @@ from omni_tts.models.qwen3_tts import Prepared, TTSModel
 def generate_codes(model: TTSModel, params: SynthesisParams | Prepared) -> torch.Tensor:
     """One request's codes [frames, 16] int64 (CPU), as the official generate loop yields them."""
     prep = params if isinstance(params, Prepared) else model.prepare(params, max_seq_len=1 << 30)
-    config = EngineConfig(max_num_seqs=1, max_seq_len=prep.prompt_len + prep.max_frames + 1, mode="eager",
+    reference = CompileMode.reference()
+    config = EngineConfig(max_num_seqs=1, max_seq_len=prep.prompt_len + prep.max_frames + 1, mode=reference.value,
                           device=model.device.type)
-    runner = Runner(model, config, CompileMode.EAGER)
+    runner = Runner(model, config, reference)
     runner.reference_talker = True  # the reference modules throughout: nothing compiled or captured
     runner.prefill(0, prep)
     frames: list[np.ndarray] = []

@@ -1,11 +1,11 @@
-"""Step implementations per compile mode: the one place that decides what runs each part of a frame.
+"""Step implementations per compile mode: builds what runs each part of a frame, as `MODES` says.
 
 A mode changes only the CodePredictor. The talker (decode step and prefill) runs the same way in
-every mode: on CUDA as compiled "default" units with the hand-written Triton kernels where enabled,
-captured as CUDA graphs by the runner, as vLLM runs its model; on CPU, or with `enforce_eager`, as the
-reference modules. `MODES` says what each mode runs for the CodePredictor; `StepImpls` builds the
-shared implementations once per engine and answers, per mode, which one serves the CodePredictor and
-whether the runner captures it as graphs.
+every mode: on CUDA as TALKER_MODE's compiled units with the hand-written Triton kernels where
+enabled, captured as CUDA graphs by the runner, as vLLM runs its model; on CPU, or with
+`enforce_eager`, as the reference modules. `MODES` (omni_tts.config) says what each mode runs;
+`StepImpls` builds the shared implementations once per engine and answers, per mode, which one
+serves the CodePredictor and whether the runner captures it as graphs.
 """
 
 from __future__ import annotations
@@ -13,39 +13,13 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from omni_tts.config import CompileMode, EngineConfig
+from omni_tts.config import MODES, TALKER_MODE, CompileMode, EngineConfig, ModeSpec
 from omni_tts.models.compiled.fast_path import FastPath
-
-
-@dataclass(frozen=True)
-class ModeSpec:
-    inductor: str | None  # torch.compile mode of the CodePredictor; None: the reference modules
-    graphs: bool  # the runner captures the CodePredictor step as CUDA graphs (in the shared pool)
-    whole_frame: bool  # the CodePredictor's 15 steps are one compiled function (FastPath.whole_frame)
-    needs_cuda: bool
-    note: str  # what it runs, for the UI and CLI
-
-
-MODES: dict[CompileMode, ModeSpec] = {
-    CompileMode.EAGER: ModeSpec(None, False, False, False,
-                                "reference modules, no compile: host-bound, no warm-up"),
-    CompileMode.DEFAULT: ModeSpec("default", False, False, False,
-                                  "torch.compile default per layer and sampling unit, launched from Python: fused "
-                                  "kernels, but launch and guard cost on every call"),
-    CompileMode.REDUCE_OVERHEAD: ModeSpec("reduce-overhead", False, True, True,
-                                          "torch.compile reduce-overhead of the whole frame: Inductor records it as "
-                                          "CUDA graph trees in its own private pool, one replay per frame (a first "
-                                          "compile on a machine takes minutes)"),
-    CompileMode.DEFAULT_CUDAGRAPH: ModeSpec("default", True, False, True,
-                                            "torch.compile default per unit + the engine's CUDA graphs per batch "
-                                            "bucket, all in one shared pool: the fast mode on a GPU"),
-}
 
 
 class StepImpls:
@@ -65,11 +39,11 @@ class StepImpls:
     @property
     def talker(self) -> FastPath | None:
         """The talker's implementation (built on first use: it imports Dynamo and Inductor)."""
-        return self._fast_path("default") if self.talker_graphs else None
+        return self._fast_path(MODES[TALKER_MODE]) if self.talker_graphs else None
 
     def unavailable(self, mode: CompileMode) -> str | None:
         """None when `mode` can run here, else why not."""
-        if self.eager_only and mode is not CompileMode.EAGER:
+        if self.eager_only and mode.compiled:
             return "this engine runs all-eager (enforce_eager)"
         if MODES[mode].needs_cuda and not self.cuda:
             return "needs a CUDA GPU (CUDA graphs); this engine runs on CPU"
@@ -77,8 +51,8 @@ class StepImpls:
 
     def predictor(self, mode: CompileMode) -> FastPath | None:
         """The compiled path that serves the CodePredictor in `mode` (None: the reference modules)."""
-        inductor = MODES[mode].inductor
-        return None if inductor is None else self._fast_path(inductor)
+        spec = MODES[mode]
+        return None if spec.inductor is None else self._fast_path(spec)
 
     def predict_fn(self, mode: CompileMode) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
         """The CodePredictor's frame function in `mode` (CodePredictor.predict_frame's contract)."""
@@ -137,12 +111,13 @@ class StepImpls:
         # the whole-frame function: one static and one dynamic batch shape x 2 variants, per Inductor mode
         torch._dynamo.config.recompile_limit = max(64, 6 * len(self.config.resolved_buckets()) + 8)
 
-    def _fast_path(self, inductor: str) -> FastPath:
-        with self._lock:  # one FastPath per Inductor mode, whichever lane thread asks first
+    def _fast_path(self, spec: ModeSpec) -> FastPath:
+        inductor = spec.inductor
+        with self._lock:  # one FastPath per Inductor mode, whichever scheduler thread asks first
             if inductor not in self._fast:
                 # Inductor's compiled kernels persist across restarts, so a restart warms in a fraction of the time
                 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                                       str(Path.home() / ".cache" / "omni_tts" / "inductor"))
                 self.compile_settings()
-                self._fast[inductor] = FastPath(self.model, inductor)
+                self._fast[inductor] = FastPath(self.model, spec)
             return self._fast[inductor]

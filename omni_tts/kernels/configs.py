@@ -14,7 +14,7 @@ import os
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
@@ -73,8 +73,8 @@ def load_configs(path: str) -> None:
 def config(M: int, n: int, K: int) -> Config:
     """Launch config for an [M, K] x [n, K]^T projection: the tuned entry, else a default."""
     if _INTERPRET:
-        return max(16, min(128, _next_pow2(n))), 128, 1, 4, M <= 2
-    rows = _next_pow2(M)
+        return max(16, min(128, next_pow2(n))), 128, 1, 4, M <= 2
+    rows = next_pow2(M)
     for r in (rows, 1 if rows == 1 else 8 if rows <= 16 else 32):
         if (r, n, K) in TUNED:
             return TUNED[(r, n, K)]

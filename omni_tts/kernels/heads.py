@@ -1,6 +1,6 @@
-"""Triton kernels implementing omni_tts.models.compiled.fast_path.predictor_head (final norm + codebook head +
-omni_tts.models.sampling.choose) and predictor_feed (code embedding + input projection): the code
-predictor's per-codebook work between its layer steps.
+"""Triton kernels implementing the code predictor's per-codebook work between its layer steps, as
+omni_tts.models.code_predictor.CodePredictor.predict_frame does it: the final norm + this codebook's head +
+omni_tts.models.sampling.sample_codebook, and the next input (code embedding + `small_to_mtp_projection`).
 
 Owns, for one codebook step of a frame (rows = batch):
   1. the final RMSNorm of each row's last position + this codebook's head -> logits [B, V]
@@ -29,13 +29,13 @@ import torch
 
 from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import layers as kernels
-from omni_tts.kernels.configs import _next_pow2
+from omni_tts.kernels.configs import next_pow2
 
 if kernels.triton is not None:
     import triton
     import triton.language as tl
 
-    from omni_tts.kernels.layers import _after_previous
+    from omni_tts.kernels.layers import after_previous
 
     @triton.jit
     def _u32(c: tl.constexpr):
@@ -99,7 +99,7 @@ if kernels.triton is not None:
         b = tl.program_id(0)
         i = tl.arange(0, BV)
         vm = i < V
-        _after_previous(PDL)
+        after_previous(PDL)
         x = tl.load(logits_ptr + b * V + i, mask=vm, other=float("-inf")).to(tl.float32)  # [BV]
         pick = tl.argmax(x, axis=0)  # greedy: the first largest
         if SAMPLE:
@@ -124,10 +124,11 @@ if kernels.triton is not None:
 
 def head_choose(norm: Any, head: Any, x: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tensor,
                 codebook: int, table: torch.Tensor, esum: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """omni_tts.models.compiled.fast_path.predictor_head + the code's embedding added to esum, for rows that
+    """CodePredictor's final norm + lm_head[codebook - 1] on the last position, then sampling.sample_codebook,
+    + the code's embedding added to esum, for rows that
     `fits_topk(sp.topk_cap)` (or all greedy). x: [B, T, d] (the last position is used); table: this codebook's
     embedding [V, D]; esum: [B, D] float32 (updated). -> codes [B] int64"""
-    logits = kernels._proj(x[:, -1], head.weight, n=head.weight.shape[0], norm=norm, pdl=pdl)  # [B, V]
+    logits = kernels.projection(x[:, -1], head.weight, n=head.weight.shape[0], norm=norm, pdl=pdl)  # [B, V]
     return choose(logits, sp, seed, frame, codebook, table, esum, pdl)
 
 
@@ -141,16 +142,16 @@ def choose(logits: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tenso
     sample = not sp.all_greedy
     sort_below = 1.0 if kernel_configs.CHOOSE_SORT_FREE else float("inf")  # inf: every row takes the sort
     _choose_kernel[(B,)](logits, sp.greedy, sp.temperature, sp.top_k, sp.top_p, seed, frame, codebook, table, esum,
-                         code, V=V, D=D, BV=_next_pow2(V), CAP=min(_next_pow2(sp.topk_cap or 1), _next_pow2(V)),
-                         BD=_next_pow2(D), SAMPLE=sample, SORT_BELOW=sort_below, PDL=pdl,
-                         **kernels._launch(pdl, kernel_configs.CHOOSE_WARPS))
+                         code, V=V, D=D, BV=next_pow2(V), CAP=min(next_pow2(sp.topk_cap or 1), next_pow2(V)),
+                         BD=next_pow2(D), SAMPLE=sample, SORT_BELOW=sort_below, PDL=pdl,
+                         **kernels.launch_options(pdl, kernel_configs.CHOOSE_WARPS))
     return code
 
 
 def feed(table: torch.Tensor, proj: Any, code: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """omni_tts.models.compiled.fast_path.predictor_feed's next input for a Linear projection: proj(table[code]).
+    """CodePredictor's next input for a Linear `small_to_mtp_projection`: proj(table[code]).
     code: [B] -> [B, 1, d]"""
-    out = kernels._proj(table, proj.weight, n=proj.weight.shape[0], bias=proj.bias, idx=code, pdl=pdl)  # [B, d]
+    out = kernels.projection(table, proj.weight, n=proj.weight.shape[0], bias=proj.bias, idx=code, pdl=pdl)  # [B, d]
     return out[:, None]
 
 

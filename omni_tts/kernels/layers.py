@@ -1,5 +1,5 @@
-"""Triton kernels implementing omni_tts.models.compiled.fast_path.predictor_layer (the compiled form of the code
-predictor's omni_tts.models.layers.DecoderLayer with its 16-position cache) at small batch.
+"""Triton kernels implementing one step of the code predictor's omni_tts.models.layers.DecoderLayer over its
+16-position KV cache (as omni_tts.models.code_predictor.CodePredictor runs it) at small batch.
 
 Owns: one predictor layer step as five kernels instead of Inductor's many small ones (norms, cache
 writes and softmax pieces):
@@ -10,11 +10,11 @@ writes and softmax pieces):
   5. down projection + residual
 The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16
 rows cost about the same); a one-row step runs them as a multiply-and-sum over narrow weight tiles
-(more programs reading the weights at once). The projection kernel (`_proj`) and the K/V store
-(`_store_kv`) also serve omni_tts.kernels.talker and omni_tts.kernels.heads (the projection's input rows
+(more programs reading the weights at once). The projection kernel (`projection`) and the K/V store
+(`store_kv`) also serve omni_tts.kernels.talker and omni_tts.kernels.heads (the projection's input rows
 may be strided or gathered from a table). With `pdl` (programmatic dependent launch, Hopper+:
 `pdl_available`) each kernel loads what no kernel writes (its first weight tile) before
-`_after_previous` waits for the previous kernel and lets the next one launch. Launch configs per
+`after_previous` waits for the previous kernel and lets the next one launch. Launch configs per
 (rows, shape) come from omni_tts.kernels.configs. Numerics follow the reference: float32 accumulation,
 values rounded to the model dtype where the reference rounds (norm output, q/k after rope, each
 projection, SiLU, residual sums); the summation order differs, so results agree to the dtype's
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from omni_tts.errors import one_line
-from omni_tts.kernels.configs import Config, _next_pow2, config
+from omni_tts.kernels.configs import Config, config, next_pow2
 
 try:
     import triton
@@ -79,7 +79,7 @@ if triton is not None:
         return _dot(xk, tl.trans(wk), IEEE)
 
     @triton.jit
-    def _after_previous(PDL: tl.constexpr):
+    def after_previous(PDL: tl.constexpr):
         """With programmatic dependent launch: wait until the previous kernel is done (its writes visible),
         then let the next kernel launch. Everything before this call may only read what no kernel writes."""
         if PDL:
@@ -125,7 +125,7 @@ if triton is not None:
         rk = tl.arange(0, BK)
         mmask, nmask = rm < M, rn < N
         wk, wu = _w_block(w_ptr, rn, nmask, rk, N, K, GLU)  # [BN, BK]: weights never depend on the last kernel
-        _after_previous(PDL)
+        after_previous(PDL)
         if GATHER:
             xoff = tl.load(idx_ptr + rm, mask=mmask, other=0).to(tl.int64) * K  # [BM] table rows
         else:
@@ -165,7 +165,7 @@ if triton is not None:
         tl.store(out_ptr + rm[:, None] * N + rn[None, :], y, mask=omask)
 
     @triton.jit
-    def _normed_rope(base, d, dm, HALF: tl.constexpr, HD: tl.constexpr, nw_ptr, cos, sin, eps,
+    def normed_rope(base, d, dm, HALF: tl.constexpr, HD: tl.constexpr, nw_ptr, cos, sin, eps,
                      dt: tl.constexpr):
         """One head's vector at `base` ([HD] in y): RMS-normed with nw, rotated (rotate-half) -> fp32 [BD]."""
         a = tl.load(base + d, mask=dm, other=0.0).to(tl.float32)
@@ -178,24 +178,24 @@ if triton is not None:
         return (na.to(tl.float32) * cos + rot * sin).to(dt).to(tl.float32)
 
     @triton.jit
-    def _lanes(HD: tl.constexpr, BD: tl.constexpr):
+    def lanes(HD: tl.constexpr, BD: tl.constexpr):
         """This program's (row b, KV head g) and its head-dim lanes d [BD] with their mask (d < HD)."""
         d = tl.arange(0, BD)
         return tl.program_id(0), tl.program_id(1), d, d < HD
 
     @triton.jit
-    def _rope_row(cos_ptr, sin_ptr, off, d, dm):
+    def rope_row(cos_ptr, sin_ptr, off, d, dm):
         """The rotary table's row at offset `off` (one position): cos, sin [BD] in float32."""
         cos = tl.load(cos_ptr + off + d, mask=dm, other=0.0).to(tl.float32)
         sin = tl.load(sin_ptr + off + d, mask=dm, other=0.0).to(tl.float32)
         return cos, sin
 
     @triton.jit
-    def _store_kv(row, g, kn_ptr, cos, sin, eps, k_at, v_at, d, dm, H: tl.constexpr, HKV: tl.constexpr,
+    def store_kv(row, g, kn_ptr, cos, sin, eps, k_at, v_at, d, dm, H: tl.constexpr, HKV: tl.constexpr,
                   HD: tl.constexpr, dt: tl.constexpr):
         """KV head g of one token's q|k|v row (`row`: [(H+2HKV)*HD]): K RMS-normed with kn and rotated, stored
         at the pointers k_at [BD]; V stored as it is at v_at."""
-        k = _normed_rope(row + (H + g) * HD, d, dm, HD // 2, HD, kn_ptr, cos, sin, eps, dt)
+        k = normed_rope(row + (H + g) * HD, d, dm, HD // 2, HD, kn_ptr, cos, sin, eps, dt)
         v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
         tl.store(k_at, k.to(dt), mask=dm)
         tl.store(v_at, v, mask=dm)
@@ -207,17 +207,17 @@ if triton is not None:
         """Program (row b, KV head g): normed + rotated K/V of positions pos0..pos0+T-1 into the cache
         [B, HKV, P, HD], then causal attention of the REP query heads sharing g. y: [B*T, (H+2HKV)*HD]."""
         dt = out_ptr.dtype.element_ty
-        _after_previous(PDL)
-        b, g, d, dm = _lanes(HD, BD)
+        after_previous(PDL)
+        b, g, d, dm = lanes(HD, BD)
         REP: tl.constexpr = H // HKV
         HALF: tl.constexpr = HD // 2
         W: tl.constexpr = (H + 2 * HKV) * HD
         p = tl.arange(0, BP)
         cache = (b * HKV + g) * P * HD
         for t in tl.static_range(T):
-            cos, sin = _rope_row(cos_ptr, sin_ptr, (pos0 + t) * HD, d, dm)
+            cos, sin = rope_row(cos_ptr, sin_ptr, (pos0 + t) * HD, d, dm)
             at = cache + (pos0 + t) * HD + d
-            _store_kv(y_ptr + (b * T + t) * W, g, kn_ptr, cos, sin, eps, kc_ptr + at, vc_ptr + at, d, dm, H, HKV, HD,
+            store_kv(y_ptr + (b * T + t) * W, g, kn_ptr, cos, sin, eps, kc_ptr + at, vc_ptr + at, d, dm, H, HKV, HD,
                       dt)
         tl.debug_barrier()  # the cache rows just written are read below by other threads
         kvmask = (p[:, None] < P) & dm[None, :]
@@ -225,10 +225,10 @@ if triton is not None:
         vv = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0).to(tl.float32)
         for t in tl.static_range(T):
             row = y_ptr + (b * T + t) * W
-            cos, sin = _rope_row(cos_ptr, sin_ptr, (pos0 + t) * HD, d, dm)
+            cos, sin = rope_row(cos_ptr, sin_ptr, (pos0 + t) * HD, d, dm)
             for r in tl.static_range(REP):
                 h = g * REP + r
-                q = _normed_rope(row + h * HD, d, dm, HALF, HD, qn_ptr, cos, sin, eps, dt)
+                q = normed_rope(row + h * HD, d, dm, HALF, HD, qn_ptr, cos, sin, eps, dt)
                 s = tl.sum(q[None, :] * kk, axis=1) * scale  # [BP]
                 s = tl.where(p <= pos0 + t, s, float("-inf"))
                 w = tl.exp(s - tl.max(s, axis=0))
@@ -244,7 +244,7 @@ def pdl_available(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
-def _launch(pdl: bool, warps: int, stages: int | None = None) -> dict[str, Any]:
+def launch_options(pdl: bool, warps: int, stages: int | None = None) -> dict[str, Any]:
     opts: dict[str, Any] = {"num_warps": warps}
     if stages is not None:
         opts["num_stages"] = stages
@@ -253,7 +253,7 @@ def _launch(pdl: bool, warps: int, stages: int | None = None) -> dict[str, Any]:
     return opts
 
 
-def _proj(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None = None,
+def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None = None,
           norm: Any = None, res: torch.Tensor | None = None, glu: bool = False, cfg: Config | None = None,
           pdl: bool = False, idx: torch.Tensor | None = None) -> torch.Tensor:
     """x: [M, K] (rows may be strided; the last dim contiguous) -> [M, n] (see _proj_kernel); w: [n, K], or
@@ -272,7 +272,7 @@ def _proj(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None
         float(norm.eps) if norm is not None else 0.0, x.stride(0), M=M, N=n, K=K,
         NORM=norm is not None, BIAS=bias is not None, RES=res is not None, GLU=glu, GATHER=idx is not None,
         IEEE=x.dtype == torch.float32 or _INTERPRET, VEC=vec, PDL=pdl,
-        BM=_next_pow2(M) if vec else max(16, _next_pow2(M)), BN=BN, BK=BK, **_launch(pdl, warps, stages))
+        BM=next_pow2(M) if vec else max(16, next_pow2(M)), BN=BN, BK=BK, **launch_options(pdl, warps, stages))
     return out
 
 
@@ -315,25 +315,26 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
 def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_gu: torch.Tensor,
                     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
                     pos0: int, pdl: bool = False) -> torch.Tensor:
-    """fast_path.predictor_layer in five kernels. x: [B, T, d] at positions pos0..pos0+T-1; cos/sin: the
+    """The predictor DecoderLayer (input norm, Attention.qkv, K/V written into the cache, causal attention over
+    it, o projection + residual, MLP block) in five kernels. x: [B, T, d] at positions pos0..pos0+T-1; cos/sin: the
     rope table [1, P, hd] of all P cache positions; kc/vc: [B, Hkv, P, hd] (written). pdl: launch them
     with programmatic dependent launch (`pdl_available`). -> [B, T, d]"""
     attn = layer.self_attn
     B, T, D = x.shape
     H, Hkv, hd, P = attn.heads, attn.kv_heads, attn.head_dim, kc.shape[2]
     x2 = x.reshape(B * T, D)  # [M, d]
-    y = _proj(x2, w_qkv, n=(H + 2 * Hkv) * hd, bias=b_qkv, norm=layer.input_layernorm, pdl=pdl)  # [M, (H+2Hkv) hd]
+    y = projection(x2, w_qkv, n=(H + 2 * Hkv) * hd, bias=b_qkv, norm=layer.input_layernorm, pdl=pdl)  # [M, (H+2Hkv) hd]
     a = torch.empty(B * T, H * hd, device=x.device, dtype=x.dtype)  # [M, H hd]
     _attn_kernel[(B, Hkv)](y, attn.q_norm.weight, attn.k_norm.weight, cos.reshape(-1, hd), sin.reshape(-1, hd),
                            kc, vc, a, pos0, float(attn.q_norm.eps), hd ** -0.5, T=T, H=H, HKV=Hkv, HD=hd, P=P,
-                           BD=_next_pow2(hd), BP=_next_pow2(P), PDL=pdl,
-                           **_launch(pdl, 1))  # 1 warp: fastest on the H200
-    return _mlp_block(layer, w_gu, x2, a, pdl).view(B, T, D)  # [B, T, d]
+                           BD=next_pow2(hd), BP=next_pow2(P), PDL=pdl,
+                           **launch_options(pdl, 1))  # 1 warp: fastest on the H200
+    return mlp_block(layer, w_gu, x2, a, pdl).view(B, T, D)  # [B, T, d]
 
 
-def _mlp_block(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pdl: bool) -> torch.Tensor:
+def mlp_block(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pdl: bool) -> torch.Tensor:
     """x [M, D] + o_proj(a [M, H hd]), then + the MLP of its post-attention norm -> [M, D] (three kernels)."""
     attn, D = layer.self_attn, x.shape[1]
-    x1 = _proj(a, attn.o_proj.weight, n=D, bias=attn.o_proj.bias, res=x, pdl=pdl)  # [M, D]
-    m = _proj(x1, w_gu, n=w_gu.shape[0] // 2, norm=layer.post_attention_layernorm, glu=True, pdl=pdl)  # [M, I]
-    return _proj(m, layer.mlp.down_proj.weight, n=D, res=x1, pdl=pdl)  # [M, D]
+    x1 = projection(a, attn.o_proj.weight, n=D, bias=attn.o_proj.bias, res=x, pdl=pdl)  # [M, D]
+    m = projection(x1, w_gu, n=w_gu.shape[0] // 2, norm=layer.post_attention_layernorm, glu=True, pdl=pdl)  # [M, I]
+    return projection(m, layer.mlp.down_proj.weight, n=D, res=x1, pdl=pdl)  # [M, D]

@@ -47,8 +47,8 @@ def build_app(engine: Any, settings: ServeSettings | None = None) -> FastAPI:
 
     @app.get("/ready")
     def ready() -> Response:
-        modes = {m: {"state": v["state"], "serving": v["serving"], "progress": list(v["progress"]),
-                     "default": v["default"]} for m, v in engine.modes().items() if v["state"] != "unavailable"}
+        modes = {m: {"state": v.state, "serving": v.serving, "progress": list(v.progress),
+                     "default": v.is_default} for m, v in engine.modes().items() if v.state != "unavailable"}
         up = any(v["serving"] for v in modes.values())
         return JSONResponse({"ready": up, "modes": modes}, status_code=200 if up else 503)
 

@@ -69,14 +69,14 @@ class _EngineCollector(Collector):
         for (mode, outcome), n in sorted(dict(stats.outcomes).items()):
             requests.add_metric([mode, outcome], n)
         yield requests
-        yield _per_mode("omni_tts_waiting_requests", "Requests waiting for a slot, by mode", snap["waiting_by_mode"])
-        yield _per_mode("omni_tts_running_requests", "Requests in a slot, by mode", snap["active_by_mode"])
+        yield _per_mode("omni_tts_waiting_requests", "Requests waiting for a slot, by mode", snap.waiting_by_mode)
+        yield _per_mode("omni_tts_running_requests", "Requests in a slot, by mode", snap.active_by_mode)
         yield CounterMetricFamily("omni_tts_frames", "Audio frames made (rows over all frame steps)",
-                                  value=snap["busy_slots_sum"])
+                                  value=snap.busy_slots_sum)
         yield GaugeMetricFamily("omni_tts_frame_steps_per_second", "Batched frame steps per second, lately",
-                                value=snap["steps_per_s"])
+                                value=snap.steps_per_s)
         yield from _memory(snap)
-        yield from _modes(snap["modes"])
+        yield from _modes(snap.modes)
 
 
 def _per_mode(name: str, doc: str, values: dict[str, int]) -> GaugeMetricFamily:
@@ -86,8 +86,8 @@ def _per_mode(name: str, doc: str, values: dict[str, int]) -> GaugeMetricFamily:
     return g
 
 
-def _memory(snap: dict[str, Any]) -> Iterator[Metric]:
-    mem = snap.get("memory") or {}  # empty without CUDA
+def _memory(snap: Any) -> Iterator[Metric]:
+    mem = snap.memory or {}  # empty without CUDA
     for key, name, doc in (("allocated_gib", "allocated", "allocated by tensors"),
                            ("reserved_gib", "reserved", "reserved by the caching allocator")):
         if key in mem:
@@ -95,18 +95,18 @@ def _memory(snap: dict[str, Any]) -> Iterator[Metric]:
                                     value=mem[key] * GIB)
     pools = GaugeMetricFamily("omni_tts_graph_pool_bytes", "CUDA-graph pool bytes per mode, after its warm-up "
                               "(Inductor's graph-tree pool for reduce-overhead)", labels=["mode"])
-    for mode, cap in sorted(snap.get("capture", {}).items()):
+    for mode, cap in sorted(snap.capture.items()):
         pools.add_metric([mode], float(cap.get("pool_bytes", 0) or 0) + float(cap.get("tree_pool_bytes", 0) or 0))
     yield pools
 
 
-def _modes(modes: dict[str, dict[str, Any]]) -> Iterator[Metric]:
+def _modes(modes: dict[str, Any]) -> Iterator[Metric]:
     state = GaugeMetricFamily("omni_tts_mode_state", "1 for each mode's current warm-up state",
                               labels=["mode", "state"])
     serving = GaugeMetricFamily("omni_tts_mode_serving", "1 when the mode runs requests now", labels=["mode"])
     for mode, info in sorted(modes.items()):
         for s in MODE_STATES:
-            state.add_metric([mode, s], float(info["state"] == s))
-        serving.add_metric([mode], float(bool(info["serving"])))
+            state.add_metric([mode, s], float(info.state == s))
+        serving.add_metric([mode], float(info.serving))
     yield state
     yield serving

@@ -81,9 +81,9 @@ def serving_problem(engine: Any) -> str | None:
     if getattr(engine, "_closed", False):
         return "the engine is shut down"
     modes = engine.modes()
-    if any(v["serving"] for v in modes.values()):
+    if any(v.serving for v in modes.values()):
         return None
-    return "no mode serves: " + "; ".join(f"{m}: {v['state']} {v['reason'] or ''}".strip() for m, v in modes.items())
+    return "no mode serves: " + "; ".join(f"{m}: {v.state} {v.reason}".strip() for m, v in modes.items())
 
 
 def deployment_options(max_num_seqs: int, replicas: int = 1, gpus_per_replica: float = 0.0,

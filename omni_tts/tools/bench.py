@@ -19,6 +19,7 @@ from typing import Any
 
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.engine.metrics import RequestMetrics, summarize
+from omni_tts.engine.snapshot import EngineSnapshot
 from omni_tts.errors import OmniTTSError
 from omni_tts.tools.args import add_engine_flags, engine_config, progress
 from omni_tts.tools.load import request_maker, run_load
@@ -77,27 +78,27 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
         except Exception as e:  # a CUDA error in one mode is a result, not a crash of the benchmark
             results[c] = {"error": f"{type(e).__name__}: {str(e)[:80]}"}
     snap = engine.snapshot()
-    cap = snap["capture"].get(mode, {})
+    cap = snap.capture.get(mode, {})
     pool, trees = cap.get("pool_bytes", 0), cap.get("tree_pool_bytes", 0)
-    mem = snap["memory"]
-    extra = {"state": report["state"], "capture/compile s": f"{report.get('seconds') or 0:.1f}",
+    mem = snap.memory
+    extra = {"state": report.state, "capture/compile s": f"{report.seconds or 0:.1f}",
              "peak GPU mem (GiB)": f"{mem['peak_gib']:.2f}" if mem else "-",
              "graph pool of this mode's runner (GiB)": f"{pool / 2**30:.2f}" if mem else "-",
              "Inductor graph-tree pool (GiB)": f"{trees / 2**30:.2f}" if mem else "-",
-             "CodePredictor kernels": report["kernels"]}
-    if report.get("reason"):
-        extra["notice"] = report["reason"]
+             "CodePredictor kernels": report.kernels}
+    if report.reason:
+        extra["notice"] = report.reason
     extra["Inductor CUDA-graph counters (process so far)"] = _cudagraph_counters()
     return results, extra
 
 
-def _frames_since(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+def _frames_since(before: EngineSnapshot, after: EngineSnapshot) -> dict[str, float]:
     """How full the frames were (mean requests per batched frame step: below the concurrency when slots
     wait between requests) and how many batched code-to-wave calls decoded the chunks, between two snapshots."""
-    steps = after["steps"] - before["steps"]
-    busy = after["busy_slots_sum"] - before["busy_slots_sum"]
+    steps = after.steps - before.steps
+    busy = after.busy_slots_sum - before.busy_slots_sum
     return {"batch_per_frame": busy / steps if steps else float("nan"),
-            "decode_calls": float(after["decode_calls"] - before["decode_calls"])}
+            "decode_calls": float(after.decode_calls - before.decode_calls)}
 
 
 def _cudagraph_counters() -> str:
@@ -160,12 +161,12 @@ def main(args: argparse.Namespace) -> int:
     results: dict[str, dict[int, dict[str, float]]] = {}
     extra: dict[str, dict[str, Any]] = {}
     snapshot = _bench_group(config, args, results, extra, say)
-    print(f"model: {snapshot['model']}\ndevice: {snapshot['device']}  dtype: {snapshot['dtype']}  "
+    print(f"model: {snapshot.model}\ndevice: {snapshot.device}  dtype: {snapshot.dtype}  "
           f"fixed_frames: {args.fixed_frames}")
     print(format_table(results, args.concurrency, extra))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": snapshot["model"], "device": snapshot["device"], "dtype": snapshot["dtype"],
+            json.dump({"model": snapshot.model, "device": snapshot.device, "dtype": snapshot.dtype,
                        "fixed_frames": args.fixed_frames, "concurrency": args.concurrency,
                        "results": {m: {str(c): v for c, v in r.items()} for m, r in results.items()},
                        "extra": extra}, f, indent=1)
@@ -191,7 +192,7 @@ def _bench_over_http(args: Any) -> int:
 
 
 def _bench_group(config: EngineConfig, args: Any, results: dict, extra: dict, say: Callable[[str], None]
-                 ) -> dict[str, Any]:
+                 ) -> EngineSnapshot:
     """Every mode of `config.modes` resident in one engine, benchmarked one after another."""
     from omni_tts.engine.engine import Engine
 

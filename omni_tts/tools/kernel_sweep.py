@@ -45,7 +45,7 @@ def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Con
     if rows <= (2 if quick else 8):
         out += [(bn, bk, st, wp, True) for bn, bk, st, wp in itertools.product((2, 4, 8), (256, 512), (3, 4), warps)]
     if K is not None and rows <= 2:
-        out += [(bn, kernel_configs._next_pow2(K), 1, wp, True) for bn, wp in itertools.product((2, 4, 8), (4, 8))]
+        out += [(bn, kernel_configs.next_pow2(K), 1, wp, True) for bn, wp in itertools.product((2, 4, 8), (4, 8))]
     return out
 
 
@@ -127,12 +127,12 @@ def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], 
             timings: dict[Config, float] = {}
             for cfg in candidates(m, quick, K):
                 try:
-                    timings[cfg] = _graph_us([lambda w=w_: kernels._proj(x, w, n=n, cfg=cfg, pdl=m <= pdl_rows,
+                    timings[cfg] = _graph_us([lambda w=w_: kernels.projection(x, w, n=n, cfg=cfg, pdl=m <= pdl_rows,
                                                                          **args) for w_ in ws])
                 except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
                     say(f"  {name} rows={m} {cfg}: {type(e).__name__}")
             pick = fastest(timings)
-            best[(kernel_configs._next_pow2(m), n, K)] = pick
+            best[(kernel_configs.next_pow2(m), n, K)] = pick
             default = kernel_configs.config(m, n, K)
             say(f"{part} rows={m} {name} [{n}x{K}, {copies} weight copies]: {timings[pick]:.2f} us with {pick}; "
                 f"current {default}: {timings.get(default, float('nan')):.2f} us")

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
+from omni_tts.engine import testing
 from omni_tts.engine.metrics import gpu_memory
 from omni_tts.tools.args import add_engine_flags, engine_config, progress
 from omni_tts.tools.bench import device_modes
@@ -67,6 +68,12 @@ def carried_chunk(codec: Any, b: int, history: int, frames: int) -> Callable[[],
         with torch.inference_mode():
             return codec.decode_carried(codes[:, history:], dict(carry))
     return run
+
+
+def step_callables(runner: Any, b: int, kv_len: int | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(code predictor step, talker step) for rows [:b] as the runner would run them; the talker's attention
+    over kv_len cache positions (default: what the rows' positions need)."""
+    return testing.step_fns(runner, b, kv_len)
 
 
 def codec_costs(model: Any) -> dict[str, float]:
@@ -126,8 +133,8 @@ def profile_steps(runner: Any, buckets: Sequence[int], out_dir: str) -> dict[str
 
     out: dict[str, Any] = {}
     for b in buckets:
-        graph_cp, graph_talker = runner.step_fns(b)
-        launched_cp, launched_talker = runner.launched_step_fns(b)
+        graph_cp, graph_talker = step_callables(runner, b)
+        launched_cp, launched_talker = testing.launched_step_fns(runner, b)
         codes = torch.randint(0, 2048, (b, 26, 16), device=runner.device)
         params = SynthesisParams(text=PROMPTS[0], speaker=(runner.model.speakers() or [None])[0], greedy=True,
                                  language="English", fixed_frames=8)
@@ -212,7 +219,7 @@ def load_test(model: Any, cfg: EngineConfig, mode: str, concurrency: Sequence[in
             key = str(c) if not slots else f"{c}@{s}slots"
             out[key] = summarize(records, wall)
             snap = engine.snapshot()
-            out[key].update({k: snap[k] for k in ("steps", "chunk_decodes", "decode_calls", "decode_seconds")})
+            out[key].update({k: getattr(snap, k) for k in ("steps", "chunk_decodes", "decode_calls", "decode_seconds")})
             say(f"{mode} concurrency {key}: {out[key]}")
         except Exception as e:
             out[str(c)] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -228,12 +235,12 @@ def measure_mode(runner: Any, buckets: Sequence[int], speaker: str | None, repor
     mode = runner.mode.value
     fill_slots(runner, max(buckets), speaker)
     row: dict[str, Any] = {"setup_s": report["seconds"], "actual_mode": report["mode"], "per_bucket": {},
-                           "layer_kernels": runner.layer_kernels(), "notice": report.get("notice", "")}
+                           "layer_kernels": testing.layer_kernels(runner), "notice": report.get("notice", "")}
     for b in buckets:
         cp, talker = runner.step_fns(b)
         row["per_bucket"][b] = {"cp_ms": time_ms(cp), "talker_ms": time_ms(talker), "kv_len": runner.kv_len(b),
                                 "variant": "full sort" if runner.variant(b) else "top-k selection"}
-        cp_s, talker_s = runner.step_fns(b, sort=True)  # the full-sort variant (top-p without top-k)
+        cp_s, talker_s = testing.step_fns(runner, b, sort=True)  # the full-sort variant (top-p without top-k)
         row["per_bucket"][b].update(cp_ms_full_sort=time_ms(cp_s), talker_ms_full_sort=time_ms(talker_s))
         if runner.graphs:  # the talker step's cost against the attention length it reads
             row["per_bucket"][b]["talker_ms_by_kv_len"] = {
@@ -247,15 +254,13 @@ def run(cfg: EngineConfig, modes: Sequence[str], frames: int, say: Callable[[str
         load: dict[str, Any] | None = None, out_json: str | None = None, profile_dir: str | None = None,
         profile_buckets: Sequence[int] = (1,), skip_codec: bool = False) -> dict[str, Any]:
     """Every mode's runner in turn over one loaded model with `cfg`'s slots and buckets."""
-    from omni_tts.engine.model_runner import Runner
-    from omni_tts.engine.step_impl import StepImpls
     from omni_tts.models.loading import load_model
 
     buckets = cfg.resolved_buckets()
     t0 = time.perf_counter()
     tts = load_model(cfg, progress=say)
     say(f"loaded in {time.perf_counter() - t0:.1f} s")
-    impls = StepImpls(tts, cfg)  # one set of compiled units for every mode's runner, as the engine shares them
+    impls = testing.StepImpls(tts, cfg)  # one set of compiled units for every mode's runner, as the engine shares them
     impls.configure_kernels(cfg.resolved_buckets(), tts.dtype)
     speaker = (tts.speakers() or [None])[0]
     result: dict[str, Any] = {"buckets": list(buckets), "modes": {},
@@ -268,7 +273,7 @@ def run(cfg: EngineConfig, modes: Sequence[str], frames: int, say: Callable[[str
         try:
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
-            runner = Runner(tts, cfg, CompileMode.parse(mode), impls)
+            runner = testing.mode_runner(tts, cfg, CompileMode.parse(mode), impls)
             row = measure_mode(runner, buckets, speaker, runner.warm(say), say)
             result["modes"][mode] = row
             _save(result, out_json)  # what is measured so far survives a run cut short

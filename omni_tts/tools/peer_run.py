@@ -75,9 +75,10 @@ class Ours:
     (eager on CPU)."""
 
     def __init__(self, a: argparse.Namespace) -> None:
+        from omni_tts.config import CompileMode
         from omni_tts.engine.engine import Engine
 
-        mode = "default+cudagraph" if a.device.startswith("cuda") else "eager"
+        mode = CompileMode.auto(a.device.startswith("cuda")).value
         self.a = a
         self.engine = Engine.from_config(engine_config(a, mode=mode, modes=[mode], max_num_seqs=max(a.concurrency)))
 

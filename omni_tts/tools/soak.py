@@ -224,7 +224,7 @@ def main(args: argparse.Namespace) -> int:
 
     engine = Engine.from_config(engine_config(args), progress=lambda s: print(s, file=sys.stderr))
     try:
-        print(f"soak: {engine.snapshot().get('model', '?')}, mode {engine.mode.value}, "
+        print(f"soak: {engine.snapshot().model}, mode {engine.mode.value}, "
               f"{engine.config.max_num_seqs} slots, {args.minutes:g} min, bursts of up to {args.burst}", flush=True)
         soak = Soak(engine, args)
         soak.run()

@@ -22,15 +22,15 @@ def mode_readiness(engine: Any) -> dict[str, str]:
     it serves meanwhile), 'queued', 'failed: why' or 'unavailable: why'."""
     out = {}
     for mode, v in engine.modes().items():
-        state = str(v["state"])
-        if v["state"] == "warming":
-            done, total = v.get("progress") or (0, 0)
+        state = v.state
+        if v.state == "warming":
+            done, total = v.progress
             state += (f" {done}/{total}" if total else "") + (
-                " (serving meanwhile, talker not yet graphed)" if v.get("serving") else "")
-        if v.get("default"):
+                " (serving meanwhile, talker not yet graphed)" if v.serving else "")
+        if v.is_default:
             state += ", default"
-        if v.get("reason") and v["state"] in ("failed", "unavailable"):
-            state += f": {v['reason']}"
+        if v.reason and v.state in ("failed", "unavailable"):
+            state += f": {v.reason}"
         out[mode] = state
     return out
 

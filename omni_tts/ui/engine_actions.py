@@ -45,13 +45,13 @@ def apply_mode(engine: Any, mode: str, token: str | None = None, policy: ui.Admi
         message = str(e)
         gr.Warning(message)
         log.warning("default mode not changed: %s", message)
-        return f"**Not changed:** {message}", gr.update(value=engine.snapshot()["mode"]), _readiness(engine)
+        return f"**Not changed:** {message}", gr.update(value=engine.mode.value), _readiness(engine)
     info = engine.modes()[mode]
-    state = info["state"]
-    later = "they run meanwhile, on its ungraphed talker" if info.get("serving") else "they wait until it is warm"
-    status = f"**Done:** requests that name no mode now run `{engine.snapshot()['mode']}`" + (
+    state = info.state
+    later = "they run meanwhile, on its ungraphed talker" if info.serving else "they wait until it is warm"
+    status = f"**Done:** requests that name no mode now run `{engine.mode.value}`" + (
         "" if state == "ready" else f" (it is {state}: {later})")
-    return status, gr.update(value=engine.snapshot()["mode"]), _readiness(engine)
+    return status, gr.update(value=engine.mode.value), _readiness(engine)
 
 
 # ------------------------------------------------------------------ listening test

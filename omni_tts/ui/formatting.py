@@ -12,6 +12,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from omni_tts.engine.snapshot import EngineSnapshot
+
 MODES = ("eager", "default", "reduce-overhead", "default+cudagraph")
 MODE_COLORS = {"eager": "#f97316", "default": "#2563eb", "reduce-overhead": "#9333ea", "default+cudagraph": "#16a34a"}
 HISTORY_LEN = 50  # requests kept per visitor
@@ -61,24 +63,24 @@ def live_markdown(running: Mapping[str, Any] | None, last: Mapping[str, Any] | N
     return "\n".join([head, _line("running", running), _line("last", last)])
 
 
-def engine_markdown(snap: Mapping[str, Any]) -> str:
+def engine_markdown(snap: EngineSnapshot) -> str:
     """Engine-wide figures (every visitor's requests together)."""
-    mem = snap.get("memory") or {}
+    mem = snap.memory
     if mem:
         memory = (f"{mem['allocated_gib']:.2f} GiB in use · {mem['reserved_gib']:.2f} GiB reserved · "
                   f"peak {mem['peak_gib']:.2f} GiB · CUDA-graph pool {mem['graph_pool_gib']:.2f} GiB · "
                   f"Inductor graph-tree pool {mem.get('tree_pool_gib', 0.0):.2f} GiB")
     else:
-        memory = f"none (runs on {snap.get('device', '?')})"
-    calls = snap.get("decode_calls", 0)
-    return (f"**Engine, all visitors** · default mode `{snap['mode']}` on {snap['device']} ({snap['dtype']})\n\n"
-            f"- requests: {snap['active']} generating, {snap['waiting']} waiting, "
-            f"{snap['max_num_seqs']} at once at most per mode\n"
-            f"- speed: {snap['steps_per_s']:.1f} frames/s across requests · average requests per frame "
-            f"{snap['mean_occupancy']:.2f}\n"
-            f"- audio decoding: {snap.get('codec_precision', '?')}, {snap.get('chunk_decodes', 0)} chunks in "
-            f"{calls} batches, {1000 * snap.get('decode_seconds', 0.0) / max(calls, 1):.1f} ms per batch\n"
-            f"- layers run as: {snap.get('layer_kernels', '?')}\n- GPU memory: {memory}")
+        memory = f"none (runs on {snap.device})"
+    calls = snap.decode_calls
+    return (f"**Engine, all visitors** · default mode `{snap.mode}` on {snap.device} ({snap.dtype})\n\n"
+            f"- requests: {snap.active} generating, {snap.waiting} waiting, "
+            f"{snap.max_num_seqs} at once at most per mode\n"
+            f"- speed: {snap.steps_per_s:.1f} frames/s across requests · average requests per frame "
+            f"{snap.mean_occupancy:.2f}\n"
+            f"- audio decoding: {snap.codec_precision}, {snap.chunk_decodes} chunks in "
+            f"{calls} batches, {1000 * snap.decode_seconds / max(calls, 1):.1f} ms per batch\n"
+            f"- layers run as: {snap.layer_kernels}\n- GPU memory: {memory}")
 
 
 def readiness_markdown(readiness: Mapping[str, str], notes: Mapping[str, str] | None = None) -> str:

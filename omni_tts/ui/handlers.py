@@ -156,7 +156,7 @@ def synthesize_in_call(engine: Any, f: Mapping[str, Any], history: list | None =
     with user_errors("synthesis"):
         params = ui.make_params(engine, f, info)
         params.validate()
-        m = RequestMetrics(0, engine.snapshot()["mode"], now(), sample_rate=engine.sample_rate)
+        m = RequestMetrics(0, engine.mode.value, now(), sample_rate=engine.sample_rate)
         wav, frames = engine_access.synthesize_whole(engine, params)
     m.first_audio_at = m.finished_at = now()  # the whole clip is the first audio here
     m.frames, m.audio_samples, m.status = frames, int(wav.shape[0]), "done"

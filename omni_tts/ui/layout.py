@@ -58,9 +58,9 @@ def build_demo(engine: Any, model_reason: str = "", zero: bool = False,
                 with gr.Tab("Listening test", elem_id="tab-listening"):
                     lt = tabs.listening_tab(modes)
                 with gr.Tab("Load test", elem_id="tab-load"):
-                    ld = tabs.load_tab(engine.config.max_num_seqs, modes, snap["mode"])
+                    ld = tabs.load_tab(engine.config.max_num_seqs, modes, snap.mode)
             with gr.Column(scale=2):
-                p = tabs.engine_panel(policy, snap["mode"], readiness, snap)
+                p = tabs.engine_panel(policy, snap.mode, readiness, snap)
         ctx = {"engine": engine, "info": info, "policy": policy, "zero": zero}
         _wire_synthesis(ctx, s, p, history)
         _wire_panel(ctx, p, history, plotted)

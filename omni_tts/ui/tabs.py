@@ -15,6 +15,7 @@ from typing import Any
 import gradio as gr
 
 from omni_tts import config
+from omni_tts.engine.snapshot import EngineSnapshot
 from omni_tts.ui import files, formatting, labels, plots
 from omni_tts.ui import support as ui
 
@@ -127,7 +128,7 @@ def examples(c: Mapping[str, Any], info: Mapping[str, Any]) -> Any:
                        api_visibility="private")
 
 
-def engine_panel(policy: ui.AdminPolicy, current: str, readiness: str, snapshot: Mapping[str, Any]) -> dict:
+def engine_panel(policy: ui.AdminPolicy, current: str, readiness: str, snapshot: EngineSnapshot) -> dict:
     """This visitor's figures and plots, then the engine-wide figures, readiness and the mode switch."""
     c: dict[str, Any] = {}
     c["live"] = gr.Markdown(formatting.live_markdown(None, None), elem_id="live-metrics", elem_classes="metrics")

@@ -7,9 +7,11 @@ uncompiled so it reads only the first kv_len positions chosen per step without a
 CodePredictor's layer (16-position scratch cache per frame), head (final norm + codebook head +
 sampling) and feed (code embedding + input projection); the talker's sampling call. Each unit is
 compiled once per Inductor mode and reused for every layer and codebook step, so a batch bucket costs
-a few small compiles; the hand-written Triton kernels replace units where chosen. `whole_frame` is
-the CodePredictor's 15 steps as one compile (Inductor's kernels only), traced through regions that
-are lowered once and reused at every layer and step: what reduce-overhead runs. q|k|v and gate|up
+a few small compiles; the hand-written Triton kernels replace units where chosen. The CodePredictor's
+frame has one body here (`_frame_body`, CodePredictor.predict_frame's contract): `predict_frame` runs
+it over the units and kernels, `whole_frame` compiles it once (Inductor's kernels only), traced
+through regions that are lowered once and reused at every layer and step: what reduce-overhead runs.
+Its layers run on one of three named paths per step shape (`_layers`). q|k|v and gate|up
 run as one matmul each over packed weights that share storage with the reference modules
 (`fuse_rows`), and single-row projections run as multiply-and-sum reductions (`linear`): fewer,
 bigger kernels for a launch-bound decode. Knows nothing about requests, graphs or how buckets are chosen.
@@ -24,18 +26,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni_tts.config import ModeSpec
 from omni_tts.kernels import heads as head_kernels
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import talker as talker_kernels
 from omni_tts.models import sampling
+from omni_tts.models.compiled.kernel_choice import KernelChoice
 from omni_tts.models.compiled.packed_weights import fuse_layer
 from omni_tts.models.layers import apply_rope, gqa_attention, rms_norm
 
 # Rows (batch x tokens) up to which a projection runs as multiply-and-sum: Inductor makes it one reduction
 # kernel that reads the weight once and fuses its neighbours (cuBLAS's GEMV wins from two rows on).
 GEMV_MAX_ROWS = 1
-TALKER_KERNEL_ROWS = 8  # talker steps of at most this many rows run the Triton layers (cuBLAS wins above)
-TALKER_PDL_ROWS = 1  # ...with programmatic dependent launch only at one row (whole-row tiles; it costs above)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -168,18 +170,20 @@ def _cloned(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-class FastPath:
-    """The compiled units of one CompileMode plus the two step bodies built from them."""
+class FastPath(KernelChoice):
+    """The compiled units of one CompileMode plus the talker step and the predictor frame built from them."""
 
-    def __init__(self, model: Any, inductor_mode: str | None, regions: bool = True) -> None:
-        """regions: the whole-frame compile traces the layer, head and feed once each and reuses them
-        (False: inlines all 75 layer and 15 head calls, for comparing the two)."""
+    def __init__(self, model: Any, spec: ModeSpec | None, regions: bool = True) -> None:
+        """spec: the compile mode's row of MODES (None: every unit plain, uncompiled); regions: the
+        whole-frame compile traces the layer, head and feed once each and reuses them (False: inlines all
+        75 layer and 15 head calls, for comparing the two)."""
         self.model = model
         self.regions = regions
+        inductor_mode = spec.inductor if spec is not None else None
         compile_: Callable[..., Callable] = lambda f, dynamic=False: torch.compile(  # noqa: E731
             f, mode=inductor_mode, dynamic=dynamic, fullgraph=True)
-        # reduce-overhead compiles only the whole frame (below): its units stay plain functions inside it
-        wrap = (lambda f: f) if inductor_mode in (None, "reduce-overhead") else compile_
+        # a whole-frame mode compiles only the whole frame (below): its units stay plain functions inside it
+        wrap = compile_ if inductor_mode is not None and not spec.whole_frame else (lambda f: f)
         # the talker layer is two units around an uncompiled attention call, so the attention can read
         # only the first L cache positions (L chosen per step) without a recompile per L
         self.talker_attn_in = wrap(talker_attn_in)
@@ -189,10 +193,10 @@ class FastPath:
         self.predictor_head = wrap(predictor_head)
         self.predictor_feed = wrap(predictor_feed)
         # the whole frame as one compiled function (Inductor's kernels only, batch size dynamic after the
-        # first two shapes, so four compiles in all instead of one per bucket): reduce-overhead's graph
-        # trees record one graph per batch shape and replay it once per frame (the KV cache is an
-        # intermediate, so no input is written in place; outputs are copied out before the next replay)
-        self.records_graph_trees = inductor_mode == "reduce-overhead"
+        # first two shapes, so four compiles in all instead of one per bucket): graph trees record one graph
+        # per batch shape and replay it once per frame (the KV cache is an intermediate, so no input is
+        # written in place; outputs are copied out before the next replay)
+        self.records_graph_trees = spec is not None and spec.graph_trees
         self.region_error = ""  # why the whole frame fell back to inlined layers, if it did
         self._compile, self._frame, self._frame_ran = compile_, None, False
         self.whole_frame: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = (
@@ -215,31 +219,46 @@ class FastPath:
         self.rope_at = [(cos[:, t:t + 1].contiguous(), sin[:, t:t + 1].contiguous()) for t in range(self.n_pos)]
         self.rope01 = (cos[:, :2].contiguous(), sin[:, :2].contiguous())
         self.codebook = [torch.tensor(j, device=dev) for j in range(self.n_pos)]
-        self.kernel_rows = 0  # predictor steps of at most this many rows run omni_tts.kernels.layers (set per mode)
-        self.talker_kernel_rows = 0  # the same for talker steps
-        self.head_kernel_rows = 0  # and for the predictor's per-codebook head, choice and feed (rows = batch)
-        self.kernel_pdl = False  # the predictor's kernels launched with programmatic dependent launch
-        self.talker_pdl_rows = 0  # the talker's, for steps of at most this many rows
 
-    def _predictor_layers(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int,
-                          units: bool = True) -> torch.Tensor:
-        """All predictor layers for x: [B, T, d] at positions pos0..pos0+T-1 (Triton kernels or Inductor's;
-        `units` False: the pure layer region, for tracing into a whole-frame compile)."""
-        cp = self.model.code_predictor
+    def _layers(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int,
+                traced: bool) -> torch.Tensor:
+        """All predictor layers for x: [B, T, d] at positions pos0..pos0+T-1, on the path chosen for this
+        shape: the traced regions inside a whole-frame compile, else the Triton kernels up to `kernel_rows`
+        rows (B x T), else the compiled units."""
+        if traced:
+            return self._layers_traced_regions(x, kc, vc, pos0)
         B, T = x.shape[:2]
-        if units and B * T <= self.kernel_rows and all(kernels.supports(layer, B * T) for layer in cp.layers):
-            for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
-                x = kernels.predictor_layer(layer, *w, x, self.cos, self.sin, kc[i], vc[i], pos0, self.kernel_pdl)
-            return x
+        layers = self.model.code_predictor.layers
+        if B * T <= self.kernel_rows and all(kernels.supports(layer, B * T) for layer in layers):
+            return self._layers_triton(x, kc, vc, pos0)
+        return self._layers_compiled_units(x, kc, vc, pos0)
+
+    def _layers_triton(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int
+                       ) -> torch.Tensor:
+        """The layers as omni_tts.kernels.layers (five kernels each), the cache written in place."""
+        for i, (layer, w) in enumerate(zip(self.model.code_predictor.layers, self.predictor_w)):
+            x = kernels.predictor_layer(layer, *w, x, self.cos, self.sin, kc[i], vc[i], pos0, self.kernel_pdl)
+        return x
+
+    def _layers_compiled_units(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int
+                               ) -> torch.Tensor:
+        """The layers as this mode's compiled layer unit (Inductor's kernels), the cache written in place."""
+        T = x.shape[1]
         mask, pos = (self.mask01, self.pos01) if T == 2 else (self.mask1[pos0], self.pos[pos0])
-        if units:
-            cos, sin = self.cos[:, pos0:pos0 + T], self.sin[:, pos0:pos0 + T]
-            for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
-                x = self.predictor_layer(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
-            return x
+        cos, sin = self.cos[:, pos0:pos0 + T], self.sin[:, pos0:pos0 + T]
+        for i, (layer, w) in enumerate(zip(self.model.code_predictor.layers, self.predictor_w)):
+            x = self.predictor_layer(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
+        return x
+
+    def _layers_traced_regions(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int
+                               ) -> torch.Tensor:
+        """The layers as the pure layer region a whole-frame compile traces once and reuses: each returns
+        its new cache (kc/vc entries replaced) and reads its positions' rope as tensors of their own."""
+        T = x.shape[1]
+        mask, pos = (self.mask01, self.pos01) if T == 2 else (self.mask1[pos0], self.pos[pos0])
         cos, sin = self.rope01 if T == 2 else self.rope_at[pos0]  # pos0 == 0 when T == 2
         pure = self._traced_fns()[0]
-        for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
+        for i, (layer, w) in enumerate(zip(self.model.code_predictor.layers, self.predictor_w)):
             x, kc[i], vc[i] = pure(layer, *w, x, cos, sin, mask, kc[i], vc[i], pos)
         return x
 
@@ -257,7 +276,7 @@ class FastPath:
         h = x[:, None]  # [b, 1, D]
         for i, (layer, (w_qkv, b_qkv, w_gu)) in enumerate(zip(talker.layers, self.talker_w)):
             kc, vc = cache.k[i, :b], cache.v[i, :b]  # [b, Hkv, M, hd]
-            if tri:  # programmatic dependent launch up to TALKER_PDL_ROWS
+            if tri:  # programmatic dependent launch up to `talker_pdl_rows` (kernel_choice.TALKER_PDL_ROWS)
                 q = talker_kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, pdl)
             else:
                 q = self.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, rows, pos)  # [b, H, 1, hd]
@@ -269,7 +288,7 @@ class FastPath:
     def predict_frame(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,
                       seed: torch.Tensor, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Same contract as CodePredictor.predict_frame: -> (codes 1..15 [B, 15], embedding sum [B, D])."""
-        return self._predict(hidden, code0, sp, seed, frame, True)
+        return self._frame_body(hidden, code0, sp, seed, frame, False)
 
     def _run_whole_frame(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole frame, compiled on the first call; where this torch cannot compile it through the
@@ -299,120 +318,60 @@ class FastPath:
 
     def _predict_plain(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,
                        seed: torch.Tensor, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """predict_frame over the plain functions, no hand-written kernels: the body `whole_frame` compiles."""
-        return self._predict(hidden, code0, sp, seed, frame, False)
+        """The frame over the traced regions, no hand-written kernels: the body `whole_frame` compiles."""
+        return self._frame_body(hidden, code0, sp, seed, frame, True)
 
-    def _predict(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams, seed: torch.Tensor,
-                 frame: torch.Tensor, units: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _frame_body(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams, seed: torch.Tensor,
+                    frame: torch.Tensor, traced: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """The frame's 15 codebook steps over a 16-position KV cache made here (an intermediate, so a
-        whole-frame compile writes no input in place); `units`: this path's compiled units and
-        hand-written kernels where chosen, else the plain functions."""
-        head_fn, feed_fn = (self.predictor_head, self.predictor_feed) if units else self._traced_fns()[1:]
+        whole-frame compile writes no input in place). Each step: the layers (`_layers`), then the head,
+        the code's choice and the next input, as omni_tts.kernels.heads where they apply to this batch
+        (up to `head_kernel_rows` rows whose settings fit; the embedding sum then accumulates in float32),
+        else as this path's head and feed units (`traced`: the regions a whole-frame compile traces)."""
         cp = self.model.code_predictor
-        e0 = self.model.talker.codec_embedding(code0)  # [B, D]
+        e0 = self.model.talker.codec_embedding(code0).to(hidden.dtype)  # [B, D]
         B = hidden.shape[0]
-        x = cp.small_to_mtp_projection(torch.stack([hidden, e0.to(hidden.dtype)], dim=1))  # [B, 2, d]
+        x = cp.small_to_mtp_projection(torch.stack([hidden, e0], dim=1))  # [B, 2, d]
         kc = [x.new_zeros(B, cp.num_kv_heads, self.n_pos, cp.head_dim) for _ in cp.layers]
         vc = [x.new_zeros(B, cp.num_kv_heads, self.n_pos, cp.head_dim) for _ in cp.layers]
-        if units and B <= self.head_kernel_rows and head_kernels.supports(sp, B, cp.vocab_size):
-            return self._predict_with_head_kernels(x, kc, vc, e0.to(hidden.dtype), sp, seed, frame)
-        codes, embeds = [], [e0.to(hidden.dtype)]
+        head_kernels_on = (not traced and B <= self.head_kernel_rows
+                           and head_kernels.supports(sp, B, cp.vocab_size))
+        esum = e0.float() if head_kernels_on else None  # [B, D] running embedding sum (the kernels')
+        codes, embeds = [], [e0]
         pos0 = 0  # x holds positions pos0.. (the first step: talker hidden and code 0 at 0 and 1)
         for j in range(self.n_pos - 1):
-            x = self._predictor_layers(x, kc, vc, pos0, units)  # [B, T, d]
+            x = self._layers(x, kc, vc, pos0, traced)  # [B, T, d]
             pos0 = j + 2  # the next input's position
-            code = head_fn(cp.norm, cp.lm_head[j], x, sp, seed, frame, self.codebook[j + 1])  # [B]
-            codes.append(code)
-            if pos0 < self.n_pos:
-                e, x = feed_fn(cp.codec_embedding[j], cp.small_to_mtp_projection, code)  # [B, D], [B, 1, d]
-                embeds.append(e)
+            if head_kernels_on:
+                code, x = self._head_kernels(j, x, sp, seed, frame, esum, pos0 < self.n_pos)
             else:
-                embeds.append(cp.codec_embedding[j](code))  # [B, D]
-        return torch.stack(codes, dim=1), torch.stack(embeds, dim=1).sum(1)  # [B, 15], [B, D]
-
-    def _predict_with_head_kernels(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor],
-                                   e0: torch.Tensor, sp: sampling.SlotParams, seed: torch.Tensor,
-                                   frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """predict_frame's loop with each codebook's head, choice and feed as omni_tts.kernels.heads."""
-        cp = self.model.code_predictor
-        proj = cp.small_to_mtp_projection
-        esum = e0.float()  # [B, D] running embedding sum
-        codes = []
-        for j in range(self.n_pos - 1):
-            x = self._predictor_layers(x, kc, vc, 0 if j == 0 else j + 1)  # [B, T, d]
-            table = cp.codec_embedding[j].weight  # [V, D]
-            code = head_kernels.head_choose(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1, table, esum,
-                                            self.kernel_pdl)  # [B]
+                code, x, e = self._head_units(j, x, sp, seed, frame, pos0 < self.n_pos, traced)
+                embeds.append(e)
             codes.append(code)
-            if j + 2 < self.n_pos:
-                x = (head_kernels.feed(table, proj, code, self.kernel_pdl) if isinstance(proj, nn.Linear)
-                     else proj(F.embedding(code, table)[:, None]))  # [B, 1, d]
-        return torch.stack(codes, dim=1), esum.to(e0.dtype)  # [B, 15], [B, D]
+        total = esum.to(e0.dtype) if head_kernels_on else torch.stack(embeds, dim=1).sum(1)
+        return torch.stack(codes, dim=1), total  # [B, 15], [B, D]
 
-    # ------------------------------------------------------------------ hand-written kernels
-    def use_kernels(self, on: bool, batches: list[int], kv_lens: list[int], dtype: torch.dtype,
-                    between: Callable[[], None] = lambda: None) -> str:
-        """Choose the hand-written Triton kernels when `on` (default+cudagraph on CUDA): predictor layers and
-        heads, talker layers, talker attention, and whether they launch with programmatic dependent launch;
-        each group is built now for every batch (and kv length) a capture will use, and where one cannot
-        be, Inductor's kernels (or SDPA) do.
-        -> '' or a notice saying what was turned off and why."""
-        on = on and kernels.available()
-        self.kernel_rows = kernels.MAX_ROWS if on else 0
-        self.talker_kernel_rows = TALKER_KERNEL_ROWS if on else 0
-        self.kernel_pdl = on and kernels.pdl_available(self.model.device)
-        self.talker_pdl_rows = TALKER_PDL_ROWS if self.kernel_pdl else 0
-        self.head_kernel_rows = 0
-        notices = []
-        if self.talker_kernel_rows:
-            err, self.talker_pdl_rows = _probe_pdl(lambda pdl: talker_kernels.probe(
-                self.model.talker.layers[0], self.talker_w[0], batches, self.talker_kernel_rows,
-                dtype, pdl), self.talker_pdl_rows, 0)
-            if err:
-                self.talker_kernel_rows, self.talker_pdl_rows = 0, 0
-                notices.append(f"Triton talker kernels unavailable on this GPU ({err}); using Inductor's and SDPA")
-        if self.kernel_rows:
-            between()
-            notices.append(self._use_predictor_kernels(batches, between))
-        return "; ".join(n for n in notices if n)
-
-    def _use_predictor_kernels(self, batches: list[int], between: Callable[[], None]) -> str:
-        """Probe the predictor's layer kernels (with PDL, else without), then its head kernels."""
+    def _head_units(self, j: int, x: torch.Tensor, sp: sampling.SlotParams, seed: torch.Tensor,
+                    frame: torch.Tensor, feed: bool, traced: bool) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """Codebook j + 1's head and choice, then (`feed`) the next input, as units -> (code [B], the next
+        input [B, 1, d] or None, the code's embedding [B, D])."""
         cp = self.model.code_predictor
-        args = (cp.layers[0], self.predictor_w[0], self.cos, self.sin, batches, self.kernel_rows)
-        err, self.kernel_pdl = _probe_pdl(lambda pdl: kernels.probe(*args, pdl), self.kernel_pdl, False)
-        if err:
-            self.kernel_rows = 0
-            return f"Triton predictor kernels unavailable on this GPU ({err}); using Inductor's"
-        self.head_kernel_rows = self.kernel_rows
-        between()
-        err = head_kernels.probe(cp, batches, self.head_kernel_rows, sampling.TOPK_CAP, self.kernel_pdl)
-        if err and self.kernel_pdl and not head_kernels.probe(cp, batches, self.head_kernel_rows,
-                                                              sampling.TOPK_CAP, False):
-            self.kernel_pdl = False  # the heads build without programmatic dependent launch: all go without it
-            err = ""
-        if err:
-            self.head_kernel_rows = 0
-            return f"Triton predictor head kernels unavailable on this GPU ({err}); using Inductor's"
-        return ""
+        head_fn, feed_fn = self._traced_fns()[1:] if traced else (self.predictor_head, self.predictor_feed)
+        code = head_fn(cp.norm, cp.lm_head[j], x, sp, seed, frame, self.codebook[j + 1])  # [B]
+        if feed:
+            e, x = feed_fn(cp.codec_embedding[j], cp.small_to_mtp_projection, code)  # [B, D], [B, 1, d]
+            return code, x, e
+        return code, None, cp.codec_embedding[j](code)  # [B, D]
 
-    def kernels_report(self) -> str:
-        """One line: which kernels run the predictor's and the talker's layers (for the engine panel)."""
-        if not (self.kernel_rows or self.talker_kernel_rows):
-            return "Inductor kernels"
-        pdl = ", predictor with programmatic dependent launch" if self.kernel_pdl else ""
-        if self.kernel_pdl and self.talker_kernel_rows and self.talker_pdl_rows:
-            pdl += f" (talker: up to {min(self.talker_pdl_rows, self.talker_kernel_rows)} rows)"
-        head = " (+ heads and sampling)" if self.head_kernel_rows else ""
-        return (f"Triton kernels up to {self.kernel_rows} predictor rows{head} / {self.talker_kernel_rows} talker "
-                f"rows{pdl}, Inductor above")
-
-
-def _probe_pdl(probe: Callable[[Any], str], pdl: Any, off: Any) -> tuple[str, Any]:
-    """probe(pdl), and where that fails with programmatic dependent launch on, once more with `off`
-    -> (the last error or '', the PDL setting it ran with)."""
-    err = probe(pdl)
-    if err and pdl:
-        pdl = off
-        err = probe(off)
-    return err, pdl
+    def _head_kernels(self, j: int, x: torch.Tensor, sp: sampling.SlotParams, seed: torch.Tensor,
+                      frame: torch.Tensor, esum: torch.Tensor, feed: bool) -> tuple[torch.Tensor, Any]:
+        """Codebook j + 1's head, choice (its embedding added to esum) and (`feed`) the next input as
+        omni_tts.kernels.heads -> (code [B], the next input [B, 1, d] or None)."""
+        cp = self.model.code_predictor
+        proj, table = cp.small_to_mtp_projection, cp.codec_embedding[j].weight  # table: [V, D]
+        code = head_kernels.head_choose(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1, table, esum,
+                                        self.kernel_pdl)  # [B]
+        if not feed:
+            return code, None
+        return code, (head_kernels.feed(table, proj, code, self.kernel_pdl) if isinstance(proj, nn.Linear)
+                      else proj(F.embedding(code, table)[:, None]))  # [B, 1, d]

@@ -1,0 +1,105 @@
+"""Which hand-written Triton kernels a compiled path runs (`KernelChoice`, a base of FastPath): chosen
+once, when the engine sets up the GPU, by building each kernel group for every batch a capture will use.
+
+Owns the row limits per kernel group (predictor layers, predictor heads, talker layers) and whether
+they launch with programmatic dependent launch; where a group cannot be built on this GPU, Inductor's
+kernels serve instead and a notice says why. Knows nothing about requests, graphs or modes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from omni_tts.kernels import heads as head_kernels
+from omni_tts.kernels import layers as kernels
+from omni_tts.kernels import talker as talker_kernels
+from omni_tts.models import sampling
+
+TALKER_KERNEL_ROWS = 8  # talker steps of at most this many rows run the Triton layers (cuBLAS wins above)
+TALKER_PDL_ROWS = 1  # ...with programmatic dependent launch only at one row (whole-row tiles; it costs above)
+
+
+class KernelChoice:
+    """The kernel choice of one compiled path; its subclass provides `model`, `talker_w`, `predictor_w`,
+    `cos` and `sin`. All limits 0 (Inductor's kernels everywhere) until `use_kernels`."""
+
+    kernel_rows = 0  # predictor steps of at most this many rows (batch x positions) run omni_tts.kernels.layers
+    talker_kernel_rows = 0  # the same for talker steps
+    head_kernel_rows = 0  # and for the predictor's per-codebook head, choice and feed (rows = batch)
+    kernel_pdl = False  # the predictor's kernels launched with programmatic dependent launch
+    talker_pdl_rows = 0  # the talker's, for steps of at most this many rows
+    model: Any
+    talker_w: list
+    predictor_w: list
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def use_kernels(self, on: bool, batches: list[int], kv_lens: list[int], dtype: torch.dtype,
+                    between: Callable[[], None] = lambda: None) -> str:
+        """Choose the hand-written Triton kernels when `on` (default+cudagraph on CUDA): predictor layers and
+        heads, talker layers, talker attention, and whether the predictor's launch with programmatic
+        dependent launch; each group is built now for every batch (and kv length) a capture will use, and
+        where one cannot be, Inductor's kernels (or SDPA) do.
+        -> '' or a notice saying what was turned off and why."""
+        on = on and kernels.available()
+        self.kernel_rows = kernels.MAX_ROWS if on else 0
+        self.talker_kernel_rows = TALKER_KERNEL_ROWS if on else 0
+        self.kernel_pdl = on and kernels.pdl_available(self.model.device)
+        self.talker_pdl_rows = TALKER_PDL_ROWS if self.kernel_pdl else 0
+        self.head_kernel_rows = 0
+        notices = []
+        if self.talker_kernel_rows:
+            err, self.talker_pdl_rows = _probe_pdl(lambda pdl: talker_kernels.probe(
+                self.model.talker.layers[0], self.talker_w[0], batches, self.talker_kernel_rows,
+                dtype, pdl), self.talker_pdl_rows, 0)
+            if err:
+                self.talker_kernel_rows, self.talker_pdl_rows = 0, 0
+                notices.append(f"Triton talker kernels unavailable on this GPU ({err}); using Inductor's and SDPA")
+        if self.kernel_rows:
+            between()
+            notices.append(self._use_predictor_kernels(batches, between))
+        return "; ".join(n for n in notices if n)
+
+    def _use_predictor_kernels(self, batches: list[int], between: Callable[[], None]) -> str:
+        """Probe the predictor's layer kernels (with PDL, else without), then its head kernels."""
+        cp = self.model.code_predictor
+        args = (cp.layers[0], self.predictor_w[0], self.cos, self.sin, batches, self.kernel_rows)
+        err, self.kernel_pdl = _probe_pdl(lambda pdl: kernels.probe(*args, pdl), self.kernel_pdl, False)
+        if err:
+            self.kernel_rows = 0
+            return f"Triton predictor kernels unavailable on this GPU ({err}); using Inductor's"
+        self.head_kernel_rows = self.kernel_rows
+        between()
+        err = head_kernels.probe(cp, batches, self.head_kernel_rows, sampling.TOPK_CAP, self.kernel_pdl)
+        if err and self.kernel_pdl and not head_kernels.probe(cp, batches, self.head_kernel_rows,
+                                                              sampling.TOPK_CAP, False):
+            self.kernel_pdl = False  # the heads build without programmatic dependent launch: all go without it
+            err = ""
+        if err:
+            self.head_kernel_rows = 0
+            return f"Triton predictor head kernels unavailable on this GPU ({err}); using Inductor's"
+        return ""
+
+    def kernels_report(self) -> str:
+        """One line: which kernels run the predictor's and the talker's layers (for the engine panel)."""
+        if not (self.kernel_rows or self.talker_kernel_rows):
+            return "Inductor kernels"
+        pdl = ", predictor with programmatic dependent launch" if self.kernel_pdl else ""
+        if self.kernel_pdl and self.talker_kernel_rows and self.talker_pdl_rows:
+            pdl += f" (talker: up to {min(self.talker_pdl_rows, self.talker_kernel_rows)} rows)"
+        head = " (+ heads and sampling)" if self.head_kernel_rows else ""
+        return (f"Triton kernels up to {self.kernel_rows} predictor rows{head} / {self.talker_kernel_rows} talker "
+                f"rows{pdl}, Inductor above")
+
+
+def _probe_pdl(probe: Callable[[Any], str], pdl: Any, off: Any) -> tuple[str, Any]:
+    """probe(pdl), and where that fails with programmatic dependent launch on, once more with `off`
+    -> (the last error or '', the PDL setting it ran with)."""
+    err = probe(pdl)
+    if err and pdl:
+        pdl = off
+        err = probe(off)
+    return err, pdl

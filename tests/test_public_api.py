@@ -1,0 +1,58 @@
+"""The public API: what `omni_tts` exports, and README's "Use it from Python" example run as written."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from omni_tts import EngineError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _readme_example() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Use it from Python", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 1, "the section holds one Python example"
+    return blocks[0]
+
+
+def test_the_public_names_import_from_the_package_and_the_engine_only_when_asked():
+    """`import omni_tts` does not pull in torch; naming `Engine` does (a fresh interpreter for each)."""
+    code = ("import sys, omni_tts; assert 'torch' not in sys.modules, 'torch at import'; "
+            "from omni_tts import (Engine, SynthesisParams, CompileMode, load_preset, OmniTTSError, InputError, "
+            "EngineError, Cancelled, CheckpointError, EngineSnapshot, MODES); "
+            "assert Engine.__module__ == 'omni_tts.engine.engine' and 'torch' in sys.modules; "
+            "assert issubclass(Cancelled, EngineError) and issubclass(InputError, OmniTTSError); "
+            "assert set(MODES) == set(CompileMode); "
+            "assert set(omni_tts.__all__) <= set(dir(omni_tts)); "
+            "print(sorted(omni_tts.__all__))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    for name in ("Engine", "SynthesisParams", "CompileMode", "load_preset", "EngineSnapshot"):
+        assert f"'{name}'" in out.stdout
+
+
+def test_the_readme_example_runs_and_streams_the_whole_clip(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the example names the fixture by a path relative to the repository
+    printed = io.StringIO()
+    scope: dict = {}
+    with contextlib.redirect_stdout(printed):
+        exec(compile(_readme_example(), "README.md", "exec"), scope)  # noqa: S102
+    lines = printed.getvalue().splitlines()
+    chunks = [line for line in lines if line.startswith("chunk ")]
+    assert chunks and lines[-1].startswith("done "), lines
+    result = scope["result"]
+    # the streamed chunks add up to the finished clip, which the engine that made it no longer serves
+    assert sum(int(line.split()[2]) for line in chunks) == result.wav.size > 0
+    with pytest.raises(EngineError, match="shut down"):
+        scope["engine"].submit(scope["SynthesisParams"](text="After the end."))
