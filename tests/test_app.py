@@ -105,10 +105,14 @@ def test_synthesis_streams_then_gives_file_history_and_figures(engine):
 def test_history_and_running_request_are_per_visitor(engine):
     mine = list(handlers.synthesize(engine, form(text="Mine."), [], request=visitor("me")))[-1][4]
     theirs = list(handlers.synthesize(engine, form(text="Theirs."), [], request=visitor("them")))[-1][4]
+    mine = list(handlers.synthesize(engine, form(text="Mine again."), mine, request=visitor("me")))[-1][4]
+    # each visitor counts their own requests from 1, whatever the engine served before
+    assert [r["request"] for r in mine] == [1, 2] and [r["request"] for r in theirs] == [1]
+    assert mine[0]["id"] < theirs[0]["id"] < mine[1]["id"]
     live, panel, readiness, ttfp, rtf, plotted = handlers.refresh_panel(engine, mine, -1, visitor("me"))
-    assert f"last #{mine[-1]['request']} " in live and f"#{theirs[-1]['request']} " not in live
+    assert "last #2 (eager)" in live and f"{mine[-1]['e2e_ms']:.0f} ms" in live
     assert "all visitors" in panel and "ready, default" in readiness
-    assert ttfp.count('class="point"') == 1 and f"#{mine[-1]['request']} eager" in ttfp  # only this visitor's
+    assert ttfp.count('class="point"') == 2 and "#2 eager" in ttfp  # only this visitor's
     assert plotted == mine[-1]["request"]
     assert handlers.refresh_panel(engine, mine, plotted, visitor("me"))[3] is not ttfp  # unchanged: not re-sent
     assert handlers.stop(visitor("me")) == "nothing running"  # the other visitor's requests are not ours
@@ -130,13 +134,13 @@ def test_stop_keeps_the_partial_audio_and_records_the_request(engine):
 def test_a_clip_cut_at_max_length_says_so(engine):
     with pytest.warns(UserWarning, match="Max length"):
         out = list(handlers.synthesize(engine, form(max_len=3)))[-1]
-    assert "stopped at Max length (2 frames" in out[5] and out[4][-1]["note"] == "capped"
+    assert "stopped at Max length (3 frames" in out[5] and out[4][-1]["note"] == "capped"  # as many as asked
 
 
 @pytest.mark.parametrize("fields, message", [
     ({"text": ""}, "Text is empty"),
     ({"speaker": "nobody"}, "nobody"),
-    ({"max_len": 1}, "Max length"),
+    ({"max_len": 0}, "Max length must be at least 1 frame"),
     ({"seed": 1e300}, "Seed"),
     ({"top_k": float("nan")}, "Top-k must be a finite number"),
     ({"task": "voice_clone"}, "Reference audio is empty"),
@@ -195,7 +199,8 @@ def test_listening_test_gives_clips_verdict_exports_and_abx(engine):
 def test_load_test_reports_rounded_tables_and_needs_admin_on_a_public_server(engine):
     table, per, status = engine_actions.load_test(engine, form(), 2, "eager", "one\ntwo words", 0)
     assert list(table.columns) == list(formatting.LOAD_COLUMNS) and status.startswith("2/2")
-    assert len(per) == 2 and set(per["status"]) == {"done"} and table["requests/s"][0] > 0
+    assert len(per) == 2 and set(per["status"]) == {"done"} and table["req/s"][0] > 0
+    assert list(per["#"]) == [1, 2]  # numbered within the test
     with pytest.raises(gr.Error, match="public server"):
         engine_actions.load_test(engine, form(), 2, "eager", "one", 0, None, ui.AdminPolicy(public=True))
 

@@ -80,7 +80,7 @@ def listening_test(engine: Any, f: Mapping[str, Any], text: str, seed: float, mo
     base = clips[0]
     verdicts = [ui.verdict_text(base["mode"], c["mode"], base["codes"], c["codes"]) for c in clips[1:]]
     rows = [{"mode": c["mode"], "ran as": c["ran_as"], **dict(list(formatting.row(c["metrics"]).items())[3:]),
-             "frames": len(c["codes"]), "same codes as first": ui.compare_codes(base["codes"], c["codes"])[0],
+             "frames": len(c["codes"]), "same codes": ui.compare_codes(base["codes"], c["codes"])[0],
              "file": c["path"]} for c in clips]
     csv_path = files.write_csv(rows, "listening-results")
     audio = [gr.update(value=c["path"], label=f"{c['mode']} · TTFP {formatting.fmt(c['metrics'].ttfp_ms, ' ms')} · "
@@ -129,5 +129,5 @@ def load_test(engine: Any, f: Mapping[str, Any], n: float, mode: str, prompts: s
     mode = handles[0].metrics.mode
     s = summarize([h.metrics for h in handles], wall)
     table = pd.DataFrame([formatting.load_row(mode, n, s)])
-    per = pd.DataFrame([formatting.row(h.metrics) for h in handles])
+    per = pd.DataFrame([formatting.row(h.metrics, i + 1) for i, h in enumerate(handles)])
     return table, per, f"{int(s['requests'])}/{n} requests done in {wall:.2f} s"

@@ -26,7 +26,7 @@ from omni_tts.ui import support as ui
 
 log = logging.getLogger("omni_tts.app")
 CHUNK_TIMEOUT_S = 600.0  # longest wait between two chunks (a CPU 'default' compile can pause requests minutes)
-_running: dict[str, Any] = {}  # visitor key -> their request in flight
+_running: dict[str, tuple[Any, int]] = {}  # visitor key -> (their request in flight, its number for them)
 _running_lock = threading.Lock()
 
 
@@ -67,35 +67,37 @@ def synthesize(engine: Any, f: Mapping[str, Any], history: list | None = None, s
     recorded in the history like any other."""
     info = info or engine.model_info()
     history, key, samples = list(history or []), visitor(request), []
+    number = formatting.next_number(history)
     with user_errors("synthesis"):
         handle = _start(engine, f, info)
     with _running_lock:
-        _running[key] = handle
+        _running[key] = (handle, number)
     try:
         with user_errors("synthesis"):
             for chunk in _chunks(handle):
                 samples.append(chunk.samples)
                 audio = files.wav_bytes(chunk.samples, chunk.sample_rate) if streaming else gr.skip()
-                running = formatting.record(handle.metrics, streaming)
+                running = formatting.record(handle.metrics, streaming, number=number)
                 yield (audio, gr.skip(), gr.skip(), formatting.live_markdown(running, _last(history)), gr.skip(),
                        gr.skip())
     finally:
         with _running_lock:
-            if _running.get(key) is handle:
+            if _running.get(key, (None,))[0] is handle:
                 del _running[key]
         if not handle.done:
             handle.cancel()
-    yield _finish(engine, handle, samples, history, streaming)
+    yield _finish(engine, handle, samples, history, streaming, number)
 
 
-def _finish(engine: Any, handle: Any, samples: list[np.ndarray], history: list, streaming: bool) -> tuple:
+def _finish(engine: Any, handle: Any, samples: list[np.ndarray], history: list, streaming: bool,
+            number: int) -> tuple:
     """The last yield: the whole clip (or what was made before Stop), its download, figures, notice."""
     m, sr = handle.metrics, handle.sample_rate
     wav = np.concatenate(samples) if samples else np.zeros(0, np.float32)
     stopped = m.status == "cancelled"
     note = ""
     if stopped:
-        note = f"Stopped: request #{m.request_id} kept {len(wav) / sr:.1f} s of audio (partial download below)."
+        note = f"Stopped: request #{number} kept {len(wav) / sr:.1f} s of audio (partial download below)."
     else:
         cap = handle.max_frames
         asked = handle.params.max_new_tokens or engine.model_info()["generation"].get("max_new_tokens")
@@ -104,7 +106,7 @@ def _finish(engine: Any, handle: Any, samples: list[np.ndarray], history: list, 
             gr.Warning(note)
     path = files.write_wav(wav, sr, "stopped-partial" if stopped else "omni-tts") if len(wav) else None
     label = f"Stopped: partial audio ({len(wav) / sr:.1f} s)" if stopped else "Download wav"
-    entry = formatting.record(m, streaming, "stopped" if stopped else ("capped" if note else ""))
+    entry = formatting.record(m, streaming, "stopped" if stopped else ("capped" if note else ""), number)
     history = (history + [entry])[-formatting.HISTORY_LEN:]
     whole = (sr, files.pcm16(wav)) if not streaming and len(wav) else gr.skip()
     return (gr.skip(), whole, gr.update(value=path, label=label, visible=path is not None),
@@ -141,7 +143,7 @@ def synthesize_in_call(engine: Any, f: Mapping[str, Any], history: list | None =
         wav, frames = engine_access.synthesize_whole(engine, params)
     m.first_audio_at = m.finished_at = now()  # the whole clip is the first audio here
     m.frames, m.audio_samples, m.status = frames, int(wav.shape[0]), "done"
-    entry = formatting.record(m, streaming=False)
+    entry = formatting.record(m, streaming=False, number=formatting.next_number(history))
     path = files.write_wav(wav, m.sample_rate, "omni-tts")
     history = (list(history or []) + [entry])[-formatting.HISTORY_LEN:]
     return (gr.skip(), (m.sample_rate, files.pcm16(wav)), gr.update(value=path, label="Download wav", visible=True),
@@ -151,11 +153,11 @@ def synthesize_in_call(engine: Any, f: Mapping[str, Any], history: list | None =
 def stop(request: gr.Request | None = None) -> str:
     """Cancel this visitor's running request; the toast says what happened."""
     with _running_lock:
-        handle = _running.get(visitor(request))
+        handle, number = _running.get(visitor(request), (None, 0))
     if handle is not None and not handle.done:
         handle.cancel()
-        gr.Info(f"Stopping request #{handle.id}: the audio made so far stays available")
-        return f"stopped request #{handle.id}"
+        gr.Info(f"Stopping request #{number}: the audio made so far stays available")
+        return f"stopped request #{number}"
     gr.Info("Nothing to stop: no request of yours is running")
     return "nothing running"
 
@@ -173,14 +175,32 @@ def voice_save(engine: Any, f: Mapping[str, Any], name: str) -> tuple[Any, Any]:
     return gr.update(choices=[""] + files.saved_voices(), value=stem), gr.update(value=download, visible=True)
 
 
+def settled(engine: Any, request: gr.Request | None = None) -> bool:
+    """Nothing left for the panel's timer to follow: none of this visitor's requests runs, the engine
+    has no request in flight and no mode is still warming."""
+    with _running_lock:
+        handle, _ = _running.get(visitor(request), (None, 0))
+    snap = engine.snapshot()
+    busy = snap.get("active", 0) or snap.get("waiting", 0)
+    warming = any(v["state"] in ("warming", "queued") for v in engine.modes().values())
+    return (handle is None or handle.done) and not busy and not warming
+
+
+def saved_voice_choices(current: str | None = None) -> Any:
+    """The saved-voice dropdown read again from the voice store (on page load: voices saved meanwhile,
+    also through the API, appear)."""
+    choices = [""] + files.saved_voices()
+    return gr.update(choices=choices, value=current if current in choices else "")
+
+
 def refresh_panel(engine: Any, history: list | None, plotted: int = -1,
                   request: gr.Request | None = None) -> tuple:
     """Timer tick: this visitor's live table, the engine-wide figures and readiness, and the plots when
     the visitor's history changed since `plotted` (the newest request drawn)."""
     history = list(history or [])
     with _running_lock:
-        handle = _running.get(visitor(request))
-    running = formatting.record(handle.metrics) if handle is not None and not handle.done else None
+        handle, number = _running.get(visitor(request), (None, 0))
+    running = formatting.record(handle.metrics, number=number) if handle is not None and not handle.done else None
     newest = history[-1]["request"] if history else -1
     drawn: tuple = (gr.skip(), gr.skip())
     if newest != plotted:
