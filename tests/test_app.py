@@ -84,6 +84,28 @@ def test_only_the_named_synthesize_endpoint_is_public(engine):
         {p["parameter_name"] for p in params}
 
 
+def test_api_and_page_share_the_request_bounds_and_the_clis_words(engine):
+    from omni_tts import config
+    from omni_tts.ui import api
+
+    demo = app.build_demo(engine)
+    endpoint = demo.get_api_info()["named_endpoints"]["/synthesize"]
+    described = endpoint["description"]
+    for p in endpoint["parameters"]:  # every parameter is described, and the /v1 routes are named
+        assert f"{p['parameter_name']}: {api.PARAMS[p['parameter_name']]}" in described
+    assert "/v1/audio/speech" in described and "custom_voice, voice_design, voice_clone" in described
+    temperature = next(b for b in demo.blocks.values() if getattr(b, "label", "") == "Temperature")
+    high = config.LIMITS["temperature"].high
+    assert temperature.maximum == high  # the page's slider ends where SynthesisParams' bounds end
+    for kw, words in ((dict(temperature=high + 1), "temperature must be"), (dict(task="Base"), "custom_voice, "
+                      "voice_design, voice_clone"), (dict(max_new_tokens=1), "max_new_tokens must be >= 2")):
+        with pytest.raises(gr.Error, match=re.escape(words)):
+            api.synthesize_request(engine, engine.model_info(), "Hi.", **kw)
+    path, metrics = api.synthesize_request(engine, engine.model_info(), "Hi.", temperature=high / 2,
+                                           max_new_tokens=4, seed=1)
+    assert metrics["frames"] == 3 and sf.read(path)[0].size > 0
+
+
 def test_synthesis_streams_then_gives_file_history_and_figures(engine):
     outs = list(handlers.synthesize(engine, form(), [], streaming=True, request=visitor("a")))
     chunks = [o[0] for o in outs[:-1]]
@@ -268,6 +290,33 @@ def test_messages_in_the_uis_words():
     assert labels.in_ui_words("text is empty", labels.OPENAI_FIELDS) == "input is empty"
     assert labels.speaker_label("uncle_fu").startswith("Uncle Fu — ") and labels.speaker_label("x_y") == "X Y"
     assert labels.language_label("beijing_dialect") == "Beijing Dialect"
+
+
+def test_error_paths_examples_and_model_in_plain_words():
+    assert labels.in_ui_words("Error opening '/tmp/gradio/ab/fake': Format not recognised.") == \
+        "Error opening 'fake': Format not recognised."
+    clone = labels.in_ui_words("voice clone: ref_text (the transcript) is required for ICL cloning; pass it")
+    assert clone == "voice clone: Reference text (the transcript) is required for cloning with a transcript; pass it"
+    rows = labels.examples(["custom_voice"], ["english", "german", "chinese"], ["vivian", "ryan", "sohee"])
+    assert {r[1]: r[3] for r in rows} == {"english": "ryan", "german": "ryan", "chinese": "vivian"}
+    assert labels.model_description("ck (custom_voice, 1b7)") == "ck (custom_voice, 1.7B)"
+
+
+def test_one_mode_listening_tab_says_how_to_add_a_second(engine):
+    demo = app.build_demo(engine)
+    notice = _component(demo, "listening-single-mode")
+    assert notice.visible and "only `eager` runs here" in notice.value and "modes: [eager, default]" in notice.value
+    assert "`reduce-overhead`: unavailable: needs a CUDA GPU" in notice.value
+    assert "preset key" not in notice.value and _component(demo, "listening-controls").visible is False
+
+
+def test_the_panel_timer_stops_once_everything_settled(engine):
+    assert handlers.settled(engine, visitor("idle"))
+    gen = handlers.synthesize(engine, form(text="Running. " * 4, max_len=100), [], request=visitor("busy"))
+    next(gen)
+    assert not handlers.settled(engine, visitor("busy")) and not handlers.settled(engine, visitor("idle"))
+    list(gen)
+    assert handlers.settled(engine, visitor("busy"))
 
 
 def test_capped_notice():

@@ -16,11 +16,44 @@ from typing import Any
 
 import gradio as gr
 
-from omni_tts.ui import engine_access, files, formatting
+from omni_tts import config
+from omni_tts.ui import engine_access, files, formatting, labels
 from omni_tts.ui import support as ui
 from omni_tts.ui.handlers import user_errors
 
 API_NAME = "synthesize"
+
+
+# One line per parameter: the API page's description, the function's docstring (MCP reads its Args) and
+# the hidden components' info all come from here. Bounds are config.LIMITS, the ones every request obeys.
+def _bounds(name: str) -> str:
+    return config.LIMITS[name].describe()
+
+
+PARAMS = {
+    "text": f"the words to speak (at most {config.MAX_TEXT_CHARS} characters)",
+    "task": f"one of {', '.join(config.TASKS)}, as on the command line ('' = the checkpoint's first task)",
+    "speaker": "a speaker of a CustomVoice checkpoint ('' = its first)",
+    "language": "the text's language, or 'auto' to detect it",
+    "instruct": "how to speak (CustomVoice) or the voice to make (voice_design, required there)",
+    "mode": "compile mode for this request: eager, default, reduce-overhead or default+cudagraph "
+            "('' = the engine's default; only the modes this server runs)",
+    "temperature": f"sampling temperature, {_bounds('temperature')} (0 = greedy)",
+    "top_k": f"top-k, {_bounds('top_k')} (0 = off)",
+    "top_p": f"top-p, {_bounds('top_p')}",
+    "repetition_penalty": f"repetition penalty, {_bounds('repetition_penalty')} (1 = none)",
+    "max_new_tokens": f"most tokens to make, {_bounds('max_new_tokens')}: the clip has at most one frame "
+                      "(80 ms) fewer (empty = the checkpoint's default)",
+    "seed": "random seed (-1 = a new one each time)",
+    "ref_audio": "voice_clone: the reference clip (an audio file)",
+    "ref_text": "voice_clone: what the reference clip says (needed unless x_vector_only)",
+    "x_vector_only": "voice_clone: take the voice from the clip alone, without ref_text (lower fidelity)",
+    "voice_file": "voice_clone: a saved voice (.safetensors) instead of ref_audio",
+}
+DESCRIPTION = ("Synthesize `text` whole; returns the wav file and the request's metrics (TTFP, E2E, RTF, "
+               "audio seconds). Parameters: " + "; ".join(f"{k}: {v}" for k, v in PARAMS.items()) + ". The same "
+               "server also answers the OpenAI-compatible routes POST /v1/audio/speech (streaming "
+               "too), GET /v1/audio/voices and GET /v1/models.")
 
 
 def synthesize_request(engine: Any, info: Mapping[str, Any], text: str, task: str = "",
@@ -37,8 +70,8 @@ def synthesize_request(engine: Any, info: Mapping[str, Any], text: str, task: st
                 rep=repetition_penalty, max_len=max_new_tokens, seed=-1 if seed is None else seed,
                 ref_audio=ref_audio or None, ref_text=ref_text or "", xvec_only=bool(x_vector_only),
                 voice_file=voice_file or None)
-    with user_errors("synthesis"):
-        params = ui.make_params(engine, f, info)
+    with user_errors("synthesis", labels.API_FIELDS):  # errors name the API's parameters, as given
+        params = ui.make_params(engine, f, info, ui.API_NAMES)
         result = engine.synthesize(engine_access.with_mode(params, f["mode"] or None))
     path = files.write_wav(result.wav, result.sample_rate, "omni-tts")
     m = result.metrics
@@ -54,11 +87,11 @@ def add_endpoint(engine: Any, info: Mapping[str, Any]) -> None:
     with gr.Column(visible=False):
         inputs = [
             gr.Textbox(label="text"),
-            gr.Textbox(value="", label="task", info="custom_voice, voice_design or voice_clone ('' = the model's)"),
-            gr.Textbox(value="", label="speaker", info=f"one of {', '.join(info['speakers']) or 'none'} ('' = first)"),
+            gr.Textbox(value="", label="task"),
+            gr.Textbox(value="", label="speaker"),
             gr.Textbox(value="auto", label="language"),
             gr.Textbox(value="", label="instruct"),
-            gr.Textbox(value="", label="mode", info="'' = the engine's default mode"),
+            gr.Textbox(value="", label="mode"),
             gr.Number(value=gen.get("temperature", 0.9), label="temperature"),
             gr.Number(value=gen.get("top_k", 50), label="top_k", precision=0),
             gr.Number(value=gen.get("top_p", 1.0), label="top_p"),
@@ -80,9 +113,13 @@ def add_endpoint(engine: Any, info: Mapping[str, Any]) -> None:
                    max_new_tokens: float | None = None, seed: float | None = -1, ref_audio: str | None = None,
                    ref_text: str = "", x_vector_only: bool = False,
                    voice_file: str | None = None) -> tuple[str, dict[str, Any]]:
-        """Synthesize `text`; returns the wav file and the request's metrics (TTFP, E2E, RTF, audio seconds)."""
+        """Synthesize `text`; returns the wav file and the request's metrics (its Args: see PARAMS)."""
         return synthesize_request(engine, info, text, task, speaker, language, instruct, mode, temperature,
                                   top_k, top_p, repetition_penalty, max_new_tokens, seed, ref_audio, ref_text,
                                   x_vector_only, voice_file)
 
-    trigger.click(synthesize, inputs, outputs, api_name=API_NAME, concurrency_id="synthesis")
+    synthesize.__doc__ = DESCRIPTION + "\n\nArgs:\n" + "\n".join(f"    {k}: {v}" for k, v in PARAMS.items())
+    for component, name in zip(inputs, PARAMS):
+        component.info = PARAMS[name]
+    trigger.click(synthesize, inputs, outputs, api_name=API_NAME, concurrency_id="synthesis",
+                  api_description=DESCRIPTION)

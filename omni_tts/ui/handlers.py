@@ -36,18 +36,19 @@ def visitor(request: gr.Request | None) -> str:
 
 
 @contextlib.contextmanager
-def user_errors(what: str = "request") -> Iterator[None]:
-    """Any failure becomes one gr.Error toast in the UI's words and one log line (no traceback)."""
+def user_errors(what: str = "request", fields: Mapping[str, str] = labels.UI_FIELDS) -> Iterator[None]:
+    """Any failure becomes one gr.Error toast in the UI's words (`fields`: the engine's names -> the
+    caller's) and one log line (no traceback)."""
     try:
         yield
     except gr.Error:
         raise
     except OmniTTSError as e:
-        message = labels.in_ui_words(str(e))
+        message = labels.in_ui_words(str(e), fields)
         log.warning("%s refused: %s", what, message)
         raise gr.Error(message, print_exception=False) from None
     except Exception as e:  # a bug or device failure: still one line for the visitor and the log
-        message = f"{what} failed: {type(e).__name__}: {labels.in_ui_words((str(e).splitlines() or [''])[0])}"
+        message = f"{what} failed: {type(e).__name__}: {labels.in_ui_words((str(e).splitlines() or [''])[0], fields)}"
         log.error(message)
         raise gr.Error(message, print_exception=False) from None
 

@@ -106,7 +106,7 @@ def in_ui_words(message: str, fields: Mapping[str, str] = UI_FIELDS) -> str:
     text = _PATH.sub(lambda m: f"'{m.group(2).rsplit('/', 1)[-1]}'", " ".join(str(message).split()))
     if fields is OPENAI_FIELDS and text.startswith("text "):
         text = "input " + text[5:]
-    elif text.startswith("text "):
+    elif fields is not API_FIELDS and text.startswith("text "):
         text = "Text " + text[5:]
     keys = sorted(fields, key=len, reverse=True)
     pattern = re.compile("|".join(rf"(?<![\w-]){re.escape(k)}(?![\w-])" for k in keys))
