@@ -10,16 +10,15 @@ whether the runner captures it as graphs.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from omni_tts.config import CompileMode, EngineConfig
+from omni_tts.engine import compile_cache
 from omni_tts.models.compiled.fast_path import FastPath
 
 
@@ -46,6 +45,10 @@ MODES: dict[CompileMode, ModeSpec] = {
                                             "torch.compile default per unit + the engine's CUDA graphs per batch "
                                             "bucket, all in one shared pool: the fast mode on a GPU"),
 }
+
+
+# FastPath's kernel choice that use_kernels' probes decide (what a cached probe outcome restores)
+KERNEL_CHOICE = ("kernel_rows", "talker_kernel_rows", "kernel_pdl", "talker_pdl_rows", "head_kernel_rows")
 
 
 class StepImpls:
@@ -114,8 +117,18 @@ class StepImpls:
             from omni_tts.kernels import configs
 
             configs.load_configs(self.config.tuning.kernel_configs)
-        self.kernel_notice = fast.use_kernels(self.config.tuning, self.cuda and self.config.tuning.kernels,
-                                              batches, [], dtype, between)
+        on = self.cuda and self.config.tuning.kernels
+        t = self.config.tuning  # a probe's outcome is kept per machine and per the inputs that decide it
+        key = compile_cache.probe_key(batches=batches, dtype=dtype, on=on, configs=t.kernel_configs, rows=(
+            t.predictor_kernel_rows, t.talker_kernel_rows, t.kernel_pdl, t.talker_pdl_rows))
+        kept = compile_cache.load_probe(key)
+        if kept is not None and set(kept) == {*KERNEL_CHOICE, "notice"}:
+            for name in KERNEL_CHOICE:  # the kernels build at their first launch (Triton's cache) instead
+                setattr(fast, name, kept[name])
+            self.kernel_notice = kept["notice"]
+            return self.kernel_notice
+        self.kernel_notice = fast.use_kernels(t, on, batches, [], dtype, between)
+        compile_cache.save_probe(key, {**{n: getattr(fast, n) for n in KERNEL_CHOICE}, "notice": self.kernel_notice})
         return self.kernel_notice
 
     def kernels_report(self, mode: CompileMode) -> str:
@@ -141,9 +154,8 @@ class StepImpls:
     def _fast_path(self, inductor: str) -> FastPath:
         with self._lock:  # one FastPath per Inductor mode, whichever lane thread asks first
             if inductor not in self._fast:
-                # Inductor's compiled kernels persist across restarts, so a restart warms in a fraction of the time
-                os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
-                                      str(Path.home() / ".cache" / "omni_tts" / "inductor"))
+                # Inductor's and Triton's caches persist across restarts (and shipped artifacts load first)
+                compile_cache.prepare()
                 self.compile_settings()
                 self._fast[inductor] = FastPath(self.model, inductor, self.config.tuning.compile_regions)
             return self._fast[inductor]
