@@ -310,6 +310,19 @@ def test_one_mode_listening_tab_says_how_to_add_a_second(engine):
     assert "preset key" not in notice.value and _component(demo, "listening-controls").visible is False
 
 
+def test_what_a_page_fires_by_itself_never_waits_in_the_queue(engine, tmp_path, monkeypatch):
+    demo = app.build_demo(engine)
+    timer = next(b for b in demo.blocks.values() if isinstance(b, gr.Timer))
+    own = [fn for fn in demo.fns.values() if any(t[1] in ("load", "tick") for t in fn.targets)]
+    assert {t[1] for fn in own for t in fn.targets} == {"load", "tick"}
+    assert all(fn.queue is False and fn.show_progress == "hidden" for fn in own)  # never behind a synthesis
+    assert any(timer in fn.outputs for fn in own)  # each tick decides whether the timer goes on
+    monkeypatch.setenv("OMNI_TTS_DATA_DIR", str(tmp_path))
+    files.voice_path("fresh").parent.mkdir(parents=True, exist_ok=True)
+    files.voice_path("fresh").write_bytes(b"")
+    assert "fresh" in handlers.saved_voice_choices("")["choices"]  # a page load reads the store again
+
+
 def test_the_panel_timer_stops_once_everything_settled(engine):
     assert handlers.settled(engine, visitor("idle"))
     gen = handlers.synthesize(engine, form(text="Running. " * 4, max_len=100), [], request=visitor("busy"))

@@ -95,7 +95,7 @@ def _wire_synthesis(ctx: dict, s: dict, p: dict, history: Any) -> None:
         def on_generate(request: gr.Request, hist, streaming, *vals):  # Gradio fills `request` itself
             yield from handlers.synthesize(engine, dict(zip(ui.FORM_FIELDS, vals)), hist, streaming, request, info)
     s["go"].click(lambda: ("", gr.update(visible=False)), None, [s["notice"], s["file"]], queue=False, **PRIVATE)
-    _follow(s["go"], p["timer"])
+    _follow(s["go"], p["timer"], p["idle"])
     s["go"].click(on_generate, [history, s["streaming"], *_form(s)], outputs, concurrency_id="synthesis",
                   **PRIVATE)
 
@@ -114,9 +114,13 @@ def _wire_synthesis(ctx: dict, s: dict, p: dict, history: Any) -> None:
                           [s["voice_name"], *_form(s)], [s["saved_voice"], s["voice_out"]], **PRIVATE)
 
 
-def _follow(button: Any, timer: Any) -> None:
+SETTLED_TICKS = 3  # the timer stops after this many ticks in a row found nothing to follow
+
+
+def _follow(button: Any, timer: Any, idle: Any) -> None:
     """A click on `button` starts the panel's timer (which stops itself once everything has settled)."""
-    button.click(lambda: gr.Timer(active=True), None, [timer], queue=False, show_progress="hidden", **PRIVATE)
+    button.click(lambda: (gr.Timer(active=True), 0), None, [timer, idle], queue=False, show_progress="hidden",
+                 **PRIVATE)
 
 
 def _wire_panel(ctx: dict, p: dict, history: Any, plotted: Any) -> None:
@@ -125,14 +129,16 @@ def _wire_panel(ctx: dict, p: dict, history: Any, plotted: Any) -> None:
     p["apply"].click(lambda mode, token: engine_actions.apply_mode(engine, mode, token, policy, zero),
                      [p["mode"], p["token"]], [p["mode_status"], p["mode"], p["readiness"]], **PRIVATE)
 
-    def on_tick(hist, marker, request: gr.Request):
-        # one last refresh after everything settled, then the timer stops: an idle page costs the server nothing
-        return (*handlers.refresh_panel(engine, hist, marker, request),
-                gr.Timer(active=not handlers.settled(engine, request)))
+    def on_tick(hist, marker, idle, request: gr.Request):
+        # a few refreshes after everything settled (a request's last figures and plot point land in the
+        # visitor's history just after the engine finishes it), then the timer stops: an idle page costs nothing
+        idle = idle + 1 if handlers.settled(engine, request) else 0
+        return (*handlers.refresh_panel(engine, hist, marker, request), idle,
+                gr.Timer(active=idle < SETTLED_TICKS))
 
     # off the queue: the panel's ticks never wait behind (or hold up) the synthesis events
-    p["timer"].tick(on_tick, [history, plotted], [p["live"], p["engine"], p["readiness"], p["ttfp_plot"],
-                                                  p["rtf_plot"], plotted, p["timer"]],
+    p["timer"].tick(on_tick, [history, plotted, p["idle"]], [p["live"], p["engine"], p["readiness"], p["ttfp_plot"],
+                                                             p["rtf_plot"], plotted, p["idle"], p["timer"]],
                     show_progress="hidden", queue=False, **PRIVATE)
 
 
@@ -143,7 +149,7 @@ def _wire_tests(ctx: dict, s: dict, p: dict, lt: dict, ld: dict) -> None:
         return engine_actions.listening_test(engine, dict(zip(ui.FORM_FIELDS, vals)), text, seed, modes, st)
 
     for button in (lt["run"], ld["run"], p["apply"]):
-        _follow(button, p["timer"])
+        _follow(button, p["timer"], p["idle"])
     lt["run"].click(on_listen, [lt["abx"], lt["text"], lt["seed"], lt["modes"], *_form(s)],
                     [*lt["clips"], lt["verdict"], lt["table"], lt["export"], lt["abx"], lt["x_audio"], lt["abx_info"]],
                     concurrency_limit=2, **PRIVATE)

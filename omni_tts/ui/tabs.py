@@ -155,6 +155,7 @@ def engine_panel(policy: ui.AdminPolicy, current: str, readiness: str, snapshot:
                                 elem_id="admin-token", info="needed for engine-wide actions on this server")
         c["mode_status"] = gr.Markdown("", elem_id="mode-status")
     c["timer"] = gr.Timer(1.0)  # active at first (modes warm at start); each tick decides whether to go on
+    c["idle"] = gr.State(0)  # ticks in a row that found nothing to follow
     return c
 
 
