@@ -163,6 +163,7 @@ def test_a_clip_cut_at_max_length_says_so(engine):
     ({"text": ""}, "Text is empty"),
     ({"speaker": "nobody"}, "nobody"),
     ({"max_len": 0}, "Max length must be at least 1 frame"),
+    ({"text": "x" * 5001}, "Text is too long (5001 characters; at most"),
     ({"seed": 1e300}, "Seed"),
     ({"top_k": float("nan")}, "Top-k must be a finite number"),
     ({"task": "voice_clone"}, "Reference audio is empty"),

@@ -307,8 +307,15 @@ def test_c_a_second_visitor_loads_while_a_synthesis_runs(server, browser):
     url, log = server
     d = browser
     d.find_element(By.XPATH, "//button[@role='tab' and normalize-space()='Synthesis']").click()
+    box = d.find_element(By.CSS_SELECTOR, "#text textarea")  # a text over the limit, as a script sets it
+    d.execute_script("arguments[0].value = arguments[1]; arguments[0].dispatchEvent(new Event('input', "
+                     "{bubbles: true}))", box, "y" * (MAX_TEXT + 5))
+    _wait(d, "the counter saying the text is too long", lambda d: _text(d, "#char-counter").startswith(
+        f"{MAX_TEXT + 5} / {MAX_TEXT} characters: too long"), 10, log)
+    d.find_element(By.CSS_SELECTOR, "#generate").click()  # Generate says so too, never silently nothing
+    _wait(d, "the too-long toast", lambda d: _toast(d, "Text is too long"), 15, log)
+    _close_toasts(d)
     _set_number(d, "#max-len input[type=number]", "1800")  # minutes of audio: runs until stopped
-    box = d.find_element(By.CSS_SELECTOR, "#text textarea")
     box.send_keys(Keys.CONTROL, "a")
     box.send_keys("A long text for a long synthesis. " * 8)
     d.find_element(By.CSS_SELECTOR, "#generate").click()
