@@ -48,7 +48,9 @@ def apply_mode(engine: Any, mode: str, token: str | None = None, policy: ui.Admi
         return f"**Not changed:** {message}", gr.update(value=engine.snapshot()["mode"]), _readiness(engine)
     info = engine.modes()[mode]
     state = info["state"]
-    later = "they run meanwhile, on its ungraphed talker" if info.get("serving") else "they wait until it is warm"
+    on_cuda = str(engine.snapshot()["device"]).startswith("cuda")
+    plain = ", on the plain talker until its graphs are ready" if on_cuda else ""
+    later = f"they run meanwhile{plain}" if info.get("serving") else "they wait until it is warm"
     status = f"**Done:** requests that name no mode now run `{engine.snapshot()['mode']}`" + (
         "" if state == "ready" else f" (it is {state}: {later})")
     return status, gr.update(value=engine.snapshot()["mode"]), _readiness(engine)
