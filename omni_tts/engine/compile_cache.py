@@ -190,6 +190,7 @@ def prepare(say: Any = None) -> str:
             try:
                 manifest = import_artifacts(folder)
                 report = f"compile artifacts imported from {folder} ({manifest.get('gpu')})"
+                log.info(report)
             except OmniTTSError as e:
                 report = f"compile artifacts not used: {e}"
                 log.warning(report)
