@@ -52,7 +52,7 @@ def test_gradio_client_synthesize_with_only_text_returns_a_wav_and_metrics(serve
     assert metrics["frames"] * 1920 == wav.size  # 80 ms of 24 kHz audio per frame
     path2, m2 = client.predict("Hi again", speaker="vivian", seed=5, max_new_tokens=10, api_name="/synthesize")
     assert m2["frames"] == 9 and sf.read(path2)[0].size == 9 * 1920
-    with pytest.raises(Exception, match="Text is empty"):
+    with pytest.raises(Exception, match="text is empty"):
         client.predict("", api_name="/synthesize")
 
 

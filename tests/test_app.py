@@ -85,6 +85,28 @@ def test_only_the_named_synthesize_endpoint_is_public(engine):
         {p["parameter_name"] for p in params}
 
 
+def test_api_and_page_share_the_request_bounds_and_the_clis_words(engine):
+    from omni_tts import config
+    from omni_tts.ui import api
+
+    demo = app.build_demo(engine)
+    endpoint = demo.get_api_info()["named_endpoints"]["/synthesize"]
+    described = endpoint["description"]
+    for p in endpoint["parameters"]:  # every parameter is described, and the /v1 routes are named
+        assert f"{p['parameter_name']}: {api.PARAMS[p['parameter_name']]}" in described
+    assert "/v1/audio/speech" in described and "custom_voice, voice_design, voice_clone" in described
+    temperature = next(b for b in demo.blocks.values() if getattr(b, "label", "") == "Temperature")
+    high = config.LIMITS["temperature"].high
+    assert temperature.maximum == high  # the page's slider ends where SynthesisParams' bounds end
+    for kw, words in ((dict(temperature=high + 1), "temperature must be"), (dict(task="Base"), "custom_voice, "
+                      "voice_design, voice_clone"), (dict(max_new_tokens=1), "max_new_tokens must be >= 2")):
+        with pytest.raises(gr.Error, match=re.escape(words)):
+            api.synthesize_request(engine, engine.model_info(), "Hi.", **kw)
+    path, metrics = api.synthesize_request(engine, engine.model_info(), "Hi.", temperature=high / 2,
+                                           max_new_tokens=4, seed=1)
+    assert metrics["frames"] == 3 and sf.read(path)[0].size > 0
+
+
 def test_synthesis_streams_then_gives_file_history_and_figures(engine):
     outs = list(handlers.synthesize(engine, form(), [], streaming=True, request=visitor("a")))
     chunks = [o[0] for o in outs[:-1]]
@@ -106,10 +128,14 @@ def test_synthesis_streams_then_gives_file_history_and_figures(engine):
 def test_history_and_running_request_are_per_visitor(engine):
     mine = list(handlers.synthesize(engine, form(text="Mine."), [], request=visitor("me")))[-1][4]
     theirs = list(handlers.synthesize(engine, form(text="Theirs."), [], request=visitor("them")))[-1][4]
+    mine = list(handlers.synthesize(engine, form(text="Mine again."), mine, request=visitor("me")))[-1][4]
+    # each visitor counts their own requests from 1, whatever the engine served before
+    assert [r["request"] for r in mine] == [1, 2] and [r["request"] for r in theirs] == [1]
+    assert mine[0]["id"] < theirs[0]["id"] < mine[1]["id"]
     live, panel, readiness, ttfp, rtf, plotted = handlers.refresh_panel(engine, mine, -1, visitor("me"))
-    assert f"last #{mine[-1]['request']} " in live and f"#{theirs[-1]['request']} " not in live
+    assert "last #2 (eager)" in live and f"{mine[-1]['e2e_ms']:.0f} ms" in live
     assert "all visitors" in panel and "ready, default" in readiness
-    assert ttfp.count('class="point"') == 1 and f"#{mine[-1]['request']} eager" in ttfp  # only this visitor's
+    assert ttfp.count('class="point"') == 2 and "#2 eager" in ttfp  # only this visitor's
     assert plotted == mine[-1]["request"]
     assert handlers.refresh_panel(engine, mine, plotted, visitor("me"))[3] is not ttfp  # unchanged: not re-sent
     assert handlers.stop(visitor("me")) == "nothing running"  # the other visitor's requests are not ours
@@ -131,13 +157,14 @@ def test_stop_keeps_the_partial_audio_and_records_the_request(engine):
 def test_a_clip_cut_at_max_length_says_so(engine):
     with pytest.warns(UserWarning, match="Max length"):
         out = list(handlers.synthesize(engine, form(max_len=3)))[-1]
-    assert "stopped at Max length (2 frames" in out[5] and out[4][-1]["note"] == "capped"
+    assert "stopped at Max length (3 frames" in out[5] and out[4][-1]["note"] == "capped"  # as many as asked
 
 
 @pytest.mark.parametrize("fields, message", [
     ({"text": ""}, "Text is empty"),
     ({"speaker": "nobody"}, "nobody"),
-    ({"max_len": 1}, "Max length"),
+    ({"max_len": 0}, "Max length must be at least 1 frame"),
+    ({"text": "x" * 5001}, "Text is too long (5001 characters; at most"),
     ({"seed": 1e300}, "Seed"),
     ({"top_k": float("nan")}, "Top-k must be a finite number"),
     ({"task": "voice_clone"}, "Reference audio is empty"),
@@ -196,7 +223,8 @@ def test_listening_test_gives_clips_verdict_exports_and_abx(engine):
 def test_load_test_reports_rounded_tables_and_needs_admin_on_a_public_server(engine):
     table, per, status = engine_actions.load_test(engine, form(), 2, "eager", "one\ntwo words", 0)
     assert list(table.columns) == list(formatting.LOAD_COLUMNS) and status.startswith("2/2")
-    assert len(per) == 2 and set(per["status"]) == {"done"} and table["requests/s"][0] > 0
+    assert len(per) == 2 and set(per["status"]) == {"done"} and table["req/s"][0] > 0
+    assert list(per["#"]) == [1, 2]  # numbered within the test
     with pytest.raises(gr.Error, match="public server"):
         engine_actions.load_test(engine, form(), 2, "eager", "one", 0, None, ui.AdminPolicy(public=True))
 
@@ -264,6 +292,46 @@ def test_messages_in_the_uis_words():
     assert labels.in_ui_words("text is empty", labels.OPENAI_FIELDS) == "input is empty"
     assert labels.speaker_label("uncle_fu").startswith("Uncle Fu — ") and labels.speaker_label("x_y") == "X Y"
     assert labels.language_label("beijing_dialect") == "Beijing Dialect"
+
+
+def test_error_paths_examples_and_model_in_plain_words():
+    assert labels.in_ui_words("Error opening '/tmp/gradio/ab/fake': Format not recognised.") == \
+        "Error opening 'fake': Format not recognised."
+    clone = labels.in_ui_words("voice clone: ref_text (the transcript) is required for ICL cloning; pass it")
+    assert clone == "voice clone: Reference text (the transcript) is required for cloning with a transcript; pass it"
+    rows = labels.examples(["custom_voice"], ["english", "german", "chinese"], ["vivian", "ryan", "sohee"])
+    assert {r[1]: r[3] for r in rows} == {"english": "ryan", "german": "ryan", "chinese": "vivian"}
+    assert labels.model_description("ck (custom_voice, 1b7)") == "ck (custom_voice, 1.7B)"
+
+
+def test_one_mode_listening_tab_says_how_to_add_a_second(engine):
+    demo = app.build_demo(engine)
+    notice = _component(demo, "listening-single-mode")
+    assert notice.visible and "only `eager` runs here" in notice.value and "modes: [eager, default]" in notice.value
+    assert "`reduce-overhead`: unavailable: needs a CUDA GPU" in notice.value
+    assert "preset key" not in notice.value and _component(demo, "listening-controls").visible is False
+
+
+def test_what_a_page_fires_by_itself_never_waits_in_the_queue(engine, tmp_path, monkeypatch):
+    demo = app.build_demo(engine)
+    timer = next(b for b in demo.blocks.values() if isinstance(b, gr.Timer))
+    own = [fn for fn in demo.fns.values() if any(t[1] in ("load", "tick") for t in fn.targets)]
+    assert {t[1] for fn in own for t in fn.targets} == {"load", "tick"}
+    assert all(fn.queue is False and fn.show_progress == "hidden" for fn in own)  # never behind a synthesis
+    assert any(timer in fn.outputs for fn in own)  # each tick decides whether the timer goes on
+    monkeypatch.setenv("OMNI_TTS_DATA_DIR", str(tmp_path))
+    files.voice_path("fresh").parent.mkdir(parents=True, exist_ok=True)
+    files.voice_path("fresh").write_bytes(b"")
+    assert "fresh" in handlers.saved_voice_choices("")["choices"]  # a page load reads the store again
+
+
+def test_the_panel_timer_stops_once_everything_settled(engine):
+    assert handlers.settled(engine, visitor("idle"))
+    gen = handlers.synthesize(engine, form(text="Running. " * 4, max_len=100), [], request=visitor("busy"))
+    next(gen)
+    assert not handlers.settled(engine, visitor("busy")) and not handlers.settled(engine, visitor("idle"))
+    list(gen)
+    assert handlers.settled(engine, visitor("busy"))
 
 
 def test_capped_notice():

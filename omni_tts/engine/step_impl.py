@@ -10,16 +10,19 @@ serves the CodePredictor and whether the runner captures it as graphs.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from omni_tts.config import MODES, TALKER_MODE, CompileMode, EngineConfig, ModeSpec
+from omni_tts.engine import compile_cache
+from omni_tts.models.compiled import kernel_choice
 from omni_tts.models.compiled.fast_path import FastPath
+
+# FastPath's kernel choice that use_kernels' probes decide (what a cached probe outcome restores)
+KERNEL_CHOICE = ("kernel_rows", "talker_kernel_rows", "kernel_pdl", "talker_pdl_rows", "head_kernel_rows")
 
 
 class StepImpls:
@@ -87,8 +90,19 @@ class StepImpls:
             from omni_tts.kernels import configs
 
             configs.load_configs(self.config.kernel_configs)
-        self.kernel_notice = fast.use_kernels(self.cuda and self.config.experimental.kernels, batches, [], dtype,
-                                              between)
+        on = self.cuda and self.config.experimental.kernels
+        # a probe's outcome is kept per machine and per the inputs that decide it
+        key = compile_cache.probe_key(batches=batches, dtype=dtype, on=on, configs=self.config.kernel_configs,
+                                      rows=(kernel_choice.MAX_PREDICTOR_ROWS, kernel_choice.TALKER_KERNEL_ROWS,
+                                            kernel_choice.TALKER_PDL_ROWS))
+        kept = compile_cache.load_probe(key)
+        if kept is not None and set(kept) == {*KERNEL_CHOICE, "notice"}:
+            for name in KERNEL_CHOICE:  # the kernels build at their first launch (Triton's cache) instead
+                setattr(fast, name, kept[name])
+            self.kernel_notice = kept["notice"]
+            return self.kernel_notice
+        self.kernel_notice = fast.use_kernels(on, batches, [], dtype, between)
+        compile_cache.save_probe(key, {**{n: getattr(fast, n) for n in KERNEL_CHOICE}, "notice": self.kernel_notice})
         return self.kernel_notice
 
     def kernels_report(self, mode: CompileMode) -> str:
@@ -115,9 +129,8 @@ class StepImpls:
         inductor = spec.inductor
         with self._lock:  # one FastPath per Inductor mode, whichever scheduler thread asks first
             if inductor not in self._fast:
-                # Inductor's compiled kernels persist across restarts, so a restart warms in a fraction of the time
-                os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
-                                      str(Path.home() / ".cache" / "omni_tts" / "inductor"))
+                # Inductor's and Triton's caches persist across restarts (and shipped artifacts load first)
+                compile_cache.prepare()
                 self.compile_settings()
                 self._fast[inductor] = FastPath(self.model, spec)
             return self._fast[inductor]

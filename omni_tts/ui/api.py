@@ -16,13 +16,47 @@ from typing import Any
 
 import gradio as gr
 
-from omni_tts import voices
+from omni_tts import config, voices
 from omni_tts.models import stretch
-from omni_tts.ui import engine_access, files, formatting
+from omni_tts.ui import engine_access, files, formatting, labels
 from omni_tts.ui import support as ui
 from omni_tts.ui.handlers import tracked, user_errors, visitor
 
 API_NAME = "synthesize"
+
+
+# One line per parameter: the API page's description, the function's docstring (MCP reads its Args) and
+# the hidden components' info all come from here. Bounds are config.LIMITS, the ones every request obeys.
+def _bounds(name: str) -> str:
+    return config.LIMITS[name].describe()
+
+
+PARAMS = {
+    "text": f"the words to speak (at most {config.MAX_INPUT_CHARS} characters; a long text is spoken in "
+            "sentence-sized segments)",
+    "task": f"one of {', '.join(config.TASKS)}, as on the command line ('' = the checkpoint's first task)",
+    "speaker": "a speaker of a CustomVoice checkpoint, or a saved voice's name ('' = the first speaker)",
+    "language": "the text's language, or 'auto' to detect it",
+    "instruct": "how to speak (CustomVoice) or the voice to make (voice_design, required there)",
+    "mode": "compile mode for this request: eager, default, reduce-overhead or default+cudagraph "
+            "('' = the engine's default; only the modes this server runs)",
+    "temperature": f"sampling temperature, {_bounds('temperature')} (0 = greedy)",
+    "top_k": f"top-k, {_bounds('top_k')} (0 = off)",
+    "top_p": f"top-p, {_bounds('top_p')}",
+    "repetition_penalty": f"repetition penalty, {_bounds('repetition_penalty')} (1 = none)",
+    "max_new_tokens": f"most tokens to make, {_bounds('max_new_tokens')}: the clip has at most one frame "
+                      "(80 ms) fewer (empty = the checkpoint's default)",
+    "seed": "random seed (-1 = a new one each time)",
+    "ref_audio": "voice_clone: the reference clip (an audio file)",
+    "ref_text": "voice_clone: what the reference clip says (needed unless x_vector_only)",
+    "x_vector_only": "voice_clone: take the voice from the clip alone, without ref_text (lower fidelity)",
+    "voice_file": "voice_clone: a saved voice (.safetensors) instead of ref_audio",
+    "speed": "speaking speed, 0.25-4 (1 = as made); the pitch is kept",
+}
+DESCRIPTION = ("Synthesize `text` whole; returns the wav file and the request's metrics (TTFP, E2E, RTF, "
+               "audio seconds). Parameters: " + "; ".join(f"{k}: {v}" for k, v in PARAMS.items()) + ". The same "
+               "server also answers the OpenAI-compatible routes POST /v1/audio/speech (streaming "
+               "too), GET /v1/audio/voices and GET /v1/models.")
 
 
 def synthesize_request(engine: Any, info: Mapping[str, Any], text: str, task: str = "",
@@ -44,9 +78,9 @@ def synthesize_request(engine: Any, info: Mapping[str, Any], text: str, task: st
                 rep=repetition_penalty, max_len=max_new_tokens, seed=-1 if seed is None else seed,
                 ref_audio=ref_audio or None, ref_text=ref_text or "", xvec_only=bool(x_vector_only),
                 voice_file=voice_file or None)
-    with user_errors("synthesis"):
+    with user_errors("synthesis", labels.API_FIELDS):  # errors name the API's parameters, as given
         speed = stretch.check_speed(1.0 if speed is None else speed)
-        params = ui.make_params(engine, f, info)
+        params = ui.make_params(engine, f, info, ui.API_NAMES)
         with tracked(caller, engine.submit(engine_access.with_mode(params, f["mode"] or None))) as handle:
             result = handle.result()
         wav = stretch.change_speed(result.wav, result.sample_rate, speed)
@@ -64,12 +98,11 @@ def add_endpoint(engine: Any, info: Mapping[str, Any]) -> None:
     with gr.Column(visible=False):
         inputs = [
             gr.Textbox(label="text"),
-            gr.Textbox(value="", label="task", info="custom_voice, voice_design or voice_clone ('' = the model's)"),
-            gr.Textbox(value="", label="speaker", info=f"one of {', '.join(info['speakers']) or 'none'}, or a saved "
-                       "voice's name ('' = first)"),
+            gr.Textbox(value="", label="task"),
+            gr.Textbox(value="", label="speaker"),
             gr.Textbox(value="auto", label="language"),
             gr.Textbox(value="", label="instruct"),
-            gr.Textbox(value="", label="mode", info="'' = the engine's default mode"),
+            gr.Textbox(value="", label="mode"),
             gr.Number(value=gen.get("temperature", 0.9), label="temperature"),
             gr.Number(value=gen.get("top_k", 50), label="top_k", precision=0),
             gr.Number(value=gen.get("top_p", 1.0), label="top_p"),
@@ -93,9 +126,13 @@ def add_endpoint(engine: Any, info: Mapping[str, Any]) -> None:
                    ref_text: str = "", x_vector_only: bool = False,
                    voice_file: str | None = None, speed: float | None = 1.0, request: gr.Request = None
                    ) -> tuple[str, dict[str, Any]]:
-        """Synthesize `text`; returns the wav file and the request's metrics (TTFP, E2E, RTF, audio seconds)."""
+        """Synthesize `text`; returns the wav file and the request's metrics (its Args: see PARAMS)."""
         return synthesize_request(engine, info, text, task, speaker, language, instruct, mode, temperature,
                                   top_k, top_p, repetition_penalty, max_new_tokens, seed, ref_audio, ref_text,
                                   x_vector_only, voice_file, speed, visitor(request))
 
-    trigger.click(synthesize, inputs, outputs, api_name=API_NAME, concurrency_id="synthesis")
+    synthesize.__doc__ = DESCRIPTION + "\n\nArgs:\n" + "\n".join(f"    {k}: {v}" for k, v in PARAMS.items())
+    for component, name in zip(inputs, PARAMS):
+        component.info = PARAMS[name]
+    trigger.click(synthesize, inputs, outputs, api_name=API_NAME, concurrency_id="synthesis",
+                  api_description=DESCRIPTION)

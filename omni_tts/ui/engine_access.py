@@ -17,22 +17,32 @@ def with_mode(params: SynthesisParams, mode: str | None) -> SynthesisParams:
     return params
 
 
+NOT_RESIDENT = ("not loaded in this server: list it under `modes:` in a preset file and start with "
+                "`python app.py --preset FILE`")
+
+
 def mode_readiness(engine: Any) -> dict[str, str]:
     """mode -> its state for the panel: 'ready', 'warming 3/12' (warm steps done, of how many; and whether
-    it serves meanwhile), 'queued', 'failed: why' or 'unavailable: why'."""
+    it serves meanwhile), 'queued', 'failed: why' or 'unavailable: why' (in a visitor's words)."""
     out = {}
+    on_cuda = str(engine.snapshot().get("device", "")).startswith("cuda")
     for mode, v in engine.modes().items():
         state = v.state
         if v.state == "warming":
             done, total = v.progress
-            state += (f" {done}/{total}" if total else "") + (
-                " (serving meanwhile, talker not yet graphed)" if v.serving else "")
+            meanwhile = " (serving meanwhile, on the plain talker)" if on_cuda else " (serving meanwhile)"
+            state += (f" {done}/{total}" if total else "") + (meanwhile if v.serving else "")
         if v.is_default:
             state += ", default"
         if v.reason and v.state in ("failed", "unavailable"):
-            state += f": {v.reason}"
+            state += f": {NOT_RESIDENT if 'not resident' in v.reason else v.reason}"
         out[mode] = state
     return out
+
+
+def comparable_modes(engine: Any) -> list[str]:
+    """The modes that can serve a request here (ready, warming or queued), in the engine's order."""
+    return [m for m, v in engine.modes().items() if v["state"] not in ("failed", "unavailable")]
 
 
 def synthesize_whole(engine: Any, params: SynthesisParams) -> tuple[Any, int]:

@@ -48,7 +48,9 @@ def apply_mode(engine: Any, mode: str, token: str | None = None, policy: ui.Admi
         return f"**Not changed:** {message}", gr.update(value=engine.mode.value), _readiness(engine)
     info = engine.modes()[mode]
     state = info.state
-    later = "they run meanwhile, on its ungraphed talker" if info.serving else "they wait until it is warm"
+    on_cuda = engine.snapshot().device.startswith("cuda")
+    plain = ", on the plain talker until its graphs are ready" if on_cuda else ""
+    later = f"they run meanwhile{plain}" if info.serving else "they wait until it is warm"
     status = f"**Done:** requests that name no mode now run `{engine.mode.value}`" + (
         "" if state == "ready" else f" (it is {state}: {later})")
     return status, gr.update(value=engine.mode.value), _readiness(engine)
@@ -80,7 +82,7 @@ def listening_test(engine: Any, f: Mapping[str, Any], text: str, seed: float, mo
     base = clips[0]
     verdicts = [ui.verdict_text(base["mode"], c["mode"], base["codes"], c["codes"]) for c in clips[1:]]
     rows = [{"mode": c["mode"], "ran as": c["ran_as"], **dict(list(formatting.row(c["metrics"]).items())[3:]),
-             "frames": len(c["codes"]), "same codes as first": ui.compare_codes(base["codes"], c["codes"])[0],
+             "frames": len(c["codes"]), "same codes": ui.compare_codes(base["codes"], c["codes"])[0],
              "file": c["path"]} for c in clips]
     csv_path = files.write_csv(rows, "listening-results")
     audio = [gr.update(value=c["path"], label=f"{c['mode']} · TTFP {formatting.fmt(c['metrics'].ttfp_ms, ' ms')} · "
@@ -129,5 +131,5 @@ def load_test(engine: Any, f: Mapping[str, Any], n: float, mode: str, prompts: s
     mode = handles[0].metrics.mode
     s = summarize([h.metrics for h in handles], wall)
     table = pd.DataFrame([formatting.load_row(mode, n, s)])
-    per = pd.DataFrame([formatting.row(h.metrics) for h in handles])
+    per = pd.DataFrame([formatting.row(h.metrics, i + 1) for i, h in enumerate(handles)])
     return table, per, f"{int(s['requests'])}/{n} requests done in {wall:.2f} s"

@@ -17,9 +17,9 @@ from omni_tts.engine.snapshot import EngineSnapshot
 MODES = ("eager", "default", "reduce-overhead", "default+cudagraph")
 MODE_COLORS = {"eager": "#f97316", "default": "#2563eb", "reduce-overhead": "#9333ea", "default+cudagraph": "#16a34a"}
 HISTORY_LEN = 50  # requests kept per visitor
-LOAD_COLUMNS = ("mode", "requests", "median TTFP (ms)", "median E2E (ms)", "mean RTF", "requests/s",
-                "audio s per s")
-ROW_COLUMNS = ("request", "mode", "status", "TTFP (ms)", "E2E (ms)", "RTF", "audio (s)", "queued (ms)")
+# short headers: a table cell never breaks a word or a number (layout.CSS keeps them on one line)
+LOAD_COLUMNS = ("mode", "requests", "TTFP ms (median)", "E2E ms (median)", "RTF (mean)", "req/s", "audio s/s")
+ROW_COLUMNS = ("#", "mode", "status", "TTFP ms", "E2E ms", "RTF", "audio s", "queued ms")
 
 
 def fmt(x: float | None, unit: str = "", digits: int = 0) -> str:
@@ -32,18 +32,26 @@ def _round(x: float | None, digits: int) -> float | None:
     return None if x is None else round(float(x), digits)
 
 
-def record(m: Any, streaming: bool = True, note: str = "") -> dict[str, Any]:
-    """A finished (or stopped) request as the visitor's history keeps it, figures rounded."""
+def record(m: Any, streaming: bool = True, note: str = "", number: int | None = None) -> dict[str, Any]:
+    """A finished (or stopped) request as the visitor's history keeps it, figures rounded. `request` is
+    the visitor's own count from 1 (`number`; the engine's id when not given), `id` the engine's."""
     playable = m.ttfp_ms if streaming else m.e2e_ms
-    return {"request": int(m.request_id), "mode": m.mode, "status": m.status, "ttfp_ms": _round(m.ttfp_ms, 1),
+    return {"request": int(m.request_id if number is None else number), "id": int(m.request_id),
+            "mode": m.mode, "status": m.status, "ttfp_ms": _round(m.ttfp_ms, 1),
             "queue_ms": _round(m.queue_ms, 1),
             "e2e_ms": _round(m.e2e_ms, 1), "rtf": _round(m.rtf, 3), "audio_s": round(float(m.audio_s), 2),
             "playable_ms": _round(playable, 1), "streaming": bool(streaming), "note": note}
 
 
-def row(m: Any) -> dict[str, Any]:
-    """One request as a table row (ROW_COLUMNS), figures rounded."""
-    return dict(zip(ROW_COLUMNS, (int(m.request_id), m.mode, m.status, _round(m.ttfp_ms, 1), _round(m.e2e_ms, 1),
+def next_number(history: list | None) -> int:
+    """The visitor's number for their next request: one more than their last, from 1."""
+    return int(history[-1]["request"]) + 1 if history else 1
+
+
+def row(m: Any, number: int | None = None) -> dict[str, Any]:
+    """One request as a table row (ROW_COLUMNS), figures rounded; `number` in place of the engine's id."""
+    n = int(m.request_id if number is None else number)
+    return dict(zip(ROW_COLUMNS, (n, m.mode, m.status, _round(m.ttfp_ms, 1), _round(m.e2e_ms, 1),
                                   _round(m.rtf, 3), round(float(m.audio_s), 2), _round(m.queue_ms, 1))))
 
 
@@ -59,7 +67,8 @@ def _line(label: str, r: Mapping[str, Any] | None) -> str:
 
 def live_markdown(running: Mapping[str, Any] | None, last: Mapping[str, Any] | None) -> str:
     """This visitor's running and last request."""
-    head = "| your requests | queued | TTFP | playable | E2E | RTF | audio |\n|---|---|---|---|---|---|---|"
+    head = ("| your requests | queued | TTFP | playable | E2E | RTF | audio |\n"
+            "|---|--:|--:|--:|--:|--:|--:|")
     return "\n".join([head, _line("running", running), _line("last", last)])
 
 
@@ -76,8 +85,8 @@ def engine_markdown(snap: EngineSnapshot) -> str:
     return (f"**Engine, all visitors** · default mode `{snap.mode}` on {snap.device} ({snap.dtype})\n\n"
             f"- requests: {snap.active} generating, {snap.waiting} waiting, "
             f"{snap.max_num_seqs} at once at most per mode\n"
-            f"- speed: {snap.steps_per_s:.1f} frames/s across requests · average requests per frame "
-            f"{snap.mean_occupancy:.2f}\n"
+            f"- speed: {snap.steps_per_s:.1f} frames/s across requests, made "
+            f"{snap.mean_occupancy:.2f} requests at a time on average\n"
             f"- audio decoding: {snap.codec_precision}, {snap.chunk_decodes} chunks in "
             f"{calls} batches, {1000 * snap.decode_seconds / max(calls, 1):.1f} ms per batch\n"
             f"- layers run as: {snap.layer_kernels}\n- GPU memory: {memory}")

@@ -29,7 +29,7 @@ from omni_tts.ui import support as ui
 
 log = logging.getLogger("omni_tts.app")
 CHUNK_TIMEOUT_S = 600.0  # longest wait between two chunks (a CPU 'default' compile can pause requests minutes)
-_running: dict[str, list] = {}  # visitor key -> their requests in flight (the newest last)
+_running: dict[str, list] = {}  # visitor key -> their requests in flight: (handle, its number for them)
 _running_lock = threading.Lock()
 
 
@@ -39,44 +39,45 @@ def visitor(request: gr.Request | None) -> str:
 
 
 @contextlib.contextmanager
-def user_errors(what: str = "request") -> Iterator[None]:
-    """Any failure becomes one gr.Error toast in the UI's words and one log line (no traceback)."""
+def user_errors(what: str = "request", fields: Mapping[str, str] = labels.UI_FIELDS) -> Iterator[None]:
+    """Any failure becomes one gr.Error toast in the UI's words (`fields`: the engine's names -> the
+    caller's) and one log line (no traceback)."""
     try:
         yield
     except gr.Error:
         raise
     except OmniTTSError as e:
-        message = labels.in_ui_words(str(e))
+        message = labels.in_ui_words(str(e), fields)
         log.warning("%s refused: %s", what, message)
         raise gr.Error(message, print_exception=False) from None
     except Exception as e:  # a bug or device failure: still one line for the visitor and the log
-        message = f"{what} failed: {type(e).__name__}: {labels.in_ui_words((str(e).splitlines() or [''])[0])}"
+        message = f"{what} failed: {type(e).__name__}: {labels.in_ui_words((str(e).splitlines() or [''])[0], fields)}"
         log.error(message)
         raise gr.Error(message, print_exception=False) from None
 
 
 @contextlib.contextmanager
-def tracked(key: str, handle: Any) -> Iterator[Any]:
+def tracked(key: str, handle: Any, number: int = 0) -> Iterator[Any]:
     """`handle` is this visitor's while the block runs (Stop and a closed tab find it); a block left before
     the request ends (its consumer gone: Gradio closes a generator whose client left) cancels it."""
     with _running_lock:
-        _running.setdefault(key, []).append(handle)
+        _running.setdefault(key, []).append((handle, number))
     try:
         yield handle
     finally:
         with _running_lock:
             mine = _running.get(key, [])
-            if handle in mine:
-                mine.remove(handle)
+            mine[:] = [(h, n) for h, n in mine if h is not handle]
             if not mine:
                 _running.pop(key, None)
         if not handle.done:
             handle.cancel(CLIENT_GONE)
 
 
-def _current(key: str) -> Any:
+def _current(key: str) -> tuple[Any, int]:
+    """This visitor's newest request in flight and its number for them ((None, 0): none)."""
     with _running_lock:
-        return (_running.get(key) or [None])[-1]
+        return (_running.get(key) or [(None, 0)])[-1]
 
 
 def _start(engine: Any, f: Mapping[str, Any], info: Mapping[str, Any]) -> Any:
@@ -94,27 +95,29 @@ def synthesize(engine: Any, f: Mapping[str, Any], history: list | None = None, s
     recorded in the history like any other."""
     info = info or engine.model_info()
     history, key, samples = list(history or []), visitor(request), []
+    number = formatting.next_number(history)
     with user_errors("synthesis"):
         handle = _start(engine, f, info)
-    with tracked(key, handle):
+    with tracked(key, handle, number):
         with user_errors("synthesis"):
             for chunk in _chunks(handle):
                 samples.append(chunk.samples)
                 audio = files.wav_bytes(chunk.samples, chunk.sample_rate) if streaming else gr.skip()
-                running = formatting.record(handle.metrics, streaming)
+                running = formatting.record(handle.metrics, streaming, number=number)
                 yield (audio, gr.skip(), gr.skip(), formatting.live_markdown(running, _last(history)), gr.skip(),
                        gr.skip())
-    yield _finish(engine, handle, samples, history, streaming)
+    yield _finish(engine, handle, samples, history, streaming, number)
 
 
-def _finish(engine: Any, handle: Any, samples: list[np.ndarray], history: list, streaming: bool) -> tuple:
+def _finish(engine: Any, handle: Any, samples: list[np.ndarray], history: list, streaming: bool,
+            number: int) -> tuple:
     """The last yield: the whole clip (or what was made before Stop), its download, figures, notice."""
     m, sr = handle.metrics, handle.sample_rate
     wav = np.concatenate(samples) if samples else np.zeros(0, np.float32)
     stopped = m.status == "cancelled"
     note = ""
     if stopped:
-        note = f"Stopped: request #{m.request_id} kept {len(wav) / sr:.1f} s of audio (partial download below)."
+        note = f"Stopped: request #{number} kept {len(wav) / sr:.1f} s of audio (partial download below)."
     else:
         cap = handle.max_frames
         asked = handle.params.max_new_tokens or engine.model_info()["generation"].get("max_new_tokens")
@@ -123,7 +126,7 @@ def _finish(engine: Any, handle: Any, samples: list[np.ndarray], history: list, 
             gr.Warning(note)
     path = files.write_wav(wav, sr, "stopped-partial" if stopped else "omni-tts") if len(wav) else None
     label = f"Stopped: partial audio ({len(wav) / sr:.1f} s)" if stopped else "Download wav"
-    entry = formatting.record(m, streaming, "stopped" if stopped else ("capped" if note else ""))
+    entry = formatting.record(m, streaming, "stopped" if stopped else ("capped" if note else ""), number)
     history = (history + [entry])[-formatting.HISTORY_LEN:]
     whole = (sr, files.pcm16(wav)) if not streaming and len(wav) else gr.skip()
     return (gr.skip(), whole, gr.update(value=path, label=label, visible=path is not None),
@@ -160,7 +163,7 @@ def synthesize_in_call(engine: Any, f: Mapping[str, Any], history: list | None =
         wav, frames = engine_access.synthesize_whole(engine, params)
     m.first_audio_at = m.finished_at = now()  # the whole clip is the first audio here
     m.frames, m.audio_samples, m.status = frames, int(wav.shape[0]), "done"
-    entry = formatting.record(m, streaming=False)
+    entry = formatting.record(m, streaming=False, number=formatting.next_number(history))
     path = files.write_wav(wav, m.sample_rate, "omni-tts")
     history = (list(history or []) + [entry])[-formatting.HISTORY_LEN:]
     return (gr.skip(), (m.sample_rate, files.pcm16(wav)), gr.update(value=path, label="Download wav", visible=True),
@@ -169,11 +172,11 @@ def synthesize_in_call(engine: Any, f: Mapping[str, Any], history: list | None =
 
 def stop(request: gr.Request | None = None) -> str:
     """Cancel this visitor's running request; the toast says what happened."""
-    handle = _current(visitor(request))
+    handle, number = _current(visitor(request))
     if handle is not None and not handle.done:
         handle.cancel()
-        gr.Info(f"Stopping request #{handle.id}: the audio made so far stays available")
-        return f"stopped request #{handle.id}"
+        gr.Info(f"Stopping request #{number}: the audio made so far stays available")
+        return f"stopped request #{number}"
     gr.Info("Nothing to stop: no request of yours is running")
     return "nothing running"
 
@@ -181,7 +184,7 @@ def stop(request: gr.Request | None = None) -> str:
 def left(request: gr.Request | None = None) -> None:
     """The visitor closed the page (Gradio's unload, on the end of its heartbeat): their requests end."""
     with _running_lock:
-        handles = list(_running.get(visitor(request), []))
+        handles = [h for h, _ in _running.get(visitor(request), [])]
     for handle in handles:
         handle.cancel(CLIENT_GONE)
 
@@ -198,13 +201,31 @@ def voice_save(engine: Any, f: Mapping[str, Any], name: str) -> tuple[Any, Any]:
     return gr.update(choices=[""] + files.saved_voices(), value=stem), gr.update(value=download, visible=True)
 
 
+def settled(engine: Any, request: gr.Request | None = None) -> bool:
+    """Nothing left for the panel's timer to follow: none of this visitor's requests runs, the engine
+    has no request in flight and no mode is still warming."""
+    with _running_lock:
+        handle, _ = _running.get(visitor(request), (None, 0))
+    snap = engine.snapshot()
+    busy = snap.get("active", 0) or snap.get("waiting", 0)
+    warming = any(v["state"] in ("warming", "queued") for v in engine.modes().values())
+    return (handle is None or handle.done) and not busy and not warming
+
+
+def saved_voice_choices(current: str | None = None) -> Any:
+    """The saved-voice dropdown read again from the voice store (on page load: voices saved meanwhile,
+    also through the API, appear)."""
+    choices = [""] + files.saved_voices()
+    return gr.update(choices=choices, value=current if current in choices else "")
+
+
 def refresh_panel(engine: Any, history: list | None, plotted: int = -1,
                   request: gr.Request | None = None) -> tuple:
     """Timer tick: this visitor's live table, the engine-wide figures and readiness, and the plots when
     the visitor's history changed since `plotted` (the newest request drawn)."""
     history = list(history or [])
-    handle = _current(visitor(request))
-    running = formatting.record(handle.metrics) if handle is not None and not handle.done else None
+    handle, number = _current(visitor(request))
+    running = formatting.record(handle.metrics, number=number) if handle is not None and not handle.done else None
     newest = history[-1]["request"] if history else -1
     drawn: tuple = (gr.skip(), gr.skip())
     if newest != plotted:

@@ -54,16 +54,28 @@ UI_FIELDS = {
     "subtalker_top_k": "Top-k", "subtalker_top_p": "Top-p", "subtalker_temperature": "Temperature",
     "repetition_penalty": "Repetition penalty", "temperature": "Temperature", "seed": "Seed",
     "ref_text": "Reference text", "ref_codes": "Reference audio", "x_vector_only": "Voice from the clip only",
-    "x-vector-only": "Voice from the clip only", "x_vector": "voice", "(--instruct)": "(Instruct box)",
+    "x-vector-only mode": "'Voice from the clip only'", "x-vector-only": "Voice from the clip only",
+    "x_vector": "voice", "(--instruct)": "(Instruct box)",
     "voice_design": "VoiceDesign", "custom_voice": "CustomVoice", "voice_clone": "voice clone",
-    "max_seq_len": "the engine's length limit", "ICL": "cloning with a transcript", "voice prompt": "saved voice",
+    "max_seq_len": "the engine's length limit", "ICL cloning": "cloning with a transcript",
+    "ICL mode": "cloning with a transcript", "ICL": "cloning with a transcript", "voice prompt": "saved voice",
 }
+# The named /synthesize API's errors keep its own parameter names (the CLI's task names, max_new_tokens ...).
+API_FIELDS = {"(--instruct)": "(instruct)", "ICL cloning": "cloning with a transcript",
+              "ICL mode": "cloning with a transcript", "ICL": "cloning with a transcript"}
 # The same for the OpenAI-compatible endpoint's JSON fields.
 OPENAI_FIELDS = {
     "(--instruct)": "(instructions)", "instruct text": "instructions text", "speaker": "voice",
     "max_new_tokens": "max_new_tokens", "voice prompt": "voice",
 }
-_PATH = re.compile(r"(?:[A-Za-z]:)?(?:/[^/\s:]+){2,}")
+# a server path, with the quotes around it if any (they are put back once, around the file's name)
+_PATH = re.compile(r"""(['"]?)((?:[A-Za-z]:)?(?:/[^/\s:'"()]+){2,})\1""")
+_SIZES = {"0b6": "0.6B", "1b7": "1.7B"}  # the checkpoints' own size tags
+
+
+def model_description(describe: str) -> str:
+    """The engine's one-line model description with its size tags in plain words ('1b7' -> '1.7B')."""
+    return re.sub(r"\b(0b6|1b7)\b", lambda m: _SIZES[m.group(1)], describe)
 
 
 def speaker_label(speaker_id: str) -> str:
@@ -91,10 +103,10 @@ def language_choices(ids: list[str]) -> list[tuple[str, str]]:
 def in_ui_words(message: str, fields: Mapping[str, str] = UI_FIELDS) -> str:
     """An engine message with field names replaced by the labels a visitor sees and server paths cut to
     the file's name (one line)."""
-    text = _PATH.sub(lambda m: f"'{m.group(0).rsplit('/', 1)[-1]}'", " ".join(str(message).split()))
+    text = _PATH.sub(lambda m: f"'{m.group(2).rsplit('/', 1)[-1]}'", " ".join(str(message).split()))
     if fields is OPENAI_FIELDS and text.startswith("text "):
         text = "input " + text[5:]
-    elif text.startswith("text "):
+    elif fields is not API_FIELDS and text.startswith("text "):
         text = "Text " + text[5:]
     keys = sorted(fields, key=len, reverse=True)
     pattern = re.compile("|".join(rf"(?<![\w-]){re.escape(k)}(?![\w-])" for k in keys))
@@ -123,9 +135,9 @@ def default_speaker(speakers: list[str]) -> str | None:
 
 
 def _speaker_for(language: str, speakers: list[str]) -> str:
-    """A speaker whose native language is `language`, else the first one."""
-    for s in speakers:
-        about = SPEAKERS.get(s.lower(), ("", ""))[1]
-        if about.endswith(language):
-            return s
+    """A speaker whose native language is `language`, else an English one, else the first one."""
+    for lang in (language, "English"):
+        for s in speakers:
+            if SPEAKERS.get(s.lower(), ("", ""))[1].endswith(f"· {lang}"):
+                return s
     return speakers[0] if speakers else ""

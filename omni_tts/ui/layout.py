@@ -13,17 +13,23 @@ from typing import Any
 import gradio as gr
 
 from omni_tts import voices
-from omni_tts.ui import api, engine_access, engine_actions, formatting, handlers, tabs
+from omni_tts.ui import api, engine_access, engine_actions, formatting, handlers, labels, tabs
 from omni_tts.ui import support as ui
 
 PRIVATE = {"api_visibility": "private"}
-CSS = (".metrics table {font-size: 0.85em} #char-counter {text-align: right; opacity: 0.7; margin-top: -0.5em} "
+# Tables never break a word or a number: headers and cells stay on one line, and a table wider than its
+# column scrolls sideways inside it (".table-wrap" is gr.Dataframe's, ".metrics" the panel's markdown).
+CSS = (".metrics table {font-size: 0.85em; display: block; overflow-x: auto; max-width: 100%} "
+       ".metrics th, .metrics td, .nowrap-table th, .nowrap-table td, .nowrap-table th *, .nowrap-table td * "
+       "{white-space: nowrap !important; word-break: keep-all !important; overflow-wrap: normal !important} "
+       ".nowrap-table .table-wrap {overflow-x: auto} "
+       "#char-counter {text-align: right; opacity: 0.7; margin-top: -0.5em} "
        "#notice p {font-size: 0.9em} .small {font-size: 0.85em}")
 DELETE_CACHE = (600, 3600)  # every 10 minutes, Gradio removes its cached copies older than an hour
 
 
 def banner_markdown(info: dict, reason: str, streaming: bool) -> str:
-    lines = [f"## omni-tts · Qwen3-TTS 12 Hz\n**Model:** {info['describe']}"]
+    lines = [f"## omni-tts · Qwen3-TTS 12 Hz\n**Model:** {labels.model_description(info['describe'])}"]
     if reason:
         lines.append(f"*Why this model:* {reason}")
     if info["embedded"]:
@@ -56,7 +62,7 @@ def build_demo(engine: Any, model_reason: str = "", zero: bool = False,
                     s = tabs.synthesis_form(info, max_len, modes, streaming)
                     tabs.examples(s, info)
                 with gr.Tab("Listening test", elem_id="tab-listening"):
-                    lt = tabs.listening_tab(modes)
+                    lt = tabs.listening_tab(modes, engine_access.mode_readiness(engine))
                 with gr.Tab("Load test", elem_id="tab-load"):
                     ld = tabs.load_tab(engine.config.max_num_seqs, modes, snap.mode)
             with gr.Column(scale=2):
@@ -66,6 +72,10 @@ def build_demo(engine: Any, model_reason: str = "", zero: bool = False,
         _wire_panel(ctx, p, history, plotted)
         _wire_tests(ctx, s, p, lt, ld)
         api.add_endpoint(engine, info)
+        # the voice store may have changed since the page was built (a voice saved by another visitor or
+        # over HTTP): read it on every page load, off the queue so a running synthesis never delays it
+        demo.load(lambda v: handlers.saved_voice_choices(v), [s["saved_voice"]], [s["saved_voice"]], queue=False,
+                  show_progress="hidden", **PRIVATE)
 
         def on_leave(request: gr.Request):  # a closed tab or a gradio_client gone: its requests end
             handlers.left(request)
@@ -91,6 +101,7 @@ def _wire_synthesis(ctx: dict, s: dict, p: dict, history: Any) -> None:
         def on_generate(request: gr.Request, hist, streaming, *vals):  # Gradio fills `request` itself
             yield from handlers.synthesize(engine, dict(zip(ui.FORM_FIELDS, vals)), hist, streaming, request, info)
     s["go"].click(lambda: ("", gr.update(visible=False)), None, [s["notice"], s["file"]], queue=False, **PRIVATE)
+    _follow(s["go"], p["timer"], p["idle"])
     s["go"].click(on_generate, [history, s["streaming"], *_form(s)], outputs, concurrency_id="synthesis",
                   **PRIVATE)
 
@@ -99,7 +110,7 @@ def _wire_synthesis(ctx: dict, s: dict, p: dict, history: Any) -> None:
 
     # queued (a toast needs the queue's event stream) but never waiting behind other events
     s["stop"].click(on_stop, None, None, concurrency_limit=None, show_progress="hidden", **PRIVATE)
-    s["text"].change(None, [s["text"]], [s["counter"]], js=tabs.COUNTER_JS, queue=False, **PRIVATE)
+    s["text"].change(None, [s["text"]], [s["counter"]], js=tabs.counter_js(tabs.max_text()), queue=False, **PRIVATE)
     s["streaming"].change(lambda on: (gr.update(visible=on), gr.update(visible=not on)), [s["streaming"]],
                           [s["audio_stream"], s["audio_full"]], queue=False, **PRIVATE)
     s["task"].change(lambda t: (gr.update(visible=t == "custom_voice"), gr.update(visible=ui.instruct_visible(info, t)),
@@ -112,18 +123,32 @@ def _wire_synthesis(ctx: dict, s: dict, p: dict, history: Any) -> None:
                            queue=False, **PRIVATE)
 
 
+SETTLED_TICKS = 3  # the timer stops after this many ticks in a row found nothing to follow
+
+
+def _follow(button: Any, timer: Any, idle: Any) -> None:
+    """A click on `button` starts the panel's timer (which stops itself once everything has settled)."""
+    button.click(lambda: (gr.Timer(active=True), 0), None, [timer, idle], queue=False, show_progress="hidden",
+                 **PRIVATE)
+
+
 def _wire_panel(ctx: dict, p: dict, history: Any, plotted: Any) -> None:
     engine, policy, zero = ctx["engine"], ctx["policy"], ctx["zero"]
 
     p["apply"].click(lambda mode, token: engine_actions.apply_mode(engine, mode, token, policy, zero),
                      [p["mode"], p["token"]], [p["mode_status"], p["mode"], p["readiness"]], **PRIVATE)
 
-    def on_tick(hist, marker, request: gr.Request):
-        return handlers.refresh_panel(engine, hist, marker, request)
+    def on_tick(hist, marker, idle, request: gr.Request):
+        # a few refreshes after everything settled (a request's last figures and plot point land in the
+        # visitor's history just after the engine finishes it), then the timer stops: an idle page costs nothing
+        idle = idle + 1 if handlers.settled(engine, request) else 0
+        return (*handlers.refresh_panel(engine, hist, marker, request), idle,
+                gr.Timer(active=idle < SETTLED_TICKS))
 
-    p["timer"].tick(on_tick, [history, plotted], [p["live"], p["engine"], p["readiness"], p["ttfp_plot"],
-                                                  p["rtf_plot"], plotted],
-                    show_progress="hidden", concurrency_limit=None, **PRIVATE)
+    # off the queue: the panel's ticks never wait behind (or hold up) the synthesis events
+    p["timer"].tick(on_tick, [history, plotted, p["idle"]], [p["live"], p["engine"], p["readiness"], p["ttfp_plot"],
+                                                             p["rtf_plot"], plotted, p["idle"], p["timer"]],
+                    show_progress="hidden", queue=False, **PRIVATE)
 
 
 def _wire_tests(ctx: dict, s: dict, p: dict, lt: dict, ld: dict) -> None:
@@ -132,6 +157,8 @@ def _wire_tests(ctx: dict, s: dict, p: dict, lt: dict, ld: dict) -> None:
     def on_listen(st, text, seed, modes, *vals):
         return engine_actions.listening_test(engine, dict(zip(ui.FORM_FIELDS, vals)), text, seed, modes, st)
 
+    for button in (lt["run"], ld["run"], p["apply"]):
+        _follow(button, p["timer"], p["idle"])
     lt["run"].click(on_listen, [lt["abx"], lt["text"], lt["seed"], lt["modes"], *_form(s)],
                     [*lt["clips"], lt["verdict"], lt["table"], lt["export"], lt["abx"], lt["x_audio"], lt["abx_info"]],
                     concurrency_limit=2, **PRIVATE)

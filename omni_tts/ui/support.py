@@ -148,21 +148,39 @@ def number(f: Mapping[str, Any], key: str, label: str, kind: type = float) -> An
     return x
 
 
-def make_params(engine: Any, f: Mapping[str, Any], info: Mapping[str, Any] | None = None) -> SynthesisParams:
-    """The request a form describes (Seed below 0 or empty: random)."""
+# What a number's error message calls each field: the form's labels, or the /synthesize API's parameter names.
+FORM_NAMES = {"seed": "Seed", "temperature": "Temperature", "top_k": "Top-k", "top_p": "Top-p",
+              "rep": "Repetition penalty", "max_len": "Max length"}
+API_NAMES = {"seed": "seed", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+             "rep": "repetition_penalty", "max_len": "max_new_tokens"}
+
+
+def _max_new_tokens(f: Mapping[str, Any], names: Mapping[str, str]) -> int | None:
+    """The form's Max length counts frames, the API's max_new_tokens the model's tokens (frames + 1)."""
+    n = number(f, "max_len", names["max_len"], int)
+    if n is None or names is not FORM_NAMES:
+        return n
+    if n < 1:
+        raise InputError(f"Max length must be at least 1 frame (got {n})")
+    return n + 1
+
+
+def make_params(engine: Any, f: Mapping[str, Any], info: Mapping[str, Any] | None = None,
+                names: Mapping[str, str] = FORM_NAMES) -> SynthesisParams:
+    """The request a form describes (Seed below 0 or empty: random). With `names` = API_NAMES, `max_len`
+    is max_new_tokens and errors name the API's parameters."""
     task = TASK_IDS.get(f.get("task") or "", f.get("task") or "custom_voice")
     voice = voice_prompt(engine, f) if task == "voice_clone" else None
-    seed = number(f, "seed", "Seed", int)
+    seed = number(f, "seed", names["seed"], int)
     instruct = (f.get("instruct") or "").strip() or None
     if info is not None and not instruct_visible(info, task):
         instruct = None  # the box is hidden for this task or checkpoint
     return SynthesisParams(
         text=f.get("text") or "", task=task, speaker=f.get("speaker") if task == "custom_voice" else None,
-        language=f.get("language") or "auto", instruct=instruct, temperature=number(f, "temperature", "Temperature"),
-        top_k=number(f, "top_k", "Top-k", int), top_p=number(f, "top_p", "Top-p"),
-        repetition_penalty=number(f, "rep", "Repetition penalty"),
-        max_new_tokens=number(f, "max_len", "Max length", int), seed=None if seed is None or seed < 0 else seed,
-        voice=voice)
+        language=f.get("language") or "auto", instruct=instruct,
+        temperature=number(f, "temperature", names["temperature"]), top_k=number(f, "top_k", names["top_k"], int),
+        top_p=number(f, "top_p", names["top_p"]), repetition_penalty=number(f, "rep", names["rep"]),
+        max_new_tokens=_max_new_tokens(f, names), seed=None if seed is None or seed < 0 else seed, voice=voice)
 
 
 # ------------------------------------------------------------------ listening test

@@ -22,24 +22,33 @@ from omni_tts.ui import support as ui
 DEFAULT_PROMPTS = ("Hello! This is omni-tts speaking.\nThe quick brown fox jumps over the lazy dog.\n"
                    "Streaming speech starts playing at the first chunk.\nHow fast can this engine talk?")
 N_CLIPS = 4  # listening-test clip slots (one per mode)
-MAX_TEXT = config.MAX_INPUT_CHARS
-COUNTER_JS = f"(t) => `${{(t || '').length}} / {MAX_TEXT} characters`"
 
 
-def _bounds(field: str, lo: float, hi: float) -> tuple[float, float]:
-    """A slider's range: the request limits where published, cut to what a slider can sensibly show."""
-    limit = getattr(config, "LIMITS", {}).get(field)
-    if limit is None:
-        return lo, hi
-    return max(lo, float(limit.low)), min(hi, float(limit.high))
+def max_text() -> int:
+    """The longest text a request takes (config.MAX_INPUT_CHARS: the box, the counter and the notice)."""
+    return int(config.MAX_INPUT_CHARS)
+
+
+def counter_js(limit: int) -> str:
+    """The character counter, updated in the browser; past the limit it says Generate will refuse it."""
+    return (f"(t) => {{ const n = (t || '').length; return n > {limit} ? `${{n}} / {limit} characters: "
+            f"too long, Generate refuses texts over {limit}; shorten it` : `${{n}} / {limit} characters`; }}")
+
+
+def _bounds(field: str, step: float) -> tuple[float, float]:
+    """A slider's range: exactly the bounds SynthesisParams.validate enforces (config.LIMITS), so the page
+    and the API accept the same values; an open lower end starts one step above it."""
+    limit = config.LIMITS[field]
+    return float(limit.low) + (step if limit.low_open else 0.0), float(limit.high)
 
 
 def synthesis_form(info: Mapping[str, Any], max_len: int, modes: list[str], streaming: bool) -> dict[str, Any]:
     """Text, voice, Generate/Stop, output, clone fields, sampling and examples (inside the caller's layout)."""
     gen, c = info["generation"], {}
-    c["text"] = gr.Textbox(label="Text", lines=3, value="Hello! This is omni-tts speaking.", elem_id="text",
-                           max_length=MAX_TEXT)
-    c["counter"] = gr.Markdown(f"33 / {MAX_TEXT} characters", elem_id="char-counter", elem_classes="small")
+    text = "Hello! This is omni-tts speaking."
+    # no max_length on the box: the browser would cut a longer paste silently; the counter says it instead
+    c["text"] = gr.Textbox(label="Text", lines=3, value=text, elem_id="text")
+    c["counter"] = gr.Markdown(f"{len(text)} / {max_text()} characters", elem_id="char-counter", elem_classes="small")
     tasks = [(ui.TASK_LABELS[t], t) for t in ui.TASK_LABELS if t in info["tasks"]]
     first = tasks[0][1] if tasks else "custom_voice"
     with gr.Row(equal_height=True):
@@ -97,22 +106,22 @@ def _sampling(gen: Mapping[str, Any], max_len: int) -> dict[str, Any]:
     c: dict[str, Any] = {}
     with gr.Accordion("Sampling", open=False, elem_id="sampling"):
         with gr.Row():
-            lo, hi = _bounds("temperature", 0.0, 2.0)
+            lo, hi = _bounds("temperature", 0.05)
             c["temperature"] = gr.Slider(lo, hi, value=gen.get("temperature", 0.9), step=0.05, label="Temperature",
                                          info="0 always picks the likeliest sound")
-            lo, hi = _bounds("top_k", 0, 200)
+            lo, hi = _bounds("top_k", 1)
             c["top_k"] = gr.Slider(lo, hi, value=gen.get("top_k", 50), step=1, label="Top-k", info="0: off")
-            lo, hi = _bounds("top_p", 0.05, 1.0)
-            c["top_p"] = gr.Slider(max(lo, 0.05), hi, value=gen.get("top_p", 1.0), step=0.05, label="Top-p")
+            lo, hi = _bounds("top_p", 0.05)
+            c["top_p"] = gr.Slider(lo, hi, value=gen.get("top_p", 1.0), step=0.05, label="Top-p")
         with gr.Row():
-            lo, hi = _bounds("repetition_penalty", 1.0, 2.0)
-            c["rep"] = gr.Slider(max(lo, 1.0), hi, value=gen.get("repetition_penalty", 1.05), step=0.01,
+            lo, hi = _bounds("repetition_penalty", 0.01)
+            c["rep"] = gr.Slider(lo, hi, value=gen.get("repetition_penalty", 1.05), step=0.01,
                                  label="Repetition penalty")
-            seed_max = _bounds("seed", -1, 2**63 - 1)[1]
+            seed_max = _bounds("seed", 1)[1]
             c["seed"] = gr.Number(value=-1, precision=0, minimum=-1, maximum=seed_max, label="Seed",
                                   info="-1: a new random seed each time")
-            lo, hi = _bounds("max_new_tokens", 2, max_len)
-            c["max_len"] = gr.Slider(lo, hi, value=min(hi, int(gen.get("max_new_tokens", hi))), step=1,
+            hi = min(max_len, int(config.LIMITS["max_new_tokens"].high)) - 1  # frames: max_new_tokens - 1
+            c["max_len"] = gr.Slider(1, hi, value=min(hi, int(gen.get("max_new_tokens", hi + 1)) - 1), step=1,
                                      label="Max length", info="in frames; 12.5 frames make one second",
                                      elem_id="max-len")
     return c
@@ -146,12 +155,32 @@ def engine_panel(policy: ui.AdminPolicy, current: str, readiness: str, snapshot:
         c["token"] = gr.Textbox(label="Admin token", type="password", visible=policy.asks_token,
                                 elem_id="admin-token", info="needed for engine-wide actions on this server")
         c["mode_status"] = gr.Markdown("", elem_id="mode-status")
-    c["timer"] = gr.Timer(1.0)
+    c["timer"] = gr.Timer(1.0)  # active at first (modes warm at start); each tick decides whether to go on
+    c["idle"] = gr.State(0)  # ticks in a row that found nothing to follow
     return c
 
 
-def listening_tab(modes: list[str]) -> dict[str, Any]:
+def single_mode_notice(modes: list[str], readiness: Mapping[str, str]) -> str:
+    """Why the listening test cannot compare here, and how to give the server a second mode."""
+    why = "\n".join(f"- `{m}`: {state}" for m, state in readiness.items() if m not in modes)
+    return (f"**Nothing to compare on this server:** the listening test plays the same text in two or more "
+            f"modes, and only `{modes[0] if modes else 'none'}` runs here.\n\n{why}\n\n"
+            "To enable a second mode, list it in a preset file, e.g. `modes: [eager, default]` (on a CUDA GPU "
+            "also `reduce-overhead`, `default+cudagraph`), and start the app with `python app.py --preset "
+            "FILE`. On a CPU, `default` compiles for minutes at start, on every core.")
+
+
+def listening_tab(modes: list[str], readiness: Mapping[str, str] | None = None) -> dict[str, Any]:
     c: dict[str, Any] = {}
+    can = len(modes) >= 2
+    c["single"] = gr.Markdown(single_mode_notice(modes, readiness or {}) if not can else "",
+                              visible=not can, elem_id="listening-single-mode")
+    with gr.Column(visible=can, elem_id="listening-controls"):
+        _listening_controls(c, modes)
+    return c
+
+
+def _listening_controls(c: dict[str, Any], modes: list[str]) -> None:
     gr.Markdown("The same text and seed, once per mode; voice, language and sampling come from the Synthesis tab. "
                 "Then a blind A/B/X trial: can you hear which clip X is?")
     with gr.Row(equal_height=True):
@@ -162,8 +191,8 @@ def listening_tab(modes: list[str]) -> dict[str, Any]:
     with gr.Row():
         c["clips"] = [gr.Audio(label=f"clip {i + 1}", visible=i < 2, interactive=False) for i in range(N_CLIPS)]
     c["verdict"] = gr.Markdown()
-    c["table"] = gr.Dataframe(label="Figures per mode", interactive=False, wrap=True,
-                              headers=["mode", "ran as", *formatting.ROW_COLUMNS[3:], "frames", "same codes as first"])
+    c["table"] = gr.Dataframe(label="Figures per mode", interactive=False, wrap=False, elem_classes="nowrap-table",
+                              headers=["mode", "ran as", *formatting.ROW_COLUMNS[3:], "frames", "same codes"])
     c["export"] = gr.File(label="Export: clips + results CSV", file_count="multiple", interactive=False, visible=False)
     gr.Markdown("#### Blind test: which clip is X?")
     c["abx_info"] = gr.Markdown("Run the test, then listen to X and say which clip it matches.")
@@ -172,7 +201,6 @@ def listening_tab(modes: list[str]) -> dict[str, Any]:
         c["pick_a"], c["pick_b"] = gr.Button("X is clip A", scale=1), gr.Button("X is clip B", scale=1)
     c["tally"] = gr.Markdown()
     c["abx"] = gr.State({})
-    return c
 
 
 def load_tab(max_num_seqs: int, modes: list[str], current: str) -> dict[str, Any]:
@@ -187,6 +215,8 @@ def load_tab(max_num_seqs: int, modes: list[str], current: str) -> dict[str, Any
     c["prompts"] = gr.Textbox(label="Prompts (one per line, cycled)", lines=4, value=DEFAULT_PROMPTS)
     c["run"] = gr.Button("Run load test", variant="primary")
     c["status"] = gr.Markdown()
-    c["table"] = gr.Dataframe(label="Summary", interactive=False, headers=list(formatting.LOAD_COLUMNS), wrap=True)
-    c["per"] = gr.Dataframe(label="Per request", interactive=False, headers=list(formatting.ROW_COLUMNS), wrap=True)
+    c["table"] = gr.Dataframe(label="Summary", interactive=False, headers=list(formatting.LOAD_COLUMNS), wrap=False,
+                              elem_classes="nowrap-table", elem_id="load-summary")
+    c["per"] = gr.Dataframe(label="Per request", interactive=False, headers=list(formatting.ROW_COLUMNS),
+                            wrap=False, elem_classes="nowrap-table", elem_id="load-per-request")
     return c

@@ -4,7 +4,9 @@ One visit, in order: the page and its examples table (a click fills the form), a
 one-line error toast and no traceback, a clip plays and downloads, the TTFP and RTF plots draw its
 point in its mode's colour, Stop says so and keeps the partial audio as a labelled download, a request
 in a different mode (OMNI_TTS_BROWSER_MODE, default 'default', warmed in the background) draws a
-point of the second colour, and the default mode changes from the panel. Screenshots of each tab go
+point of the second colour, and the default mode changes from the panel. Then the tables' layout at
+1400 and 1000 px (no header or figure broken inside a word, none cut), and a second visitor's page
+appearing while the first visitor's long synthesis still runs (Stop then still clickable). Screenshots of each tab go
 to out/screenshots/ (ignored by git; copied by hand to docs/screenshots/ when they change). Skips only
 when /usr/bin/chromium is missing and CI is unset; under CI=true anything missing is a failure. Never
 downloads a browser or a driver (selenium drives Debian's /usr/bin/chromedriver, passed explicitly).
@@ -23,6 +25,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from omni_tts.config import MAX_INPUT_CHARS as MAX_TEXT
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests/fixtures/qwen3_tts_tiny/custom_voice"
@@ -64,7 +68,7 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("app")
     preset = tmp / "browser.yaml"
     modes = sorted({"eager", OTHER_MODE})
-    preset.write_text(f"mode: eager\nmodes: [{', '.join(modes)}]\ndevice: cpu\nmax_num_seqs: 2\nmax_seq_len: 256\n"
+    preset.write_text(f"mode: eager\nmodes: [{', '.join(modes)}]\ndevice: cpu\nmax_num_seqs: 2\nmax_seq_len: 2048\n"
                       "initial_chunk_frames: 1\nchunk_frames: 8\n")
     port, log = _free_port(), tmp / "server.log"
     env = dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
@@ -95,14 +99,19 @@ def server(tmp_path_factory):
             proc.kill()
 
 
-@pytest.fixture(scope="module")
-def browser():
+def _chromium():
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for flag in FLAGS + [f"--user-data-dir={tempfile.mkdtemp(prefix='omni-tts-chromium-')}"]:
         opts.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
-    driver.set_page_load_timeout(30)
+    driver.set_page_load_timeout(60)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = _chromium()
     yield driver
     driver.quit()
 
@@ -186,8 +195,8 @@ def test_a_first_visit(server, browser):
     box = d.find_element(By.CSS_SELECTOR, "#text textarea")
     _wait(d, "the example's text in the form", lambda d: box.get_attribute("value").startswith("Hello! This is"),
           10, log)
-    _wait(d, "the character counter", lambda d: re.fullmatch(r"\d+ / 5000 characters", _text(d, "#char-counter"))
-          and _text(d, "#char-counter") != "33 / 5000 characters", 10, log)
+    _wait(d, "the character counter", lambda d: re.fullmatch(rf"\d+ / {MAX_TEXT} characters", _text(
+        d, "#char-counter")) and _text(d, "#char-counter") != f"33 / {MAX_TEXT} characters", 10, log)
 
     box.send_keys(Keys.CONTROL, "a")
     box.send_keys(Keys.DELETE)
@@ -240,3 +249,88 @@ def test_a_first_visit(server, browser):
         d.find_element(By.XPATH, f"//button[@role='tab' and normalize-space()='{tab}']").click()
         time.sleep(1)
         _shot(d, name)
+
+
+# A text node that takes more than one line box has been broken inside a word or a number (the tables'
+# cells are single words or figures, or nowrap phrases); a cell whose content is wider than the cell is cut.
+BROKEN_CELLS_JS = """
+const broken = [];
+for (const cell of document.querySelectorAll(arguments[0])) {
+  if (!cell.offsetParent) continue;
+  const walk = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+  for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+    if (!node.textContent.trim()) continue;
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    const rects = [...range.getClientRects()].filter(r => r.width > 0);
+    const lines = new Set(rects.map(r => Math.round(r.top / 4)));
+    if (lines.size > 1) broken.push(cell.innerText.trim() + ' (' + lines.size + ' lines)');
+  }
+  if (cell.scrollWidth > cell.clientWidth + 1) broken.push(cell.innerText.trim() + ' (cut)');
+}
+return broken;
+"""
+TABLE_CELLS = ", ".join(f"{table} {cell}" for table in ("#live-metrics", "#load-summary", "#load-per-request")
+                        for cell in ("th", "td"))
+
+
+def test_b_tables_keep_headers_and_numbers_whole_at_1400_and_1000_px(server, browser):
+    url, log = server
+    d = browser
+    d.set_window_size(1400, 1500)
+    d.find_element(By.XPATH, "//button[@role='tab' and normalize-space()='Load test']").click()
+    run = _wait(d, "the load test's button", lambda d: [b for b in d.find_elements(By.TAG_NAME, "button")
+                                                          if b.text == "Run load test"], 10, log)[0]
+    run.click()
+    _wait(d, "both load-test tables filled", lambda d: "2/2 requests done" in d.page_source and len(re.findall(
+        r"\beager done\b", _text(d, "#load-per-request"))) == 2, 120, log)
+    for width in (1400, 1000):
+        d.set_window_size(width, 1500)
+        _wait(d, f"the page laid out at {width} px", lambda d: d.execute_script("return window.innerWidth") <= width,
+              10, log)
+        headers = d.execute_script(f"return document.querySelectorAll('{TABLE_CELLS}').length")
+        assert headers >= 3 * 7, "the tables are not on the page"
+        assert d.execute_script(BROKEN_CELLS_JS, TABLE_CELLS) == [], f"cells broken mid-word at {width} px"
+        _shot(d, f"load-{width}.png")
+    d.set_window_size(1400, 1500)
+    # the check itself: headers squeezed into narrow columns are seen broken (as the old layout broke them)
+    squeeze = ("#load-summary th, #load-summary th * {white-space: normal !important; word-break: break-all "
+               "!important; width: 14px !important; min-width: 0 !important; max-width: 14px !important} "
+               "#load-summary table {table-layout: fixed !important; width: 100px !important; min-width: 0 !important}")
+    d.execute_script("const s = document.createElement('style'); s.id = 'squeeze'; s.textContent = arguments[0]; "
+                     "document.head.appendChild(s)", squeeze)
+    assert d.execute_script(BROKEN_CELLS_JS, "#load-summary th"), "the check must see headers squeezed to break"
+    d.execute_script("document.getElementById('squeeze').remove()")
+
+
+def test_c_a_second_visitor_loads_while_a_synthesis_runs(server, browser):
+    url, log = server
+    d = browser
+    d.find_element(By.XPATH, "//button[@role='tab' and normalize-space()='Synthesis']").click()
+    box = d.find_element(By.CSS_SELECTOR, "#text textarea")  # a text over the limit, as a script sets it
+    d.execute_script("arguments[0].value = arguments[1]; arguments[0].dispatchEvent(new Event('input', "
+                     "{bubbles: true}))", box, "y" * (MAX_TEXT + 5))
+    _wait(d, "the counter saying the text is too long", lambda d: _text(d, "#char-counter").startswith(
+        f"{MAX_TEXT + 5} / {MAX_TEXT} characters: too long"), 10, log)
+    d.find_element(By.CSS_SELECTOR, "#generate").click()  # Generate says so too, never silently nothing
+    _wait(d, "the too-long toast", lambda d: _toast(d, "Text is too long"), 15, log)
+    _close_toasts(d)
+    _set_number(d, "#max-len input[type=number]", "1800")  # minutes of audio: runs until stopped
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys("A long text for a long synthesis. " * 8)
+    d.find_element(By.CSS_SELECTOR, "#generate").click()
+    _wait(d, "the long request running", lambda d: "running #" in _text(d, "#live-metrics"), 60, log)
+    second = _chromium()
+    try:
+        second.get(url)
+        _wait(second, "the second visitor's page", lambda s: s.find_elements(By.CSS_SELECTOR, "#generate")
+              and s.find_elements(By.CSS_SELECTOR, "#examples tbody tr"), 60, log)
+        # the page came up while the first visitor's synthesis still runs
+        assert "running #" in _text(d, "#live-metrics"), "the synthesis ended before the second page appeared"
+        assert "last – " in _text(second, "#live-metrics") or "#" not in _text(second, "#live-metrics")
+    finally:
+        second.quit()
+    _wait(d, "Stop clickable (no overlay over it)", lambda d: _clicked(d.find_element(By.CSS_SELECTOR, "#stop")),
+          10, log)
+    _wait(d, "the Stop toast", lambda d: _toast(d, "Stopping request"), 15, log)
+    _wait(d, "the stopped request", lambda d: "cancelled" in _text(d, "#live-metrics"), 30, log)

@@ -18,6 +18,7 @@ from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import talker as talker_kernels
 from omni_tts.models import sampling
 
+MAX_PREDICTOR_ROWS = kernels.MAX_ROWS  # predictor steps of at most this many rows run the Triton layers
 TALKER_KERNEL_ROWS = 8  # talker steps of at most this many rows run the Triton layers (cuBLAS wins above)
 TALKER_PDL_ROWS = 1  # ...with programmatic dependent launch only at one row (whole-row tiles; it costs above)
 
@@ -45,7 +46,7 @@ class KernelChoice:
         where one cannot be, Inductor's kernels (or SDPA) do.
         -> '' or a notice saying what was turned off and why."""
         on = on and kernels.available()
-        self.kernel_rows = kernels.MAX_ROWS if on else 0
+        self.kernel_rows = MAX_PREDICTOR_ROWS if on else 0
         self.talker_kernel_rows = TALKER_KERNEL_ROWS if on else 0
         self.kernel_pdl = on and kernels.pdl_available(self.model.device)
         self.talker_pdl_rows = TALKER_PDL_ROWS if self.kernel_pdl else 0
