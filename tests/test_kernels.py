@@ -236,7 +236,7 @@ def test_probe_builds_every_variant_or_says_why_not() -> None:
 def test_fastpath_chooses_the_kernels_it_can_build_and_says_so() -> None:
     """FastPath.use_kernels (what the runner calls for default+cudagraph): builds each group for the given
     batches; a group that cannot run falls back with a notice; the panel line says what runs."""
-    from omni_tts.models.compiled.fast_path import TALKER_KERNEL_ROWS
+    from omni_tts.models.compiled.kernel_choice import TALKER_KERNEL_ROWS
 
     m, _ = model_and_fast()
     fast = FastPath(m, None)

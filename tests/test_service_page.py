@@ -80,7 +80,7 @@ def test_the_pages_handler_closed_by_gradio_cancels_its_request(page):
         until(lambda: _idle(engine), what="an idle engine")
         gen = handlers.synthesize(engine, form(), [], streaming=streaming, request=SimpleNamespace(session_hash="t"))
         next(gen)  # the first chunk is out
-        rid = handlers._current("t").id
+        rid = handlers._current("t")[0].id
         gen.close()
         m = ended.wait([rid])[0]
         assert m.outcome == "cancelled (client gone)" and m.frames < NATURAL_FRAMES
@@ -91,9 +91,9 @@ def test_a_closed_tab_cancels_its_visitors_requests_only(page):
     until(lambda: _idle(engine), what="an idle engine")
     mine = handlers.synthesize(engine, form(), [], request=SimpleNamespace(session_hash="mine"))
     next(mine)
-    rid = handlers._current("mine").id
+    rid = handlers._current("mine")[0].id
     handlers.left(SimpleNamespace(session_hash="other"))  # someone else's tab
-    assert not handlers._current("mine").cancel_requested.is_set()
+    assert not handlers._current("mine")[0].cancel_requested.is_set()
     handlers.left(SimpleNamespace(session_hash="mine"))  # Gradio's unload when the heartbeat ends
     *_, last = mine
     m = ended.wait([rid])[0]

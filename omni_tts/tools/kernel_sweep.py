@@ -29,7 +29,8 @@ import torch
 from omni_tts.errors import OmniTTSError
 from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import layers as kernels
-from omni_tts.models.compiled.fast_path import TALKER_PDL_ROWS, fuse_layer
+from omni_tts.models.compiled.kernel_choice import TALKER_PDL_ROWS
+from omni_tts.models.compiled.packed_weights import fuse_layer
 from omni_tts.tools.args import progress
 
 Config = kernel_configs.Config

@@ -62,12 +62,12 @@ def _export(args: argparse.Namespace, say: Any) -> int:
     compile_cache.use_cache_dirs()
     engine = Engine.from_config(config, progress=say, wait=False, warm=True)
     try:
-        resident = [m for m, v in engine.modes().items() if v["state"] not in ("unavailable", "failed")]
+        resident = [m for m, v in engine.modes().items() if v.state not in ("unavailable", "failed")]
         for mode in resident:
             if not engine.wait_ready(mode, args.timeout):
                 raise OmniTTSError(f"mode {mode} was not warm after {args.timeout:.0f} s; nothing exported")
             say(f"{mode} warm")
-        failed = {m: v["reason"] for m, v in engine.modes().items() if v["state"] == "failed"}
+        failed = {m: v.reason for m, v in engine.modes().items() if v.state == "failed"}
         if failed:
             raise OmniTTSError(f"warm-up failed ({failed}); nothing exported")
         manifest = compile_cache.export_artifacts(args.export)

@@ -25,7 +25,7 @@ def mode_readiness(engine: Any) -> dict[str, str]:
     """mode -> its state for the panel: 'ready', 'warming 3/12' (warm steps done, of how many; and whether
     it serves meanwhile), 'queued', 'failed: why' or 'unavailable: why' (in a visitor's words)."""
     out = {}
-    on_cuda = str(engine.snapshot().get("device", "")).startswith("cuda")
+    on_cuda = engine.snapshot().device.startswith("cuda")
     for mode, v in engine.modes().items():
         state = v.state
         if v.state == "warming":
@@ -42,7 +42,7 @@ def mode_readiness(engine: Any) -> dict[str, str]:
 
 def comparable_modes(engine: Any) -> list[str]:
     """The modes that can serve a request here (ready, warming or queued), in the engine's order."""
-    return [m for m, v in engine.modes().items() if v["state"] not in ("failed", "unavailable")]
+    return [m for m, v in engine.modes().items() if v.state not in ("failed", "unavailable")]
 
 
 def synthesize_whole(engine: Any, params: SynthesisParams) -> tuple[Any, int]:

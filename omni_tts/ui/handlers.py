@@ -204,11 +204,10 @@ def voice_save(engine: Any, f: Mapping[str, Any], name: str) -> tuple[Any, Any]:
 def settled(engine: Any, request: gr.Request | None = None) -> bool:
     """Nothing left for the panel's timer to follow: none of this visitor's requests runs, the engine
     has no request in flight and no mode is still warming."""
-    with _running_lock:
-        handle, _ = _running.get(visitor(request), (None, 0))
+    handle, _ = _current(visitor(request))
     snap = engine.snapshot()
-    busy = snap.get("active", 0) or snap.get("waiting", 0)
-    warming = any(v["state"] in ("warming", "queued") for v in engine.modes().values())
+    busy = snap.active or snap.waiting
+    warming = any(v.state in ("warming", "queued") for v in snap.modes.values())
     return (handle is None or handle.done) and not busy and not warming
 
 
