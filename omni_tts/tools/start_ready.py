@@ -161,4 +161,4 @@ def main(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(res, indent=1))
     print(summary(res))
     ok = res.get("awaited") and all(res["modes"].get(m, {}).get("state") == "ready" for m in res["awaited"])
-    return 0 if ok and "first_audio_at_s" in res["request"] else 1
+    return 0 if ok and "first_audio_at_s" in res.get("request", {}) else 1
