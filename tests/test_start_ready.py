@@ -43,3 +43,13 @@ def test_an_env_flag_without_a_value_is_refused_naming_it(capsys):
     with pytest.raises(SystemExit):
         _args("--env", "OMNI_TTS_ARTIFACTS")
     assert "--env wants KEY=VALUE" in capsys.readouterr().err
+
+
+def test_an_app_that_never_serves_its_page_is_a_failed_run_with_its_last_lines(tmp_path):
+    out = tmp_path / "ready.json"
+    args = _args("--app-args", f"--model {tmp_path / 'missing'}", "--limit", "120", "--port", str(free_port()),
+                 "--json", str(out))
+    assert start_ready.main(args) == 1
+    res = json.loads(out.read_text())
+    assert res["page_s"] is None and "modes" not in res and res["exit_code"] == 2
+    assert any("error:" in line and "missing" in line for line in res["log_tail"])

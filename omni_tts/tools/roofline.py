@@ -1,7 +1,7 @@
 """Each part of a frame against the GPU's memory bandwidth, and how busy the GPU is under load.
 
     omni-tts roofline --model DIR [--preset bench] [--mode M] [--rows 1 8 32 64] [--peak-gbs 4800]
-        [--busy 32 64] [--frames 75] [--json OUT]
+        [--kv-len L] [--busy 32 64] [--frames 75] [--json OUT]
 
 Per part and row count: time per call (CUDA events; perf_counter on a CPU), bytes read per call, achieved
 GB/s and the share of `--peak-gbs` (the GPU's datasheet bandwidth, H200: 4800 GB/s). The byte model,
@@ -9,7 +9,7 @@ from the model's actual tensors (their element sizes as loaded):
 
 - talker step: every parameter of the talker's decoder layers, final norm and codec head, once per call
   (a GEMV reads each weight once whatever the rows); other: each row's key/value cache over the
-  attention length the step runs (`Runner.kv_len`: the fast path's bucket), all layers.
+  attention length the step runs (`Runner.kv_len`: the fast path's bucket, or --kv-len), all layers.
 - predictor frame (15 steps): the decoder layers, final norm and input projection fifteen times, each
   of the 15 heads once; other: the code embeddings are gathers, so 16 embedding rows per row (code 0 from
   the talker's table, codes 1..15 from the predictor's). Its 16-position KV cache is left out (tiny).
@@ -121,16 +121,17 @@ def _row(part: str, rows: int, frames: int, ms: float, weights: int, other: int,
 
 
 def measure_parts(runner: Any, config: Any, rows: Sequence[int], peak_gbs: float, say: Callable[[str], None],
-                  iters: int = 20) -> list[dict[str, Any]]:
-    """A row per (part, rows) on a warm runner (slots filled with real prefilled requests)."""
+                  iters: int = 20, kv_len: int | None = None) -> list[dict[str, Any]]:
+    """A row per (part, rows) on a warm runner (slots filled with real prefilled requests); the talker
+    attends over kv_len positions (default: what the rows' prompts need)."""
     model = runner.model
     fill_slots(runner, max(rows), (model.speakers() or [None])[0])
     out = []
     for b in rows:
-        cp, talker = step_callables(runner, b)
-        kv_len = runner.kv_len(b)
-        w, kv = talker_bytes(model, b, kv_len)
-        out.append(_row("talker step", b, 1, time_ms(talker, iters), w, kv, peak_gbs, kv_len=kv_len))
+        cp, talker = step_callables(runner, b, kv_len)
+        w, kv = talker_bytes(model, b, kv_len or runner.kv_len(b))
+        out.append(_row("talker step", b, 1, time_ms(talker, iters), w, kv, peak_gbs,
+                        kv_len=kv_len or runner.kv_len(b)))
         w, emb = predictor_bytes(model, b)
         out.append(_row("predictor frame", b, 1, time_ms(cp, iters), w, emb, peak_gbs))
         codes, context = steady_window(model.codec, b, config.chunk_frames, config.left_context_frames)
@@ -227,7 +228,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                                "busy": [busy_share(engine, c, args.busy_requests or 4 * c, make) for c in busy]}
         if args.busy and not busy:
             res["busy_skipped"] = "needs CUDA"
-        res["rows"] = measure_parts(sched.runner, config, args.rows, args.peak_gbs, say, args.iters)
+        res["rows"] = measure_parts(sched.runner, config, args.rows, args.peak_gbs, say, args.iters, args.kv_len)
         return res
     finally:
         engine.shutdown()
@@ -244,6 +245,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="also the GPU busy share under the closed loop at these concurrencies (CUDA)")
     ap.add_argument("--busy-requests", type=int, default=0, help="requests per busy run (default 4 x C)")
     ap.add_argument("--frames", type=int, default=75, help="frames per request in the busy runs")
+    ap.add_argument("--kv-len", type=int, default=None,
+                    help="talker attention length (one of the runner's KV buckets; default: what the prompts need)")
     ap.add_argument("--iters", type=int, default=20, help="timed calls per figure (the median is kept)")
     ap.add_argument("--json", default=None)
 
