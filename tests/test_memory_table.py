@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
 import torch
 from _fixtures import fixture_dir
 
+from omni_tts.errors import OmniTTSError
 from omni_tts.tools import memory_table
 
 
@@ -43,3 +45,10 @@ def test_a_process_without_figures_is_a_row_saying_why(tmp_path):
     row = memory_table.run_one({"cap_gib": 16.0}, timeout=300)  # a malformed spec: the child dies
     assert row["error"] == "exit status 1" and any("KeyError" in line for line in row["log_tail"])
     assert row["cap_gib"] == 16.0 and "exit status 1" in memory_table.table([row])
+
+
+def test_a_cap_that_is_not_positive_is_refused_naming_the_flag():
+    ap = argparse.ArgumentParser()
+    memory_table.add_arguments(ap)
+    with pytest.raises(OmniTTSError, match="--caps-gib"):
+        memory_table.main(ap.parse_args(["--caps-gib", "16", "0"]))

@@ -11,6 +11,7 @@ import torch
 from _fixtures import fixture_dir
 
 from omni_tts.config import load_preset
+from omni_tts.errors import OmniTTSError
 from omni_tts.models.loading import load_model
 from omni_tts.tools import roofline
 
@@ -73,3 +74,10 @@ def test_a_run_gives_a_row_per_part_and_rows_and_the_json(tmp_path, capsys):
     assert printed.count("| talker step |") == 2 and "% of 4800 GB/s" in printed
     if not torch.cuda.is_available():
         assert res["busy"] == [] and "needs CUDA" in res["busy_skipped"] and "skipped" in printed
+
+
+def test_rows_that_are_not_positive_are_refused_naming_the_flag():
+    ap = argparse.ArgumentParser()
+    roofline.add_arguments(ap)
+    with pytest.raises(OmniTTSError, match="--rows"):
+        roofline.main(ap.parse_args(["--rows", "0", "8"]))

@@ -135,6 +135,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from omni_tts.errors import OmniTTSError
+
+    if min(args.caps_gib) <= 0 or min(args.waves, args.frames) < 1:
+        raise OmniTTSError("--caps-gib takes positive GiB, --waves and --frames positive integers")
     rows = []
     for preset in args.presets:
         for cap in args.caps_gib:

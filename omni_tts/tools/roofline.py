@@ -210,8 +210,11 @@ def engine_config(args: argparse.Namespace, slots: int) -> Any:
 
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     from omni_tts.engine.engine import Engine
+    from omni_tts.errors import OmniTTSError
     from omni_tts.tools.load import make_params
 
+    if min([*args.rows, *args.busy, args.iters]) < 1:
+        raise OmniTTSError("--rows, --busy and --iters take positive integers")
     busy = list(args.busy or [])
     if busy and not torch.cuda.is_available():
         say("--busy skipped: the GPU busy share needs CUDA (torch.profiler's kernel trace)")
@@ -221,7 +224,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     try:
         sched = engine.schedulers[engine.default_mode]
         if sched.state != "ready":
-            raise RuntimeError(f"mode {engine.default_mode.value} did not warm: {sched.error}")
+            raise OmniTTSError(f"mode {engine.default_mode.value} did not warm: {sched.error}")
         speaker = (engine.speakers() or [None])[0]
         make = lambda i: make_params(i, speaker, args.frames)  # noqa: E731
         res: dict[str, Any] = {**provenance(), "mode": engine.default_mode.value, "peak_gbs": args.peak_gbs,
