@@ -28,7 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _page(client: Any, url: str, t0: float, limit: float, app: subprocess.Popen) -> float | None:
+def wait_for_page(client: Any, url: str, t0: float, limit: float, app: subprocess.Popen) -> float | None:
     """Seconds from process start until the page answers 200 (None: the app exited or the limit passed)."""
     while time.perf_counter() - t0 < limit and app.poll() is None:
         try:
@@ -40,9 +40,9 @@ def _page(client: Any, url: str, t0: float, limit: float, app: subprocess.Popen)
     return None
 
 
-def _speech(client: Any, url: str, text: str, frames: int, limit: float) -> dict[str, Any]:
-    """One eager request as SSE: client-side first-audio and total seconds, the engine's usage figures."""
-    body = {"input": text, "response_format": "pcm", "stream_format": "sse", "mode": "eager",
+def speech_request(client: Any, url: str, text: str, frames: int, limit: float, mode: str = "eager") -> dict[str, Any]:
+    """One request of `mode` as SSE: client-side first-audio and total seconds, the engine's usage figures."""
+    body = {"input": text, "response_format": "pcm", "stream_format": "sse", "mode": mode,
             "max_new_tokens": frames, "seed": 1}
     out: dict[str, Any] = {}
     t = time.perf_counter()
@@ -86,40 +86,55 @@ def _signal_group(app: subprocess.Popen, sig: int) -> None:
         pass
 
 
+def start_app(app_args: Sequence[str], port: int, env: dict[str, str] | None = None
+              ) -> tuple[subprocess.Popen, Path, float]:
+    """`app.py app_args --port port` in a process group of its own (environment `env`, default ours), its
+    output to a temp log -> (process, log path, perf_counter at its start)."""
+    log = Path(tempfile.mkstemp(prefix="omni-tts-start-", suffix=".log")[1])
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        app = subprocess.Popen([sys.executable, str(REPO / "app.py"), *app_args, "--port", str(port)], cwd=REPO,
+                               stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    return app, log, t0
+
+
+def stop_app(app: subprocess.Popen, log: Path) -> dict[str, Any]:
+    """Stop the app's group (SIGTERM; SIGKILL after 30 s) and remove its log -> exit_code, its progress lines
+    (`log`) and, after an unclean exit, its last lines (`log_tail`)."""
+    _signal_group(app, signal.SIGTERM)
+    try:
+        app.wait(30)
+    except subprocess.TimeoutExpired:
+        _signal_group(app, signal.SIGKILL)
+        app.wait(30)
+    lines = log.read_text(errors="replace").splitlines()
+    res: dict[str, Any] = {"exit_code": app.returncode,
+                           "log": [s for s in lines if s.startswith("[omni-tts") and "capturing" not in s]}
+    if app.returncode not in (0, None):  # what the app printed last says why it did not exit cleanly
+        res["log_tail"] = lines[-40:]
+    log.unlink()
+    return res
+
+
 def measure(app_args: Sequence[str], requests: int = 2, frames: int = 25, wait_for: str = "eager ready",
             limit: float = 300.0, port: int = 7860) -> dict[str, Any]:
     """Start the app, time its page and `requests` eager requests, wait for `wait_for`, stop it."""
     import httpx
 
     url = f"http://127.0.0.1:{port}"
-    log = Path(tempfile.mkstemp(prefix="omni-tts-start-", suffix=".log")[1])
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        app = subprocess.Popen([sys.executable, str(REPO / "app.py"), *app_args, "--port", str(port)], cwd=REPO,
-                               stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    app, log, t0 = start_app(app_args, port)
     res: dict[str, Any] = {"app_args": list(app_args)}
     try:
         with httpx.Client() as client:
-            res["page_s"] = _page(client, url, t0, limit, app)
+            res["page_s"] = wait_for_page(client, url, t0, limit, app)
             res["requests"] = []
             for i in range(requests if res["page_s"] is not None else 0):
                 sent = time.perf_counter() - t0
-                r = _speech(client, url, f"Request {i + 1} of the start-up timing.", frames, limit)
+                r = speech_request(client, url, f"Request {i + 1} of the start-up timing.", frames, limit)
                 res["requests"].append({"sent_s": sent, **r})
         res["wait_for"], res["wait_for_seen_s"] = wait_for, _wait_for(log, wait_for, t0, limit, app)
     finally:
-        _signal_group(app, signal.SIGTERM)
-        try:
-            app.wait(30)
-        except subprocess.TimeoutExpired:
-            _signal_group(app, signal.SIGKILL)
-            app.wait(30)
-        res["exit_code"] = app.returncode
-        lines = log.read_text(errors="replace").splitlines()
-        res["log"] = [s for s in lines if s.startswith("[omni-tts") and "capturing" not in s]
-        if app.returncode not in (0, None):  # what the app printed last says why it did not exit cleanly
-            res["log_tail"] = lines[-40:]
-        log.unlink()
+        res.update(stop_app(app, log))
     return res
 
 

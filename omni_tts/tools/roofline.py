@@ -1,0 +1,268 @@
+"""Each part of a frame against the GPU's memory bandwidth, and how busy the GPU is under load.
+
+    omni-tts roofline --model DIR [--preset bench] [--mode M] [--rows 1 8 32 64] [--peak-gbs 4800]
+        [--kv-len L] [--busy 32 64] [--frames 75] [--json OUT]
+
+Per part and row count: time per call (CUDA events; perf_counter on a CPU), bytes read per call, achieved
+GB/s and the share of `--peak-gbs` (the GPU's datasheet bandwidth, H200: 4800 GB/s). The byte model,
+from the model's actual tensors (their element sizes as loaded):
+
+- talker step: every parameter of the talker's decoder layers, final norm and codec head, once per call
+  (a GEMV reads each weight once whatever the rows); other: each row's key/value cache over the
+  attention length the step runs (`Runner.kv_len`: the fast path's bucket, or --kv-len), all layers.
+- predictor frame (15 steps): the decoder layers, final norm and input projection fifteen times, each
+  of the 15 heads once; other: the code embeddings are gathers, so 16 embedding rows per row (code 0 from
+  the talker's table, codes 1..15 from the predictor's). Its 16-position KV cache is left out (tiny).
+- code-to-wave per call: the engine's steady window (`CodecDecoder.windows` for a chunk after the
+  first few, with `left_context_frames`), batch = rows; every parameter of each module that runs, once
+  per call; other: every leaf module's input and output tensors once (the unfused module graph, counted
+  with forward hooks on one call), i.e. activations as eager ops would move them. Per frame = per call
+  divided by the chunk's new frames.
+
+GPU busy share (`--busy c...`, CUDA only): the engine's closed loop (tools.load.run_load) at concurrency
+c under torch.profiler; the union of kernel intervals over the run's wall time, for all streams and for
+the busiest stream. Owns the byte model, the table and the busy measurement; the timing and slot filling
+are tools.microbench's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni_tts.tools.microbench import fill_slots, step_callables, time_ms
+
+REPO = Path(__file__).resolve().parents[2]
+PARTS = ("talker step", "predictor frame", "code-to-wave")
+
+
+def provenance() -> dict[str, Any]:
+    """What a result JSON records about its run: command, commit, torch version, device."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"command": shlex.join(sys.argv), "commit": commit, "torch": torch.__version__, "device": device}
+
+
+def nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def talker_bytes(model: Any, rows: int, kv_len: int) -> tuple[int, int]:
+    """(weight bytes, KV bytes) one talker decode step reads for `rows` rows over kv_len positions."""
+    t = model.talker
+    weights = nbytes(p for m in (t.layers, t.norm, t.codec_head) for p in m.parameters())
+    elt = t.codec_head.weight.element_size()
+    kv = rows * kv_len * t.num_layers * 2 * t.num_kv_heads * t.head_dim * elt
+    return weights, kv
+
+
+def predictor_bytes(model: Any, rows: int) -> tuple[int, int]:
+    """(weight bytes, embedding-row bytes) one 15-step predictor frame reads for `rows` rows."""
+    cp = model.code_predictor
+    steps = cp.num_groups - 1
+    per_step = nbytes(p for m in (cp.layers, cp.norm, cp.small_to_mtp_projection) for p in m.parameters())
+    weights = steps * per_step + nbytes(cp.lm_head.parameters())
+    emb = cp.codec_embedding[0].weight
+    return weights, rows * (steps + 1) * emb.shape[1] * emb.element_size()
+
+
+def codec_bytes(codec: Any, codes: torch.Tensor, context: int) -> tuple[int, int]:
+    """(weight bytes, activation bytes) of one decode_window(codes, context) call, counted by forward hooks
+    on the unfused module graph (the fused flag is restored after)."""
+    counts = [0, 0]
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+        counts[0] += nbytes(module.parameters(recurse=False))
+        if not any(True for _ in module.children()):  # leaf: its inputs and outputs move through memory
+            moved = [*args, *kwargs.values(), *(out if isinstance(out, (tuple, list)) else (out,))]
+            counts[1] += nbytes(x for x in moved if isinstance(x, torch.Tensor))
+
+    fused = codec.fused
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in codec.modules()]
+    try:
+        codec.set_fused(False)
+        codec.decode_window(codes, context)
+    finally:
+        for h in handles:
+            h.remove()
+        codec.set_fused(fused)
+    return counts[0], counts[1]
+
+
+def steady_window(codec: Any, rows: int, chunk: int, left_context: int) -> tuple[torch.Tensor, int]:
+    """The engine's window for a chunk well into a request: (host codes [rows, C+N, Q], C), as the engine
+    hands them to decode_window."""
+    need = max(left_context, codec.receptive_field_frames)
+    start = -(-need // chunk) * chunk  # whole chunks, past the first window's reach
+    full = torch.randint(0, 2048, (rows, start + chunk, codec.num_quantizers))
+    return codec.windows(full, start, start + chunk, left_context)[0]
+
+
+def _row(part: str, rows: int, frames: int, ms: float, weights: int, other: int, peak_gbs: float,
+         **extra: Any) -> dict[str, Any]:
+    gbs = (weights + other) / (ms / 1000) / 1e9 if ms > 0 else 0.0
+    return {"part": part, "rows": rows, "frames_per_call": frames, "ms_per_call": ms, "ms_per_frame": ms / frames,
+            "weight_bytes": weights, "other_bytes": other, "gb_per_s": gbs, "peak_share": gbs / peak_gbs, **extra}
+
+
+def measure_parts(runner: Any, config: Any, rows: Sequence[int], peak_gbs: float, say: Callable[[str], None],
+                  iters: int = 20, kv_len: int | None = None) -> list[dict[str, Any]]:
+    """A row per (part, rows) on a warm runner (slots filled with real prefilled requests); the talker
+    attends over kv_len positions (default: what the rows' prompts need)."""
+    model = runner.model
+    fill_slots(runner, max(rows), (model.speakers() or [None])[0])
+    out = []
+    for b in rows:
+        cp, talker = step_callables(runner, b, kv_len)
+        w, kv = talker_bytes(model, b, kv_len or runner.kv_len(b))
+        out.append(_row("talker step", b, 1, time_ms(talker, iters), w, kv, peak_gbs,
+                        kv_len=kv_len or runner.kv_len(b)))
+        w, emb = predictor_bytes(model, b)
+        out.append(_row("predictor frame", b, 1, time_ms(cp, iters), w, emb, peak_gbs))
+        codes, context = steady_window(model.codec, b, config.chunk_frames, config.left_context_frames)
+        w, act = codec_bytes(model.codec, codes, context)
+        ms = time_ms(lambda: model.codec.decode_window(codes, context), max(1, iters // 2))
+        out.append(_row("code-to-wave", b, codes.shape[1] - context, ms, w, act, peak_gbs, context_frames=context))
+        say(" | ".join(f"{r['part']} {r['ms_per_call']:.3f} ms" for r in out[-3:]) + f" (rows {b})")
+    return out
+
+
+def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def kernel_intervals(trace: dict[str, Any]) -> dict[Any, list[tuple[float, float]]]:
+    """Chrome-trace kernel events -> {stream: [(start_us, end_us)]}."""
+    out: dict[Any, list[tuple[float, float]]] = {}
+    for e in trace.get("traceEvents", []):
+        if e.get("cat") == "kernel":
+            out.setdefault(e.get("args", {}).get("stream"), []).append((e["ts"], e["ts"] + e["dur"]))
+    return out
+
+
+def busy_share(engine: Any, concurrency: int, requests: int, make: Callable[[int], Any]) -> dict[str, Any]:
+    """The closed loop at `concurrency` under the profiler: share of wall time with a kernel running."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from omni_tts.tools.load import run_load
+
+    run_load(engine, concurrency, concurrency, make)  # warm-up, excluded
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        records, _ = run_load(engine, concurrency, requests, make)
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - t0) * 1e6
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            streams = kernel_intervals(json.load(f))
+    per_stream = {str(s): union_seconds(iv) / wall_us for s, iv in streams.items()}
+    every = [iv for ivs in streams.values() for iv in ivs]
+    return {"concurrency": concurrency, "requests": requests, "served": len(records), "wall_s": wall_us / 1e6,
+            "gpu_busy_share": union_seconds(every) / wall_us,
+            "busiest_stream_share": max(per_stream.values(), default=0.0), "by_stream": per_stream}
+
+
+def table(rows: Sequence[dict[str, Any]], peak_gbs: float) -> str:
+    """The markdown roofline table."""
+    head = ["part", "rows", "frames/call", "ms/call", "ms/frame", "weights MB", "other MB", "GB/s",
+            f"% of {peak_gbs:.0f} GB/s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append(f"| {r['part']} | {r['rows']} | {r['frames_per_call']} | {r['ms_per_call']:.3f} | "
+                     f"{r['ms_per_frame']:.3f} | {r['weight_bytes'] / 1e6:.1f} | {r['other_bytes'] / 1e6:.1f} | "
+                     f"{r['gb_per_s']:.1f} | {100 * r['peak_share']:.1f} |")
+    return "\n".join(lines)
+
+
+def engine_config(args: argparse.Namespace, slots: int) -> Any:
+    """The preset with --set, --model, --mode as the only resident mode, and `slots` slots."""
+    from omni_tts.config import load_preset, parse_sets
+
+    cuda = torch.cuda.is_available()
+    mode = args.mode or ("default+cudagraph" if cuda else "eager")
+    return load_preset(args.preset, **{**parse_sets(args.set), "model": args.model, "mode": mode, "modes": [mode],
+                                       "max_num_seqs": slots})
+
+
+def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
+    from omni_tts.engine.engine import Engine
+    from omni_tts.errors import OmniTTSError
+    from omni_tts.tools.load import make_params
+
+    if min([*args.rows, *args.busy, args.iters]) < 1:
+        raise OmniTTSError("--rows, --busy and --iters take positive integers")
+    busy = list(args.busy or [])
+    if busy and not torch.cuda.is_available():
+        say("--busy skipped: the GPU busy share needs CUDA (torch.profiler's kernel trace)")
+        busy = []
+    config = engine_config(args, max([*args.rows, *busy]))
+    engine = Engine.from_config(config, progress=say, wait=True)
+    try:
+        sched = engine.schedulers[engine.default_mode]
+        if sched.state != "ready":
+            raise OmniTTSError(f"mode {engine.default_mode.value} did not warm: {sched.error}")
+        speaker = (engine.speakers() or [None])[0]
+        make = lambda i: make_params(i, speaker, args.frames)  # noqa: E731
+        res: dict[str, Any] = {**provenance(), "mode": engine.default_mode.value, "peak_gbs": args.peak_gbs,
+                               "busy": [busy_share(engine, c, args.busy_requests or 4 * c, make) for c in busy]}
+        if args.busy and not busy:
+            res["busy_skipped"] = "needs CUDA"
+        res["rows"] = measure_parts(sched.runner, config, args.rows, args.peak_gbs, say, args.iters, args.kv_len)
+        return res
+    finally:
+        engine.shutdown()
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default=None, help="checkpoint directory or Hub id")
+    ap.add_argument("--preset", default="bench", help="engine preset (name or YAML file)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset key")
+    ap.add_argument("--mode", default=None, help="compile mode measured (default: default+cudagraph, eager on CPU)")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64], help="rows per call")
+    ap.add_argument("--peak-gbs", type=float, default=4800.0, help="the GPU's peak memory bandwidth, GB/s")
+    ap.add_argument("--busy", type=int, nargs="*", default=[], metavar="C",
+                    help="also the GPU busy share under the closed loop at these concurrencies (CUDA)")
+    ap.add_argument("--busy-requests", type=int, default=0, help="requests per busy run (default 4 x C)")
+    ap.add_argument("--frames", type=int, default=75, help="frames per request in the busy runs")
+    ap.add_argument("--kv-len", type=int, default=None,
+                    help="talker attention length (one of the runner's KV buckets; default: what the prompts need)")
+    ap.add_argument("--iters", type=int, default=20, help="timed calls per figure (the median is kept)")
+    ap.add_argument("--json", default=None)
+
+
+def main(args: argparse.Namespace) -> int:
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    res = run(args, say)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    print(table(res["rows"], args.peak_gbs))
+    for b in res["busy"]:
+        print(f"c={b['concurrency']}: GPU busy {100 * b['gpu_busy_share']:.1f} % of {b['wall_s']:.2f} s "
+              f"(busiest stream {100 * b['busiest_stream_share']:.1f} %)")
+    if res.get("busy_skipped"):
+        print(f"GPU busy share skipped: {res['busy_skipped']}")
+    return 0

@@ -1,0 +1,83 @@
+"""The roofline tool on the tiny checkpoint, on CPU: its byte model against the modules' own parameter
+sizes, and one whole run (a real engine) giving a row per (part, rows) and the JSON it promises."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+from _fixtures import fixture_dir
+
+from omni_tts.config import load_preset
+from omni_tts.errors import OmniTTSError
+from omni_tts.models.loading import load_model
+from omni_tts.tools import roofline
+
+
+def _size(*modules: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(load_preset("bench", model=str(fixture_dir("custom_voice")), mode="eager", modes=["eager"]))
+
+
+def test_talker_and_predictor_bytes_are_the_parameters_they_read(model):
+    t, cp = model.talker, model.code_predictor
+    weights, kv = roofline.talker_bytes(model, 8, 128)
+    assert weights == _size(*t.layers, t.norm, t.codec_head)
+    assert kv == 8 * 128 * t.num_layers * 2 * t.num_kv_heads * t.head_dim * t.codec_head.weight.element_size()
+    weights, emb = roofline.predictor_bytes(model, 8)
+    assert weights == 15 * _size(*cp.layers, cp.norm, cp.small_to_mtp_projection) + _size(*cp.lm_head)
+    assert emb == 8 * 16 * cp.codec_embedding[0].weight.shape[1] * cp.codec_embedding[0].weight.element_size()
+    assert roofline.talker_bytes(model, 16, 128)[0] == roofline.talker_bytes(model, 1, 64)[0]  # rows share a read
+
+
+def test_code_to_wave_reads_every_decoder_parameter_once_per_call(model):
+    codec = model.codec
+    codes, context = roofline.steady_window(codec, 2, 25, 72)
+    assert codes.shape[1] - context == 25 and context >= min(72, codec.receptive_field_frames)
+    weights, act = roofline.codec_bytes(codec, codes, context)
+    assert weights == _size(codec)
+    _, act_one = roofline.codec_bytes(codec, codes[:1], context)
+    assert act == 2 * act_one > 0  # activations scale with the batch
+
+
+def test_union_of_kernel_intervals():
+    assert roofline.union_seconds([(5, 6), (0, 2), (1, 3), (2.5, 2.7)]) == 4
+    trace = {"traceEvents": [{"cat": "kernel", "ts": 0, "dur": 2, "args": {"stream": 7}},
+                             {"cat": "cpu_op", "ts": 0, "dur": 50},
+                             {"cat": "kernel", "ts": 1, "dur": 3, "args": {"stream": 9}}]}
+    assert roofline.kernel_intervals(trace) == {7: [(0, 2)], 9: [(1, 4)]}
+
+
+def test_a_run_gives_a_row_per_part_and_rows_and_the_json(tmp_path, capsys):
+    ap = argparse.ArgumentParser()
+    roofline.add_arguments(ap)
+    out = tmp_path / "roofline.json"
+    args = ap.parse_args(["--model", str(fixture_dir("custom_voice")), "--rows", "1", "2", "--iters", "1",
+                          "--busy", "2", "--json", str(out)])
+    assert roofline.main(args) == 0
+    res = json.loads(out.read_text())
+    assert {"command", "commit", "torch", "device", "rows", "peak_gbs"} <= set(res)
+    assert res["torch"] == torch.__version__ and res["peak_gbs"] == 4800.0
+    assert sorted((r["part"], r["rows"]) for r in res["rows"]) == sorted(
+        (p, b) for p in roofline.PARTS for b in (1, 2))
+    for r in res["rows"]:
+        assert r["ms_per_call"] > 0 and r["weight_bytes"] > 0
+        assert r["gb_per_s"] == pytest.approx((r["weight_bytes"] + r["other_bytes"]) / r["ms_per_call"] / 1e6)
+        assert r["peak_share"] == pytest.approx(r["gb_per_s"] / 4800.0)
+    printed = capsys.readouterr().out
+    assert printed.count("| talker step |") == 2 and "% of 4800 GB/s" in printed
+    if not torch.cuda.is_available():
+        assert res["busy"] == [] and "needs CUDA" in res["busy_skipped"] and "skipped" in printed
+
+
+def test_rows_that_are_not_positive_are_refused_naming_the_flag():
+    ap = argparse.ArgumentParser()
+    roofline.add_arguments(ap)
+    with pytest.raises(OmniTTSError, match="--rows"):
+        roofline.main(ap.parse_args(["--rows", "0", "8"]))
