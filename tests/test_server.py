@@ -1,4 +1,4 @@
-"""The headless server (`python -m omni_tts.serving.headless`) in a subprocess on a real socket over the tiny
+"""The headless server (`python -m omni_tts serve`) in a subprocess on a real socket over the tiny
 checkpoint: the official `openai` client gets a wav and a pcm stream, the model and health routes answer,
 SIGTERM ends it cleanly; the plain app never imports ray."""
 
@@ -30,7 +30,7 @@ def _env() -> dict[str, str]:
 def start_headless(*flags: str) -> tuple[str, subprocess.Popen]:
     """(base URL, process): the headless server on a free port, up once /health answers (bounded wait)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "omni_tts.serving.headless", *ENGINE_FLAGS, *flags,
+    proc = subprocess.Popen([sys.executable, "-m", "omni_tts", "serve", *ENGINE_FLAGS, *flags,
                              "--port", str(port)], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -87,15 +87,16 @@ def test_sigterm_ends_the_server_cleanly(server):
 
 
 def test_bad_flags_are_one_error_line():
-    done = subprocess.run([sys.executable, "-m", "omni_tts.serving.headless", "--model", MODEL, "--replicas", "2"],
+    done = subprocess.run([sys.executable, "-m", "omni_tts", "serve", "--model", MODEL, "--replicas", "2"],
                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip().endswith("error: --replicas need --ray")
 
 
 def test_the_plain_app_never_imports_ray():
     code = ("import sys\nfrom omni_tts.engine.engine import Engine\nfrom omni_tts.serving import headless\n"
-            f"engine = Engine.from_config(headless.engine_config(headless._standalone_parser().parse_args("
-            f"['--model', {MODEL!r}, '--set', 'mode=eager'])), wait=False, warm=False)\n"
+            "from omni_tts.tools.args import Parser\n"
+            f"args = headless.add_arguments(Parser()).parse_args(['--model', {MODEL!r}, '--set', 'mode=eager'])\n"
+            "engine = Engine.from_config(headless.engine_config(args), wait=False, warm=False)\n"
             "app = headless.build_app(engine)\nengine.shutdown()\n"
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,

@@ -13,11 +13,12 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from omni_tts.config import EngineConfig, load_preset, parse_sets, preset_names
+from omni_tts.config import EngineConfig
 from omni_tts.errors import OmniTTSError
+from omni_tts.tools.args import add_engine_flags, engine_config
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
 EXIT_USER_ERROR = 2
@@ -25,7 +26,7 @@ EXIT_USER_ERROR = 2
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The engine flags (the shared ones, omni_tts.tools.args) and the serve-specific flags."""
-    _add_engine_flags(parser)
+    add_engine_flags(parser, "default", mode=True)
     g = parser.add_argument_group("serving")
     g.add_argument("--host", default=DEFAULT_HOST, help=f"bind address (default {DEFAULT_HOST})")
     g.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
@@ -42,24 +43,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     r.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="connect to this Ray cluster (e.g. auto, ray://head:10001); default: start a local one")
     return parser
-
-
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    """The engine's config from the engine flags (--preset, --model, --set, --device, --dtype)."""
-    try:
-        from omni_tts.tools.args import engine_config as shared
-    except ImportError:  # before the shared engine flags exist (see _add_engine_flags)
-        shared = None
-    if shared is not None:
-        return shared(args)
-    overrides = parse_sets(getattr(args, "set", None))
-    for key in ("model", "device", "dtype", "mode"):
-        if getattr(args, key, None) is not None:
-            overrides[key] = getattr(args, key)
-    preset = getattr(args, "preset", None)
-    if preset:
-        return load_preset(preset, **overrides)
-    return EngineConfig(**overrides)
 
 
 def build_app(engine: Any, host: str = DEFAULT_HOST) -> Any:
@@ -128,33 +111,3 @@ def _check_local_flags(args: argparse.Namespace) -> None:
                             ("--ray-address", args.ray_address)) if v]
     if named:
         raise OmniTTSError(f"{', '.join(named)} need --ray")
-
-
-def _add_engine_flags(p: argparse.ArgumentParser) -> None:
-    """The shared engine flags; a minimal stand-in while omni_tts.tools.args is not there."""
-    try:
-        from omni_tts.tools.args import add_engine_flags
-    except ImportError:
-        add_engine_flags = None
-    if add_engine_flags is not None:
-        add_engine_flags(p, "default", mode=True)
-        return
-    p.add_argument("--model", default=None, help="checkpoint dir or Hub id (default: the embedded demo)")
-    p.add_argument("--preset", default="default" if "default" in preset_names() else None,
-                   help=f"engine preset name or YAML path (available: {', '.join(preset_names())})")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset key")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None)
-
-
-def _standalone_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m omni_tts.serving.headless", description=__doc__.splitlines()[0])
-    return add_arguments(p)
-
-
-def cli(argv: Sequence[str] | None = None) -> int:
-    return main(_standalone_parser().parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

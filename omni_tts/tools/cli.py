@@ -31,8 +31,9 @@ COMMANDS: dict[str, Command] = {
                         "add_speakers_arguments", "speakers"),
     "make-checkpoint": Command("omni_tts.tools.checkpoints", "write a RANDOM-weight checkpoint at a real size "
                                "(its audio is noise) for speed work", "add_make_arguments", "make"),
-    "serve": Command("omni_tts.serving.server", "serve the OpenAI-compatible speech API"),
-    "warm-cache": Command("omni_tts.tools.warm_cache", "fill Inductor's cache for every compiled mode"),
+    "serve": Command("omni_tts.serving.headless", "serve the speech API, health and metrics without the page "
+                     "(--ray: replicas on Ray Serve)"),
+    "warm-cache": Command("omni_tts.tools.warm_cache", "export or import compiled artifacts for a fresh machine"),
     "bench": Command("omni_tts.tools.bench", "latency and throughput per compile mode and concurrency"),
     "peers": Command("omni_tts.tools.peers", "other TTS systems beside this engine, each in its own process"),
     "microbench": Command("omni_tts.tools.microbench", "per-batch step costs per mode, greedy agreement"),
@@ -41,6 +42,13 @@ COMMANDS: dict[str, Command] = {
     "start-timing": Command("omni_tts.tools.start_timing", "the app's start-up as a visitor meets it"),
     "start-profile": Command("omni_tts.tools.start_profile", "where a fresh engine's first requests wait"),
     "kernel-sweep": Command("omni_tts.tools.kernel_sweep", "Triton launch configs for this GPU"),
+    "openloop": Command("omni_tts.tools.openloop", "Poisson arrivals against a running server: TTFP, underrun, "
+                        "the highest rate that meets a target (also `bench --http URL --rate R`)"),
+    "scaleout": Command("omni_tts.tools.scaleout_bench", "one process against Ray Serve replicas, closed and "
+                        "open loop"),
+    "roofline": Command("omni_tts.tools.roofline", "per-part time, bytes read and share of the GPU's bandwidth"),
+    "memory": Command("omni_tts.tools.memory_table", "peak GPU memory per preset under memory caps"),
+    "start-ready": Command("omni_tts.tools.start_ready", "the app's start-up: page, each mode ready, first audio"),
 }
 
 
@@ -70,6 +78,8 @@ def _parser(chosen: str | None) -> tuple[argparse.ArgumentParser, Run | None]:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
+    if chosen == "bench" and "--rate" in argv:  # vLLM's serving-benchmark form of the open loop
+        argv[argv.index("bench")] = chosen = "openloop"
     try:
         ap, run = _parser(chosen if chosen in COMMANDS else None)
         args = ap.parse_args(argv)  # an unknown or missing command exits here, before `run` is needed

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from omni_tts.tools.args import add_model_flag
 from omni_tts.tools.roofline import REPO, provenance
 
 GIB = float(1 << 30)
@@ -123,7 +124,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", default=None, help="checkpoint directory or Hub id")
+    add_model_flag(ap)
     ap.add_argument("--presets", nargs="+", default=["default"], help="engine presets (names or YAML files)")
     ap.add_argument("--caps-gib", type=float, nargs="+", default=[16.0, 24.0], help="GPU memory caps, GiB")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset key")

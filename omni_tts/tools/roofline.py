@@ -13,11 +13,11 @@ from the model's actual tensors (their element sizes as loaded):
 - predictor frame (15 steps): the decoder layers, final norm and input projection fifteen times, each
   of the 15 heads once; other: the code embeddings are gathers, so 16 embedding rows per row (code 0 from
   the talker's table, codes 1..15 from the predictor's). Its 16-position KV cache is left out (tiny).
-- code-to-wave per call: the engine's steady window (`CodecDecoder.windows` for a chunk after the
-  first few, with `left_context_frames`), batch = rows; every parameter of each module that runs, once
-  per call; other: every leaf module's input and output tensors once (the unfused module graph, counted
-  with forward hooks on one call), i.e. activations as eager ops would move them. Per frame = per call
-  divided by the chunk's new frames.
+- code-to-wave per call: a chunk of `chunk_frames` new frames well into a request, decoded from its
+  carried state (`CodecDecoder.decode_carried`, as the audio stage does), batch = rows; every decoder
+  parameter once per call (a decode runs every layer); other: every leaf module's input and output
+  tensors once (the unfused module graph, counted with forward hooks on one call; the carried state is
+  among the inputs), i.e. activations as eager ops would move them. Per frame = per call divided by the chunk's frames.
 
 GPU busy share (`--busy c...`, CUDA only): the engine's closed loop (tools.load.run_load) at concurrency
 c under torch.profiler; the union of kernel intervals over the run's wall time, for all streams and for
@@ -41,7 +41,8 @@ from typing import Any
 
 import torch
 
-from omni_tts.tools.microbench import fill_slots, step_callables, time_ms
+from omni_tts.tools.args import add_engine_flags, engine_config
+from omni_tts.tools.microbench import carried_chunk, fill_slots, step_callables, time_ms
 
 REPO = Path(__file__).resolve().parents[2]
 PARTS = ("talker step", "predictor frame", "code-to-wave")
@@ -56,6 +57,9 @@ def provenance() -> dict[str, Any]:
         commit = None
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {"command": shlex.join(sys.argv), "commit": commit, "torch": torch.__version__, "device": device}
+
+
+STEADY_HISTORY_FRAMES = 100  # a chunk this far into a request: the codec's attention window is full
 
 
 def nbytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -81,13 +85,13 @@ def predictor_bytes(model: Any, rows: int) -> tuple[int, int]:
     return weights, rows * (steps + 1) * emb.shape[1] * emb.element_size()
 
 
-def codec_bytes(codec: Any, codes: torch.Tensor, context: int) -> tuple[int, int]:
-    """(weight bytes, activation bytes) of one decode_window(codes, context) call, counted by forward hooks
-    on the unfused module graph (the fused flag is restored after)."""
-    counts = [0, 0]
+def codec_bytes(codec: Any, call: Callable[[], Any]) -> tuple[int, int]:
+    """(weight bytes, activation bytes) of one `call()` of the codec: every parameter once, and the leaf
+    modules' inputs and outputs counted by forward hooks on the unfused module graph (the fused flag is
+    restored after)."""
+    counts = [nbytes(codec.parameters()), 0]
 
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
-        counts[0] += nbytes(module.parameters(recurse=False))
         if not any(True for _ in module.children()):  # leaf: its inputs and outputs move through memory
             moved = [*args, *kwargs.values(), *(out if isinstance(out, (tuple, list)) else (out,))]
             counts[1] += nbytes(x for x in moved if isinstance(x, torch.Tensor))
@@ -96,21 +100,12 @@ def codec_bytes(codec: Any, codes: torch.Tensor, context: int) -> tuple[int, int
     handles = [m.register_forward_hook(hook, with_kwargs=True) for m in codec.modules()]
     try:
         codec.set_fused(False)
-        codec.decode_window(codes, context)
+        call()
     finally:
         for h in handles:
             h.remove()
         codec.set_fused(fused)
     return counts[0], counts[1]
-
-
-def steady_window(codec: Any, rows: int, chunk: int, left_context: int) -> tuple[torch.Tensor, int]:
-    """The engine's window for a chunk well into a request: (host codes [rows, C+N, Q], C), as the engine
-    hands them to decode_window."""
-    need = max(left_context, codec.receptive_field_frames)
-    start = -(-need // chunk) * chunk  # whole chunks, past the first window's reach
-    full = torch.randint(0, 2048, (rows, start + chunk, codec.num_quantizers))
-    return codec.windows(full, start, start + chunk, left_context)[0]
 
 
 def _row(part: str, rows: int, frames: int, ms: float, weights: int, other: int, peak_gbs: float,
@@ -134,10 +129,10 @@ def measure_parts(runner: Any, config: Any, rows: Sequence[int], peak_gbs: float
                         kv_len=kv_len or runner.kv_len(b)))
         w, emb = predictor_bytes(model, b)
         out.append(_row("predictor frame", b, 1, time_ms(cp, iters), w, emb, peak_gbs))
-        codes, context = steady_window(model.codec, b, config.chunk_frames, config.left_context_frames)
-        w, act = codec_bytes(model.codec, codes, context)
-        ms = time_ms(lambda: model.codec.decode_window(codes, context), max(1, iters // 2))
-        out.append(_row("code-to-wave", b, codes.shape[1] - context, ms, w, act, peak_gbs, context_frames=context))
+        chunk = carried_chunk(model.codec, b, STEADY_HISTORY_FRAMES, config.chunk_frames)
+        w, act = codec_bytes(model.codec, chunk)
+        ms = time_ms(chunk, max(1, iters // 2))
+        out.append(_row("code-to-wave", b, config.chunk_frames, ms, w, act, peak_gbs))
         say(" | ".join(f"{r['part']} {r['ms_per_call']:.3f} ms" for r in out[-3:]) + f" (rows {b})")
     return out
 
@@ -198,14 +193,11 @@ def table(rows: Sequence[dict[str, Any]], peak_gbs: float) -> str:
     return "\n".join(lines)
 
 
-def engine_config(args: argparse.Namespace, slots: int) -> Any:
-    """The preset with --set, --model, --mode as the only resident mode, and `slots` slots."""
-    from omni_tts.config import load_preset, parse_sets
-
+def measured_config(args: argparse.Namespace, slots: int) -> Any:
+    """The engine flags' config with --mode as the only resident mode, and `slots` slots."""
     cuda = torch.cuda.is_available()
     mode = args.mode or ("default+cudagraph" if cuda else "eager")
-    return load_preset(args.preset, **{**parse_sets(args.set), "model": args.model, "mode": mode, "modes": [mode],
-                                       "max_num_seqs": slots})
+    return engine_config(args, mode=mode, modes=[mode], max_num_seqs=slots)
 
 
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
@@ -219,7 +211,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     if busy and not torch.cuda.is_available():
         say("--busy skipped: the GPU busy share needs CUDA (torch.profiler's kernel trace)")
         busy = []
-    config = engine_config(args, max([*args.rows, *busy]))
+    config = measured_config(args, max([*args.rows, *busy]))
     engine = Engine.from_config(config, progress=say, wait=True)
     try:
         sched = engine.schedulers[engine.default_mode]
@@ -238,9 +230,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", default=None, help="checkpoint directory or Hub id")
-    ap.add_argument("--preset", default="bench", help="engine preset (name or YAML file)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset key")
+    add_engine_flags(ap, "bench")
     ap.add_argument("--mode", default=None, help="compile mode measured (default: default+cudagraph, eager on CPU)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64], help="rows per call")
     ap.add_argument("--peak-gbs", type=float, default=4800.0, help="the GPU's peak memory bandwidth, GB/s")

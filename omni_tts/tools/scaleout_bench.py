@@ -21,7 +21,9 @@ from typing import Any
 
 import httpx
 
+from omni_tts.errors import OmniTTSError
 from omni_tts.tools import openloop
+from omni_tts.tools.args import add_model_flag
 from omni_tts.tools.http_load import bench_http
 
 # name -> (server flags, closed-loop concurrencies)
@@ -36,7 +38,7 @@ SETUPS: dict[str, tuple[list[str], list[int]]] = {
 def start(model: str, port: int, flags: list[str], engine_sets: list[str], ready_s: float) -> subprocess.Popen:
     """The server on `port`, returned once GET /ready answers 200 (RuntimeError when it exits or times out)."""
     sets = [x for s in engine_sets for x in ("--set", s)]
-    cmd = [sys.executable, "-m", "omni_tts.serving.headless", "--model", model, "--preset", "bench", *sets,
+    cmd = [sys.executable, "-m", "omni_tts", "serve", "--model", model, "--preset", "bench", *sets,
            "--host", "127.0.0.1", "--port", str(port), *flags]
     print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.Popen(cmd, start_new_session=True)
@@ -88,9 +90,8 @@ def measure(url: str, conc: list[int], args: argparse.Namespace) -> dict[str, An
     return {"closed": {str(c): v for c, v in closed.items()}, "best_rate": best, "sweep": sweep}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m omni_tts.tools.scaleout_bench", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="checkpoint dir (e.g. make-checkpoint --size 1.7B)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_flag(p)
     p.add_argument("--setups", default="single,ray-1,ray-2-shared", help=f"comma-separated of {', '.join(SETUPS)}")
     p.add_argument("--set", action="append", default=["max_num_seqs=64"], metavar="KEY=VALUE",
                    help="engine preset overrides for every server (default max_num_seqs=64)")
@@ -105,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ttfp-slo-ms", type=float, default=50.0)
     p.add_argument("--ready-s", type=float, default=1800.0, help="how long a server may take to warm up")
     p.add_argument("--json", default="scaleout.json")
-    args = p.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.model:
+        raise OmniTTSError("--model is required: a checkpoint directory (e.g. make-checkpoint --size 1.7B)")
     out: dict[str, Any] = {"command": " ".join(sys.argv), "commit": openloop._commit(), "model": args.model,
                            "frames": args.frames, "sets": args.set, "results": {}}
     for name in [s.strip() for s in args.setups.split(",") if s.strip()]:
@@ -128,7 +133,3 @@ def table(results: dict[str, Any]) -> str:
             rows.append(f"{name:<14} {c:>3} {v.get('med_ttfp_ms', float('nan')):>11.1f} "
                         f"{v.get('audio_s_per_s', float('nan')):>9.1f}   {r['best_rate']}")
     return "\n".join(rows)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from omni_tts.errors import OmniTTSError
+from omni_tts.tools.args import add_engine_flags, engine_config
 
 WARM_TIMEOUT_S = 3600.0  # a first reduce-overhead compile on a GPU takes minutes; this bounds a stuck one
 
@@ -25,10 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--export", metavar="DIR", help="warm every resident mode, then write the artifacts here")
     what.add_argument("--import", dest="import_dir", metavar="DIR",
                       help="load artifacts written by --export on a machine like this one")
-    parser.add_argument("--model", default=None, help="checkpoint dir or Hub id (--export; default: as the app)")
-    parser.add_argument("--preset", default="default", help="engine preset name or YAML path (--export)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a preset key (repeatable), e.g. --set modes=[eager,default]")
+    add_engine_flags(parser)  # --export's engine, as the app builds it
     parser.add_argument("--timeout", type=float, default=WARM_TIMEOUT_S, help="seconds to wait for each mode")
 
 
@@ -51,14 +49,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace, say: Any) -> int:
-    from omni_tts.config import load_preset, parse_sets
     from omni_tts.engine import compile_cache
     from omni_tts.engine.engine import Engine
 
-    overrides = parse_sets(args.set)
-    if args.model is not None:
-        overrides["model"] = args.model
-    config = load_preset(args.preset, **overrides)  # a bad preset or key fails before anything loads
+    config = engine_config(args)  # a bad preset or key fails before anything loads
     compile_cache.use_cache_dirs()
     engine = Engine.from_config(config, progress=say, wait=False, warm=True)
     try:
