@@ -53,7 +53,7 @@ def _memory(engine: Any) -> dict[str, Any]:
     if engine.device.type != "cuda":
         return {"host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB,
                 "gpu": "needs CUDA"}
-    mem = engine.snapshot()["memory"]
+    mem = engine.snapshot().memory
     return {"peak_allocated_gib": torch.cuda.max_memory_allocated(engine.device) / GIB,
             "peak_reserved_gib": torch.cuda.max_memory_reserved(engine.device) / GIB,
             "graph_pool_gib": mem["graph_pool_gib"], "tree_pool_gib": mem["tree_pool_gib"],
@@ -80,9 +80,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         for mode in engine.schedulers:
             engine.wait_ready(mode, spec["warm_timeout"])
         states = engine.modes()
-        row["ready"] = [m for m, v in states.items() if v["state"] == "ready"]
-        row["failed"] = {m: v["reason"] or v["state"] for m, v in states.items()
-                         if v["state"] not in ("ready", "unavailable")}
+        row["ready"] = [m for m, v in states.items() if v.state == "ready"]
+        row["failed"] = {m: v.reason or v.state for m, v in states.items() if v.state not in ("ready", "unavailable")}
         row["load"] = {m: _load(engine, m, spec["waves"], spec["frames"]) for m in row["ready"]}
         row["max_num_seqs"] = engine.config.max_num_seqs
         row.update(_memory(engine))
