@@ -16,13 +16,14 @@ from omni_tts.errors import Cancelled, CheckpointError, EngineError, InputError,
 
 __all__ = ["MODES", "AudioChunk", "Cancelled", "CheckpointError", "CompileMode", "Engine", "EngineConfig",
            "EngineError", "EngineSnapshot", "InputError", "ModeStatus", "OmniTTSError", "RequestHandle",
-           "SynthesisParams", "SynthesisResult", "load_preset"]
+           "RequestMetrics", "SynthesisParams", "SynthesisResult", "load_preset"]
 __version__ = "0.1.0"
 
 # imported on first use: the engine brings torch, which `import omni_tts` alone should not pay for
 _LAZY = {"Engine": "omni_tts.engine.engine", "AudioChunk": "omni_tts.engine.request",
          "RequestHandle": "omni_tts.engine.request", "SynthesisResult": "omni_tts.engine.request",
-         "EngineSnapshot": "omni_tts.engine.snapshot", "ModeStatus": "omni_tts.engine.snapshot"}
+         "EngineSnapshot": "omni_tts.engine.snapshot", "ModeStatus": "omni_tts.engine.snapshot",
+         "RequestMetrics": "omni_tts.engine.metrics"}
 
 
 def __getattr__(name: str) -> Any:

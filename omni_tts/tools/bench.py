@@ -17,9 +17,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from omni_tts import EngineSnapshot, RequestMetrics
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
-from omni_tts.engine.metrics import RequestMetrics, summarize
-from omni_tts.engine.snapshot import EngineSnapshot
+from omni_tts.engine.testing import summarize
 from omni_tts.errors import OmniTTSError
 from omni_tts.tools.args import add_engine_flags, engine_config, progress
 from omni_tts.tools.load import request_maker, run_load
@@ -194,7 +194,7 @@ def _bench_over_http(args: Any) -> int:
 def _bench_group(config: EngineConfig, args: Any, results: dict, extra: dict, say: Callable[[str], None]
                  ) -> EngineSnapshot:
     """Every mode of `config.modes` resident in one engine, benchmarked one after another."""
-    from omni_tts.engine.engine import Engine
+    from omni_tts import Engine
 
     modes = list(config.modes or [])
     engine = Engine.from_config(config, progress=say)

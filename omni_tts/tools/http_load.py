@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from omni_tts.engine.metrics import RequestMetrics
+from omni_tts import RequestMetrics
 from omni_tts.tools.load import PROMPTS, closed_loop
 
 BYTES_PER_SAMPLE = 2  # pcm: 16-bit little-endian mono
@@ -60,7 +60,7 @@ def run_http_load(base_url: str, concurrency: int, num_prompts: int, frames: int
 def bench_http(base_url: str, concurrency: Sequence[int], num_prompts: int, frames: int, voice: str | None,
                mode: str | None, warmup: int) -> dict[int, dict[str, float]]:
     """Per concurrency: summarize()'s figures for the streamed requests that finished (warm-up excluded)."""
-    from omni_tts.engine.metrics import summarize
+    from omni_tts.engine.testing import summarize
 
     out: dict[int, dict[str, float]] = {}
     for c in concurrency:

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from omni_tts import RequestMetrics
 from omni_tts.config import SynthesisParams
-from omni_tts.engine.metrics import RequestMetrics
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog near the river bank.",

@@ -64,8 +64,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     """One (preset, cap) in this process: the engine, every resident mode warmed and loaded, the figures."""
     import torch
 
+    from omni_tts import Engine
     from omni_tts.config import load_preset, parse_sets
-    from omni_tts.engine.engine import Engine
     from omni_tts.errors import one_line
 
     cuda = torch.cuda.is_available()

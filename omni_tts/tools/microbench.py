@@ -23,7 +23,7 @@ import torch
 
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.engine import testing
-from omni_tts.engine.metrics import gpu_memory
+from omni_tts.engine.testing import gpu_memory
 from omni_tts.tools.args import add_engine_flags, engine_config, progress
 from omni_tts.tools.bench import device_modes
 from omni_tts.tools.load import PROMPTS
@@ -85,7 +85,7 @@ def codec_costs(model: Any) -> dict[str, float]:
     and bytes moved per frame (`codec.costs.chunk_costs`, bfloat16) for the roofline."""
     import copy
 
-    from omni_tts.engine.audio_stage import fuse_codec
+    from omni_tts.engine.testing import fuse_codec
     from omni_tts.models.codec.costs import chunk_costs
 
     out: dict[str, float] = {}
@@ -112,7 +112,7 @@ def codec_costs(model: Any) -> dict[str, float]:
                 out[f"{name}_b{b}_carried_ms"] = time_ms(carried_chunk(codec, b, 100, 25), iters=5)
     if not torch.cuda.is_available():
         return out
-    from omni_tts.engine.audio_stage import FirstChunkGraphs
+    from omni_tts.engine.testing import FirstChunkGraphs
 
     first = FirstChunkGraphs(model.codec, 1, [1, 8, 32])  # the engine's first-chunk graphs (as served)
     for b in (1, 8, 32):
@@ -202,8 +202,8 @@ def load_test(model: Any, cfg: EngineConfig, mode: str, concurrency: Sequence[in
     resident (admits up to max(concurrency), or each of `slots`)."""
     import dataclasses
 
-    from omni_tts.engine.engine import Engine
-    from omni_tts.engine.metrics import summarize
+    from omni_tts import Engine
+    from omni_tts.engine.testing import summarize
     from omni_tts.tools.load import make_params, run_load
 
     out: dict[str, Any] = {}
@@ -254,7 +254,7 @@ def run(cfg: EngineConfig, modes: Sequence[str], frames: int, say: Callable[[str
         load: dict[str, Any] | None = None, out_json: str | None = None, profile_dir: str | None = None,
         profile_buckets: Sequence[int] = (1,), skip_codec: bool = False) -> dict[str, Any]:
     """Every mode's runner in turn over one loaded model with `cfg`'s slots and buckets."""
-    from omni_tts.models.loading import load_model
+    from omni_tts.engine.testing import load_model
 
     buckets = cfg.resolved_buckets()
     t0 = time.perf_counter()

@@ -16,7 +16,7 @@ import statistics
 import threading
 from typing import Any
 
-from omni_tts.engine.engine import Engine
+from omni_tts import Engine
 from omni_tts.errors import OmniTTSError
 from omni_tts.tools.args import add_engine_flags, engine_config, progress
 from omni_tts.tools.bench import device_modes

@@ -30,7 +30,8 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from omni_tts.engine.metrics import RequestMetrics, summarize  # noqa: E402
+from omni_tts import RequestMetrics  # noqa: E402
+from omni_tts.engine.testing import summarize  # noqa: E402
 from omni_tts.tools.args import Parser, add_engine_flags, engine_config  # noqa: E402
 from omni_tts.tools.load import PROMPTS, closed_loop  # noqa: E402
 
@@ -75,8 +76,8 @@ class Ours:
     (eager on CPU)."""
 
     def __init__(self, a: argparse.Namespace) -> None:
+        from omni_tts import Engine
         from omni_tts.config import CompileMode
-        from omni_tts.engine.engine import Engine
 
         mode = CompileMode.auto(a.device.startswith("cuda")).value
         self.a = a

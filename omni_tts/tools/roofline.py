@@ -201,7 +201,7 @@ def measured_config(args: argparse.Namespace, slots: int) -> Any:
 
 
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
-    from omni_tts.engine.engine import Engine
+    from omni_tts import Engine
     from omni_tts.errors import OmniTTSError
     from omni_tts.tools.load import make_params
 

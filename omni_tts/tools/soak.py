@@ -220,7 +220,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from omni_tts.engine.engine import Engine
+    from omni_tts import Engine
 
     engine = Engine.from_config(engine_config(args), progress=lambda s: print(s, file=sys.stderr))
     try:

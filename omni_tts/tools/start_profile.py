@@ -84,8 +84,8 @@ def _place(frames: list[str]) -> str:
 def measure(config: EngineConfig, requests: int = 3, frames: int = 25, page_s: float = 3.0, prime: bool = True
             ) -> dict[str, Any]:
     """Build the engine, run `requests` eager requests one after another, return the timings and samples."""
+    from omni_tts import Engine
     from omni_tts.config import SynthesisParams
-    from omni_tts.engine.engine import Engine
 
     log: list[tuple[float, str]] = []
     with StackSampler() as sampler:

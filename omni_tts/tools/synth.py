@@ -91,7 +91,7 @@ def main(args: argparse.Namespace) -> int:
     import numpy as np
     import soundfile as sf
 
-    from omni_tts.engine import offline
+    from omni_tts.engine.testing import offline
     from omni_tts.models.loading import resolve_device, resolve_dtype
     from omni_tts.models.qwen3_tts import TTSModel
 

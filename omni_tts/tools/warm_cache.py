@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the export or the import; every failure is one `error: ...` line and exit status 2."""
-    from omni_tts.engine import compile_cache
+    from omni_tts.engine.testing import compile_cache
 
     t0 = time.perf_counter()
     say = lambda s: print(f"[warm-cache {time.perf_counter() - t0:6.1f}s] {s}", file=sys.stderr, flush=True)  # noqa: E731
@@ -49,8 +49,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace, say: Any) -> int:
-    from omni_tts.engine import compile_cache
-    from omni_tts.engine.engine import Engine
+    from omni_tts import Engine
+    from omni_tts.engine.testing import compile_cache
 
     config = engine_config(args)  # a bad preset or key fails before anything loads
     compile_cache.use_cache_dirs()
