@@ -39,7 +39,7 @@ def make_engine(model: Path | str, **kw) -> Engine:
     return Engine.from_config(build_config({"model": str(model), **cfg}))
 
 
-def lane(eng: Engine, mode: CompileMode = CompileMode.EAGER) -> ModeScheduler:
+def scheduler(eng: Engine, mode: CompileMode = CompileMode.EAGER) -> ModeScheduler:
     """The scheduler (thread, runner, slots) serving `mode` in `eng`."""
     return eng.schedulers[mode]
 
@@ -121,7 +121,7 @@ def test_a_frame_launched_ahead_gives_the_plain_paths_audio_and_codes(_one_threa
     path's codes and audio for requests that end at different frames."""
     eng = make_engine(fixture_dir("custom_voice"))
     overlapped: list[bool] = []  # per launch: was a launched frame still unread?
-    sched = lane(eng)
+    sched = scheduler(eng)
     launch = sched.runner.launch
     sched.runner.launch = lambda n: overlapped.append(sched._pending is not None) or launch(n)
     try:
@@ -242,7 +242,7 @@ def test_fast_path_engine_with_kv_length_buckets_equals_the_plain_path(_one_thre
 
     eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=2)
     try:
-        runner = lane(eng).runner  # idle (nothing submitted yet): its step implementations can be swapped
+        runner = scheduler(eng).runner  # idle (nothing submitted yet): its step implementations can be swapped
         fast = FastPath(eng.model, None)
         runner.talker_impl, runner.cp_impl, runner.cp_predict = fast, fast, fast.predict_frame
         assert runner.kv_buckets == [64, 128, 257]
@@ -335,7 +335,7 @@ def test_cancelling_a_queued_request_never_runs_it():
 
 # ------------------------------------------------------------------------------------------ modes
 def test_a_request_names_its_mode_and_an_absent_or_unknown_one_is_refused_at_submit(engine):
-    """mode=None and mode='eager' both run in the eager lane; a mode that is not resident here (CPU: only
+    """mode=None and mode='eager' both run in the eager scheduler; a mode that is not resident here (CPU: only
     the default) or unknown is one InputError at submit, nothing is queued, and the engine keeps serving."""
     p = greedy("per request mode", max_new_tokens=6)
     r_none = engine.synthesize(p, timeout=TIMEOUT)
@@ -448,7 +448,7 @@ def test_chunks_of_requests_started_together_are_decoded_in_shared_calls():
         refs = [plain(eng, p) for p in ps]
         assert len({r[1].tobytes() for r in refs}) == 4
         entered, gate = threading.Event(), threading.Event()
-        sched = lane(eng)
+        sched = scheduler(eng)
         admit = sched._admit
 
         def held() -> None:  # the scheduler waits before its next admission, then admits as always
@@ -475,13 +475,13 @@ def test_chunks_of_requests_started_together_are_decoded_in_shared_calls():
 
 @pytest.mark.parametrize("hold_ms", [0, 100, 1000])
 def test_a_request_waits_for_its_burst_only_while_the_burst_prepares_and_within_the_hold(hold_ms):
-    """While another submit to the lane still prepares its prompt (`ModeScheduler.arriving`), a waiting
+    """While another submit to the scheduler still prepares its prompt (`ModeScheduler.arriving`), a waiting
     request is held at most admit_hold_ms, so a burst is admitted in one pass (one prefill, chunks in
     step); with no hold it starts at once, and a hold shorter than the preparation runs out."""
     eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=4, admit_hold_ms=hold_ms)
     try:
         p = lambda i: SynthesisParams(text="held together", speaker="ryan", seed=i, fixed_frames=3)  # noqa: E731
-        with lane(eng).arriving():  # another client's submit, still preparing
+        with scheduler(eng).arriving():  # another client's submit, still preparing
             a = eng.submit(p(1))
             if hold_ms < 1000:  # the hold (if any) runs out while the burst still prepares
                 until(lambda: a.metrics.started_at is not None, "the first request to start")
@@ -687,7 +687,7 @@ def test_an_engine_built_not_warming_accepts_requests_and_serves_them_once_start
 
 def test_priming_runs_the_eager_path_once_before_the_warm_up_and_changes_no_result(_one_thread):
     """Engine.prime (the app calls it, and waits for it, before it builds its page) serves eager at once
-    and runs a tiny clip through its lane (the path a visitor's request takes), once, before any warm-up
+    and runs a tiny clip through its scheduler (the path a visitor's request takes), once, before any warm-up
     is asked for, and keeps it out of the recent requests; the warm-up waits for it; a request afterwards
     equals the plain path. A checkpoint whose tasks all need a reference voice (Base) is not primed."""
     said: list[str] = []
@@ -698,7 +698,7 @@ def test_priming_runs_the_eager_path_once_before_the_warm_up_and_changes_no_resu
         eng.prime()
         eng.prime()
         assert eng.wait_primed(TIMEOUT) and any("eager path primed" in s for s in said), said
-        assert eng.stats.busy_slots_sum == 2 and eng.stats.recent_requests() == []  # its two frames, on the lane
+        assert eng.stats.busy_slots_sum == 2 and eng.stats.recent_requests() == []  # its two frames, on the scheduler
         assert eng.modes()["eager"].state == "warming"  # served before its warm-up
         eng.start_warming()
         assert eng.wait_ready("eager", timeout=TIMEOUT)

@@ -146,9 +146,9 @@ def test_enforce_eager_leaves_only_eager_and_serves_what_a_normal_engine_serves(
         eng.shutdown()
 
 
-def lone_lane(cfg: EngineConfig, runner_cls: type[Runner] = Runner, warmup: WarmupCoordinator | None = None
+def lone_scheduler(cfg: EngineConfig, runner_cls: type[Runner] = Runner, warmup: WarmupCoordinator | None = None
               ) -> tuple[Any, ModeScheduler, AudioStage]:
-    """One eager lane outside an engine: (its model, its scheduler, the audio stage it feeds)."""
+    """One eager scheduler outside an engine: (its model, its scheduler, the audio stage it feeds)."""
     model = load_model(cfg)
     stats = EngineStats()
     audio = AudioStage(model.device, stats)
@@ -159,7 +159,7 @@ def lone_lane(cfg: EngineConfig, runner_cls: type[Runner] = Runner, warmup: Warm
 
 
 def queue_request(sched: ModeScheduler, model: Any, rid: int, p: SynthesisParams, prep: Any = None) -> RequestHandle:
-    """Put `p` (prepared as `prep`, default: as the engine would) straight into the lane's queue."""
+    """Put `p` (prepared as `prep`, default: as the engine would) straight into the scheduler's queue."""
     h = RequestHandle(rid, p, RequestMetrics(rid, "eager", now(), sample_rate=model.sample_rate))
     sched.put(Request(h, prep if prep is not None else model.prepare(p, sched.runner.max_len)))
     return h
@@ -171,7 +171,7 @@ def test_one_bad_request_admitted_with_seven_good_ones_fails_alone(_one_thread):
     one has prefill embeddings of the wrong width (no door check sees it). The batched prefill fails,
     the retry one by one fails only that request, with its own message; the seven get their solo output."""
     cfg = config(max_num_seqs=8)
-    model, sched, audio = lone_lane(cfg)
+    model, sched, audio = lone_scheduler(cfg)
     try:
         good = [greedy(f"good request {i}", max_new_tokens=6 + i) if i % 2 else
                 sampled(f"good sampled {i}", 20 + i, max_new_tokens=6 + i) for i in range(7)]
@@ -199,7 +199,7 @@ def test_one_bad_request_admitted_with_seven_good_ones_fails_alone(_one_thread):
 
 # ------------------------------------------------------------------------------------------ serving while warming
 class _GatedWarmRunner(Runner):
-    """The real eager runner, but a lane that serves while it warms (on CUDA: the reference talker until
+    """The real eager runner, but a scheduler that serves while it warms (on CUDA: the reference talker until
     its graphs are captured) and whose two warm steps wait for the test (a CPU cannot capture graphs)."""
 
     serves_while_warming = True
@@ -219,11 +219,11 @@ class _GatedWarmRunner(Runner):
 
 
 @contextmanager
-def gated_lane(cfg: EngineConfig, warmup: WarmupCoordinator | None = None
+def gated_scheduler(cfg: EngineConfig, warmup: WarmupCoordinator | None = None
                ) -> Iterator[tuple[Any, ModeScheduler, _GatedWarmRunner, AudioStage]]:
-    """A lone eager lane on a _GatedWarmRunner: (model, scheduler, runner, audio stage); on exit its gates
-    open, so no warm step is left waiting, and the lane and its audio stage stop."""
-    model, sched, audio = lone_lane(cfg, _GatedWarmRunner, warmup)
+    """A lone eager scheduler on a _GatedWarmRunner: (model, scheduler, runner, audio stage); on exit its gates
+    open, so no warm step is left waiting, and the scheduler and its audio stage stop."""
+    model, sched, audio = lone_scheduler(cfg, _GatedWarmRunner, warmup)
     try:
         yield model, sched, sched.runner, audio
     finally:
@@ -233,11 +233,11 @@ def gated_lane(cfg: EngineConfig, warmup: WarmupCoordinator | None = None
         audio.stop()
 
 
-def test_a_lane_that_serves_while_it_warms_takes_warm_steps_only_between_requests(_one_thread):
+def test_a_scheduler_that_serves_while_it_warms_takes_warm_steps_only_between_requests(_one_thread):
     """A request waiting when the warm-up starts is served before any warm step; the next step runs once
-    the lane is idle; a request arriving during a step waits for that step only and is served before
-    the step after it. Each gets its solo output; the lane is ready after the last step."""
-    with gated_lane(config(max_num_seqs=2)) as (model, sched, runner, _):
+    the scheduler is idle; a request arriving during a step waits for that step only and is served before
+    the step after it. Each gets its solo output; the scheduler is ready after the last step."""
+    with gated_scheduler(config(max_num_seqs=2)) as (model, sched, runner, _):
         ids = itertools.count(1)
 
         def submit(p: SynthesisParams) -> RequestHandle:
@@ -252,7 +252,7 @@ def test_a_lane_that_serves_while_it_warms_takes_warm_steps_only_between_request
         assert sched.state == "warming" and sched.serving and not sched.ready.is_set()
         assert sched.warm_progress == (0, 2)
         h2 = submit(second)
-        # the lane's thread is inside the first step (held by its gate): the request waits for it
+        # the scheduler's thread is inside the first step (held by its gate): the request waits for it
         assert not h2.done and not runner.entered[1].is_set()
         opened = now()
         runner.gates[0].set()
@@ -264,14 +264,14 @@ def test_a_lane_that_serves_while_it_warms_takes_warm_steps_only_between_request
         warmer.join(TIMEOUT)
         assert sched.warm_progress == (2, 2)
         assert sched.state == "ready" and sched.ready.is_set() and not runner.reference_talker
-        assert runner.step_threads == ["omni-tts-eager"] * 2  # in the lane's own thread
+        assert runner.step_threads == ["omni-tts-eager"] * 2  # in the scheduler's own thread
 
 
 def test_a_request_sent_as_the_last_one_ends_starts_before_the_next_warm_step(_one_thread):
-    """A visitor's next request, sent as soon as their last one ended, is served before the lane takes
-    its next warm step (which waits until the lane has been idle for the idle grace)."""
+    """A visitor's next request, sent as soon as their last one ended, is served before the scheduler takes
+    its next warm step (which waits until the scheduler has been idle for the idle grace)."""
     warmup, clock = manual_coordinator(idle_s=1.0, busy_s=120.0)
-    with gated_lane(config(max_num_seqs=1), warmup) as (model, sched, runner, _):
+    with gated_scheduler(config(max_num_seqs=1), warmup) as (model, sched, runner, _):
         first, second = greedy("the first one", fixed_frames=4), sampled("sent as the first ends", 3, fixed_frames=4)
         h1 = queue_request(sched, model, 1, first)
         threading.Thread(target=sched.warm, args=(lambda s: None,), daemon=True).start()
@@ -283,14 +283,14 @@ def test_a_request_sent_as_the_last_one_ends_starts_before_the_next_warm_step(_o
         assert runner.entered[0].wait(TIMEOUT)  # then, idle, the step
 
 
-def test_a_lane_busy_for_long_takes_its_next_warm_step_between_two_frames(_one_thread):
+def test_a_scheduler_busy_for_long_takes_its_next_warm_step_between_two_frames(_one_thread):
     """Under steady traffic the warm-up still ends: after its busy allowance (the clock moved by hand), the next step
     runs between two frames of an active request, which then goes on to its solo output."""
     warmup, clock = manual_coordinator(idle_s=1.0, busy_s=10.0)
-    with gated_lane(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, sched, runner, _):
+    with gated_scheduler(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, sched, runner, _):
         warmer = threading.Thread(target=sched.warm, args=(lambda s: None,), daemon=True)
         warmer.start()
-        until(lambda: sched.serving, "the lane to serve")
+        until(lambda: sched.serving, "the scheduler to serve")
         clock.advance(1.0)
         assert runner.entered[0].wait(TIMEOUT)  # idle: the first step
         p = sampled("a long request across a warm step", 11, fixed_frames=300)
@@ -306,14 +306,14 @@ def test_a_lane_busy_for_long_takes_its_next_warm_step_between_two_frames(_one_t
         assert sched.ready.wait(TIMEOUT) and sched.state == "ready"
 
 
-def test_a_lane_serving_early_runs_set_up_chores_between_its_frames(_one_thread):
-    """Before its warm-up is asked for, a lane that serves while warming serves at once (the engine's GPU
+def test_a_scheduler_serving_early_runs_set_up_chores_between_its_frames(_one_thread):
+    """Before its warm-up is asked for, a scheduler that serves while warming serves at once (the engine's GPU
     set-up runs meanwhile) and takes no warm step; a chore handed to it while busy for long runs in its
     thread between two frames of an active request (none in flight, audio drained), its result or
     exception comes back to the caller, and the request still gets its solo output. After stop, a
     chore fails instead of hanging."""
     warmup, clock = manual_coordinator(idle_s=1.0, busy_s=10.0)
-    with gated_lane(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, sched, runner, audio):
+    with gated_scheduler(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, sched, runner, audio):
         assert sched.serve_early() and sched.state == "warming" and sched.serving
         p = sampled("served before the warm-up, across a chore", 5, fixed_frames=200)
         h = queue_request(sched, model, 1, p)
@@ -336,11 +336,11 @@ def test_a_lane_serving_early_runs_set_up_chores_between_its_frames(_one_thread)
 
 
 def test_a_set_up_chore_waits_for_the_request_in_progress(_one_thread):
-    """A chore handed to a serving lane as a visitor's request starts (the engine's codec set-up at
-    start-up) runs once that request has ended and the lane has been idle for the grace, not in the
+    """A chore handed to a serving scheduler as a visitor's request starts (the engine's codec set-up at
+    start-up) runs once that request has ended and the scheduler has been idle for the grace, not in the
     middle of it."""
     warmup, clock = manual_coordinator(idle_s=1.0, busy_s=120.0)
-    with gated_lane(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, sched, runner, _):
+    with gated_scheduler(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, sched, runner, _):
         assert sched.serve_early()
         p = greedy("a first request at start-up", fixed_frames=40)
         h = queue_request(sched, model, 1, p)
@@ -358,11 +358,11 @@ def test_a_set_up_chore_waits_for_the_request_in_progress(_one_thread):
 
 
 def test_warm_up_work_elsewhere_gives_way_to_the_request_in_progress(_one_thread):
-    """Work that gives way to a serving lane (the engine's GPU set-up, another lane's compiles, run in
-    their own threads) waits while the lane's request runs and starts once the lane has been idle for
+    """Work that gives way to a serving scheduler (the engine's GPU set-up, another scheduler's compiles, run in
+    their own threads) waits while the scheduler's request runs and starts once the scheduler has been idle for
     the grace; the request gets its solo output."""
     warmup, clock = manual_coordinator(idle_s=1.0, busy_s=120.0)
-    with gated_lane(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, sched, runner, _):
+    with gated_scheduler(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, sched, runner, _):
         assert sched.serve_early()
         p = sampled("a request that the set-up waits for", 3, fixed_frames=40)
         h = queue_request(sched, model, 1, p)
@@ -378,19 +378,19 @@ def test_warm_up_work_elsewhere_gives_way_to_the_request_in_progress(_one_thread
 
 
 class _GatedCompiledRunner(_GatedWarmRunner):
-    """As _GatedWarmRunner, but its lane serves only once warm, as a compiled mode's does."""
+    """As _GatedWarmRunner, but its scheduler serves only once warm, as a compiled mode's does."""
 
     serves_while_warming = False
 
 
 @contextmanager
 def serving_and_warming() -> Iterator[tuple[Any, ModeScheduler, ModeScheduler, _GatedCompiledRunner, Any]]:
-    """An eager lane serving early beside a gated lane that serves only once warm (a compiled mode's),
+    """An eager scheduler serving early beside a gated scheduler that serves only once warm (a compiled mode's),
     sharing one WarmupCoordinator on a hand-moved clock (a 1 s idle grace, no busy allowance in reach):
-    (model, serving lane, warming lane, its runner, the clock)."""
+    (model, serving scheduler, warming scheduler, its runner, the clock)."""
     warmup, clock = manual_coordinator(idle_s=1.0, busy_s=120.0)
-    with gated_lane(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, serving, _, _):
-        _, warming, audio = lone_lane(config(max_num_seqs=1), _GatedCompiledRunner, warmup)
+    with gated_scheduler(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, serving, _, _):
+        _, warming, audio = lone_scheduler(config(max_num_seqs=1), _GatedCompiledRunner, warmup)
         try:
             assert serving.serve_early()
             yield model, serving, warming, warming.runner, clock
@@ -401,9 +401,9 @@ def serving_and_warming() -> Iterator[tuple[Any, ModeScheduler, ModeScheduler, _
             audio.stop()
 
 
-def test_a_compiled_lane_takes_a_warm_step_only_when_the_serving_lane_gives_way(_one_thread):
+def test_a_compiled_scheduler_takes_a_warm_step_only_when_the_serving_scheduler_gives_way(_one_thread):
     """A mode warming beside a serving one (both on the engine's coordinator) takes no warm step while
-    the serving lane's request runs, takes the first once that lane has been idle for the grace and the
+    the serving scheduler's request runs, takes the first once that scheduler has been idle for the grace and the
     next at once (still idle), then serves; the request gets its solo output."""
     with serving_and_warming() as (model, serving, warming, gated, clock):
         p = sampled("a request the other mode's warm-up waits for", 5, fixed_frames=40)
@@ -424,19 +424,19 @@ def test_a_compiled_lane_takes_a_warm_step_only_when_the_serving_lane_gives_way(
         same(h.result(TIMEOUT), offline.synthesize(model, p))
 
 
-def test_a_warm_up_that_requests_wait_for_goes_ahead_of_a_busy_serving_lane(_one_thread):
-    """A mode's warm step waits for a busy serving lane only while nobody waits for that mode: once a
+def test_a_warm_up_that_requests_wait_for_goes_ahead_of_a_busy_serving_scheduler(_one_thread):
+    """A mode's warm step waits for a busy serving scheduler only while nobody waits for that mode: once a
     request is queued for it, its warm-up goes ahead (the coordinator's rule 2), and that request is
     then served with its solo output."""
     with serving_and_warming() as (model, serving, warming, gated, _):
-        busy = queue_request(serving, model, 1, sampled("a long request on the serving lane", 5, fixed_frames=300))
+        busy = queue_request(serving, model, 1, sampled("a long request on the serving scheduler", 5, fixed_frames=300))
         until(lambda: serving.active, "the long request to be served")
         threading.Thread(target=warming.warm, args=(lambda s: None,), daemon=True).start()
         until(lambda: warming.warmup.waiters == 1, "the warm-up to wait for its turn")
         assert not gated.entered[0].is_set()  # nobody waits for it: it gives way
         p = greedy("a request for the warming mode", fixed_frames=4)
         h = queue_request(warming, model, 2, p)
-        assert gated.entered[0].wait(TIMEOUT) and not busy.done  # ahead of the busy lane's pause
+        assert gated.entered[0].wait(TIMEOUT) and not busy.done  # ahead of the busy scheduler's pause
         for g in gated.gates:
             g.set()
         same(h.result(TIMEOUT), offline.synthesize(model, p))

@@ -45,7 +45,7 @@ class EngineSnapshot:
     waiting_by_mode: dict[str, int]
     max_num_seqs: int  # slots per mode
     steps_per_s: float  # frames per second across requests, recent
-    mean_occupancy: float  # mean rows per frame, recent
+    mean_occupancy: float  # mean batch per frame step (requests per frame), recent
     chunk_decodes: int  # audio chunks decoded so far
     decode_calls: int  # batched code-to-wave calls that decoded them
     decode_seconds: float  # time in those calls
