@@ -6,9 +6,11 @@ point in its mode's colour, Stop says so and keeps the partial audio as a labell
 in a different mode (OMNI_TTS_BROWSER_MODE, default 'default', warmed in the background) draws a
 point of the second colour, and the default mode changes from the panel. Then the tables' layout at
 1400 and 1000 px (no header or figure broken inside a word, none cut), and a second visitor's page
-appearing while the first visitor's long synthesis still runs (Stop then still clickable). Screenshots of each tab go
-to out/screenshots/ (ignored by git; copied by hand to docs/screenshots/ when they change). Skips only
-when /usr/bin/chromium is missing and CI is unset; under CI=true anything missing is a failure. Never
+appearing while the first visitor's long synthesis still runs (Stop then still clickable). Last, on a
+second app over the Base checkpoint, a voice saved through POST /v1/audio/voices is among the page's
+Saved voice choices when the page loads again. Screenshots of each tab go to out/screenshots/ (ignored
+by git; copied by hand to docs/screenshots/ when they change). Skips only when
+/usr/bin/chromium is missing and CI is unset; under CI=true anything missing is a failure. Never
 downloads a browser or a driver (selenium drives Debian's /usr/bin/chromedriver, passed explicitly).
 """
 
@@ -30,6 +32,7 @@ from omni_tts.config import MAX_INPUT_CHARS as MAX_TEXT
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests/fixtures/qwen3_tts_tiny/custom_voice"
+BASE_FIXTURE = ROOT / "tests/fixtures/qwen3_tts_tiny/base"
 SHOTS = ROOT / "out" / "screenshots"  # ignored by git (/out/ in .gitignore)
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
@@ -61,13 +64,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """`python app.py` on a free port; yields (url, log path). Small preset: 2 slots, short KV cache,
-    the second mode resident (warming in the background while the first steps run)."""
-    tmp = tmp_path_factory.mktemp("app")
+def _app(tmp, model: Path, modes: list[str]):
+    """`python app.py` on `model` at a free port, its voice store under `tmp`; yields (url, log path).
+    Small preset: 2 slots, short KV cache, every mode of `modes` resident (the non-eager ones warming in
+    the background while the first steps run)."""
     preset = tmp / "browser.yaml"
-    modes = sorted({"eager", OTHER_MODE})
     preset.write_text(f"mode: eager\nmodes: [{', '.join(modes)}]\ndevice: cpu\nmax_num_seqs: 2\nmax_seq_len: 2048\n"
                       "initial_chunk_frames: 1\nchunk_frames: 8\n")
     port, log = _free_port(), tmp / "server.log"
@@ -75,7 +76,7 @@ def server(tmp_path_factory):
                OMNI_TTS_DATA_DIR=str(tmp / "data"))
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--host", "127.0.0.1",
-                                 "--model", str(FIXTURE), "--preset", str(preset)],
+                                 "--model", str(model), "--preset", str(preset)],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:
@@ -97,6 +98,18 @@ def server(tmp_path_factory):
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The CustomVoice app with eager and OTHER_MODE: (url, log path)."""
+    yield from _app(tmp_path_factory.mktemp("app"), FIXTURE, sorted({"eager", OTHER_MODE}))
+
+
+@pytest.fixture(scope="module")
+def base_server(tmp_path_factory):
+    """The Base (voice-cloning) app, eager only, with its own empty voice store: (url, log path)."""
+    yield from _app(tmp_path_factory.mktemp("base-app"), BASE_FIXTURE, ["eager"])
 
 
 def _chromium():
@@ -135,6 +148,10 @@ def _clicked(element) -> bool:
         return True
     except ElementClickInterceptedException:
         return False
+
+
+# The input of the clone form's "Saved voice" dropdown (found by its label: the component has no elem_id).
+SAVED_VOICE_INPUT = 'input[role="combobox"][aria-label="Saved voice"]'
 
 
 def _text(driver, css: str) -> str:
@@ -176,10 +193,21 @@ def _pick(driver, dropdown: str, value: str, log: Path) -> None:
     option.click()
 
 
-def _shot(driver, name: str) -> None:
+# Resolves after two animation frames: whatever the last DOM change laid out has been painted.
+PAINTED_JS = ("const done = arguments[arguments.length - 1]; "
+              "requestAnimationFrame(() => requestAnimationFrame(() => done(document.readyState)));")
+
+
+def _settled(driver, log: Path) -> None:
+    """Wait until no toast is left (closing those still open) and the page has painted."""
+    _wait(driver, "the toasts closed", lambda d: _close_toasts(d) or not d.find_elements(
+        By.CSS_SELECTOR, ".toast-body"), 15, log)
+    _wait(driver, "the page painted", lambda d: d.execute_async_script(PAINTED_JS) == "complete", 15, log)
+
+
+def _shot(driver, name: str, log: Path) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
-    _close_toasts(driver)
-    time.sleep(0.5)
+    _settled(driver, log)
     assert driver.save_screenshot(str(SHOTS / name)) and (SHOTS / name).stat().st_size > 10_000
 
 
@@ -236,7 +264,7 @@ def test_a_first_visit(server, browser):
         d, "ttfp-plot", OTHER_MODE) == 1 and _points(d, "rtf-plot", OTHER_MODE) == 1, WARM_TIMEOUT_S, log)
     assert f"({OTHER_MODE})" in _text(d, "#live-metrics") and _points(d, "ttfp-plot", "eager") == 2
     assert re.search(rf"{re.escape(OTHER_MODE)} ?: ready\b", _text(d, "#mode-readiness"))
-    _shot(d, "synthesis.png")
+    _shot(d, "synthesis.png", log)
 
     d.find_element(By.CSS_SELECTOR, "#engine-mode button.label-wrap").click()  # the panel's default mode
     radio = f'#mode-radio label[data-testid="{OTHER_MODE}-radio-label"]'
@@ -245,10 +273,11 @@ def test_a_first_visit(server, browser):
     _wait(d, f"the engine to report default mode {OTHER_MODE}", lambda d: f"now run {OTHER_MODE}" in _text(
         d, "#mode-status") and f"default mode {OTHER_MODE}" in _text(d, "#engine-figures"), 30, log)
 
-    for tab, name in (("Listening test", "listening.png"), ("Load test", "load.png")):
+    for tab, panel, name in (("Listening test", "tab-listening", "listening.png"),
+                             ("Load test", "tab-load", "load.png")):
         d.find_element(By.XPATH, f"//button[@role='tab' and normalize-space()='{tab}']").click()
-        time.sleep(1)
-        _shot(d, name)
+        _wait(d, f"the {tab} tab's panel shown", lambda d: d.find_element(By.ID, panel).is_displayed(), 10, log)
+        _shot(d, name, log)
 
 
 # A text node that takes more than one line box has been broken inside a word or a number (the tables'
@@ -291,7 +320,7 @@ def test_b_tables_keep_headers_and_numbers_whole_at_1400_and_1000_px(server, bro
         headers = d.execute_script(f"return document.querySelectorAll('{TABLE_CELLS}').length")
         assert headers >= 3 * 7, "the tables are not on the page"
         assert d.execute_script(BROKEN_CELLS_JS, TABLE_CELLS) == [], f"cells broken mid-word at {width} px"
-        _shot(d, f"load-{width}.png")
+        _shot(d, f"load-{width}.png", log)
     d.set_window_size(1400, 1500)
     # the check itself: headers squeezed into narrow columns are seen broken (as the old layout broke them)
     squeeze = ("#load-summary th, #load-summary th * {white-space: normal !important; word-break: break-all "
@@ -334,3 +363,23 @@ def test_c_a_second_visitor_loads_while_a_synthesis_runs(server, browser):
           10, log)
     _wait(d, "the Stop toast", lambda d: _toast(d, "Stopping request"), 15, log)
     _wait(d, "the stopped request", lambda d: "cancelled" in _text(d, "#live-metrics"), 30, log)
+
+
+def test_d_a_voice_saved_by_api_is_listed_on_the_page(base_server, browser):
+    from test_voices_api import upload  # one multipart upload (a real reference clip) serves both suites
+
+    url, log = base_server
+    r = upload(url.rstrip("/"), "Browser Voice", x_vector_only="true")
+    assert r.status_code == 200, r.text
+    name = r.json()["name"]
+    d = browser
+    d.get(url)  # the page reads the voice store again on load
+    _wait(d, "the Base checkpoint's page", lambda d: d.execute_script("return document.readyState") == "complete"
+          and d.find_elements(By.CSS_SELECTOR, SAVED_VOICE_INPUT), 30, log)
+    box = d.find_element(By.CSS_SELECTOR, SAVED_VOICE_INPUT)
+    _wait(d, "the Saved voice dropdown clickable", lambda d: _clicked(box), 10, log)
+    listed = _wait(d, f"{name!r} among the Saved voice choices", lambda d: [o.get_attribute("aria-label") for o in
+                   d.find_elements(By.CSS_SELECTOR, 'li[data-testid="dropdown-option"]') if
+                   o.get_attribute("aria-label") == name], 15, log)
+    assert listed == [name]
+    _shot(d, "saved-voice.png", log)
