@@ -160,6 +160,32 @@ def test_a_clip_cut_at_max_length_says_so(engine):
     assert "stopped at Max length (3 frames" in out[5] and out[4][-1]["note"] == "capped"  # as many as asked
 
 
+def test_speed_plays_the_stretched_clip_whole_and_says_so(engine):
+    plain = list(handlers.synthesize(engine, form(seed=11), [], streaming=True))
+    fast = list(handlers.synthesize(engine, form(seed=11, speed=2), [], streaming=True))
+    made = sf.read(plain[-1][2]["value"])[0].size
+    assert plain[-1][5].startswith("The clip stopped")  # speed 1: streamed as before, no speed notice
+    assert not any(isinstance(o[0], bytes) for o in fast)  # nothing in the streamed player
+    sr, pcm = fast[-1][1]
+    assert sr == engine.sample_rate and abs(pcm.size - made / 2) <= 0.05 * made / 2, (pcm.size, made)
+    assert sf.read(fast[-1][2]["value"])[0].size == pcm.size  # the download is the clip that plays
+    notice = "Speed 2x: the clip plays when it is complete (speed needs the whole clip)"
+    assert fast[0][5] == notice and fast[-1][5].startswith(notice)  # said while it runs, and at the end
+    entry = fast[-1][4][-1]
+    assert entry["status"] == "done" and not entry["streaming"] and entry["playable_ms"] == entry["e2e_ms"]
+
+
+def test_a_stopped_request_at_another_speed_keeps_its_audio_unstretched(engine):
+    gen = handlers.synthesize(engine, form(text="A longer sentence to be stopped early. " * 3, max_len=200, speed=0.5),
+                              [], request=visitor("slow"))
+    next(gen)  # the first chunk is made
+    handlers.stop(visitor("slow"))
+    _, whole, file, _, history, notice = list(gen)[-1]
+    assert history[-1]["status"] == "cancelled" and notice.startswith("Stopped") and "Speed" not in notice
+    samples_per_frame = engine.sample_rate * 2 // 25  # 12.5 frames a second
+    assert whole[1].size == sf.read(file["value"])[0].size and whole[1].size % samples_per_frame == 0
+
+
 @pytest.mark.parametrize("fields, message", [
     ({"text": ""}, "Text is empty"),
     ({"speaker": "nobody"}, "nobody"),
@@ -167,6 +193,8 @@ def test_a_clip_cut_at_max_length_says_so(engine):
     ({"text": "x" * 5001}, "Text is too long (5001 characters; at most"),
     ({"seed": 1e300}, "Seed"),
     ({"top_k": float("nan")}, "Top-k must be a finite number"),
+    ({"speed": 5}, "Speed must be from 0.25 to 4 (got 5)"),
+    ({"speed": "fast"}, "Speed must be a number from 0.25 to 4"),
     ({"task": "voice_clone"}, "Reference audio is empty"),
     ({"task": "voice_design", "instruct": "a calm voice"}, "cannot do task"),
 ])

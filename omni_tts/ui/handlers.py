@@ -1,12 +1,13 @@
 """The Synthesis tab's handlers: generate (streamed or whole), stop, save a voice, refresh the panel.
 
-Owns: turning a form into a request and its audio, file and figures; the visitor's history (kept
-in the caller's gr.State, so every visitor sees only their own requests); the running requests of
-each visitor (so Stop cancels only theirs, and a closed tab or a handler Gradio closes because its client
-left ends them as "client gone"); stopped requests' partial audio; the notice when a clip
-was cut at its length cap; every error as one toast in the UI's words plus one log line. Handlers are
-plain functions taking the engine first, so tests call them directly. Uses only the Engine's public
-API, plus omni_tts.ui.engine_access for what it does not expose yet.
+Owns: turning a form into a request and its audio, file and figures; the visitor's history (kept in the
+caller's gr.State, so every visitor sees only their own requests); the running requests of each visitor
+(so Stop cancels only theirs, and a closed tab or a handler Gradio closes because its client left ends
+them as "client gone"); stopped requests' partial audio; a Speed other than 1 (the finished clip
+stretched and played whole); the notice when a clip was cut at its length cap; every error as one toast
+in the UI's words plus one log line. Handlers are plain functions taking the engine first, so tests call
+them directly. Uses only the Engine's public API, plus omni_tts.ui.engine_access for what it does not
+expose yet.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from omni_tts import voices
 from omni_tts.engine.request import CLIENT_GONE
 from omni_tts.errors import OmniTTSError
+from omni_tts.models import stretch
 from omni_tts.ui import engine_access, files, formatting, labels, plots
 from omni_tts.ui import support as ui
 
@@ -91,13 +93,17 @@ def synthesize(engine: Any, f: Mapping[str, Any], history: list | None = None, s
     """Generator over (streamed chunk, whole clip, file, live table, history, notice).
 
     Streaming: each chunk goes to the streamed player as it is made; else the clip goes to the plain
-    player when finished. A stopped request keeps its partial audio as a labelled download and is
+    player when finished. A Speed other than 1 stretches the finished clip, so that request plays as a
+    whole clip. A stopped request keeps its partial audio (unstretched) as a labelled download and is
     recorded in the history like any other."""
     info = info or engine.model_info()
     history, key, samples = list(history or []), visitor(request), []
     number = formatting.next_number(history)
     with user_errors("synthesis"):
+        speed = ui.speed(f)
         handle = _start(engine, f, info)
+    streaming = streaming and speed == 1.0  # the stretch needs the whole clip: nothing to stream
+    notice = ui.speed_notice(speed) or gr.skip()
     with tracked(key, handle, number):
         with user_errors("synthesis"):
             for chunk in _chunks(handle):
@@ -105,28 +111,32 @@ def synthesize(engine: Any, f: Mapping[str, Any], history: list | None = None, s
                 audio = files.wav_bytes(chunk.samples, chunk.sample_rate) if streaming else gr.skip()
                 running = formatting.record(handle.metrics, streaming, number=number)
                 yield (audio, gr.skip(), gr.skip(), formatting.live_markdown(running, _last(history)), gr.skip(),
-                       gr.skip())
-    yield _finish(engine, handle, samples, history, streaming, number)
+                       notice)
+    with user_errors("synthesis"):
+        result = _finish(engine, handle, samples, history, streaming, number, speed)
+    yield result
 
 
 def _finish(engine: Any, handle: Any, samples: list[np.ndarray], history: list, streaming: bool,
-            number: int) -> tuple:
+            number: int, speed: float = 1.0) -> tuple:
     """The last yield: the whole clip (or what was made before Stop), its download, figures, notice."""
     m, sr = handle.metrics, handle.sample_rate
     wav = np.concatenate(samples) if samples else np.zeros(0, np.float32)
     stopped = m.status == "cancelled"
-    note = ""
+    note = capped = ""
     if stopped:
         note = f"Stopped: request #{number} kept {len(wav) / sr:.1f} s of audio (partial download below)."
     else:
+        wav = stretch.change_speed(wav, sr, speed)
         cap = handle.max_frames
         asked = handle.params.max_new_tokens or engine.model_info()["generation"].get("max_new_tokens")
-        note = formatting.capped_notice(m.frames, cap, asked)
-        if note:
-            gr.Warning(note)
+        capped = formatting.capped_notice(m.frames, cap, asked)
+        if capped:
+            gr.Warning(capped)
+        note = " ".join(x for x in (ui.speed_notice(speed), capped) if x)
     path = files.write_wav(wav, sr, "stopped-partial" if stopped else "omni-tts") if len(wav) else None
     label = f"Stopped: partial audio ({len(wav) / sr:.1f} s)" if stopped else "Download wav"
-    entry = formatting.record(m, streaming, "stopped" if stopped else ("capped" if note else ""), number)
+    entry = formatting.record(m, streaming, "stopped" if stopped else ("capped" if capped else ""), number)
     history = (history + [entry])[-formatting.HISTORY_LEN:]
     whole = (sr, files.pcm16(wav)) if not streaming and len(wav) else gr.skip()
     return (gr.skip(), whole, gr.update(value=path, label=label, visible=path is not None),
@@ -157,17 +167,19 @@ def synthesize_in_call(engine: Any, f: Mapping[str, Any], history: list | None =
 
     info = info or engine.model_info()
     with user_errors("synthesis"):
+        speed = ui.speed(f)
         params = ui.make_params(engine, f, info)
         params.validate()
         m = RequestMetrics(0, engine.mode.value, now(), sample_rate=engine.sample_rate)
         wav, frames = engine_access.synthesize_whole(engine, params)
+        made, wav = int(wav.shape[0]), stretch.change_speed(wav, engine.sample_rate, speed)
     m.first_audio_at = m.finished_at = now()  # the whole clip is the first audio here
-    m.frames, m.audio_samples, m.status = frames, int(wav.shape[0]), "done"
+    m.frames, m.audio_samples, m.status = frames, made, "done"
     entry = formatting.record(m, streaming=False, number=formatting.next_number(history))
     path = files.write_wav(wav, m.sample_rate, "omni-tts")
     history = (list(history or []) + [entry])[-formatting.HISTORY_LEN:]
     return (gr.skip(), (m.sample_rate, files.pcm16(wav)), gr.update(value=path, label="Download wav", visible=True),
-            formatting.live_markdown(None, entry), history, "")
+            formatting.live_markdown(None, entry), history, ui.speed_notice(speed))
 
 
 def stop(request: gr.Request | None = None) -> str:

@@ -111,8 +111,14 @@ def _wire_synthesis(ctx: dict, s: dict, p: dict, history: Any) -> None:
     # queued (a toast needs the queue's event stream) but never waiting behind other events
     s["stop"].click(on_stop, None, None, concurrency_limit=None, show_progress="hidden", **PRIVATE)
     s["text"].change(None, [s["text"]], [s["counter"]], js=tabs.counter_js(tabs.max_text()), queue=False, **PRIVATE)
-    s["streaming"].change(lambda on: (gr.update(visible=on), gr.update(visible=not on)), [s["streaming"]],
-                          [s["audio_stream"], s["audio_full"]], queue=False, **PRIVATE)
+
+    def players(on: bool, speed: float) -> tuple:  # a Speed other than 1 plays whole clips: the plain player
+        live = bool(on) and speed == 1
+        return gr.update(visible=live), gr.update(visible=not live)
+
+    for control in (s["streaming"], s["speed"]):
+        control.change(players, [s["streaming"], s["speed"]], [s["audio_stream"], s["audio_full"]], queue=False,
+                       **PRIVATE)
     s["task"].change(lambda t: (gr.update(visible=t == "custom_voice"), gr.update(visible=ui.instruct_visible(info, t)),
                                 gr.update(visible=t == "voice_clone")),
                      [s["task"]], [s["speaker"], s["instruct"], s["clone_group"]], queue=False, **PRIVATE)

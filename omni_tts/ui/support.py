@@ -22,6 +22,7 @@ import numpy as np
 
 from omni_tts.config import SynthesisParams
 from omni_tts.errors import InputError
+from omni_tts.models import stretch
 from omni_tts.ui import files
 from omni_tts.ui.formatting import MODES  # noqa: F401  (re-exported: the mode order of every control)
 
@@ -31,11 +32,11 @@ TASK_IDS = {label: task for task, label in TASK_LABELS.items()}
 ADMIN_ENV = "OMNI_TTS_ADMIN_TOKEN"
 # The synthesis form's fields, in the order the layout passes them to the handlers.
 FORM_FIELDS = ("text", "task", "speaker", "language", "instruct", "mode", "temperature", "top_k", "top_p", "rep",
-               "seed", "max_len", "ref_audio", "ref_text", "xvec_only", "saved_voice", "voice_file")
+               "seed", "max_len", "ref_audio", "ref_text", "xvec_only", "saved_voice", "voice_file", "speed")
 FORM_DEFAULTS: dict[str, Any] = {"text": "", "task": "custom_voice", "speaker": None, "language": "auto",
                                  "instruct": "", "mode": "", "temperature": None, "top_k": None, "top_p": None,
                                  "rep": None, "seed": -1, "max_len": None, "ref_audio": None, "ref_text": "",
-                                 "xvec_only": False, "saved_voice": "", "voice_file": None}
+                                 "xvec_only": False, "saved_voice": "", "voice_file": None, "speed": 1.0}
 
 
 def form(**values: Any) -> dict[str, Any]:
@@ -146,6 +147,19 @@ def number(f: Mapping[str, Any], key: str, label: str, kind: type = float) -> An
             raise InputError(f"{label} must be a whole number (got {v!r})")
         return int(x)
     return x
+
+
+def speed(f: Mapping[str, Any]) -> float:
+    """The form's Speed (1 when empty); not a number from 0.25 to 4 -> InputError naming Speed."""
+    v = f.get("speed")
+    return stretch.check_speed(1.0 if v is None or v == "" else v, "Speed")
+
+
+def speed_notice(speed: float) -> str:
+    """What the page says while a request at `speed` runs ('' at speed 1: it streams as made)."""
+    if speed == 1.0:
+        return ""
+    return f"Speed {speed:g}x: the clip plays when it is complete (speed needs the whole clip)"
 
 
 # What a number's error message calls each field: the form's labels, or the /synthesize API's parameter names.

@@ -16,6 +16,7 @@ import gradio as gr
 
 from omni_tts import config
 from omni_tts.engine.snapshot import EngineSnapshot
+from omni_tts.models import stretch
 from omni_tts.ui import files, formatting, labels, plots
 from omni_tts.ui import support as ui
 
@@ -59,6 +60,8 @@ def synthesis_form(info: Mapping[str, Any], max_len: int, modes: list[str], stre
         langs = info["languages"] or ["auto"]
         auto = next((x for x in langs if x.lower() == "auto"), langs[0])
         c["language"] = gr.Dropdown(labels.language_choices(langs), value=auto, label="Language", scale=1)
+        c["speed"] = gr.Slider(stretch.MIN_SPEED, stretch.MAX_SPEED, value=1.0, step=0.05, label="Speed", scale=1,
+                               info="pitch kept; other than 1, the clip plays when complete", elem_id="speed")
     c["instruct"] = gr.Textbox(label="Instruct", lines=1, visible=ui.instruct_visible(info, first),
                                info="How to speak (CustomVoice: tone, emotion, pace) or, for VoiceDesign, a "
                                     "description of the voice itself", elem_id="instruct")
