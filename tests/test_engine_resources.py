@@ -47,7 +47,9 @@ def test_leaving_the_interpreter_with_a_live_engine_is_clean() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads RSS from /proc")
 def test_memory_stays_flat_over_bursts_of_varied_requests() -> None:
-    engine = Engine.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), device="cpu", max_num_seqs=8))
+    # max_waiting 0: each burst of 25 overfills 8 slots and 16 waiting places on purpose (memory, not backpressure)
+    engine = Engine.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), device="cpu", max_num_seqs=8,
+                                             max_waiting=0))
     rng = random.Random(0)
 
     def bursts(n: int) -> None:
