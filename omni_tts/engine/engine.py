@@ -210,7 +210,7 @@ class Engine:
 
     def _set_up_gpu(self, early: ModeScheduler | None) -> None:
         """Kernel probes, codec fuse and first-chunk graphs: before any mode warms (every
-        mode's talker captures with the kernels chosen here), after the page is up. With a sched serving
+        mode's talker captures with the kernels chosen here), after the page is up. With a scheduler serving
         already (`early`: eager, which uses none of these kernels), each part waits for its turn: the
         probes between its requests, the codec's changes between its frames."""
         model = self.model
@@ -229,7 +229,7 @@ class Engine:
                   f"{t[2] - t[1]:.1f} s, first-chunk graphs {t[3] - t[2]:.1f} s")
 
     def _warm_all(self, order: list[CompileMode]) -> None:
-        # a sched that needs no warm-up to serve (eager) serves from now on, before the GPU set-up
+        # a scheduler that needs no warm-up to serve (eager) serves from now on, before the GPU set-up
         early = next((sched for sched in self.schedulers.values() if sched.serve_early()), None)
         self.wait_primed()  # its audio decodes with the codec that the set-up changes
         if self.device.type == "cuda":

@@ -4,7 +4,7 @@ isolation.
 Each resident mode has a `ModeScheduler` with its own runner (slots, KV cache, graphs) and its own thread,
 so a slow mode never sets the frame pace of a fast one. Every scheduler launches onto the engine's one
 step stream (graphs that share a pool must never run at the same time), and hands each frame's codes
-to the shared audio stage, which emits audio and completes requests. A sched warms in its own thread;
+to the shared audio stage, which emits audio and completes requests. A scheduler warms in its own thread;
 eager's serves from the start and takes its warm steps (and the engine's GPU set-up chores) between
 requests, when the engine's WarmupCoordinator says it gives way. Knows nothing about Gradio.
 """
@@ -39,7 +39,7 @@ class ModeScheduler:
         self.mode = runner.mode
         self._step_stream, self._make_decoder = step_stream, make_decoder
         self.waiting: queue.Queue[Request] = queue.Queue()
-        self._arriving = 0  # submits to this sched still preparing their prompts (`arriving`)
+        self._arriving = 0  # submits to this scheduler still preparing their prompts (`arriving`)
         self._arriving_lock = threading.Lock()
         self.admit_hold_s = config.admit_hold_ms / 1000
         self.active: list[Request] = []  # index == slot (kept compact: slots 0..n-1)
@@ -95,9 +95,9 @@ class ModeScheduler:
             self._wake.set()
 
     def warm(self, say: Callable[[str], None]) -> None:
-        """Compile and capture in this sched's own thread, and return when that is done (called by the
+        """Compile and capture in this scheduler's own thread, and return when that is done (called by the
         engine's warm-up thread, one mode at a time). Dynamo's settings and Inductor's graph trees are
-        per thread: what the thread that serves the mode records is what its requests replay. A sched
+        per thread: what the thread that serves the mode records is what its requests replay. A scheduler
         whose runner serves while warming (eager) serves from now on and warms between requests."""
         self._say = say
         self._warm_now.set()
@@ -105,7 +105,7 @@ class ModeScheduler:
         self.ready.wait()
 
     def serve_early(self) -> bool:
-        """Start serving before this sched's warm-up (a runner that serves while warming: eager's);
+        """Start serving before this scheduler's warm-up (a runner that serves while warming: eager's);
         -> whether it does. Its warm steps wait for `warm`."""
         if not self.runner.serves_while_warming or self._stop.is_set():
             return False
@@ -115,9 +115,9 @@ class ModeScheduler:
         return True
 
     def between_frames(self, fn: Callable[[], Any]) -> Any:
-        """Run `fn` in this sched's thread between two of its frames (none in flight, the audio stage
+        """Run `fn` in this scheduler's thread between two of its frames (none in flight, the audio stage
         drained) and return its result; its exception is raised here. For set-up work that must not
-        overlap a frame or a decode (a codec change, a capture) while the sched serves; a serving sched
+        overlap a frame or a decode (a codec change, a capture) while the scheduler serves; a serving scheduler
         takes it on its turn, as a warm step (`turn.due`), so it never pauses a request just begun."""
         fut: Future = Future()
         self._chores.put((fn, fut))
@@ -140,13 +140,13 @@ class ModeScheduler:
         self.turn.gave_way()
 
     def _quiesce(self) -> None:
-        """Nothing of this sched in flight and no audio decoding: before a warm step or a chore."""
+        """Nothing of this scheduler in flight and no audio decoding: before a warm step or a chore."""
         with self._step_stream():
             self._guard(self._settle)  # a frame's failure is its requests', not the warm-up's
         self.audio.drain()
 
     def _warm(self) -> list[Callable[[], None]]:
-        """Warm this sched; -> the warm steps still to run between requests (a sched that serves while it
+        """Warm this scheduler; -> the warm steps still to run between requests (a scheduler that serves while it
         warms), else [] once warm or failed."""
         self.state, self._warm_t0 = "warming", time.perf_counter()
         try:
@@ -167,7 +167,7 @@ class ModeScheduler:
         return steps
 
     def _warm_step(self, steps: list[Callable[[], None]]) -> list[Callable[[], None]]:
-        """Run the next warm step between two frames (nothing of this sched in flight)."""
+        """Run the next warm step between two frames (nothing of this scheduler in flight)."""
         try:
             self._quiesce()
             with self._step_stream():

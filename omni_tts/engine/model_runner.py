@@ -205,7 +205,7 @@ class Runner:
 
     def warm_steps(self, say: Callable[[str], None] | None = None) -> list[Callable[[], None]]:
         """`warm` as steps run in turn, each a whole capture set (or the CodePredictor's compile): between
-        two of them the eager sched serves frames on the reference talker (a capture syncs the device
+        two of them the eager scheduler serves frames on the reference talker (a capture syncs the device
         first, so no frame is in flight). What the steps capture is used from `warmed` on."""
         say = say or (lambda s: None)
         steps: list[Callable[[], None]] = []
