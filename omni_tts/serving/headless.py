@@ -45,12 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def build_app(engine: Any, host: str = DEFAULT_HOST) -> Any:
-    """The service's FastAPI app over `engine` (every HTTP route, no page), its settings read for `host`."""
+def build_app(engine: Any, host: str = DEFAULT_HOST, settings: Any = None) -> Any:
+    """The service's FastAPI app over `engine` (every HTTP route, no page), with `settings` (default: read
+    for `host` from the environment)."""
     from omni_tts.serving.app import build_app as service_app
     from omni_tts.serving.settings import ServeSettings
 
-    return service_app(engine, ServeSettings.from_env(host))
+    return service_app(engine, settings or ServeSettings.from_env(host))
 
 
 def start_engine(config: EngineConfig, say: Callable[[str], None] | None = None) -> Any:
@@ -66,9 +67,11 @@ def start_engine(config: EngineConfig, say: Callable[[str], None] | None = None)
 def serve_local(config: EngineConfig, host: str, port: int, say: Callable[[str], None]) -> int:
     """One engine in this process behind uvicorn (the service's limits), until SIGINT or SIGTERM."""
     from omni_tts.serving.server import Server
+    from omni_tts.serving.settings import ServeSettings
 
+    settings = ServeSettings.from_env(host)  # one reading for the routes and uvicorn's limits
     engine = start_engine(config, say)
-    server = Server(build_app(engine, host), host, port)
+    server = Server(build_app(engine, host, settings), host, port, settings)
     signal.signal(signal.SIGTERM, _exit_on_kill)
     try:
         url = server.start()
