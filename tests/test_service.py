@@ -84,9 +84,11 @@ def test_a_full_mode_answers_503_with_retry_after_and_admitted_requests_finish(s
 
     url, engine, ended = service
     until(lambda: _idle(engine), what="an idle engine")
-    body = {**LONG, "max_new_tokens": 40, "stream": True, "response_format": "pcm"}
+    body = {**LONG, "stream": True, "response_format": "pcm"}  # long enough that none ends before the probes
     clients = [Leaver(url, body) for _ in range(SLOTS + WAITING)]
-    ids = [c.status()[1] for c in clients]  # every slot and waiting place taken
+    ids = [c.status()[1] for c in clients]
+    until(lambda: (engine.snapshot().active, engine.snapshot().waiting) == (SLOTS, WAITING),
+          what="every slot and waiting place taken")
     r = httpx.post(url + "/v1/audio/speech", json=SHORT, timeout=WAIT_S)
     assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
     err = r.json()["error"]
