@@ -1,8 +1,9 @@
 """Scale-out on Ray Serve over a real local two-node Ray cluster (two raylets on this machine, one CPU each)
-with two replicas of the tiny checkpoint behind Ray's HTTP proxy: requests reach both replicas (named in
-a response header), the openai client streams through the proxy, and a replica killed mid-load fails
-only its own in-flight streams (aborted, never a clean short body, never a hang) while the other keeps
-serving and Serve brings the killed one back. Deselect with `-m "not ray"`."""
+with two replicas of the tiny checkpoint, behind each ingress a local cluster can be started with (HAProxy,
+the default, and Ray's Python proxy): requests reach both replicas (named in a response header), the openai
+client streams through the ingress, and (HAProxy) a replica killed mid-load fails only its own in-flight
+streams (aborted, never a clean short body, never a hang) while the other keeps serving and Serve brings the
+killed one back. Deselect with `-m "not ray"`."""
 
 from __future__ import annotations
 
@@ -31,17 +32,21 @@ RECOVERY_S = 180.0
 ENV = {"PYTHONPATH": "", "RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "1.0"}
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """(base URL, serve module): two raylets, Serve's proxy on a free port, two replicas; torn down after."""
+@pytest.fixture(scope="module", params=["haproxy", "proxy"])
+def cluster(request):
+    """(base URL, serve module, ingress): two raylets started with the ingress's environment, the ingress on a
+    free port, two replicas; torn down after."""
     import ray
     from ray import serve
     from ray.cluster_utils import Cluster
 
     from omni_tts.serving import ray_serve
 
-    old_env = {k: os.environ.get(k) for k in ENV}
-    os.environ.update(ENV)
+    env = {**ENV, **ray_serve.INGRESS[request.param]}
+    old_env = {k: os.environ.get(k) for k in [*env, *ray_serve.INGRESS["haproxy"]]}
+    for k in ray_serve.INGRESS["haproxy"]:
+        os.environ.pop(k, None)
+    os.environ.update(env)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), old_env["PYTHONPATH"]) if p)
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20,
                                                           "include_dashboard": False})
@@ -52,7 +57,7 @@ def cluster():
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         application = ray_serve.app_builder({**ENGINE, "replicas": 2, "host": "127.0.0.1"})
         serve.run(application, name=ray_serve.APP_NAME, route_prefix="/")
-        yield f"http://127.0.0.1:{port}", serve
+        yield f"http://127.0.0.1:{port}", serve, request.param
     finally:
         try:
             serve.shutdown()
@@ -60,7 +65,7 @@ def cluster():
         finally:
             nodes.shutdown()
             for k, v in old_env.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 def _replicas_of(url: str, n: int) -> list[str]:
@@ -78,10 +83,10 @@ def _running(serve, name: str) -> dict[str, int]:
     return dict(serve.status().applications[name].deployments["TTSReplica"].replica_states)
 
 
-def test_requests_reach_both_replicas_and_the_openai_client_streams_through_the_proxy(cluster):
+def test_requests_reach_both_replicas_and_the_openai_client_streams_through_the_ingress(cluster):
     from openai import OpenAI
 
-    url, _ = cluster
+    url, _, _ = cluster
     seen: set[str] = set()
     for _ in range(5):  # Serve routes each request to the less loaded of two replicas it samples
         seen.update(_replicas_of(url, 4))
@@ -101,12 +106,13 @@ def test_requests_reach_both_replicas_and_the_openai_client_streams_through_the_
     assert ready.status_code == 200 and ready.json()["ready"] is True
 
 
+@pytest.mark.parametrize("cluster", ["haproxy"], indirect=True)  # a replica's death is Serve's, whatever the ingress
 def test_a_killed_replica_fails_only_its_streams_and_comes_back(cluster):
     import ray
 
     from omni_tts.serving.ray_serve import APP_NAME
 
-    url, serve = cluster
+    url, serve, _ = cluster
     outcome: dict[int, tuple[str, str, int]] = {}
     named: dict[int, str] = {}
     both = threading.Condition()

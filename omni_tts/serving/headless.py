@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="autoscaling target per replica (default: the preset's slots per mode)")
     r.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="connect to this Ray cluster (e.g. auto, ray://head:10001); default: start a local one")
+    r.add_argument("--ingress", choices=("haproxy", "proxy"), default=None,
+                   help="the local cluster's HTTP ingress: haproxy (default; forwards straight to each replica's "
+                        "HTTP server) or proxy (Ray's Python proxy actor); a joined cluster keeps its own")
     return parser
 
 
@@ -111,6 +114,6 @@ def main(args: argparse.Namespace) -> int:
 def _check_local_flags(args: argparse.Namespace) -> None:
     named = [f for f, v in (("--replicas", args.replicas != 1), ("--gpus-per-replica", args.gpus_per_replica),
                             ("--min-replicas", args.min_replicas), ("--max-replicas", args.max_replicas),
-                            ("--ray-address", args.ray_address)) if v]
+                            ("--ray-address", args.ray_address), ("--ingress", args.ingress)) if v]
     if named:
         raise OmniTTSError(f"{', '.join(named)} need --ray")

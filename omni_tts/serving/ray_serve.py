@@ -5,12 +5,15 @@ Owns the deployment (a replica builds its engine, then the app; each response na
 `x-omni-tts-replica`, the replica's Ray actor name), its readiness (`check_health` fails while the engine
 cannot serve, so Serve replaces the replica), the replica options (fixed count or autoscaling on ongoing
 requests, fractional GPUs), `app_builder` for `serve run` / `serve deploy` (deploy/ray-serve.yaml) and
-`serve --ray` (start or join a Ray cluster and run the app until interrupted). Only this module imports ray.
+`serve --ray` (start or join a Ray cluster and run the app until interrupted), and the ingress a cluster it
+starts is given (INGRESS). Only this module imports ray.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -25,6 +28,15 @@ ENGINE_KEYS = ("model", "preset", "set", "device", "dtype", "mode")  # the engin
 HEALTH_PERIOD_S, HEALTH_TIMEOUT_S = 5.0, 30.0
 WARM_TIMEOUT_S = 1800.0  # a replica's first compile on a new machine takes minutes
 PUBLIC_HOST = "0.0.0.0"  # Ray's proxies listen on every node: the service's public-bind settings by default
+# The environment a Ray cluster is started with, per ingress. Ray reads it in the controller and proxies at
+# their start, so it belongs to the cluster (`ray start`), not to the application.
+INGRESS: dict[str, dict[str, str]] = {
+    # HAProxy forwards each request to a replica's own HTTP server: no Python proxy hop, no actor calls
+    "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"},
+    # Ray's Python HTTP proxy actor, which relays every request and streamed message over actor calls
+    "proxy": {},
+}
+DEFAULT_INGRESS = "haproxy"
 
 
 class ReplicaHeader:
@@ -124,8 +136,9 @@ def app_builder(args: Mapping[str, Any]) -> Any:
 
 
 def serve_from_args(args: argparse.Namespace, say: Callable[[str], None]) -> int:
-    """`serve --ray`: join `--ray-address` (or start a local Ray), run the app on `--host:--port` through
-    Ray's proxy, and block until interrupted; the app is deleted at exit."""
+    """`serve --ray`: join `--ray-address` (its cluster's ingress stands) or start a local Ray with `--ingress`,
+    run the app on `--host:--port`, and block until SIGINT or SIGTERM; then the app is deleted (and the
+    local Serve instance shut down, its HAProxy with it)."""
     import ray
 
     flags = {k: getattr(args, k, None) for k in ENGINE_KEYS}
@@ -133,17 +146,29 @@ def serve_from_args(args: argparse.Namespace, say: Callable[[str], None]) -> int
                     "min_replicas": args.min_replicas, "max_replicas": args.max_replicas,
                     "target_ongoing_requests": getattr(args, "target_ongoing_requests", None)}
     application = app_builder(builder_args)
-    ray.init(address=args.ray_address, include_dashboard=False) if args.ray_address else ray.init()
+    ingress = getattr(args, "ingress", None) or DEFAULT_INGRESS
+    if args.ray_address and getattr(args, "ingress", None):
+        raise OmniTTSError("--ingress sets up a local cluster; a joined one keeps the ingress it was started "
+                           "with (README: the environment of `ray start`)")
+    if args.ray_address:
+        ray.init(address=args.ray_address, include_dashboard=False)
+    else:  # the local cluster's processes inherit this environment
+        os.environ.update(INGRESS[ingress])
+        ray.init()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(application, name=APP_NAME, route_prefix="/")
-        say(f"serving http://{args.host}:{args.port}/v1 through Ray Serve (replica name: {REPLICA_HEADER})")
-        stop = threading.Event()
+        how = "the cluster's ingress" if args.ray_address else f"ingress: {ingress}"
+        say(f"serving http://{args.host}:{args.port}/v1 through Ray Serve ({how}; replica name: {REPLICA_HEADER})")
         try:
             stop.wait()
         except KeyboardInterrupt:
             pass
         serve.delete(APP_NAME)
+        if not args.ray_address:
+            serve.shutdown()
     finally:
         ray.shutdown()
     return 0

@@ -30,6 +30,7 @@ from omni_tts.tools.http_load import bench_http
 SETUPS: dict[str, tuple[list[str], list[int]]] = {
     "single": ([], [1, 32, 64]),
     "ray-1": (["--ray", "--replicas", "1", "--gpus-per-replica", "1"], [1, 32]),
+    "ray-1-proxy": (["--ray", "--ingress", "proxy", "--replicas", "1", "--gpus-per-replica", "1"], [1, 32]),
     "ray-2-shared": (["--ray", "--replicas", "2", "--gpus-per-replica", "0.5"], [32, 64]),
     "ray-2-gpus": (["--ray", "--replicas", "2", "--gpus-per-replica", "1"], [64]),
 }
