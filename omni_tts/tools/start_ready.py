@@ -5,7 +5,8 @@
 
 Starts the app in a fresh process (tools.start_timing's process handling) with our environment plus each
 --env pair (e.g. OMNI_TTS_ARTIFACTS=DIR for imported compile artifacts); --fresh-caches points
-TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR at new empty folders (removed at the end). Readiness comes from
+TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and OMNI_TTS_CACHE_DIR (kernel probes) at new empty folders, as
+in a new container (removed at the end). Readiness comes from
 `GET /ready` (each resident mode's state) where the server has that route, else from the app log's
 "MODE ready in" / "MODE failed to warm" lines (then the awaited modes are --modes, default the request's).
 Once --request-mode is ready, one request of it is streamed (start_timing's request) and its first audio
@@ -28,6 +29,8 @@ from typing import Any
 from omni_tts.tools.start_timing import speech_request, start_app, stop_app, wait_for_page
 
 POLL_S = 0.25
+# a new container's caches: Inductor's, Triton's and ours (the kernel probes' outcomes, imported artifacts)
+FRESH = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "OMNI_TTS_CACHE_DIR")
 FINAL = ("ready", "failed")
 
 
@@ -102,8 +105,7 @@ def measure(app_args: Sequence[str], opts: argparse.Namespace) -> dict[str, Any]
     res: dict[str, Any] = {"app_args": list(app_args), "env": dict(opts.env)}
     with tempfile.TemporaryDirectory(prefix="omni-tts-caches-") as caches:
         if opts.fresh_caches:
-            res["fresh_caches"] = {k: str(Path(caches) / k.lower()) for k in ("TORCHINDUCTOR_CACHE_DIR",
-                                                                                 "TRITON_CACHE_DIR")}
+            res["fresh_caches"] = {k: str(Path(caches) / k.lower()) for k in FRESH}
             env.update(res["fresh_caches"])
         app, log, t0 = start_app(app_args, opts.port, env)
         try:
@@ -141,7 +143,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--app-args", default="", help='arguments for app.py, e.g. "--model DIR"')
     ap.add_argument("--env", type=_env_pair, action="append", default=[], metavar="KEY=VALUE",
                     help="an environment variable for the app (repeatable)")
-    ap.add_argument("--fresh-caches", action="store_true", help="start with empty Inductor and Triton caches")
+    ap.add_argument("--fresh-caches", action="store_true", help="start with empty Inductor, Triton and omni-tts caches")
     ap.add_argument("--request-mode", default="default+cudagraph", help="the mode of the one timed request")
     ap.add_argument("--frames", type=int, default=25, help="frames of the timed request")
     ap.add_argument("--modes", nargs="*", default=[], help="modes to wait for (default: every resident one)")
