@@ -66,14 +66,19 @@ def wait_ready(proc: subprocess.Popen, url: str, ready_s: float) -> None:
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """SIGINT to the server's process group (a Ray server takes its local cluster down), then a kill."""
+    """SIGTERM to the server alone (a Ray server shuts Serve and its local cluster down in order; signalling
+    the whole group would kill Ray's own processes under it first), then a kill of the group."""
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
+        proc.terminate()
         try:
             proc.wait(120)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
 
 
 def measure(url: str, conc: list[int], args: argparse.Namespace) -> dict[str, Any]:
