@@ -20,8 +20,9 @@ def load_model(config: EngineConfig, progress: Callable[[str], None] | None = No
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     if config.gpu_memory_limit_gb and device.type == "cuda":  # before anything is allocated
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, config.gpu_memory_limit_gb * (1 << 30) / total), device)
+        index = device.index if device.index is not None else torch.cuda.current_device()  # torch wants one
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, config.gpu_memory_limit_gb * (1 << 30) / total), index)
     if device.type == "cuda":  # cuDNN's attention compiles a kernel at run time for every new shape (prompt
         # length, KV length, batch), seconds on a request's path; the engine turns it on inside captures only
         torch.backends.cuda.enable_cudnn_sdp(False)
