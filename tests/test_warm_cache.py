@@ -70,6 +70,35 @@ def test_export_then_import_round_trip_and_refusals(cache, tmp_path):
         compile_cache.import_artifacts(tmp_path / "nothing")
 
 
+def test_our_triton_kernels_travel_in_the_artifacts(cache, tmp_path, monkeypatch):
+    import tarfile
+
+    built = tmp_path / "triton_here"  # Triton's cache after a warm-up: one folder per kernel hash
+    (built / "abc123").mkdir(parents=True)
+    (built / "abc123/kernel.cubin").write_bytes(b"\x7fELF kernel")
+    (built / "abc123/kernel.json").write_text('{"name": "kernel"}')
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(built))
+    manifest = compile_cache.export_artifacts(tmp_path / "art")
+    assert manifest["triton_cache_files"] == 2
+
+    fresh = tmp_path / "triton_fresh"  # a new container's empty cache, one file of its own already there
+    (fresh / "abc123").mkdir(parents=True)
+    (fresh / "abc123/kernel.json").write_text("mine")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(fresh))
+    compile_cache.import_artifacts(tmp_path / "art")
+    assert (fresh / "abc123/kernel.cubin").read_bytes() == b"\x7fELF kernel"
+    assert (fresh / "abc123/kernel.json").read_text() == "mine"  # what was there is kept
+
+    evil = tmp_path / "evil.tar.gz"  # an archive whose member would land outside the cache folder
+    (tmp_path / "payload").write_text("x")
+    with tarfile.open(evil, "w:gz") as tar:
+        tar.add(tmp_path / "payload", arcname="../escaped")
+    evil.replace(tmp_path / "art" / compile_cache.TRITON_ARCHIVE)
+    with pytest.raises(compile_cache.ArtifactMismatch, match="not a readable Triton cache archive"):
+        compile_cache.import_artifacts(tmp_path / "art")
+    assert not (tmp_path / "escaped").exists()
+
+
 def test_the_tool_says_what_is_wrong_in_one_line(cache, tmp_path, capsys):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad/manifest.json").write_text(json.dumps({**compile_cache.machine(), "triton": "0.0"}))

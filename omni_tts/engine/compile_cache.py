@@ -5,8 +5,9 @@ Owns: the cache root (env OMNI_TTS_CACHE_DIR; else a Hugging Face Space's persis
 when the Space has one, so a restart finds its caches; else ~/.cache/omni_tts), Inductor's and
 Triton's cache folders under it (set before the first compile), the kernel probes' outcomes keyed by
 GPU, torch and Triton versions and the probe's own inputs, and an artifacts folder: `manifest.json`
-(the machine it was made on), `torch_artifacts.bin` (`torch.compiler.save_cache_artifacts`) and
-`kernel_probes.json`. An import refuses artifacts made for another GPU or build. Knows nothing about
+(the machine it was made on), `torch_artifacts.bin` (`torch.compiler.save_cache_artifacts`),
+`kernel_probes.json` and `triton_cache.tar.gz` (Triton's cache folder: the kernels of omni_tts.kernels, which
+are launched from Python and so are not in torch's artifacts). An import refuses artifacts made for another GPU or build. Knows nothing about
 models, modes or the UI.
 """
 
@@ -28,6 +29,7 @@ log = logging.getLogger("omni_tts.compile_cache")
 ARTIFACTS_ENV = "OMNI_TTS_ARTIFACTS"
 CACHE_ENV = "OMNI_TTS_CACHE_DIR"
 MANIFEST, TORCH_BLOB, PROBES = "manifest.json", "torch_artifacts.bin", "kernel_probes.json"
+TRITON_ARCHIVE = "triton_cache.tar.gz"  # our own Triton kernels: torch's artifacts hold only Inductor's
 MATCH_KEYS = ("gpu", "torch", "cuda", "triton")  # what an import must find equal on this machine
 _lock = threading.Lock()  # the probe cache file
 _prepare_lock = threading.Lock()
@@ -137,8 +139,9 @@ def export_artifacts(folder: str | Path) -> dict[str, Any]:
     here = machine()
     mine = {k: v for k, v in _read_probes(_probe_file()).items() if _made_on(k) == here}
     (out / PROBES).write_text(json.dumps(mine, indent=1, sort_keys=True))
+    triton_files = _pack_triton_cache(out / TRITON_ARCHIVE)
     manifest = {**machine(), "torch_artifacts": bool(blob), "torch_artifacts_bytes": len(blob or b""),
-                "kernel_probes": len(mine)}
+                "kernel_probes": len(mine), "triton_cache_files": triton_files}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
 
@@ -169,11 +172,47 @@ def import_artifacts(folder: str | Path) -> dict[str, Any]:
         if not hasattr(torch.compiler, "load_cache_artifacts"):
             raise ArtifactMismatch(f"torch {torch.__version__} cannot load compile artifacts")
         torch.compiler.load_cache_artifacts(blob_path.read_bytes())
+    _unpack_triton_cache(Path(folder) / TRITON_ARCHIVE)
     probes = _read_probes(Path(folder) / PROBES)
     for key, outcome in probes.items():
         if isinstance(outcome, dict):
             save_probe(key, outcome)
     return manifest
+
+
+def _triton_dir() -> Path:
+    return Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+
+
+def _pack_triton_cache(archive: Path) -> int:
+    """Triton's cache folder into `archive` -> files packed (0, and no archive, when it has none)."""
+    import tarfile
+
+    src = _triton_dir()
+    files = sorted(p for p in src.rglob("*") if p.is_file()) if src.is_dir() else []
+    if not files:
+        archive.unlink(missing_ok=True)
+        return 0
+    with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
+        for path in files:
+            tar.add(path, arcname=str(path.relative_to(src)))
+    return len(files)
+
+
+def _unpack_triton_cache(archive: Path) -> None:
+    """`archive` into Triton's cache folder, keeping files already there; members are plain files only."""
+    import tarfile
+
+    if not archive.is_file():
+        return
+    dest = _triton_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            members = [m for m in tar.getmembers() if m.isfile() and not (dest / m.name).exists()]
+            tar.extractall(dest, members=members, filter="data")  # "data" refuses paths that leave dest
+    except (OSError, tarfile.TarError) as e:
+        raise ArtifactMismatch(f"{archive}: not a readable Triton cache archive ({e})") from None
 
 
 def prepare(say: Any = None) -> str:
