@@ -6,9 +6,9 @@ when the Space has one, so a restart finds its caches; else ~/.cache/omni_tts), 
 Triton's cache folders under it (set before the first compile), the kernel probes' outcomes keyed by
 GPU, torch and Triton versions and the probe's own inputs, and an artifacts folder: `manifest.json`
 (the machine it was made on), `torch_artifacts.bin` (`torch.compiler.save_cache_artifacts`),
-`kernel_probes.json` and `triton_cache.tar.gz` (Triton's cache folder: the kernels of omni_tts.kernels, which
-are launched from Python and so are not in torch's artifacts). An import refuses artifacts made for another GPU or build. Knows nothing about
-models, modes or the UI.
+`kernel_probes.json` and `triton_cache.tar.gz` (Triton's cache folder: the kernels of omni_tts.kernels,
+launched from Python, are not in torch's artifacts). An import refuses artifacts made for another GPU or
+build. Knows nothing about models, modes or the UI.
 """
 
 from __future__ import annotations
