@@ -13,7 +13,7 @@ import os
 import re
 import socket
 import stat
-import time
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -416,7 +416,7 @@ def test_select_model_prefers_a_cached_snapshot(tmp_path, monkeypatch):
     assert select_model("x/y")[0] == "x/y"
 
 
-def test_select_model_offline_falls_back_fast(tmp_path, monkeypatch):
+def test_select_model_offline_falls_back_to_the_embedded_demo(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
     from omni_tts.models.selection import select_model
@@ -428,12 +428,13 @@ def test_select_model_offline_falls_back_fast(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
     monkeypatch.delenv("OMNI_TTS_MODEL", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    t0 = time.perf_counter()
-    try:
-        path, reason = select_model(None, hub_timeout_s=1.0)
-    finally:
-        silent.close()
-    assert time.perf_counter() - t0 < 3.0
+    found: list[tuple[str, str]] = []
+    probe = threading.Thread(target=lambda: found.append(select_model(None, hub_timeout_s=0.5)), daemon=True)
+    probe.start()
+    probe.join(timeout=60)  # a hang guard only: the probe's own timeout, not this bound, ends it
+    silent.close()
+    assert found, "select_model hung on a Hub that never answers"
+    path, reason = found[0]
     assert (Path(path) / "config.json").is_file() and "embedded" in reason
 
 

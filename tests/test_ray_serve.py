@@ -42,7 +42,9 @@ def cluster(request):
 
     from omni_tts.serving import ray_serve
 
-    env = {**ENV, **ray_serve.INGRESS[request.param]}
+    # HAProxy's own stats and metrics listeners on free ports: fixed ones collide with any other Serve here
+    env = {**ENV, **ray_serve.INGRESS[request.param], "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+           "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port())}
     old_env = {k: os.environ.get(k) for k in [*env, *ray_serve.INGRESS["haproxy"]]}
     for k in ray_serve.INGRESS["haproxy"]:
         os.environ.pop(k, None)

@@ -155,23 +155,27 @@ def serve_from_args(args: argparse.Namespace, say: Callable[[str], None]) -> int
     else:  # the local cluster's processes inherit this environment
         os.environ.update(INGRESS[ingress])
         ray.init()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:  # a SIGTERM while Serve still starts (a replica not yet placed) ends here too, cleaned up
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(application, name=APP_NAME, route_prefix="/")
         how = "the cluster's ingress" if args.ray_address else f"ingress: {ingress}"
         say(f"serving http://{args.host}:{args.port}/v1 through Ray Serve ({how}; replica name: {REPLICA_HEADER})")
-        try:
-            stop.wait()
-        except KeyboardInterrupt:
-            pass
-        serve.delete(APP_NAME)
-        if not args.ray_address:
-            serve.shutdown()
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
     finally:
-        ray.shutdown()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up short
+        try:  # a local Serve goes whole (its HAProxy with it); on a joined cluster only our app
+            serve.delete(APP_NAME) if args.ray_address else serve.shutdown()
+        finally:
+            ray.shutdown()
     return 0
+
+
+def _interrupt(*_: Any) -> None:
+    """SIGTERM runs the same clean-up as Ctrl-C."""
+    raise KeyboardInterrupt
 
 
 def _flags(args: Mapping[str, Any]) -> dict[str, Any]:
