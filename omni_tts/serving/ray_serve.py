@@ -146,8 +146,9 @@ def serve_from_args(args: argparse.Namespace, say: Callable[[str], None]) -> int
                     "min_replicas": args.min_replicas, "max_replicas": args.max_replicas,
                     "target_ongoing_requests": getattr(args, "target_ongoing_requests", None)}
     application = app_builder(builder_args)
-    ingress = getattr(args, "ingress", None) or DEFAULT_INGRESS
-    if args.ray_address and getattr(args, "ingress", None):
+    chosen = getattr(args, "ingress", None)
+    ingress = chosen or DEFAULT_INGRESS
+    if args.ray_address and chosen:
         raise OmniTTSError("--ingress sets up a local cluster; a joined one keeps the ingress it was started "
                            "with (README: the environment of `ray start`)")
     if args.ray_address:
