@@ -117,7 +117,7 @@ class ModeSpec:
     graphs: bool  # the engine captures the CodePredictor step as CUDA graphs per batch bucket
     whole_frame: bool  # the CodePredictor's 15 steps are one compiled function (else compiled unit by unit)
     needs_cuda: bool
-    warm_rank: int  # warm-up order: lower first (ties: the engine's default mode first)
+    warm_rank: int  # warm-up order after the engine's default mode: lower first
     vllm_pool: bool  # its graphs go into vLLM's global pool when experimental.use_vllm_pool (else a pool of its own)
     serves_while_warming: bool  # requests run before its warm-up ends (reference CodePredictor and talker)
     auto_on_cuda: bool  # the mode of 'auto' on a CUDA device
@@ -126,8 +126,8 @@ class ModeSpec:
 
 _NO = dict(graph_trees=False, graphs=False, whole_frame=False, needs_cuda=False, vllm_pool=False,
            serves_while_warming=False, auto_on_cuda=False)
-# eager warms first (it only captures the talker), so a fresh page serves it soonest; reduce-overhead
-# last, so its graph trees never record while another mode captures
+# after the engine's default mode (warmup.warm_order): eager (it serves meanwhile), reduce-overhead last,
+# so its graph trees never record while another mode captures
 MODES: dict[CompileMode, ModeSpec] = {
     CompileMode.EAGER: ModeSpec(**{**_NO, "serves_while_warming": True}, inductor=None, warm_rank=0, note=(
         "reference modules, no compile: host-bound, no warm-up")),

@@ -1,7 +1,7 @@
 """The engine: the public API over one model, its resident modes and the shared audio stage.
 
 Owns: loading (`Engine.from_config`), the one scheduler per resident mode (each with its own runner and
-thread), warming the modes in the background in a fixed order (eager, the default mode, the rest), routing each
+thread), warming the modes in the background (the default mode first, then eager, the rest), routing each
 request to its mode, the shared step stream and graph pool, the audio stage, and the engine-wide
 snapshot. `submit` validates and prepares a request once, in the caller's thread; nothing here runs
 device math itself. Knows nothing about Gradio.

@@ -56,6 +56,7 @@ class Runner:
         # eager serves before its talker graphs exist: the reference talker until `warm_steps` are done
         self.reference_talker = self.serves_while_warming
         self._planned: tuple[dict, dict, dict] = ({}, {}, {})  # what warm_steps capture, used from `warmed` on
+        self._warm_seconds: dict[str, float] = {}  # seconds per kind of warm step
 
     # ------------------------------------------------------------------ state
     def _alloc_state(self) -> None:
@@ -209,25 +210,40 @@ class Runner:
         first, so no frame is in flight). What the steps capture is used from `warmed` on."""
         say = say or (lambda s: None)
         steps: list[Callable[[], None]] = []
+        self._warm_seconds: dict[str, float] = {}
         if self.impls.talker_graphs:
             self.pool = self.pool or GraphPool(self.config.experimental.use_vllm_pool)
             self.pool.begin_capture()
             self._planned = self._plan_graphs()
-            steps += [functools.partial(self._capture_one, g, say) for d in self._planned for g in d.values()]
+            for kind, d in zip(("CodePredictor graphs", "talker graphs", "prefill graphs"), self._planned):
+                steps += [self._timed(kind, functools.partial(self._capture_one, g, say)) for g in d.values()]
         if self.cp_impl is not None and not self._planned[0]:
             say(f"compiling the CodePredictor ({self.mode.value}) for buckets {self.buckets}")
-            steps += [functools.partial(self._compile_predictor, b, v) for b in self.buckets for v in (False, True)]
+            steps += [self._timed("CodePredictor compile", functools.partial(self._compile_predictor, b, v))
+                      for b in self.buckets for v in (False, True)]
         return steps
+
+    def _timed(self, kind: str, step: Callable[[], None]) -> Callable[[], None]:
+        """`step`, adding its seconds to its kind's (the ready line's breakdown: where a warm-up goes)."""
+        def run() -> None:
+            t0 = time.perf_counter()
+            try:
+                step()
+            finally:
+                self._warm_seconds[kind] = self._warm_seconds.get(kind, 0.0) + time.perf_counter() - t0
+        return run
 
     def warmed(self, seconds: float, say: Callable[[str], None] | None = None) -> dict[str, Any]:
         """After every warm step: requests run on what they captured; -> the warm-up report."""
         self.cp_graphs, self.talker_graphs, self.prefill_graphs = self._planned
         self.graphs = [g for d in self._planned for g in d.values()]
         self.reference_talker = False
-        (say or (lambda s: None))(f"{self.mode.value} ready in {seconds:.1f} s")
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in self._warm_seconds.items())
+        (say or (lambda s: None))(f"{self.mode.value} ready in {seconds:.1f} s" + (f" ({parts})" if parts else ""))
         trees = graph_tree_pool_bytes() if self.cp_impl is not None and self.cp_impl.records_graph_trees else 0
         self.last_report = {"mode": self.mode.value, "seconds": seconds, "pool_bytes": self.pool_bytes_,
-                            "pool": self.pool.source if self.graphs else "", "tree_pool_bytes": trees}
+                            "pool": self.pool.source if self.graphs else "", "tree_pool_bytes": trees,
+                            "parts_s": dict(self._warm_seconds)}
         return dict(self.last_report)
 
     def _plan_graphs(self) -> tuple[dict, dict, dict]:

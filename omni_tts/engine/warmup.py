@@ -119,5 +119,7 @@ class WarmupCoordinator:
 
 
 def warm_order(modes: list, default: object) -> list:
-    """The order modes warm in: MODES' warm rank, the engine's default mode first among equals."""
-    return sorted(modes, key=lambda m: (m.spec.warm_rank, m is not default))
+    """The order modes warm in: the engine's default mode first (requests use it unless they ask for
+    another; eager serves meanwhile), then MODES' warm rank. A default that records graph trees keeps
+    its rank, so no other mode captures while it records."""
+    return sorted(modes, key=lambda m: (not (m is default and not m.spec.graph_trees), m.spec.warm_rank))
