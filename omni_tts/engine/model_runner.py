@@ -210,7 +210,7 @@ class Runner:
         first, so no frame is in flight). What the steps capture is used from `warmed` on."""
         say = say or (lambda s: None)
         steps: list[Callable[[], None]] = []
-        self._warm_seconds: dict[str, float] = {}
+        self._warm_seconds = {}
         if self.impls.talker_graphs:
             self.pool = self.pool or GraphPool(self.config.experimental.use_vllm_pool)
             self.pool.begin_capture()
