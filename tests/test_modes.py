@@ -383,6 +383,45 @@ class _GatedCompiledRunner(_GatedWarmRunner):
     serves_while_warming = False
 
 
+class _GatedFirstStepRunner(_GatedCompiledRunner):
+    """As _GatedCompiledRunner, but its scheduler serves after the first of its two warm steps (a compiled mode's
+    top-k variant), and takes the second between requests."""
+
+    def warm_steps(self, say=None):
+        steps = super().warm_steps(say)
+        self.first_steps = 1
+        return steps
+
+
+def test_a_compiled_scheduler_serves_after_its_first_warm_steps_and_takes_the_rest_between_requests(_one_thread):
+    """A request queued before the warm-up waits for the first step only, is served with its solo output while
+    the mode still warms (not ready), and the second step runs once the scheduler has been idle for the grace."""
+    warmup, clock = manual_coordinator(idle_s=1.0, busy_s=120.0)
+    model, sched, audio = lone_scheduler(config(max_num_seqs=1), _GatedFirstStepRunner, warmup)
+    runner = sched.runner
+    try:
+        p = sampled("waits for the first step only", 6, fixed_frames=5)
+        h = queue_request(sched, model, 1, p)
+        warmer = threading.Thread(target=sched.warm, args=(lambda s: None,), daemon=True)
+        warmer.start()
+        assert runner.entered[0].wait(TIMEOUT)
+        assert not sched.serving and not h.done
+        runner.gates[0].set()
+        same(h.result(TIMEOUT), offline.synthesize(model, p))
+        assert sched.serving and sched.state == "warming" and sched.warm_progress == (1, 2)
+        assert not runner.entered[1].is_set() and not sched.ready.is_set()  # no idle grace has passed
+        clock.advance(1.0)
+        assert runner.entered[1].wait(TIMEOUT)
+        runner.gates[1].set()
+        warmer.join(TIMEOUT)
+        assert sched.state == "ready" and sched.warm_progress == (2, 2)
+    finally:
+        for g in runner.gates:
+            g.set()
+        sched.stop()
+        audio.stop()
+
+
 @contextmanager
 def serving_and_warming() -> Iterator[tuple[Any, ModeScheduler, ModeScheduler, _GatedCompiledRunner, Any]]:
     """An eager scheduler serving early beside a gated scheduler that serves only once warm (a compiled mode's),

@@ -3,6 +3,8 @@ different lengths equals prefilling each alone (hidden state, first code, KV cac
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 from _fixtures import fixture_dir
 
@@ -90,3 +92,78 @@ def test_a_request_begun_on_the_reference_talker_goes_on_on_the_fast_path_with_i
     for i, p in enumerate(ps):
         _, plain = offline.synthesize(runner.model, p)
         assert torch.equal(torch.as_tensor([f[i] for f in frames]), torch.as_tensor(plain))
+
+
+def test_a_sampling_variant_not_yet_warm_runs_the_reference_code_predictor_with_the_plain_codes(_one_thread):
+    """A compiled mode serves before its full-sort variant is warm: a step whose rows need the full sort runs the
+    reference CodePredictor until that variant is warm, a top-k step runs the fast path throughout, and both
+    requests (float32) get the codes of a plain run across the switch."""
+    from omni_tts.engine import offline
+    from omni_tts.models.compiled.fast_path import FastPath
+
+    cfg = EngineConfig(model=str(fixture_dir("custom_voice")), mode="eager", device="cpu", max_num_seqs=2,
+                       max_seq_len=128)
+    runner = warmed_runner(cfg)
+    fast = FastPath(runner.model, None)
+    calls: list[int] = []  # fast-path CodePredictor frames (spied, not replaced)
+    runner.cp_impl, runner.cp_predict = fast, lambda *a: calls.append(1) or fast.predict_frame(*a)
+    runner.cp_pending = {True}
+    ps = [SynthesisParams(text="Top-k rows.", speaker="ryan", language="English", do_sample=True, top_k=20, seed=4,
+                          fixed_frames=10),
+          SynthesisParams(text="A full-sort row.", speaker="vivian", language="English", do_sample=True, top_k=0,
+                          top_p=0.8, seed=9, fixed_frames=7)]
+    runner.prefill_batch(0, [runner.model.prepare(p, runner.max_len) for p in ps])
+    assert not runner.variant(1) and runner.variant(2)
+    frames = [[], []]
+    for n, steps in ((1, 3), (2, 3)):
+        for _ in range(steps):
+            codes, _ = runner.step(n)
+            for i in range(n):
+                frames[i].append(codes[i])
+    assert len(calls) == 3  # the top-k steps only
+    runner.cp_pending = set()
+    for _ in range(4):
+        codes, _ = runner.step(2)
+        for i in range(2):
+            frames[i].append(codes[i])
+    assert len(calls) == 7
+    for i, p in enumerate(ps):
+        _, plain = offline.synthesize(runner.model, p)
+        assert torch.equal(torch.as_tensor(np.stack(frames[i])), torch.as_tensor(plain))
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_default_cudagraph_serves_on_its_top_k_graphs_before_it_captures_the_rest():
+    """default+cudagraph's first warm steps capture the top-k variant's CodePredictor and talker graphs and the
+    one-prompt prefill; requests run meanwhile (a full-sort batch on the reference modules, a batched prefill
+    ungraphed); the remaining steps capture the full-sort variant and the batched prefills."""
+    from omni_tts.config import CompileMode
+    from omni_tts.engine.model_runner import Runner
+    from omni_tts.models.loading import load_model
+
+    cfg = EngineConfig(model=str(fixture_dir("custom_voice")), mode="default+cudagraph", device="cuda",
+                       max_num_seqs=4, max_seq_len=128)
+    runner = Runner(load_model(cfg), cfg, CompileMode.DEFAULT_CUDAGRAPH)
+    runner.impls.compile_settings()
+    steps = runner.warm_steps()
+    first = runner.steps_before_serving(len(steps))
+    assert first == 2 + len(runner.kv_buckets) and len(steps) == 2 + 2 * len(runner.kv_buckets) + len(
+        runner.prefill_batches)
+    for step in steps[:first]:
+        step()
+    assert set(runner.cp_graphs) == {False} and {s for _, s in runner.talker_graphs} == {False}
+    assert set(runner.prefill_graphs) == {1} and runner.cp_pending == {True} and runner.reference_talker
+    ps = [SynthesisParams(text="Top-k.", speaker="ryan", language="English", do_sample=True, top_k=20, seed=1),
+          SynthesisParams(text="Full sort.", speaker="vivian", language="English", do_sample=True, top_k=0,
+                          top_p=0.8, seed=2)]
+    runner.prefill_batch(0, [runner.model.prepare(p, runner.max_len) for p in ps])  # x2: ungraphed
+    for n in (1, 2, 1, 2):
+        codes, _ = runner.step(n)
+        assert codes.shape == (n, 16) and ((codes >= 0) & (codes < runner.model.vocab_size)).all()
+    for step in steps[first:]:
+        step()
+    runner.warmed(0.0)
+    assert set(runner.cp_graphs) == {False, True} and len(runner.talker_graphs) == 2 * len(runner.kv_buckets)
+    assert set(runner.prefill_graphs) == set(runner.prefill_batches) and not runner.cp_pending
+    assert not runner.reference_talker and len(runner.graphs) == len(steps)

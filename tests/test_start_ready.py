@@ -29,14 +29,15 @@ def test_page_then_the_cpu_mode_ready_then_its_first_audio(tmp_path, capsys):
     assert 0 < res["page_s"] <= res["modes"]["eager"]["s"] and res["modes"]["eager"]["state"] == "ready"
     req = res["request"]
     assert req["status"] == 200 and req["mode"] == "eager" and "error" not in req
-    assert res["modes"]["eager"]["s"] <= req["sent_s"] < req["first_audio_at_s"] <= res["page_s"] + 180
+    assert res["modes"]["eager"]["serves_s"] <= req["sent_s"] < req["first_audio_at_s"] <= res["page_s"] + 180
     assert any(f"saved voices: {tmp_path / 'data'}" in line for line in res["log"])  # --env reached the app
-    assert start_ready.log_states("\n".join(res["log"]), ["eager", "default"]) == {"eager": "ready",
-                                                                                  "default": "waiting"}
+    assert start_ready.log_states("\n".join(res["log"]), ["eager", "default"]) == {
+        "eager": {"state": "ready", "serving": True}, "default": {"state": "waiting", "serving": False}}
+    assert res["page_s"] <= res["modes"]["eager"]["serves_s"] <= res["modes"]["eager"]["s"]
     for path in res["fresh_caches"].values():  # new, empty cache folders, removed at the end
         assert not Path(path).exists()
     assert res["exit_code"] == 0 and {"commit", "torch", "device"} <= set(res)
-    assert "eager ready:" in capsys.readouterr().out
+    assert "eager: serves " in capsys.readouterr().out
 
 
 def test_an_env_flag_without_a_value_is_refused_naming_it(capsys):

@@ -156,11 +156,16 @@ class ModeScheduler:
             with self._step_stream():
                 steps = self.runner.warm_steps(self._say)
                 self.warm_progress = (0, len(steps))
-                while steps and not self.runner.serves_while_warming:
+                for _ in range(self.runner.steps_before_serving(len(steps))):
                     self._take_turn()
                     self._advance(steps)
         except Exception as e:  # a mode that cannot warm fails its requests, never the engine
             return self._warm_failed(e)
+        if steps and not self.serving:
+            self._say(f"{self.mode.value} serves after {time.perf_counter() - self._warm_t0:.1f} s; "
+                      f"{len(steps)} more warm steps run between requests")
+            self.serving = True
+            self.turn.start_serving()  # its next warm step waits for the idle grace: a request may be waiting
         self.serving = True
         if not steps:
             self._warmed()

@@ -6,14 +6,14 @@ trailing text, sampling settings, seeds, repetition "seen" sets), the two step f
 (top-64 selection, or a full sort when some row's settings need it), launching a frame without
 waiting for it (`launch` / `collect`, two pinned result buffers), and slot moves (active requests
 occupy slots 0..n-1, so a batch of n reads rows [:n] of every buffer without a gather). A runner
-serves one compile mode; `StepImpls` says what runs each step in it, `warm` compiles and captures.
+serves one compile mode; `StepImpls` says what runs each step in it, `warm` (runner_warmup) compiles and
+captures.
 Does not own requests, streaming or timing (scheduler.py), nor graph capture mechanics (cuda_graphs.py).
 """
 
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
-from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, graph_tree_pool_bytes, pick_bucket
+from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, pick_bucket
+from omni_tts.engine.runner_warmup import RunnerWarmUp
 from omni_tts.engine.step_impl import StepImpls
 from omni_tts.errors import InputError
 from omni_tts.models import sampling, transfer
@@ -29,7 +30,7 @@ from omni_tts.models.compiled.fast_path import FastPath
 from omni_tts.models.qwen3_tts import Prepared, TTSModel
 
 
-class Runner:
+class Runner(RunnerWarmUp):
     """Static slot state + step functions for up to `max_num_seqs` concurrent requests."""
 
     def __init__(self, model: TTSModel, config: EngineConfig, mode: CompileMode, impls: StepImpls | None = None,
@@ -53,9 +54,10 @@ class Runner:
         self.prefill_graphs: dict[int, BucketedGraph] = {}  # prompts per call -> graphs per length bucket
         self.pool_bytes_ = 0
         self.last_report: dict[str, Any] = {}
-        # eager serves before its talker graphs exist: the reference talker until `warm_steps` are done
+        # a talker step whose graph is not captured yet runs the reference modules (eager serves from the start)
         self.reference_talker = self.serves_while_warming
-        self._planned: tuple[dict, dict, dict] = ({}, {}, {})  # what warm_steps capture, used from `warmed` on
+        self.cp_pending: set[bool] = set()  # variants whose CodePredictor is not warm yet: the reference runs them
+        self.first_steps: int | None = None  # warm steps before the mode serves (None: all of them)
         self._warm_seconds: dict[str, float] = {}  # seconds per kind of warm step
 
     # ------------------------------------------------------------------ state
@@ -132,10 +134,14 @@ class Runner:
         """The SlotParams.topk_cap hint of a variant (the reference modules always run the full sort)."""
         return 0 if sort or impl is None else sampling.TOPK_CAP
 
-    def _cp_body(self, b: int, sort: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """Code predictor for the current frame of rows [:b], then the next talker input."""
-        sp = self.cp_sp.rows(b, self._cap(sort, self.cp_impl))
-        rest, fb = self.cp_predict(self.h[:b], self.code0[:b], sp, self.seed[:b], self.frame[:b])  # [b, 15], [b, D]
+    def _cp_body(self, b: int, sort: bool = True, reference: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Code predictor for the current frame of rows [:b] (on the reference modules if `reference`), then the
+        next talker input."""
+        impl, predict = self.cp_impl, self.cp_predict
+        if reference:
+            impl, predict = None, self.model.code_predictor.predict_frame
+        sp = self.cp_sp.rows(b, self._cap(sort, impl))
+        rest, fb = predict(self.h[:b], self.code0[:b], sp, self.seed[:b], self.frame[:b])  # [b, 15], [b, D]
         codes = torch.cat([self.code0[:b, None], rest], dim=1)  # codes: [b, 16]
         idx = torch.clamp(self.frame[:b], max=self.max_len - 1)  # trailing text index per row
         trail = self.trail[:b].gather(1, idx[:, None, None].expand(-1, 1, self.trail.shape[-1]))[:, 0]
@@ -164,8 +170,8 @@ class Runner:
         h = self.model.talker(self.pre_x[:nb, :L], pos, self.cache, self.pre_slot[:nb], kv_len=L)  # [nb, L, D]
         return (h[torch.arange(nb, device=h.device), self.pre_last[:nb]],)  # [nb, D]
 
-    def _make_cp_fn(self, sort: bool = True) -> Callable[[int], Callable[[], tuple]]:
-        return lambda b: (lambda: self._cp_body(b, sort))
+    def _make_cp_fn(self, sort: bool = True, reference: bool = False) -> Callable[[int], Callable[[], tuple]]:
+        return lambda b: (lambda: self._cp_body(b, sort, reference))
 
     def _make_talker_fn(self, kv_len: int | None = None, sort: bool = True, impl: FastPath | None = None
                         ) -> Callable[[int], Callable[[], tuple]]:
@@ -185,97 +191,15 @@ class Runner:
         L = kv_len or self.kv_len(n)
         sort = self.variant(n) if sort is None else sort
         talker = self._talker_now()
-        return (lambda: self._run(self.cp_graphs.get(sort), self._make_cp_fn(sort), n, self.cp_impl is not None),
+        ref_cp = sort in self.cp_pending
+        return (lambda: self._run(None if ref_cp else self.cp_graphs.get(sort), self._make_cp_fn(sort, ref_cp), n,
+                                  self.cp_impl is not None and not ref_cp),
                 lambda: self._run(self.talker_graphs.get((L, sort)), self._make_talker_fn(L, sort, talker), n,
                                   talker is not None))
-
 
     def kv_len(self, n: int) -> int:
         """The smallest kv bucket covering the positions of rows [:n] (the whole cache if none does)."""
         return pick_bucket(int(self.pos_host[:n].max()) + 1, self.kv_buckets) or self.kv_buckets[-1]
-
-    # ------------------------------------------------------------------ warm-up
-    def warm(self, say: Callable[[str], None] | None = None) -> dict[str, Any]:
-        """Compile and capture what this mode runs: on CUDA the talker's decode and prefill graphs (every
-        mode) and the CodePredictor's graphs (default+cudagraph); the compiled CodePredictor's shapes
-        otherwise. Call once, before the first request."""
-        t0 = time.perf_counter()
-        for step in self.warm_steps(say):
-            step()
-        return self.warmed(time.perf_counter() - t0, say)
-
-    def warm_steps(self, say: Callable[[str], None] | None = None) -> list[Callable[[], None]]:
-        """`warm` as steps run in turn, each a whole capture set (or the CodePredictor's compile): between
-        two of them the eager scheduler serves frames on the reference talker (a capture syncs the device
-        first, so no frame is in flight). What the steps capture is used from `warmed` on."""
-        say = say or (lambda s: None)
-        steps: list[Callable[[], None]] = []
-        self._warm_seconds = {}
-        if self.impls.talker_graphs:
-            self.pool = self.pool or GraphPool(self.config.experimental.use_vllm_pool)
-            self.pool.begin_capture()
-            self._planned = self._plan_graphs()
-            for kind, d in zip(("CodePredictor graphs", "talker graphs", "prefill graphs"), self._planned):
-                steps += [self._timed(kind, functools.partial(self._capture_one, g, say)) for g in d.values()]
-        if self.cp_impl is not None and not self._planned[0]:
-            say(f"compiling the CodePredictor ({self.mode.value}) for buckets {self.buckets}")
-            steps += [self._timed("CodePredictor compile", functools.partial(self._compile_predictor, b, v))
-                      for b in self.buckets for v in (False, True)]
-        return steps
-
-    def _timed(self, kind: str, step: Callable[[], None]) -> Callable[[], None]:
-        """`step`, adding its seconds to its kind's (the ready line's breakdown: where a warm-up goes)."""
-        def run() -> None:
-            t0 = time.perf_counter()
-            try:
-                step()
-            finally:
-                self._warm_seconds[kind] = self._warm_seconds.get(kind, 0.0) + time.perf_counter() - t0
-        return run
-
-    def warmed(self, seconds: float, say: Callable[[str], None] | None = None) -> dict[str, Any]:
-        """After every warm step: requests run on what they captured; -> the warm-up report."""
-        self.cp_graphs, self.talker_graphs, self.prefill_graphs = self._planned
-        self.graphs = [g for d in self._planned for g in d.values()]
-        self.reference_talker = False
-        parts = ", ".join(f"{k} {v:.1f} s" for k, v in self._warm_seconds.items())
-        (say or (lambda s: None))(f"{self.mode.value} ready in {seconds:.1f} s" + (f" ({parts})" if parts else ""))
-        trees = graph_tree_pool_bytes() if self.cp_impl is not None and self.cp_impl.records_graph_trees else 0
-        self.last_report = {"mode": self.mode.value, "seconds": seconds, "pool_bytes": self.pool_bytes_,
-                            "pool": self.pool.source if self.graphs else "", "tree_pool_bytes": trees,
-                            "parts_s": dict(self._warm_seconds)}
-        return dict(self.last_report)
-
-    def _plan_graphs(self) -> tuple[dict, dict, dict]:
-        """(CodePredictor graphs where the mode graphs it, talker graphs, prefill graphs),
-        not yet captured; the talker's capture its compiled path, whatever serves requests meanwhile."""
-        variants = (False, True)
-        cp = ({v: BucketedGraph(f"code_predictor ({_VARIANT[v]})", self._make_cp_fn(v), self.buckets, self.pool)
-               for v in variants} if self.impls.graphs(self.mode) else {})
-        talker = {(L, v): BucketedGraph(f"talker (kv {L}, {_VARIANT[v]})",
-                                        self._make_talker_fn(L, v, self.talker_impl), self.buckets, self.pool)
-                  for v in variants for L in self.kv_buckets}
-        prefill = {nb: BucketedGraph(f"prefill x{nb}", self._make_prefill_fn(nb), self.prefill_buckets, self.pool)
-                   for nb in self.prefill_batches}
-        return cp, talker, prefill
-
-    def _capture_one(self, g: BucketedGraph, say: Callable[[str], None]) -> None:
-        say(f"capturing {g.name} graphs for buckets {g.buckets} into {self.pool.source}")
-        self._park_prefill()  # before the capture stream waits for this one
-        self.pool_bytes_ += g.capture().pool_bytes
-
-    def _park_prefill(self) -> None:
-        """Prefill captures write the spare slot and read inside the smallest length bucket (a request
-        admitted between two warm steps set these for its own rows)."""
-        self.pre_slot.fill_(self.S)
-        self.pre_last.zero_()
-
-    def _compile_predictor(self, b: int, sort: bool) -> None:
-        """One bucket shape and sampling variant now, not on the first request (a warm step each, so
-        serving schedulers get their turns between them); Inductor's graph trees run a shape once to warm
-        up, record it on the next call, replay it after that."""
-        for _ in range(3 if self.cp_impl.records_graph_trees else 1):
-            self._make_cp_fn(sort)(b)()
 
     # ------------------------------------------------------------------ requests
     def after_default_stream(self) -> None:
@@ -307,7 +231,7 @@ class Runner:
             self.pre_x[i, :T[i]] = a.prefill.embeds
         transfer.put(self.pre_slot[:nb], [first + i for i in range(k)] + [self.S] * (nb - k))  # [nb]
         transfer.put(self.pre_last[:nb], [t - 1 for t in T] + [0] * (nb - k))  # [nb]
-        if self.prefill_graphs and L is not None:
+        if nb in self.prefill_graphs and L is not None:
             (h,) = self.prefill_graphs[nb].run(L)  # h: [nb, D]
             h = h[:k]
         else:
@@ -390,5 +314,3 @@ class Runner:
         self.pos_host[dst] = self.pos_host[src]
         self.pos_host[src] = self.scratch_pos
 
-
-_VARIANT = {True: "full sort", False: f"top-{sampling.TOPK_CAP} selection"}

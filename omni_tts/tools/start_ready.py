@@ -7,11 +7,12 @@ Starts the app in a fresh process (tools.start_timing's process handling) with o
 --env pair (e.g. OMNI_TTS_ARTIFACTS=DIR for imported compile artifacts); --fresh-caches points
 TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and OMNI_TTS_CACHE_DIR (kernel probes) at new empty folders, as
 in a new container (removed at the end). Readiness comes from
-`GET /ready` (each resident mode's state) where the server has that route, else from the app log's
-"MODE ready in" / "MODE failed to warm" lines (then the awaited modes are --modes, default the request's).
-Once --request-mode is ready, one request of it is streamed (start_timing's request) and its first audio
-timed. Ends when every awaited mode is ready or failed and the request is done, the app exits, or --limit
-seconds pass; the app is stopped then. Times are seconds from the process start.
+`GET /ready` (each resident mode's state, and whether it serves: a compiled mode serves requests once its
+top-k graphs exist, before the rest of its warm-up) where the server has that route, else from the app
+log's "MODE serves after" / "MODE ready in" / "MODE failed to warm" lines (then the awaited modes are
+--modes, default the request's). Once --request-mode serves, one request of it is streamed (start_timing's
+request) and its first audio timed. Ends when every awaited mode is ready or failed and the request is
+done, the app exits, or --limit seconds pass; the app is stopped then. Times are seconds from the process start.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ FRESH = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "OMNI_TTS_CACHE_DIR")
 FINAL = ("ready", "failed")
 
 
-def ready_states(client: Any, url: str) -> dict[str, str] | None:
-    """mode -> state from `GET /ready`; None when the server has no such route; {} when it did not answer."""
+def ready_states(client: Any, url: str) -> dict[str, dict[str, Any]] | None:
+    """mode -> {state, serving} from `GET /ready`; None when the server has no such route; {} when it did not
+    answer."""
     try:
         r = client.get(url + "/ready", timeout=2)
     except Exception:
@@ -43,15 +45,18 @@ def ready_states(client: Any, url: str) -> dict[str, str] | None:
     if r.status_code == 404:
         return None
     try:  # 503 (nothing serves yet) carries the states too
-        return {m: v["state"] for m, v in r.json()["modes"].items()}
+        return {m: {"state": v["state"], "serving": bool(v["serving"])} for m, v in r.json()["modes"].items()}
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def log_states(text: str, modes: Sequence[str]) -> dict[str, str]:
-    """mode -> ready | failed | waiting, from the app's progress lines."""
-    return {m: "ready" if f"{m} ready in" in text else "failed" if f"{m} failed to warm" in text else "waiting"
-            for m in modes}
+def log_states(text: str, modes: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """mode -> {state: ready | failed | waiting, serving}, from the app's progress lines."""
+    out = {}
+    for m in modes:
+        state = "ready" if f"{m} ready in" in text else "failed" if f"{m} failed to warm" in text else "waiting"
+        out[m] = {"state": state, "serving": state == "ready" or f"{m} serves after" in text}
+    return out
 
 
 def _request(url: str, mode: str, frames: int, limit: float, t0: float, out: dict[str, Any]) -> None:
@@ -67,8 +72,9 @@ def _request(url: str, mode: str, frames: int, limit: float, t0: float, out: dic
 
 def follow(client: Any, url: str, log: Path, t0: float, app: Any, opts: argparse.Namespace) -> dict[str, Any]:
     """Poll readiness until every awaited mode is final and the request is done (or the app exits, or the
-    limit passes) -> {modes: {mode: {state, s}}, source, request}."""
+    limit passes) -> {modes: {mode: {state, s, serves_s}}, source, request}."""
     seen: dict[str, dict[str, Any]] = {}
+    serves: dict[str, float] = {}  # mode -> when it first served requests
     request: dict[str, Any] = {}
     sender: threading.Thread | None = None
     source = "/ready"
@@ -78,10 +84,12 @@ def follow(client: Any, url: str, log: Path, t0: float, app: Any, opts: argparse
             source = "log"
             states = log_states(log.read_text(errors="replace"), opts.modes or [opts.request_mode])
         now = time.perf_counter() - t0
-        for m, state in states.items():
-            if state in FINAL and m not in seen:
-                seen[m] = {"state": state, "s": now}
-        if sender is None and seen.get(opts.request_mode, {}).get("state") == "ready":
+        for m, v in states.items():
+            if v["serving"] and m not in serves:
+                serves[m] = now
+            if v["state"] in FINAL and m not in seen:
+                seen[m] = {"state": v["state"], "s": now}
+        if sender is None and opts.request_mode in serves:
             sender = threading.Thread(target=_request, daemon=True, args=(
                 url, opts.request_mode, opts.frames, opts.limit, t0, request))
             sender.start()
@@ -93,6 +101,8 @@ def follow(client: Any, url: str, log: Path, t0: float, app: Any, opts: argparse
         time.sleep(POLL_S)
     if sender is None:
         request = {"mode": opts.request_mode, "error": f"{opts.request_mode} was not ready: not sent"}
+    for m, v in seen.items():
+        v["serves_s"] = serves.get(m)
     return {"modes": seen, "source": source, "awaited": list(opts.modes or states), "request": request}
 
 
@@ -122,7 +132,8 @@ def summary(res: dict[str, Any]) -> str:
     page = res.get("page_s")
     lines = [f"page: {page:.1f} s" if page is not None else "page: not served"]
     for m, v in sorted(res.get("modes", {}).items(), key=lambda kv: kv[1]["s"]):
-        lines.append(f"{m} {v['state']}: {v['s']:.1f} s")
+        serves = f"serves {v['serves_s']:.1f} s, " if v.get("serves_s") is not None else ""
+        lines.append(f"{m}: {serves}{v['state']} {v['s']:.1f} s")
     req = res.get("request", {})
     if "first_audio_at_s" in req:
         lines.append(f"first audio of a {req['mode']} request (sent at {req['sent_s']:.1f} s): "
