@@ -219,3 +219,25 @@ def test_microbench_times_each_bucket_and_compares_greedy_codes(tmp_path, capsys
         assert b["cp_ms"] > 0 and b["talker_ms"] > 0 and b["cp_ms_full_sort"] > 0
     assert row["prefill"] and all(v > 0 for v in row["prefill"].values())
     assert row["agree_with_first_mode"]["identical"] == row["agree_with_first_mode"]["of"] == 2
+
+
+def test_bench_runs_each_concurrency_several_times_and_shows_the_medians(tmp_path, capsys):
+    out = tmp_path / "runs.json"
+    rc = main(["bench", "--model", str(fixture_dir("custom_voice")), "--preset", "all-eager", "--modes", "eager",
+               "--concurrency", "2", "--num-prompts", "1", "--per-client", "2", "--runs", "3", "--fixed-frames", "3",
+               "--warmup", "1", "--json", str(out)])
+    assert rc == 0
+    s = json.loads(out.read_text())["results"]["eager"]["2"]
+    assert len(s["runs"]) == 3 and all(r["requests"] == 4.0 for r in s["runs"])  # 2 per client, each run
+    for key in KEYS:
+        assert s[key] == pytest.approx(float(np.median([r[key] for r in s["runs"]])))
+    table = {tuple(r[:2]): r[2] for r in table_rows(capsys.readouterr().out)}
+    assert table[("Audio tput (s/s)", "2")] == f"{s['audio_s_per_s']:.1f}"
+
+
+@pytest.mark.parametrize("flag,value,least", [("--runs", "0", 1), ("--per-client", "-1", 0), ("--runs", "two", 1)])
+def test_bench_refuses_a_count_out_of_range_naming_it(flag, value, least, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", flag, value])
+    err = capsys.readouterr().err
+    assert flag in err and f"expected a whole number >= {least}, got '{value}'" in err

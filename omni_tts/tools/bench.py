@@ -1,7 +1,7 @@
 """`omni-tts bench`: latency and throughput per CodePredictor mode and concurrency, in one engine.
 
     omni-tts bench --model DIR [--preset bench] [--modes eager,default,...] [--concurrency 1 8 32]
-        [--num-prompts N] [--fixed-frames N] [--json OUT] [--http URL]
+        [--num-prompts N] [--per-client K] [--runs R] [--fixed-frames N] [--json OUT] [--http URL]
 
 Owns: the modes checked against the device before anything loads, warm-up exclusion, the frames'
 fill between two snapshots, and the table/JSON output. The load itself is tools/load.py's closed loop
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,9 +51,11 @@ def format_table(results: dict[str, dict[int, dict[str, float]]], concurrency: S
 
 
 def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: int,
-               make: Callable[[int, str], SynthesisParams], warmup: int, say: Callable[[str], None]
-               ) -> tuple[dict[int, dict[str, float]], dict[str, Any]]:
-    """One mode's rows; the other resident modes idle meanwhile (they were warmed at start-up)."""
+               make: Callable[[int, str], SynthesisParams], warmup: int, say: Callable[[str], None],
+               per_client: int = 0, runs: int = 1) -> tuple[dict[int, dict[str, float]], dict[str, Any]]:
+    """One mode's rows; the other resident modes idle meanwhile (they were warmed at start-up). Each
+    concurrency c runs max(num_prompts, per_client * c, c) requests, `runs` times: its row holds each
+    figure's median over the runs (and the runs themselves when there are several)."""
     engine.wait_ready(mode)
     report = engine.modes()[mode]
     make_m = lambda i: make(i, mode)  # noqa: E731
@@ -64,15 +67,10 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
     for c in concurrency:
         try:
             run_load(engine, c, max(warmup, c), make_m)  # warm-up, excluded
-            done, n = [0], max(num_prompts, c)
-
-            def tick(_m: RequestMetrics, c: int = c, n: int = n) -> None:
-                done[0] += 1
-                say(f"  [{mode}] concurrency {c}: {done[0]}/{n} requests")
-
-            before = engine.snapshot()
-            records, wall = run_load(engine, c, n, make_m, on_done=tick)
-            results[c] = summarize(records, wall) | _frames_since(before, engine.snapshot())
+            n = max(num_prompts, per_client * c, c)
+            each = [_one_run(engine, mode, c, n, make_m, f" run {r + 1}/{runs}" if runs > 1 else "", say)
+                    for r in range(runs)]
+            results[c] = each[0] if len(each) == 1 else median_run(each)
         except OmniTTSError as e:
             results[c] = {"error": f"failed: {str(e)[:80]}"}
         except Exception as e:  # a CUDA error in one mode is a result, not a crash of the benchmark
@@ -90,6 +88,25 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
         extra["notice"] = report.reason
     extra["Inductor CUDA-graph counters (process so far)"] = _cudagraph_counters()
     return results, extra
+
+
+def _one_run(engine: Any, mode: str, c: int, n: int, make: Callable[[int], SynthesisParams], label: str,
+             say: Callable[[str], None]) -> dict[str, float]:
+    """c clients share n requests; -> the summary of their metrics and of the frames they filled."""
+    done = [0]
+
+    def tick(_m: RequestMetrics) -> None:
+        done[0] += 1
+        say(f"  [{mode}] concurrency {c}{label}: {done[0]}/{n} requests")
+
+    before = engine.snapshot()
+    records, wall = run_load(engine, c, n, make, on_done=tick)
+    return summarize(records, wall) | _frames_since(before, engine.snapshot())
+
+
+def median_run(runs: list[dict[str, float]]) -> dict[str, Any]:
+    """Each figure's median over `runs` (each run's own figures kept under 'runs')."""
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]} | {"runs": runs}
 
 
 def _frames_since(before: EngineSnapshot, after: EngineSnapshot) -> dict[str, float]:
@@ -112,6 +129,15 @@ def _cudagraph_counters() -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(found.items())) or "none"
 
 
+def _count(least: int) -> Callable[[str], int]:
+    def parse(s: str) -> int:
+        n = int(s) if s.strip().isdigit() else -1
+        if n < least:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {least}, got '{s}'")
+        return n
+    return parse
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     add_engine_flags(ap, preset="bench")
     ap.add_argument("--modes", default=None, help="comma-separated modes (default: every mode this device runs; "
@@ -120,6 +146,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--num-prompts", type=int, default=None, help="requests per concurrency, at least one per client "
                     "(default 2x the largest concurrency, >= 12)")
+    ap.add_argument("--per-client", type=_count(0), default=0, metavar="K",
+                    help="at least K requests per client at each concurrency (K x c in all)")
+    ap.add_argument("--runs", type=_count(1), default=1,
+                    help="measure each concurrency R times; the table shows medians")
     ap.add_argument("--fixed-frames", type=int, default=None, help="every request makes exactly N frames")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--speaker", default=None)
@@ -206,7 +236,7 @@ def _bench_group(config: EngineConfig, args: Any, results: dict, extra: dict, sa
             say(f"mode {mode}")
             results[mode], extra[mode] = bench_mode(engine, mode, args.concurrency,
                                                     args.num_prompts or max(12, 2 * max(args.concurrency)),
-                                                    make, args.warmup, say)
+                                                    make, args.warmup, say, args.per_client, args.runs)
             # printed as it comes, so a run stopped in a later mode keeps this one
             say(format_table({mode: results[mode]}, args.concurrency, {mode: extra[mode]}))
     finally:
