@@ -25,13 +25,11 @@ def mode_readiness(engine: Any) -> dict[str, str]:
     """mode -> its state for the panel: 'ready', 'warming 3/12' (warm steps done, of how many; and whether
     it serves meanwhile), 'queued', 'failed: why' or 'unavailable: why' (in a visitor's words)."""
     out = {}
-    on_cuda = engine.snapshot().device.startswith("cuda")
     for mode, v in engine.modes().items():
         state = v.state
         if v.state == "warming":
             done, total = v.progress
-            meanwhile = " (serving meanwhile, on the plain talker)" if on_cuda else " (serving meanwhile)"
-            state += (f" {done}/{total}" if total else "") + (meanwhile if v.serving else "")
+            state += (f" {done}/{total}" if total else "") + (" (serving meanwhile)" if v.serving else "")
         if v.is_default:
             state += ", default"
         if v.reason and v.state in ("failed", "unavailable"):

@@ -48,9 +48,7 @@ def apply_mode(engine: Any, mode: str, token: str | None = None, policy: ui.Admi
         return f"**Not changed:** {message}", gr.update(value=engine.mode.value), _readiness(engine)
     info = engine.modes()[mode]
     state = info.state
-    on_cuda = engine.snapshot().device.startswith("cuda")
-    plain = ", on the plain talker until its graphs are ready" if on_cuda else ""
-    later = f"they run meanwhile{plain}" if info.serving else "they wait until it is warm"
+    later = "they run meanwhile, some slower until it is warm" if info.serving else "they wait until it is warm"
     status = f"**Done:** requests that name no mode now run `{engine.mode.value}`" + (
         "" if state == "ready" else f" (it is {state}: {later})")
     return status, gr.update(value=engine.mode.value), _readiness(engine)

@@ -263,7 +263,9 @@ def test_a_first_visit(server, browser):
     _wait(d, f"a {OTHER_MODE} point in both plots (its mode warms first)", lambda d: _points(
         d, "ttfp-plot", OTHER_MODE) == 1 and _points(d, "rtf-plot", OTHER_MODE) == 1, WARM_TIMEOUT_S, log)
     assert f"({OTHER_MODE})" in _text(d, "#live-metrics") and _points(d, "ttfp-plot", "eager") == 2
-    assert re.search(rf"{re.escape(OTHER_MODE)} ?: ready\b", _text(d, "#mode-readiness"))
+    # it served once warm for top-k sampling; the rest of its warm-up may still run between requests
+    assert re.search(rf"{re.escape(OTHER_MODE)} ?: (ready\b|warming \d+/\d+ \(serving meanwhile\))",
+                     _text(d, "#mode-readiness"))
     _shot(d, "synthesis.png", log)
 
     d.find_element(By.CSS_SELECTOR, "#engine-mode button.label-wrap").click()  # the panel's default mode
