@@ -161,12 +161,12 @@ class ModeScheduler:
                     self._advance(steps)
         except Exception as e:  # a mode that cannot warm fails its requests, never the engine
             return self._warm_failed(e)
-        if steps and not self.serving:
+        starts = bool(steps) and not self.serving  # serves from now, before the rest of its warm-up
+        self.serving = True
+        if starts:
             self._say(f"{self.mode.value} serves after {time.perf_counter() - self._warm_t0:.1f} s; "
                       f"{len(steps)} more warm steps run between requests")
-            self.serving = True
             self.turn.start_serving()  # its next warm step waits for the idle grace: a request may be waiting
-        self.serving = True
         if not steps:
             self._warmed()
         return steps
