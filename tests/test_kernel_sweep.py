@@ -20,6 +20,12 @@ def test_candidates_offer_multiply_and_sum_tiles_only_up_to_8_rows() -> None:
     assert len(set(few)) == len(few) and set(many) < set(few)
 
 
+def test_tiles_above_32_rows_are_wider_and_shorter() -> None:
+    wide, narrow = kernel_sweep.candidates(64, quick=True), kernel_sweep.candidates(32, quick=True)
+    assert {c[0] for c in wide} == {16, 32, 64} and {c[1] for c in wide} == {64, 128, 256}
+    assert {c[0] for c in narrow} == {16, 32} and not any(c[4] for c in wide)
+
+
 def test_whole_row_tiles_are_offered_for_one_or_two_rows_given_the_input_width() -> None:
     one, eight = kernel_sweep.candidates(1, quick=True, K=3072), kernel_sweep.candidates(8, K=3072)
     whole = [c for c in one if c[1] >= 3072]
@@ -50,6 +56,9 @@ def test_written_configs_are_what_the_kernels_load(tmp_path, monkeypatch) -> Non
     assert kernel_configs.config(1, 1024, 3072) == (4, 512, 4, 8, True)
     assert kernel_configs.config(1, 64, 32) == (8, 512, 3, 4, True)  # untuned shapes take the default
     assert kernel_configs.config(20, 4096, 1024) == (16, 256, 3, 4, False)  # no 32-row entry: the default
+    kernel_configs.TUNED[(64, 4096, 1024)] = (64, 128, 3, 4, False)
+    assert kernel_configs.config(128, 4096, 1024) == (64, 128, 3, 4, False)  # 65..128 rows: the 64-row entry
+    assert kernel_configs.config(40, 4096, 1024) == (64, 128, 3, 4, False)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")

@@ -25,8 +25,8 @@ def next_pow2(n: int) -> int:
 # predictor's). One-row entries use whole-row tiles (BK >= K: under programmatic dependent launch a
 # program's weights all load before it waits for the previous kernel) and were swept with PDL on, as the
 # engine launches one-row steps. 2..16 rows take the 8-row entry (the same 16-row tensor-core tile),
-# 17..32 the 32-row one; untuned shapes `config`'s default. the preset key kernel_configs names a JSON of
-# more entries ("rows,n,K": [...]).
+# 17..32 the 32-row one, 33..128 their own or the 64-row one; untuned shapes `config`'s default. The
+# preset key kernel_configs names a JSON of more entries ("rows,n,K": [...]).
 Config = tuple[int, int, int, int, bool]
 # (n, K): one row (BN, BK, warps), multiply-and-sum, one stage; 8 rows and 32 rows (BN, BK, stages),
 # tensor cores, 4 warps
@@ -40,9 +40,18 @@ _SWEPT: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (4096, 2048): ((8, 2048, 4), (32, 256, 4), (32, 256, 3)),
     (6144, 2048): ((2, 2048, 4), (32, 256, 3), (16, 128, 3)),
 }
+# the code predictor's shapes at 64 and 128 rows (BN, BK, stages), tensor cores, 4 warps (`--rows 64 128`;
+# 128 rows run as two 64-row program columns)
+_SWEPT_WIDE: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
+    (1024, 2048): ((16, 256, 4), (16, 128, 4)),
+    (1024, 3072): ((16, 256, 4), (16, 256, 4)),
+    (3072, 1024): ((32, 128, 3), (64, 128, 3)),
+    (4096, 1024): ((32, 256, 3), (64, 256, 3)),
+}
 TUNED: dict[tuple[int, int, int], Config] = {
     **{(1, n, k): (bn, bk, 1, w, True) for (n, k), ((bn, bk, w), _, _) in _SWEPT.items()},
     **{(rows, n, k): (*cfg[i], 4, False) for (n, k), cfg in _SWEPT.items() for rows, i in ((8, 1), (32, 2))},
+    **{(rows, n, k): (*cfg[i], 4, False) for (n, k), cfg in _SWEPT_WIDE.items() for rows, i in ((64, 0), (128, 1))},
 }
 
 
@@ -75,7 +84,7 @@ def config(M: int, n: int, K: int) -> Config:
     if _INTERPRET:
         return max(16, min(128, next_pow2(n))), 128, 1, 4, M <= 2
     rows = next_pow2(M)
-    for r in (rows, 1 if rows == 1 else 8 if rows <= 16 else 32):
+    for r in (rows, 1 if rows == 1 else 8 if rows <= 16 else 32 if rows <= 32 else 64):
         if (r, n, K) in TUNED:
             return TUNED[(r, n, K)]
     return (8, 512, 3, 4, True) if rows == 1 else (16, 256, 3, 4, False)

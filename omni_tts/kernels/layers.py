@@ -9,7 +9,8 @@ writes and softmax pieces):
   4. post-attention RMSNorm + gate|up projection + SiLU(gate) * up
   5. down projection + residual
 The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16
-rows cost about the same); a one-row step runs them as a multiply-and-sum over narrow weight tiles
+rows cost about the same), at most MAX_BM rows a program (more rows take a second column of programs,
+whose weight reads mostly hit L2); a one-row step runs them as a multiply-and-sum over narrow weight tiles
 (more programs reading the weights at once). The projection kernel (`projection`) and the K/V store
 (`store_kv`) also serve omni_tts.kernels.talker and omni_tts.kernels.heads (the projection's input rows
 may be strided or gathered from a table). With `pdl` (programmatic dependent launch, Hopper+:
@@ -49,7 +50,8 @@ except ImportError:
 # Triton's CPU interpreter (3.6) multiplies bfloat16 dot operands wrongly: upcast them there (the products
 # of bfloat16 values are exact in float32, as in the GPU's bfloat16 MMA with float32 accumulation)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-MAX_ROWS = 32  # batch x positions per call (the first step of a frame has 2 positions per row)
+MAX_ROWS = 128  # batch x positions per call (the first step of a frame has 2 positions per row)
+MAX_BM = 64  # rows per program of a tensor-core projection: more rows split over programs (shared memory)
 
 
 def available() -> bool:
@@ -114,13 +116,13 @@ if triton is not None:
                      NORM: tl.constexpr, BIAS: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr,
                      GATHER: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        """out[M, N] = epilogue(prologue(x[M, K]) @ w[N, K]^T), x's rows sx apart (GATHER: x is a table and
-        row m is its row idx[m]). NORM: x is RMS-normed with nw first; GLU: w has 2N rows (gate then up)
-        and out = silu(gate) * up; RES: out += res[M, N]. PDL (programmatic dependent launch, Hopper+):
-        the first weight tile loads while the previous kernel is still running; everything that kernel
-        writes (x, idx, res) is read after gdc_wait."""
+        """Program (N block, M block) of out[M, N] = epilogue(prologue(x[M, K]) @ w[N, K]^T), x's rows sx
+        apart (GATHER: x is a table and row m is its row idx[m]). NORM: x is RMS-normed with nw first; GLU:
+        w has 2N rows (gate then up) and out = silu(gate) * up; RES: out += res[M, N]. PDL (programmatic
+        dependent launch, Hopper+): the first weight tile loads while the previous kernel is still running;
+        everything that kernel writes (x, idx, res) is read after gdc_wait."""
         dt = out_ptr.dtype.element_ty
-        rm = tl.arange(0, BM)
+        rm = tl.program_id(1) * BM + tl.arange(0, BM)
         rn = tl.program_id(0) * BN + tl.arange(0, BN)
         rk = tl.arange(0, BK)
         mmask, nmask = rm < M, rn < N
@@ -266,13 +268,14 @@ def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor |
     if x.element_size() > 2 and not vec:  # float32 tiles: half as wide, or the stages overflow shared memory
         BK = max(32, BK // 2)
     dummy = x
-    _proj_kernel[(triton.cdiv(n, BN),)](
+    BM = next_pow2(M) if vec else min(MAX_BM, max(16, next_pow2(M)))
+    _proj_kernel[(triton.cdiv(n, BN), triton.cdiv(M, BM))](
         x, idx if idx is not None else dummy, norm.weight if norm is not None else dummy, w,
         bias if bias is not None else dummy, res if res is not None else dummy, out,
         float(norm.eps) if norm is not None else 0.0, x.stride(0), M=M, N=n, K=K,
         NORM=norm is not None, BIAS=bias is not None, RES=res is not None, GLU=glu, GATHER=idx is not None,
         IEEE=x.dtype == torch.float32 or _INTERPRET, VEC=vec, PDL=pdl,
-        BM=next_pow2(M) if vec else max(16, next_pow2(M)), BN=BN, BK=BK, **launch_options(pdl, warps, stages))
+        BM=BM, BN=BN, BK=BK, **launch_options(pdl, warps, stages))
     return out
 
 

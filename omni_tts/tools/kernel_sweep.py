@@ -1,7 +1,7 @@
 """Launch-config sweep of omni_tts.kernels.layers' projection kernel on this GPU, written as a JSON that
 the preset key kernel_configs loads (and that kernel_configs.TUNED is updated from).
 
-    omni-tts kernel-sweep [--size 1.7B] [--parts predictor talker] [--rows 1 2 8 16 32]
+    omni-tts kernel-sweep [--size 1.7B] [--parts predictor talker] [--rows 1 2 8 16 32 64 128]
         [--no-pdl] [--quick] [--out kernel_configs.json]
 
 Owns: the candidate configs per row count, timing each of a decoder layer's four projections (q|k|v
@@ -37,12 +37,15 @@ Config = kernel_configs.Config
 
 
 def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Config]:
-    """(BN, BK, stages, warps, multiply-and-sum) to try for `rows` rows: tensor-core tiles always, narrow
+    """(BN, BK, stages, warps, multiply-and-sum) to try for `rows` rows: tensor-core tiles always (wider and
+    shorter ones above 32 rows), narrow
     multiply-and-sum tiles up to 8 rows (`quick`: 4 warps only and multiply-and-sum up to 2 rows, where the
     full sweep's picks fall). With the input width K, up to 2 rows also get whole-row tiles (BK >= K: a
     program's weights are one tile, all of it loaded before a PDL launch waits for the previous kernel)."""
     warps = (4,) if quick else (4, 8)
-    out = [(bn, bk, st, wp, False) for bn, bk, st, wp in itertools.product((16, 32), (128, 256), (3, 4), warps)]
+    wide = rows > 32  # 64-row tiles: wider weight tiles, shorter steps (shared memory)
+    bns, bks = ((16, 32, 64), (64, 128, 256)) if wide else ((16, 32), (128, 256))
+    out = [(bn, bk, st, wp, False) for bn, bk, st, wp in itertools.product(bns, bks, (3, 4), warps)]
     if rows <= (2 if quick else 8):
         out += [(bn, bk, st, wp, True) for bn, bk, st, wp in itertools.product((2, 4, 8), (256, 512), (3, 4), warps)]
     if K is not None and rows <= 2:
@@ -144,7 +147,7 @@ def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--size", default="1.7B", help="layer shapes of this size (0.6B and 1.7B share the predictor's)")
     ap.add_argument("--parts", nargs="+", choices=("predictor", "talker"), default=["predictor", "talker"])
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 16, 32])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 16, 32, 64, 128])
     ap.add_argument("--no-pdl", action="store_true", help="time launches without programmatic dependent launch")
     ap.add_argument("--quick", action="store_true", help="fewer candidates (4 warps only)")
     ap.add_argument("--out", default="kernel_configs.json")
