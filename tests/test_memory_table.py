@@ -47,6 +47,22 @@ def test_a_process_without_figures_is_a_row_saying_why(tmp_path):
     assert row["cap_gib"] == 16.0 and "exit status 1" in memory_table.table([row])
 
 
+def test_a_process_stopped_at_its_timeout_says_where_it_stood_and_its_peak_so_far(tmp_path):
+    out = tmp_path / "row.json"
+    row = {"preset": "default", "cap_gib": 22.5}
+    stopped = memory_table.timed_out(row, out, b"compiling\nstill compiling\n", 330)
+    assert stopped["error"] == "no result in 330 s (starting)"
+    assert stopped["log_tail"] == ["compiling", "still compiling"]
+    memory_table._write(out, {**row, "cap_applied": True, "stage": "warming reduce-overhead",
+                              "ready": ["eager", "default+cudagraph"], "peak_allocated_gib": 9.5,
+                              "peak_reserved_gib": 10.25, "graph_pool_gib": 1.0, "tree_pool_gib": 0.5})
+    stopped = memory_table.timed_out(row, out, None, 330)
+    assert stopped["error"] == "no result in 330 s (warming reduce-overhead)" and stopped["log_tail"] == []
+    line = memory_table.table([stopped]).splitlines()[-1]
+    assert line == ("| default | 22.5 | 9.50 until stopped | 10.25 | 1.50 | eager, default+cudagraph | "
+                    "no result in 330 s (warming reduce-overhead) |")
+
+
 def test_a_cap_that_is_not_positive_is_refused_naming_the_flag():
     ap = argparse.ArgumentParser()
     memory_table.add_arguments(ap)

@@ -8,7 +8,8 @@ total) before the model loads), starts the engine as the app does (`Engine.from_
 until every resident mode is ready or failed, runs `--waves` x max_num_seqs requests per ready mode at
 max_num_seqs concurrency (tools.load.run_load), and reports peak allocated / reserved GiB, the graph pools'
 GiB, which modes became ready and each failed mode's error (an out-of-memory warm-up says so there). A
-process that dies is a row with its exit status and last lines. On a CPU the cap cannot apply: the row
+process that dies is a row with its exit status and last lines; one stopped at `--timeout` says the stage
+it reached, with its peak memory until then. On a CPU the cap cannot apply: the row
 has the host's peak RSS and says the GPU figures need CUDA. Owns the orchestration and the table; knows
 only the Engine's public API.
 """
@@ -60,8 +61,17 @@ def _memory(engine: Any) -> dict[str, Any]:
             "total_gib": torch.cuda.get_device_properties(engine.device).total_memory / GIB}
 
 
-def child(spec: dict[str, Any]) -> dict[str, Any]:
-    """One (preset, cap) in this process: the engine, every resident mode warmed and loaded, the figures."""
+def _write(out: Path, row: dict[str, Any]) -> None:
+    """The row so far, replaced whole (a reader never sees half a file)."""
+    tmp = out.with_suffix(".part")
+    tmp.write_text(json.dumps(row))
+    tmp.replace(out)
+
+
+def child(spec: dict[str, Any], out: Path) -> dict[str, Any]:
+    """One (preset, cap) in this process: the engine, every resident mode warmed and loaded, the figures.
+    The row is written to `out` at each stage ("stage": where it stands), so a run stopped at its timeout
+    still says how far it got and the peak memory until then."""
     import torch
 
     from omni_tts import Engine
@@ -69,7 +79,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     from omni_tts.errors import one_line
 
     cuda = torch.cuda.is_available()
-    row: dict[str, Any] = {"preset": spec["preset"], "cap_gib": spec["cap_gib"], "cap_applied": cuda}
+    row: dict[str, Any] = {"preset": spec["preset"], "cap_gib": spec["cap_gib"], "cap_applied": cuda,
+                           "stage": "loading the engine"}
+    _write(out, row)
     try:
         config = load_preset(spec["preset"], **{**parse_sets(spec["sets"]), "model": spec["model"],
                                                 "gpu_memory_limit_gb": spec["cap_gib"] if cuda else None})
@@ -77,40 +89,61 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     except Exception as e:  # out of memory while loading, a bad preset: the whole row's error
         return {**row, "error": one_line(e)}
     try:
+        row["ready"], row["load"] = [], {}
         for mode in engine.schedulers:
+            _write(out, {**row, **_memory(engine), "stage": f"warming {mode}"})
             engine.wait_ready(mode, spec["warm_timeout"])
+            if engine.modes()[mode].state == "ready":
+                row["ready"].append(mode)
         states = engine.modes()
-        row["ready"] = [m for m, v in states.items() if v.state == "ready"]
         row["failed"] = {m: v.reason or v.state for m, v in states.items() if v.state not in ("ready", "unavailable")}
-        row["load"] = {m: _load(engine, m, spec["waves"], spec["frames"]) for m in row["ready"]}
         row["max_num_seqs"] = engine.config.max_num_seqs
-        row.update(_memory(engine))
+        for mode in row["ready"]:
+            _write(out, {**row, **_memory(engine), "stage": f"loading {mode}"})
+            row["load"][mode] = _load(engine, mode, spec["waves"], spec["frames"])
+        row.update(_memory(engine), stage="done")
     finally:
         engine.shutdown()
     return row
 
 
 def run_one(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """`child(spec)` in a fresh interpreter; a process that dies or runs out of time is a row saying so."""
+    """`child(spec)` in a fresh interpreter; a process that dies or runs out of time is a row saying so (one
+    stopped at its timeout with where it stood and its figures until then, when it wrote any)."""
     row = {"preset": spec.get("preset"), "cap_gib": spec.get("cap_gib")}
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "row.json"
         cmd = [sys.executable, "-m", "omni_tts.tools.memory_table", json.dumps(spec), str(out)]
         try:
             p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {**row, "error": f"no result in {timeout:.0f} s"}
+        except subprocess.TimeoutExpired as e:
+            return timed_out(row, out, e.stderr, timeout)
         if p.returncode == 0 and out.is_file():
             return json.loads(out.read_text())
         return {**row, "error": f"exit status {p.returncode}", "log_tail": p.stderr.splitlines()[-20:]}
+
+
+def timed_out(row: dict[str, Any], out: Path, stderr: str | bytes | None, timeout: float) -> dict[str, Any]:
+    """The row of a process stopped at its timeout: its last written stage and figures, its log's tail."""
+    so_far = json.loads(out.read_text()) if out.is_file() else {"stage": "starting"}
+    if isinstance(stderr, bytes):
+        stderr = stderr.decode(errors="replace")
+    return {**so_far, **row, "error": f"no result in {timeout:.0f} s ({so_far['stage']})",
+            "log_tail": (stderr or "").splitlines()[-20:]}
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
     lines = ["| preset | cap GiB | peak allocated GiB | peak reserved GiB | graph pools GiB | ready | failed |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        if "error" in r:
+        if "error" in r and "peak_allocated_gib" not in r:
             lines.append(f"| {r['preset']} | {r['cap_gib']} | {r['error']} | | | | |")
+            continue
+        if "error" in r:  # stopped at its timeout: its figures until then
+            so_far = f"{r['peak_allocated_gib']:.2f} until stopped | {r['peak_reserved_gib']:.2f}"
+            pools = r["graph_pool_gib"] + r["tree_pool_gib"]
+            lines.append(f"| {r['preset']} | {r['cap_gib']} | {so_far} | {pools:.2f} | "
+                         f"{', '.join(r.get('ready', [])) or '-'} | {r['error']} |")
             continue
         failed = "; ".join(f"{m}: {why}" for m, why in r["failed"].items()) or "-"
         if "gpu" in r:  # a CPU: no GPU figures
@@ -153,4 +186,4 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":  # one (preset, cap) row: SPEC_JSON OUT_JSON (run_one starts this)
-    Path(sys.argv[2]).write_text(json.dumps(child(json.loads(sys.argv[1]))))
+    _write(Path(sys.argv[2]), child(json.loads(sys.argv[1]), Path(sys.argv[2])))
