@@ -215,12 +215,12 @@ def test_the_whole_frame_traces_through_reused_regions_and_keeps_the_codes() -> 
 
     m, _ = model_and_fast()
     captured = {}
-    for regions in (True, False):
+    for regions in (True, False):  # inlined: batch 1 only (its dynamic retrace costs ~40 s on a CPU)
         fast = FastPath(m, None, regions=regions)
         fn = torch.compile(fast._predict_plain, backend="aot_eager", fullgraph=True, dynamic=None)
         torch._dynamo.reset()
         counters.clear()
-        for B in (1, 2, 3):
+        for B in (1, 2, 3) if regions else (1,):
             g = torch.Generator().manual_seed(B)
             h = torch.randn(B, m.hidden_size, generator=g)
             code0 = torch.randint(0, 100, (B,), generator=g)
@@ -231,8 +231,10 @@ def test_the_whole_frame_traces_through_reused_regions_and_keeps_the_codes() -> 
             ref = FastPath(m, None).predict_frame(h, code0, sp, seed, frame)
             assert torch.equal(codes, ref[0])
             torch.testing.assert_close(embeds, ref[1], rtol=1e-5, atol=1e-5)
-        assert counters["stats"]["unique_graphs"] == 2  # batch 1, then one dynamic graph for 2 and 3
-        captured[regions] = counters["stats"]["calls_captured"]
+            if B == 1:
+                captured[regions] = counters["stats"]["calls_captured"]  # the batch-1 graph's
+        if regions:
+            assert counters["stats"]["unique_graphs"] == 2  # batch 1, then one dynamic graph for 2 and 3
     assert captured[True] * 3 < captured[False], captured
 
 

@@ -84,7 +84,7 @@ def test_a_full_mode_answers_503_with_retry_after_and_admitted_requests_finish(s
 
     url, engine, ended = service
     until(lambda: _idle(engine), what="an idle engine")
-    body = {**LONG, "stream": True, "response_format": "pcm"}  # long enough that none ends before the probes
+    body = {**LONG, "max_new_tokens": 120, "stream": True, "response_format": "pcm"}  # none ends before the probes
     clients = [Leaver(url, body) for _ in range(SLOTS + WAITING)]
     ids = [c.status()[1] for c in clients]
     until(lambda: (engine.snapshot().active, engine.snapshot().waiting) == (SLOTS, WAITING),
