@@ -293,14 +293,14 @@ def test_a_scheduler_busy_for_long_takes_its_next_warm_step_between_two_frames(_
         until(lambda: sched.serving, "the scheduler to serve")
         clock.advance(1.0)
         assert runner.entered[0].wait(TIMEOUT)  # idle: the first step
-        p = sampled("a long request across a warm step", 11, fixed_frames=300)
+        p = sampled("a long request across a warm step", 11, fixed_frames=120)
         h = queue_request(sched, model, 1, p)
         runner.gates[0].set()
         until(lambda: sched.active and sched.active[0].codes, "the request's first frame")
         assert not runner.entered[1].is_set()  # within its busy allowance
         clock.advance(10.5)
         assert runner.entered[1].wait(TIMEOUT)
-        assert sched.active and not h.done and 0 < len(sched.active[0].codes) < 300  # between two of its frames
+        assert sched.active and not h.done and 0 < len(sched.active[0].codes) < 120  # between two of its frames
         runner.gates[1].set()
         same(h.result(TIMEOUT), offline.synthesize(model, p))
         assert sched.ready.wait(TIMEOUT) and sched.state == "ready"
@@ -315,7 +315,7 @@ def test_a_scheduler_serving_early_runs_set_up_chores_between_its_frames(_one_th
     warmup, clock = manual_coordinator(idle_s=1.0, busy_s=10.0)
     with gated_scheduler(config(max_num_seqs=1, max_seq_len=512), warmup) as (model, sched, runner, audio):
         assert sched.serve_early() and sched.state == "warming" and sched.serving
-        p = sampled("served before the warm-up, across a chore", 5, fixed_frames=200)
+        p = sampled("served before the warm-up, across a chore", 5, fixed_frames=100)
         h = queue_request(sched, model, 1, p)
         until(lambda: sched.active and sched.active[0].codes, "the request served before the warm-up")
         clock.advance(10.5)  # busy for longer than its allowance
@@ -325,7 +325,7 @@ def test_a_scheduler_serving_early_runs_set_up_chores_between_its_frames(_one_th
                     audio._jobs.empty())
 
         name, frames, settled, drained = sched.between_frames(chore)
-        assert name == "omni-tts-eager" and 0 < frames < 200 and settled and drained
+        assert name == "omni-tts-eager" and 0 < frames < 100 and settled and drained
         clock.advance(10.5)  # the next turn: after another allowance (or the idle grace, if it ended)
         with pytest.raises(ZeroDivisionError):
             sched.between_frames(lambda: 1 / 0)
