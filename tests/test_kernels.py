@@ -93,14 +93,14 @@ def test_supports_only_small_steps_of_silu_layers() -> None:
     assert not kernels.supports(layer, kernels.MAX_ROWS + 1)
 
 
-def _mixed_rows(n: int, cap: int) -> sampling.SlotParams:
+def _mixed_rows(n: int, cap: int, device: str = "cpu") -> sampling.SlotParams:
     """Greedy and sampled rows with top-k, top-p and temperature settings that fit a top-`cap` selection."""
     rows = [sampling.RowSettings(greedy=True),
             sampling.RowSettings(greedy=False, temperature=0.9, top_k=cap - 2, top_p=1.0),
             sampling.RowSettings(greedy=False, temperature=0.7, top_k=5, top_p=0.8),
             sampling.RowSettings(greedy=False, temperature=1.3, top_k=1),
             sampling.RowSettings(greedy=False, temperature=1.0, top_k=cap, top_p=0.5)]
-    sp = sampling.SlotParams.from_settings([rows[i % len(rows)] for i in range(n)])
+    sp = sampling.SlotParams.from_settings([rows[i % len(rows)] for i in range(n)], device)
     return sp.rows(n, topk_cap=cap)
 
 
@@ -257,3 +257,28 @@ def test_fastpath_chooses_the_kernels_it_can_build_and_says_so() -> None:
         layer.mlp.act = act
     assert notice.startswith("Triton talker kernels unavailable") and "activation" in notice
     assert fast.talker_kernel_rows == 0 and fast.kernel_rows == rows
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_a_64_row_frame_on_the_gpu_gives_the_codes_of_the_loop_without_kernels() -> None:
+    """On CUDA (float32, the tiny checkpoint): 64 rows, whose first step is 128 rows in two columns of
+    programs, through the Triton layers and heads draw the codes the loop without kernels draws."""
+    from _fixtures import fixture_dir
+
+    from omni_tts.models.checkpoint import load_checkpoint
+    from omni_tts.models.qwen3_tts import TTSModel
+
+    m = TTSModel.from_checkpoint(load_checkpoint(fixture_dir("custom_voice")), device="cuda")
+    fast = FastPath(m, None)
+    B = 64
+    g = torch.Generator().manual_seed(11)
+    hidden = torch.randn(B, m.hidden_size, generator=g).cuda()
+    code0 = torch.randint(0, 64, (B,), generator=g).cuda()
+    sp = _mixed_rows(B, sampling.TOPK_CAP, "cuda")
+    seed, frame = (torch.arange(B) * 7919 + 5).cuda(), torch.full((B,), 3).cuda()
+    ref_codes, ref_sum = fast.predict_frame(hidden, code0, sp, seed, frame)
+    fast.kernel_rows = fast.head_kernel_rows = kernels.MAX_ROWS
+    codes, emb_sum = fast.predict_frame(hidden, code0, sp, seed, frame)
+    assert torch.equal(codes, ref_codes)
+    torch.testing.assert_close(emb_sum, ref_sum, rtol=1e-4, atol=1e-4)
