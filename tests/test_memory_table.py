@@ -14,12 +14,13 @@ from omni_tts.errors import OmniTTSError
 from omni_tts.tools import memory_table
 
 
-def test_a_row_per_preset_and_cap_each_from_its_own_engine(tmp_path, capsys):
+def test_a_row_per_preset_and_cap_each_from_its_own_engine(tmp_path, capsys):  # two processes at once
     ap = argparse.ArgumentParser()
     memory_table.add_arguments(ap)
     out = tmp_path / "memory.json"
     args = ap.parse_args(["--model", str(fixture_dir("custom_voice")), "--presets", "default", "--caps-gib", "16",
-                          "24", "--set", "max_num_seqs=2", "--waves", "1", "--frames", "4", "--json", str(out)])
+                          "24", "--set", "max_num_seqs=2", "--waves", "1", "--frames", "4", "--jobs", "2",
+                          "--json", str(out)])
     assert memory_table.main(args) == 0
     res = json.loads(out.read_text())
     assert {"command", "commit", "torch", "device"} <= set(res)
@@ -68,3 +69,5 @@ def test_a_cap_that_is_not_positive_is_refused_naming_the_flag():
     memory_table.add_arguments(ap)
     with pytest.raises(OmniTTSError, match="--caps-gib"):
         memory_table.main(ap.parse_args(["--caps-gib", "16", "0"]))
+    with pytest.raises(OmniTTSError, match="--jobs"):
+        memory_table.main(ap.parse_args(["--jobs", "0"]))

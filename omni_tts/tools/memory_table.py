@@ -1,7 +1,7 @@
 """Peak memory per preset under GPU memory caps, each (preset, cap) in a fresh process of its own.
 
     omni-tts memory --model DIR [--presets default bench] [--caps-gib 16 24] [--waves 2] [--frames 75]
-        [--set KEY=VALUE] [--timeout 3600] [--json OUT]
+        [--set KEY=VALUE] [--timeout 3600] [--jobs 1] [--json OUT]
 
 Each process caps its allocator (the config's `gpu_memory_limit_gb`: set_per_process_memory_fraction(cap /
 total) before the model loads), starts the engine as the app does (`Engine.from_config(wait=True)`), waits
@@ -10,8 +10,9 @@ max_num_seqs concurrency (tools.load.run_load), and reports peak allocated / res
 GiB, which modes became ready and each failed mode's error (an out-of-memory warm-up says so there). A
 process that dies is a row with its exit status and last lines; one stopped at `--timeout` says the stage
 it reached, with its peak memory until then. On a CPU the cap cannot apply: the row
-has the host's peak RSS and says the GPU figures need CUDA. Owns the orchestration and the table; knows
-only the Engine's public API.
+has the host's peak RSS and says the GPU figures need CUDA. `--jobs N` runs N such processes at once
+(each under its own cap, so each row's peaks are its own; their compiles share the host's cores).
+Owns the orchestration and the table; knows only the Engine's public API.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -164,21 +166,27 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--frames", type=int, default=75, help="frames per request")
     ap.add_argument("--warm-timeout", type=float, default=1800.0, help="seconds to wait for each mode's warm-up")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per (preset, cap) process")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="(preset, cap) processes at once on the one GPU (each capped; compiles share the host)")
     ap.add_argument("--json", default=None)
 
 
 def main(args: argparse.Namespace) -> int:
     from omni_tts.errors import OmniTTSError
 
-    if min(args.caps_gib) <= 0 or min(args.waves, args.frames) < 1:
-        raise OmniTTSError("--caps-gib takes positive GiB, --waves and --frames positive integers")
-    rows = []
-    for preset in args.presets:
-        for cap in args.caps_gib:
-            spec = {"model": args.model, "preset": preset, "cap_gib": cap, "sets": args.set, "waves": args.waves,
-                    "frames": args.frames, "warm_timeout": args.warm_timeout}
-            rows.append(run_one(spec, args.timeout))
-            print(f"{preset} under {cap} GiB: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+    if min(args.caps_gib) <= 0 or min(args.waves, args.frames, args.jobs) < 1:
+        raise OmniTTSError("--caps-gib takes positive GiB, --waves, --frames and --jobs positive integers")
+    specs = [{"model": args.model, "preset": preset, "cap_gib": cap, "sets": args.set, "waves": args.waves,
+              "frames": args.frames, "warm_timeout": args.warm_timeout}
+             for preset in args.presets for cap in args.caps_gib]
+
+    def one(spec: dict[str, Any]) -> dict[str, Any]:
+        row = run_one(spec, args.timeout)
+        print(f"{spec['preset']} under {spec['cap_gib']} GiB: {json.dumps(row)}", file=sys.stderr, flush=True)
+        return row
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each row its own process and cap
+        rows = list(pool.map(one, specs))
     if args.json:
         Path(args.json).write_text(json.dumps({**provenance(), "rows": rows}, indent=1))
     print(table(rows))
