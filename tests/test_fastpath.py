@@ -239,6 +239,32 @@ def test_the_whole_frame_traces_through_reused_regions_and_keeps_the_codes() -> 
 
 
 @torch.no_grad()
+def test_a_predictor_as_wide_as_its_talker_traces_the_whole_frame_through_regions(tmp_path, monkeypatch) -> None:
+    """0.6B's layout, the predictor as wide as the talker (its input projection an Identity, so the next
+    input is a view of the code's embedding): the frame still traces as one graph through the regions
+    (no region output aliasing another) and gives the uncompiled loop's codes."""
+    from omni_tts.models import checkpoint_maker
+
+    monkeypatch.setitem(checkpoint_maker.SIZES, "tiny", {**checkpoint_maker.SIZES["tiny"], "cp_hidden": 64,
+                                                         "cp_inter": 128})
+    m = TTSModel.from_checkpoint(load_checkpoint(checkpoint_maker.make_checkpoint(tmp_path / "ck")), device="cpu")
+    assert isinstance(m.code_predictor.small_to_mtp_projection, torch.nn.Identity)
+    fast = FastPath(m, None)
+    fn = torch.compile(fast._predict_plain, backend="aot_eager", fullgraph=True)
+    torch._dynamo.reset()
+    B = 2
+    g = torch.Generator().manual_seed(5)
+    h, code0 = torch.randn(B, m.hidden_size, generator=g), torch.randint(0, 100, (B,), generator=g)
+    sp = sampling.SlotParams.from_settings([sampling.RowSettings(greedy=True, temperature=1.0, top_k=50,
+                                                                 top_p=1.0)] * B, "cpu")
+    seed, frame = torch.zeros(B, dtype=torch.long), torch.full((B,), 4, dtype=torch.long)
+    codes, embeds = fn(h, code0, sp, seed, frame)
+    ref = fast.predict_frame(h, code0, sp, seed, frame)
+    assert torch.equal(codes, ref[0])
+    torch.testing.assert_close(embeds, ref[1], rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
 def test_a_frame_whose_regions_cannot_compile_falls_back_to_inlined_layers(monkeypatch) -> None:
     """Where this torch cannot compile the frame through its regions (here a region that breaks the
     graph), the whole frame compiles once more with every layer inlined, gives the same codes, and says

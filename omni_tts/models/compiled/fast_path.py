@@ -147,8 +147,10 @@ def predictor_head(norm: Any, head: Any, x: torch.Tensor, sp: sampling.SlotParam
 def predictor_feed(embedding: Any, proj: Any, code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A sampled code's embedding (talker width) and the predictor's next input. code: [B] -> [B, D], [B, 1, d]"""
     e = embedding(code)  # [B, D]
-    x = linear(e[:, None], proj.weight, proj.bias) if isinstance(proj, nn.Linear) else proj(e[:, None])
-    return e, x
+    if isinstance(proj, nn.Linear):
+        return e, linear(e[:, None], proj.weight, proj.bias)
+    # a compile region's outputs may not alias each other: an Identity (0.6B: equal widths) gives a view of e
+    return e, proj(e[:, None]).clone()
 
 
 # Regions a whole-frame compile traces and lowers once and stamps out at every layer and step (75 layer
