@@ -290,6 +290,14 @@ def test_a_frame_whose_regions_cannot_compile_falls_back_to_inlined_layers(monke
     assert not fast.regions and "HigherOrderOp" in fast.region_error, fast.region_error
     assert torch.equal(codes, FastPath(m, None).predict_frame(h, code0, sp, seed, frame)[0])
     assert torch.equal(fast.whole_frame(h, code0, sp, seed, frame)[0], codes)  # the fallback stays
+    from omni_tts.config import EngineConfig
+    from omni_tts.engine.step_impl import StepImpls
+
+    impls = StepImpls(m, EngineConfig())  # what the panel and the warm-up's last line read
+    impls._fast[MODES[CompileMode.REDUCE_OVERHEAD].inductor] = fast
+    assert impls.inlined_why(CompileMode.REDUCE_OVERHEAD) == fast.region_error
+    assert f"layers inlined: {fast.region_error}" in impls.kernels_report(CompileMode.REDUCE_OVERHEAD)
+    assert impls.inlined_why(CompileMode.DEFAULT) == ""  # compiled per unit: no whole frame to inline
 
 
 @pytest.mark.gpu

@@ -86,7 +86,11 @@ class RunnerWarmUp:
         self.reference_talker = False
         self.cp_pending = set()
         parts = ", ".join(f"{k} {v:.1f} s" for k, v in self._warm_seconds.items())
-        (say or (lambda s: None))(f"{self.mode.value} ready in {seconds:.1f} s" + (f" ({parts})" if parts else ""))
+        say = say or (lambda s: None)
+        say(f"{self.mode.value} ready in {seconds:.1f} s" + (f" ({parts})" if parts else ""))
+        why = self.impls.inlined_why(self.mode)
+        if why:  # a far slower compile than through the regions: worth an operator's attention
+            say(f"{self.mode.value} compiled its frame with every layer inlined (its compile regions failed: {why})")
         trees = graph_tree_pool_bytes() if self.cp_impl is not None and self.cp_impl.records_graph_trees else 0
         self.last_report = {"mode": self.mode.value, "seconds": seconds, "pool_bytes": self.pool_bytes_,
                             "pool": self.pool.source if self.graphs else "", "tree_pool_bytes": trees,

@@ -112,9 +112,14 @@ class StepImpls:
             return "reference modules"
         fast = self._fast.get(inductor)
         if self.whole_frame(mode):
-            why = fast.region_error if fast is not None else ""
+            why = self.inlined_why(mode)
             return "Inductor kernels (the whole frame in one compile" + (f"; layers inlined: {why})" if why else ")")
         return fast.kernels_report() if fast is not None else "not built yet (the mode is warming)"
+
+    def inlined_why(self, mode: CompileMode) -> str:
+        """Why `mode`'s whole-frame compile inlined every layer instead of reusing its regions ('' if it did not)."""
+        fast = self._fast.get(MODES[mode].inductor or "") if self.whole_frame(mode) else None
+        return fast.region_error if fast is not None else ""
 
     def compile_settings(self) -> None:
         """Dynamo's settings for the calling thread (its config is per thread): call it in every thread
