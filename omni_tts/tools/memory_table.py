@@ -138,22 +138,19 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     lines = ["| preset | cap GiB | peak allocated GiB | peak reserved GiB | graph pools GiB | ready | failed |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        if "error" in r and "peak_allocated_gib" not in r:
+        if "error" in r and "peak_allocated_gib" not in r:  # no figures: the error alone
             lines.append(f"| {r['preset']} | {r['cap_gib']} | {r['error']} | | | | |")
             continue
-        if "error" in r:  # stopped at its timeout: its figures until then
-            so_far = f"{r['peak_allocated_gib']:.2f} until stopped | {r['peak_reserved_gib']:.2f}"
-            pools = r["graph_pool_gib"] + r["tree_pool_gib"]
-            lines.append(f"| {r['preset']} | {r['cap_gib']} | {so_far} | {pools:.2f} | "
-                         f"{', '.join(r.get('ready', [])) or '-'} | {r['error']} |")
-            continue
-        failed = "; ".join(f"{m}: {why}" for m, why in r["failed"].items()) or "-"
+        stopped = "error" in r  # stopped at its timeout: its figures until then, and why in the last column
         if "gpu" in r:  # a CPU: no GPU figures
             figures = f"{r['gpu']} (host peak RSS {r['host_peak_rss_gib']:.2f}) | - | -"
         else:
             pools = r["graph_pool_gib"] + r["tree_pool_gib"]
-            figures = f"{r['peak_allocated_gib']:.2f} | {r['peak_reserved_gib']:.2f} | {pools:.2f}"
-        lines.append(f"| {r['preset']} | {r['cap_gib']} | {figures} | {', '.join(r['ready']) or '-'} | {failed} |")
+            figures = (f"{r['peak_allocated_gib']:.2f}{' until stopped' if stopped else ''} | "
+                       f"{r['peak_reserved_gib']:.2f} | {pools:.2f}")
+        last = r["error"] if stopped else "; ".join(f"{m}: {why}" for m, why in r["failed"].items()) or "-"
+        ready = ", ".join(r.get("ready", [])) or "-"
+        lines.append(f"| {r['preset']} | {r['cap_gib']} | {figures} | {ready} | {last} |")
     return "\n".join(lines)
 
 
