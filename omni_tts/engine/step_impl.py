@@ -118,7 +118,9 @@ class StepImpls:
 
     def inlined_why(self, mode: CompileMode) -> str:
         """Why `mode`'s whole-frame compile inlined every layer instead of reusing its regions ('' if it did not)."""
-        fast = self._fast.get(MODES[mode].inductor or "") if self.whole_frame(mode) else None
+        if not self.whole_frame(mode):
+            return ""
+        fast = self._fast.get(MODES[mode].inductor)
         return fast.region_error if fast is not None else ""
 
     def compile_settings(self) -> None:
