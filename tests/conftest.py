@@ -1,8 +1,7 @@
 """Shared test set-up: one intra-op thread per test module (tiny matrices run several times faster
 on one thread than on contended OpenMP threads on a 2-core machine); without CUDA, Triton in its
 interpreter (set before anything imports triton); the `gpu`, `browser` and `slow` markers (registered
-in pyproject.toml) put on the tests they describe; files with slow tests collected first; under CI, a
-check that no test wrote a tracked file."""
+in pyproject.toml) put on the tests they describe; under CI, a check that no test wrote a tracked file."""
 
 from __future__ import annotations
 
@@ -55,10 +54,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(name)
         if NO_CUDA and item.get_closest_marker("gpu") and not item.get_closest_marker("skipif"):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))  # an explicit @pytest.mark.gpu
-    # files holding a slow test first (order kept within each file): two workers taking whole files end
-    # closer together when the longest files are not the last ones handed out
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
 
 
 def _tracked_files() -> dict[str, tuple[int, int] | None] | None:
