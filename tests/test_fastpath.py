@@ -215,7 +215,7 @@ def test_the_whole_frame_traces_through_reused_regions_and_keeps_the_codes() -> 
 
     m, _ = model_and_fast()
     captured = {}
-    for regions in (True, False):  # inlined: batch 1 only (its dynamic retrace costs ~40 s on a CPU)
+    for regions in (True, False):  # inlined: batch 1 only (its dynamic retrace is the slowest trace here)
         fast = FastPath(m, None, regions=regions)
         fn = torch.compile(fast._predict_plain, backend="aot_eager", fullgraph=True, dynamic=None)
         torch._dynamo.reset()
