@@ -54,11 +54,15 @@ def test_a_gradio_client_that_dies_frees_its_request(page):
     url, engine, ended = page
     until(lambda: _idle(engine), what="an idle engine")
     known = set(ended.by_id)
+    # the client's own heartbeat thread may not have connected when it dies; a session's heartbeat is how
+    # Gradio learns it left, so the script holds one open (as a page does) before it says it submitted
     script = textwrap.dedent(f"""
-        import time
+        import time, httpx
         from gradio_client import Client
-        job = Client({url!r}, verbose=False).submit({LONG['input']!r}, max_new_tokens={LONG['max_new_tokens']},
-                                                    seed=3, api_name="/synthesize")
+        client = Client({url!r}, verbose=False)
+        job = client.submit({LONG['input']!r}, max_new_tokens={LONG['max_new_tokens']}, seed=3, api_name="/synthesize")
+        beat = httpx.stream("GET", client.heartbeat_url.format(session_hash=client.session_hash), timeout=None)
+        assert next(beat.__enter__().iter_lines()).startswith("data:")
         print("submitted", flush=True)
         time.sleep({WAIT_S})
     """)
