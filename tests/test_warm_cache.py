@@ -2,8 +2,9 @@
 
 Fast tests: where the caches live (a Space's /data or ~/.cache), the manifest and every refusal of
 artifacts made for another machine, the kernel-probe outcome cache, the tool's error lines. The slow
-test exports the real engine's `default` mode on the tiny fixture (CPU Inductor gives torch artifacts)
-and imports them into a fresh process with empty caches, which then compiles from them.
+test exports the real engine's `default` mode on the tiny fixture (CPU Inductor gives torch artifacts; a
+warm Inductor cache, the suite's, exports the same ones) and imports them into a fresh process with empty
+caches, which then compiles from them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._inductor.runtime.cache_dir_utils import cache_dir
 
 from omni_tts.engine import compile_cache
 from omni_tts.tools import warm_cache
@@ -135,9 +137,10 @@ e.shutdown()
 
 @pytest.mark.slow
 def test_exported_default_mode_compiles_from_artifacts_in_a_fresh_process(tmp_path):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), OMNI_TTS_CACHE_DIR=str(tmp_path / "made"))
-    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    env.pop("TRITON_CACHE_DIR", None)
+    # the export may read the suite's Inductor cache (a warm cache exports the same artifacts, and other
+    # tests compile this mode too); the importing process starts with empty caches
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), OMNI_TTS_CACHE_DIR=str(tmp_path / "made"),
+               TORCHINDUCTOR_CACHE_DIR=cache_dir())
     sets = ["--set", "modes=[eager,default]", "--set", "device=cpu", "--set", "max_num_seqs=1",
             "--set", "max_seq_len=128"]
     made = subprocess.run([sys.executable, "-c", "import sys, argparse; from omni_tts.tools import warm_cache as w; "
@@ -149,6 +152,8 @@ def test_exported_default_mode_compiles_from_artifacts_in_a_fresh_process(tmp_pa
     if not manifest["torch_artifacts"]:
         pytest.skip("this torch build gives no compile artifacts on a CPU (manifest and refusals tested above)")
     fresh = dict(env, OMNI_TTS_CACHE_DIR=str(tmp_path / "fresh"), OMNI_TTS_ARTIFACTS=str(tmp_path / "art"))
+    for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        fresh.pop(key, None)
     run = subprocess.run([sys.executable, "-c", IMPORT_AND_COMPILE, str(FIXTURE)], env=fresh, capture_output=True,
                          text=True, timeout=1800)
     assert run.returncode == 0, run.stderr[-2000:]
