@@ -107,22 +107,23 @@ def test_a_full_mode_answers_503_with_retry_after_and_admitted_requests_finish(s
 def test_clients_that_leave_while_waiting_free_their_places_at_once(service):
     url, engine, ended = service
     until(lambda: _idle(engine), what="an idle engine")
-    clients = [Leaver(url, {**LONG, "stream": True, "response_format": "pcm"}) for _ in range(SLOTS + WAITING)]
-    ids = [c.status()[1] for c in clients]
-    admitted = sorted(ids)[:SLOTS]
-    waiting = [(c, rid) for c, rid in zip(clients, ids) if rid not in admitted]
+    body = {**LONG, "stream": True, "response_format": "pcm"}
+    admitted = [Leaver(url, body) for _ in range(SLOTS)]
+    for c in admitted:
+        c.status()
     until(lambda: engine.snapshot().active == SLOTS, what="every slot taken")
-    for c, _ in waiting:
+    waiting = [Leaver(url, body) for _ in range(WAITING)]  # sent once the slots are full: they wait
+    ids = [c.status()[1] for c in waiting]
+    assert engine.snapshot().waiting == WAITING
+    for c in waiting:
         c.leave()
-    gone = ended.wait([rid for _, rid in waiting])
+    gone = ended.wait(ids)
     assert [(m.outcome, m.frames) for m in gone] == [("cancelled (client gone)", 0)] * WAITING
     assert engine.snapshot().active == SLOTS  # the admitted ones run on meanwhile
-    late = Leaver(url, {**LONG, "stream": True, "response_format": "pcm"})
+    late = Leaver(url, body)
     assert late.status()[0] == 200  # a freed place, not a 503
-    for c, rid in zip(clients, ids):
-        if rid in admitted:
-            c.leave()
-    late.leave()
+    for c in [*admitted, late]:
+        c.leave()
     until(lambda: _idle(engine), what="an idle engine")
 
 
