@@ -171,6 +171,29 @@ def test_bench_peers_runs_each_system_in_its_own_process(tmp_path, capsys):
     assert "| omni-tts | 2 |" in table and "| med TTFP ms |" in table and "not installed" in table
 
 
+def test_bench_peers_clones_a_reference_clip_on_a_base_checkpoint(tmp_path):
+    """--ref-audio: our engine clones the clip's voice (x-vector only) on the Base checkpoint at every
+    concurrency; faster-qwen3-tts-batch (voice clones only) is a row saying it is not installed here, and a
+    peer whose adapter cannot clone says so."""
+    import importlib.util
+    import wave
+
+    ref = tmp_path / "ref.wav"
+    samples = (np.sin(np.arange(24000) * 2 * np.pi * 180 / 24000) * 8000).astype("<i2")
+    with wave.open(str(ref), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(24000), w.writeframes(samples.tobytes())
+    out = tmp_path / "peers.json"
+    assert main(["peers", "--model", str(fixture_dir("base")), "--device", "cpu", "--frames", "3",
+                 "--num-prompts", "2", "--concurrency", "2", "--peers", "faster-qwen3-tts-batch,qwen-tts",
+                 "--ref-audio", str(ref), "--json", str(out), "--log-dir", str(tmp_path / "logs")]) == 0
+    results = {r["system"]: r for r in json.loads(out.read_text())["results"]}
+    ours = results["omni-tts"]
+    assert "error" not in ours and ours["rows"]["2"]["requests"] == 2 and ours["rows"]["2"]["frames_med"] == 3
+    if importlib.util.find_spec("faster_qwen3_tts_batch") is None:
+        assert results["faster-qwen3-tts-batch"]["error"] == "not installed (faster_qwen3_tts_batch)"
+    assert "not wired" in results["qwen-tts"]["error"]
+
+
 def test_bench_peers_stops_a_system_at_its_time_limit_and_goes_on(tmp_path, capsys):
     """A system that outlives --timeout is stopped with its whole process group, its row says so, and
     the table is still printed."""

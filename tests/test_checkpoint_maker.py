@@ -185,6 +185,28 @@ def test_voice_design_checkpoint_needs_instruct(tmp_path: Path) -> None:
         offline.synthesize(model, SynthesisParams(text="Hello.", task="voice_design", greedy=True, max_new_tokens=4))
 
 
+def test_base_checkpoint_is_the_released_base_layout_and_clones_a_voice(tmp_path: Path) -> None:
+    """--type base: every tensor of the official tiny Base checkpoint (the speaker encoder's included) with its
+    shape, the same speaker_encoder_config, no built-in speakers; it makes an x-vector and clones with it."""
+    out = tmp_path / "base"
+    r = make("--size", "tiny", "--type", "base", "--out", str(out), "--seed", "4")
+    assert r.returncode == 0, r.stderr
+    for file in ("model.safetensors", "speech_tokenizer/model.safetensors"):
+        made, official = _header(out / file), _header(fixture_dir("base") / file)
+        assert made == official, sorted(set(made) ^ set(official))[:5]
+    ckpt = load_checkpoint(str(out))
+    assert ckpt.config["speaker_encoder_config"] == load_checkpoint(
+        str(fixture_dir("base"))).config["speaker_encoder_config"]
+    model = TTSModel.from_checkpoint(ckpt, device=torch.device("cpu"), dtype=torch.float32)
+    assert model.tasks() == ["voice_clone"] and not model.speakers()
+    wav = torch.randn(48000, generator=torch.Generator().manual_seed(0)) * 0.1
+    voice = model.voice_prompt((wav.numpy(), 24000), x_vector_only=True)
+    assert voice.x_vector.shape == (64,) and bool(torch.isfinite(voice.x_vector).all())
+    _, codes = offline.synthesize(model, SynthesisParams(text="Hello there.", task="voice_clone", voice=voice,
+                                                         greedy=True, max_new_tokens=4))
+    assert 1 <= codes.shape[0] <= 4 and codes.shape[1] == 16
+
+
 def test_same_seed_same_bytes(tmp_path: Path) -> None:
     for name in ("a", "b"):
         r = make("--size", "tiny", "--out", str(tmp_path / name), "--seed", "11")
@@ -198,7 +220,7 @@ def test_same_seed_same_bytes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("args, fragment", [
     (["--size", "3B"], "unknown --size '3B'"),
-    (["--size", "tiny", "--type", "base"], "unknown --type 'base'"),
+    (["--size", "tiny", "--type", "clone"], "unknown --type 'clone'"),
     (["--size", "tiny", "--out", "EXISTING"], "not an empty directory"),
 ])
 def test_errors_are_one_line(tmp_path: Path, args: list[str], fragment: str) -> None:
@@ -320,6 +342,8 @@ def test_real_size_shape_tables_have_the_released_names(size: str) -> None:
     ("1.7B", "model.safetensors", "talker.codec_head.weight", (3072, 2048)),
     ("1.7B", "model.safetensors", "talker.code_predictor.small_to_mtp_projection.weight", (1024, 2048)),
     ("1.7B", "model.safetensors", "talker.code_predictor.model.layers.4.mlp.gate_proj.weight", (3072, 1024)),
+    ("1.7B", "model.safetensors", "speaker_encoder.fc.weight", (2048, 3072, 1)),  # Base only
+    ("0.6B", "model.safetensors", "speaker_encoder.blocks.0.conv.weight", (512, 128, 5)),
     ("0.6B", "model.safetensors", "talker.model.layers.27.mlp.down_proj.weight", (1024, 3072)),
     ("0.6B", "model.safetensors", "talker.text_projection.linear_fc2.weight", (1024, 2048)),
     ("0.6B", "model.safetensors", "talker.code_predictor.model.codec_embedding.14.weight", (2048, 1024)),
@@ -342,4 +366,5 @@ def test_real_size_shape_tables_have_the_released_names(size: str) -> None:
      (1024, 512)),
 ])
 def test_real_size_shape_tables_give_the_released_shapes(size: str, file: str, name: str, shape: tuple) -> None:
-    assert shape_table(size)[file][name] == shape
+    table = shape_table(size, "base" if name.startswith("speaker_encoder.") else "custom_voice")
+    assert table[file][name] == shape

@@ -31,7 +31,9 @@ SIZES: dict[str, dict[str, Any]] = {
                  cp_inter=64, heads=4, kv=2, head_dim=16, cp_heads=4, cp_kv=2, cp_head_dim=16,
                  dec_hidden=32, dec_latent=32, dec_dim=64, dec_layers=2, dec_heads=2, dec_head_dim=16,
                  dec_inter=64, codebook_dim=16, model_size="tiny", enc_hidden=32, enc_filters=4, enc_layers=1,
-                 enc_heads=2, enc_head_dim=16, enc_inter=64, enc_codebook_dim=16, enc_quantizers=16),
+                 enc_heads=2, enc_head_dim=16, enc_inter=64, enc_codebook_dim=16, enc_quantizers=16,
+                 speaker_encoder=dict(enc_channels=[64, 64, 64, 64, 192], enc_attention_channels=32,
+                                      enc_se_channels=32)),
     "0.6B": dict(hidden=1024, layers=28, inter=3072, text_hidden=2048, text_vocab=151936, cp_hidden=1024,
                  cp_layers=5, cp_inter=3072, heads=16, kv=8, head_dim=128, cp_heads=16, cp_kv=8, cp_head_dim=128,
                  dec_hidden=512, dec_latent=1024, dec_dim=1536, dec_layers=8, dec_heads=16, dec_head_dim=64,
@@ -109,6 +111,14 @@ def _encoder_config(s: dict[str, Any]) -> dict[str, Any]:
                 use_streaming=False, vector_quantization_hidden_dimension=s["enc_codebook_dim"])
 
 
+def _speaker_config(s: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """speaker_encoder_config: a Base checkpoint's spells out what its speaker encoder is built with (the
+    ECAPA defaults at the real sizes, smaller channels for tiny)."""
+    if model_type != "base":
+        return {"enc_dim": s["hidden"]}
+    return {"enc_dim": s["hidden"], "sample_rate": 24000, **s.get("speaker_encoder", {})}
+
+
 def make_configs(size: str, model_type: str = "custom_voice") -> tuple[dict, dict, dict]:
     """(config.json, generation_config.json, speech_tokenizer/config.json) for a size in SIZES."""
     s = SIZES[size]
@@ -118,7 +128,7 @@ def make_configs(size: str, model_type: str = "custom_voice") -> tuple[dict, dic
               num_key_value_heads=s["cp_kv"], head_dim=s["cp_head_dim"], hidden_act="silu",
               max_position_embeddings=65536, rms_norm_eps=1e-6, rope_theta=1000000, rope_scaling=None,
               attention_bias=False, num_code_groups=16, model_type="qwen3_tts_talker_code_predictor")
-    speakers = SPEAKERS if model_type == "custom_voice" else {}
+    speakers = SPEAKERS if model_type == "custom_voice" else {}  # Base and VoiceDesign have no built-in voices
     talker = dict(code_predictor_config=cp, vocab_size=3072, hidden_size=s["hidden"], intermediate_size=s["inter"],
                   num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv"],
                   head_dim=s["head_dim"], hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6,
@@ -135,7 +145,7 @@ def make_configs(size: str, model_type: str = "custom_voice") -> tuple[dict, dic
                   tts_model_type=model_type, talker_config=talker, im_start_token_id=sp["<|im_start|>"],
                   im_end_token_id=sp["<|im_end|>"], assistant_token_id=sp["assistant"],
                   tts_pad_token_id=sp["<tts_pad>"], tts_bos_token_id=sp["<tts_text_bos>"],
-                  tts_eos_token_id=sp["<tts_text_eod>"], speaker_encoder_config={"enc_dim": s["hidden"]})
+                  tts_eos_token_id=sp["<tts_text_eod>"], speaker_encoder_config=_speaker_config(s, model_type))
     gen = dict(do_sample=True, top_k=50, top_p=1.0, temperature=0.9, repetition_penalty=1.05,
                subtalker_dosample=True, subtalker_top_k=50, subtalker_top_p=1.0, subtalker_temperature=0.9,
                max_new_tokens=8192)
@@ -161,6 +171,7 @@ def module_shapes(config: dict, codec_config: dict) -> tuple[dict[str, tuple], d
     from omni_tts.models.code_predictor import CodePredictor
     from omni_tts.models.codec.decoder import CodecDecoder
     from omni_tts.models.codec.encoder import CodecEncoder
+    from omni_tts.models.speaker import SpeakerEncoder
     from omni_tts.models.talker import Talker
 
     tc = config["talker_config"]
@@ -169,6 +180,7 @@ def module_shapes(config: dict, codec_config: dict) -> tuple[dict[str, tuple], d
         predictor = CodePredictor(tc["code_predictor_config"], talker.hidden_size, talker.codec_embedding)
         codec = CodecDecoder(codec_config)
         encoder = CodecEncoder(codec_config)
+        speaker = SpeakerEncoder(config["speaker_encoder_config"]) if config["tts_model_type"] == "base" else None
     model: dict[str, tuple] = {}
     for k, v in talker.state_dict().items():
         top = k.startswith(("text_projection.", "codec_head."))
@@ -176,6 +188,8 @@ def module_shapes(config: dict, codec_config: dict) -> tuple[dict[str, tuple], d
     for k, v in predictor.state_dict().items():
         top = k.startswith(("lm_head.", "small_to_mtp_projection."))
         model[("talker.code_predictor." if top else "talker.code_predictor.model.") + k] = tuple(v.shape)
+    for k, v in (speaker.state_dict() if speaker is not None else {}).items():
+        model["speaker_encoder." + k] = tuple(v.shape)
     speech: dict[str, tuple] = {"decoder." + k: tuple(v.shape) for k, v in codec.state_dict().items()}
     speech.update({"encoder." + k: tuple(v.shape) for k, v in encoder.state_dict().items()})
     for name, group in codec.quantizer.items():

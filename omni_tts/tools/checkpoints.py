@@ -12,7 +12,7 @@ from pathlib import Path
 from omni_tts.errors import OmniTTSError
 from omni_tts.tools.args import add_device_flags, add_model_flag
 
-MAKER_TYPES = ("custom_voice", "voice_design")  # checkpoint types make-checkpoint writes
+MAKER_TYPES = ("custom_voice", "voice_design", "base")  # checkpoint types make-checkpoint writes
 
 
 def open_checkpoint(model: str | None):  # -> Checkpoint
@@ -46,7 +46,7 @@ def add_make_arguments(p: argparse.ArgumentParser) -> None:
                      "(default float32), so a seed gives the same bytes everywhere.")
     p.add_argument("--size", required=True, help="tiny, 0.6B or 1.7B")
     p.add_argument("--out", required=True, help="directory to create (must not exist, or be empty)")
-    p.add_argument("--type", default="custom_voice", help="custom_voice (default) or voice_design")
+    p.add_argument("--type", default="custom_voice", help="custom_voice (default), voice_design or base (voice clone)")
     p.add_argument("--seed", type=int, default=0)
     add_device_flags(p)
 

@@ -2,15 +2,19 @@
 loops, print one JSON line.
 
     python -m omni_tts.tools.peer_run SYSTEM --model DIR --device cuda [--frames 75] [--concurrency 1 8 32]
-        [--num-prompts 32] [--speaker ryan]   (started by `omni-tts peers`, with its flags: `run_argv`)
+        [--num-prompts 32] [--speaker ryan] [--ref-audio WAV]
+        (started by `omni-tts peers`, with its flags: `run_argv`)
 
 Owns each system's adapter behind one call, `one(i) -> RequestMetrics`, timed alike in this process:
 TTFP = request start -> first non-empty audio chunk in hand, E2E = start -> last chunk, audio = the
 samples received. Systems: `omni-tts` (the Engine's public API, streaming), `vllm-omni` (its AsyncOmni,
 stage 1 streaming DELTA chunks: what its speech server does), `faster-qwen3-tts` (its streaming
-generator), `qwen-tts` (the official package, whole clip). The last two have no concurrent API and run
-concurrency 1 only. Prints READY on stdout once the system can take requests (the parent reads GPU
-memory then). Imports nothing of a peer at module level: each runs with its own import path.
+generator), `faster-qwen3-tts-batch` (its continuous-batching scheduler: voice clones only, whole clips),
+`qwen-tts` (the official package, whole clip). faster-qwen3-tts and qwen-tts have no concurrent API and run
+concurrency 1 only. With `--ref-audio` (a Base checkpoint) every system that can clones that clip's voice
+from its x-vector alone instead of speaking as `--speaker`. Prints READY on stdout once the system can take
+requests (the parent reads GPU memory then). Imports nothing of a peer at module level: each runs with its
+own import path.
 """
 
 from __future__ import annotations
@@ -82,12 +86,14 @@ class Ours:
         mode = CompileMode.auto(a.device.startswith("cuda")).value
         self.a = a
         self.engine = Engine.from_config(engine_config(a, mode=mode, modes=[mode], max_num_seqs=max(a.concurrency)))
+        self.voice = self.engine.voice_prompt(a.ref_audio, x_vector_only=True) if a.ref_audio else None
 
     def one(self, i: int) -> RequestMetrics:
         from omni_tts.config import SynthesisParams
 
-        p = SynthesisParams(text=PROMPTS[i % len(PROMPTS)], speaker=self.a.speaker, language="English",
-                            fixed_frames=self.a.frames, seed=1234 + i)
+        who = dict(task="voice_clone", voice=self.voice) if self.voice is not None else dict(speaker=self.a.speaker)
+        p = SynthesisParams(text=PROMPTS[i % len(PROMPTS)], language="English", fixed_frames=self.a.frames,
+                            seed=1234 + i, **who)
         t = Tally(i, self.engine.sample_rate)
         for c in self.engine.submit(p).stream():
             t.add(c.samples)
@@ -107,10 +113,46 @@ class Faster:
         self.m = FasterQwen3TTS.from_pretrained(a.model, device=a.device, dtype=_auto_dtype(a.device))
 
     def one(self, i: int) -> RequestMetrics:
-        kw = dict(speaker=self.a.speaker, language="English", max_new_tokens=self.a.frames + 1,
-                  min_new_tokens=self.a.frames + 1)
-        gen = self.m.generate_custom_voice_streaming(text=PROMPTS[i % len(PROMPTS)], chunk_size=self.chunk, **kw)
+        kw = dict(text=PROMPTS[i % len(PROMPTS)], language="English", max_new_tokens=self.a.frames + 1,
+                  min_new_tokens=self.a.frames + 1, chunk_size=self.chunk)
+        if self.a.ref_audio:
+            gen = self.m.generate_voice_clone_streaming(ref_audio=self.a.ref_audio, xvec_only=True, **kw)
+        else:
+            gen = self.m.generate_custom_voice_streaming(speaker=self.a.speaker, **kw)
         return timed(i, (w for w, _sr, _ in gen))
+
+
+class FasterBatch:
+    """faster-qwen3-tts-batch: its BatchScheduler (continuous batching: a finished row's slot takes the next
+    request) over BatchedFasterQwen3TTS, graphs captured for the largest concurrency; x-vector voice clones of
+    `--ref-audio`, each request's whole clip at once."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        from faster_qwen3_tts_batch import BatchedFasterQwen3TTS, BatchScheduler  # type: ignore[import-not-found]
+
+        if not a.ref_audio:
+            raise ValueError("faster-qwen3-tts-batch batches voice clones only: give --ref-audio (a Base checkpoint)")
+        self.a, n = a, max(a.concurrency)
+        model = BatchedFasterQwen3TTS.from_pretrained(a.model, max_batch_size=n, device=a.device,
+                                                      dtype=_auto_dtype(a.device))
+        model.warmup()
+        gen = dict(max_new_tokens=a.frames + 1, min_new_tokens=a.frames + 1)
+        self.sched = BatchScheduler(model, max_batch_size=n, gen_kwargs=gen, continuous=True)
+
+    async def start(self) -> FasterBatch:
+        await self.sched.start()
+        return self
+
+    async def one(self, i: int) -> RequestMetrics:
+        t = Tally(i)
+        audio, sr = await self.sched.infer(text=PROMPTS[i % len(PROMPTS)], language="English",
+                                           ref_audio=self.a.ref_audio, seed=1234 + i)
+        t.m.sample_rate = int(sr)
+        t.add(audio)
+        return t.done()
+
+    def close(self) -> None:
+        self.sched._stop.set()  # its stop() joins the thread from a coroutine; the process ends next
 
 
 class Official:
@@ -227,11 +269,13 @@ def measure(system: str, a: argparse.Namespace, emit: Callable[[dict[str, Any]],
     """Start `system`, then per concurrency: a warm-up round (excluded), then the measured closed loop."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
+    if a.ref_audio and system in ("vllm-omni", "qwen-tts"):
+        raise ValueError(f"{system}: voice cloning (--ref-audio) is not wired into its adapter")
     make = {"omni-tts": Ours, "faster-qwen3-tts": Faster, "qwen-tts": Official}.get(system)
-    sut = loop.run_until_complete(_async_start(a)) if system == "vllm-omni" else make(a)  # type: ignore[misc]
+    sut = loop.run_until_complete(_async_start(system, a)) if system in ASYNC else make(a)  # type: ignore[misc]
     startup = time.perf_counter() - START
     print("READY", flush=True)
-    run = (lambda c, n: run_async(loop, sut.one, c, n)) if system == "vllm-omni" else \
+    run = (lambda c, n: run_async(loop, sut.one, c, n)) if system in ASYNC else \
         (lambda c, n: closed_loop(c, n, sut.one))
     conc = [1] if system in SINGLE_STREAM else a.concurrency
     n = min(a.num_prompts, a.single_stream_prompts) if system in SINGLE_STREAM else a.num_prompts
@@ -253,12 +297,17 @@ def measure(system: str, a: argparse.Namespace, emit: Callable[[dict[str, Any]],
         sut.close()
 
 
-async def _async_start(a: argparse.Namespace) -> VllmOmni:
-    return VllmOmni(a)  # AsyncOmni binds its queues to the running loop
+ASYNC = {"vllm-omni", "faster-qwen3-tts-batch"}  # asyncio clients; built inside the running loop
+
+
+async def _async_start(system: str, a: argparse.Namespace) -> Any:
+    if system == "vllm-omni":
+        return VllmOmni(a)  # AsyncOmni binds its queues to the running loop
+    return await FasterBatch(a).start()  # its scheduler delivers results to the running loop
 
 
 FORWARDED = ("model", "device", "dtype", "preset", "frames", "num_prompts", "single_stream_prompts", "speaker",
-             "vo_extra_tokens")
+             "ref_audio", "vo_extra_tokens")
 
 
 def add_run_flags(ap: argparse.ArgumentParser) -> None:
@@ -270,6 +319,8 @@ def add_run_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--single-stream-prompts", type=int, default=4,
                     help="requests for the systems without a concurrent API (concurrency 1 only)")
     ap.add_argument("--speaker", default="ryan")
+    ap.add_argument("--ref-audio", help="a reference clip (a Base checkpoint): systems clone its voice (x-vector "
+                                        "only) instead of speaking as --speaker; faster-qwen3-tts-batch needs it")
     ap.add_argument("--vo-extra-tokens", type=int, default=1,
                     help="vLLM-Omni: talker tokens asked beyond --frames (it returns one frame fewer)")
 
@@ -285,7 +336,8 @@ def run_argv(system: str, a: argparse.Namespace) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = Parser(prog="python -m omni_tts.tools.peer_run", description=__doc__.splitlines()[0])
-    ap.add_argument("system", choices=["omni-tts", "vllm-omni", "faster-qwen3-tts", "qwen-tts"])
+    ap.add_argument("system", choices=["omni-tts", "vllm-omni", "faster-qwen3-tts", "faster-qwen3-tts-batch",
+                                       "qwen-tts"])
     add_run_flags(ap)
     ap.add_argument("--frame-rate", type=float, default=12.5, help="codec frames per audio second")
     a = ap.parse_args(argv)

@@ -1,7 +1,8 @@
 """`omni-tts peers`: the systems a user would otherwise pick, beside our engine, on the same checkpoint and
 prompts with the same number of frames, measured the same way in one run.
 
-    omni-tts peers --model DIR [--peers vllm-omni,faster-qwen3-tts,qwen-tts]
+    omni-tts peers --model DIR [--peers vllm-omni,faster-qwen3-tts,qwen-tts] [--ref-audio WAV (a Base checkpoint;
+        for faster-qwen3-tts-batch)]
         [--path vllm-omni=/opt/vo --path qwen-tts=/opt/peers ...] [--concurrency 1 8 32]
         [--num-prompts 32] [--frames 75] [--json OUT] [--log-dir DIR]
 
@@ -156,6 +157,8 @@ def main(a: argparse.Namespace) -> int:
     if not a.model:
         raise OmniTTSError("peers needs --model DIR: a checkpoint in the released layout, the same for every system")
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if a.ref_audio:  # each system runs in its own process from the package's root
+        a.ref_audio = str(Path(a.ref_audio).resolve())
     names = [p.strip() for p in a.peers.split(",") if p.strip()]
     names += [] if "omni-tts" in names else ["omni-tts"]
     paths = dict(p.split("=", 1) for p in a.path)
