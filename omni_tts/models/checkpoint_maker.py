@@ -171,7 +171,6 @@ def module_shapes(config: dict, codec_config: dict) -> tuple[dict[str, tuple], d
     from omni_tts.models.code_predictor import CodePredictor
     from omni_tts.models.codec.decoder import CodecDecoder
     from omni_tts.models.codec.encoder import CodecEncoder
-    from omni_tts.models.speaker import SpeakerEncoder
     from omni_tts.models.talker import Talker
 
     tc = config["talker_config"]
@@ -180,7 +179,7 @@ def module_shapes(config: dict, codec_config: dict) -> tuple[dict[str, tuple], d
         predictor = CodePredictor(tc["code_predictor_config"], talker.hidden_size, talker.codec_embedding)
         codec = CodecDecoder(codec_config)
         encoder = CodecEncoder(codec_config)
-        speaker = SpeakerEncoder(config["speaker_encoder_config"]) if config["tts_model_type"] == "base" else None
+        speaker = _speaker_encoder(config) if config["tts_model_type"] == "base" else None
     model: dict[str, tuple] = {}
     for k, v in talker.state_dict().items():
         top = k.startswith(("text_projection.", "codec_head."))
@@ -199,6 +198,12 @@ def module_shapes(config: dict, codec_config: dict) -> tuple[dict[str, tuple], d
             speech[f"decoder.quantizer.{name}.vq.layers.{i}._codebook.embedding_sum"] = (size, dim)
             speech[f"decoder.quantizer.{name}.vq.layers.{i}._codebook.cluster_usage"] = (size,)
     return model, speech
+
+
+def _speaker_encoder(config: dict) -> Any:
+    from omni_tts.models.speaker import SpeakerEncoder  # here: it reads audio files, so it needs soundfile
+
+    return SpeakerEncoder(config["speaker_encoder_config"])
 
 
 def shape_table(size: str, model_type: str = "custom_voice") -> dict[str, dict[str, tuple]]:
