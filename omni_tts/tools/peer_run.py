@@ -136,7 +136,7 @@ class FasterBatch:
         model = BatchedFasterQwen3TTS.from_pretrained(a.model, max_batch_size=n, device=a.device,
                                                       dtype=_auto_dtype(a.device))
         model.warmup()
-        gen = dict(max_new_tokens=a.frames + 1, min_new_tokens=a.frames + 1)
+        gen = dict(max_new_tokens=a.frames + 1, min_new_tokens=a.frames + 1, xvec_only=True)
         self.sched = BatchScheduler(model, max_batch_size=n, gen_kwargs=gen, continuous=True)
 
     async def start(self) -> FasterBatch:
@@ -152,7 +152,7 @@ class FasterBatch:
         return t.done()
 
     def close(self) -> None:
-        self.sched._stop.set()  # its stop() joins the thread from a coroutine; the process ends next
+        asyncio.get_event_loop().run_until_complete(self.sched.stop())  # its GPU thread, joined before exit
 
 
 class Official:
