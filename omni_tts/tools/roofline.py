@@ -19,10 +19,12 @@ from the model's actual tensors (their element sizes as loaded):
   tensors once (the unfused module graph, counted with forward hooks on one call; the carried state is
   among the inputs), i.e. activations as eager ops would move them. Per frame = per call divided by the chunk's frames.
 
-GPU busy share (`--busy c...`, CUDA only): the engine's closed loop (tools.load.run_load) at concurrency
-c under torch.profiler; the union of kernel intervals over the run's wall time, for all streams and for
-the busiest stream. Owns the byte model, the table and the busy measurement; the timing and slot filling
-are tools.microbench's.
+GPU busy share (`--busy c...`, CUDA only): the engine's closed loop (tools.load.run_load) at concurrency c
+under torch.profiler; the union of kernel intervals over the run's wall time, for all streams and for the
+busiest stream, and where the idle time lies: the gaps between kernels (of any stream) by length, so many
+short gaps (the host between launches) tell apart from a few long ones (waits between waves of requests:
+admission, prefill, a last chunk's decode). Owns the byte model, the table and the busy measurement; the
+timing and slot filling are tools.microbench's.
 """
 
 from __future__ import annotations
@@ -147,6 +149,27 @@ def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
+GAP_BINS_MS = (0.1, 1.0, 10.0)  # idle gaps shorter than each bound, and the rest
+
+
+def idle_gaps(intervals: Iterable[tuple[float, float]]) -> dict[str, Any]:
+    """Gaps (in us) between the union of [start, end) intervals, from the first start to the last end ->
+    {"total_s", and per bin of GAP_BINS_MS: "lt_<ms>" / "ge_<ms>": {"count", "s"}}."""
+    edges = [b * 1000 for b in GAP_BINS_MS]
+    bins = {f"lt_{b:g}ms": {"count": 0, "s": 0.0} for b in GAP_BINS_MS}
+    bins[f"ge_{GAP_BINS_MS[-1]:g}ms"] = {"count": 0, "s": 0.0}
+    names, total, end = list(bins), 0.0, None
+    for a, b in sorted(intervals):
+        if end is not None and a > end:
+            gap = a - end
+            slot = bins[names[next((i for i, e in enumerate(edges) if gap < e), len(edges))]]
+            slot["count"] += 1
+            slot["s"] += gap / 1e6
+            total += gap / 1e6
+        end = b if end is None else max(end, b)
+    return {"total_s": total, **bins}
+
+
 def kernel_intervals(trace: dict[str, Any]) -> dict[Any, list[tuple[float, float]]]:
     """Chrome-trace kernel events -> {stream: [(start_us, end_us)]}."""
     out: dict[Any, list[tuple[float, float]]] = {}
@@ -178,7 +201,8 @@ def busy_share(engine: Any, concurrency: int, requests: int, make: Callable[[int
     every = [iv for ivs in streams.values() for iv in ivs]
     return {"concurrency": concurrency, "requests": requests, "served": len(records), "wall_s": wall_us / 1e6,
             "gpu_busy_share": union_seconds(every) / wall_us,
-            "busiest_stream_share": max(per_stream.values(), default=0.0), "by_stream": per_stream}
+            "busiest_stream_share": max(per_stream.values(), default=0.0), "by_stream": per_stream,
+            "idle_gaps": idle_gaps(every)}
 
 
 def table(rows: Sequence[dict[str, Any]], peak_gbs: float) -> str:
@@ -251,8 +275,10 @@ def main(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(res, indent=1))
     print(table(res["rows"], args.peak_gbs))
     for b in res["busy"]:
+        gaps = ", ".join(f"{k.replace('_', ' ')} {v['count']} ({v['s']:.3f} s)"
+                         for k, v in b["idle_gaps"].items() if k != "total_s")
         print(f"c={b['concurrency']}: GPU busy {100 * b['gpu_busy_share']:.1f} % of {b['wall_s']:.2f} s "
-              f"(busiest stream {100 * b['busiest_stream_share']:.1f} %)")
+              f"(busiest stream {100 * b['busiest_stream_share']:.1f} %); idle gaps: {gaps}")
     if res.get("busy_skipped"):
         print(f"GPU busy share skipped: {res['busy_skipped']}")
     return 0
