@@ -40,6 +40,7 @@ from omni_tts.tools.args import Parser, add_engine_flags, engine_config  # noqa:
 from omni_tts.tools.load import PROMPTS, closed_loop  # noqa: E402
 
 SINGLE_STREAM = {"faster-qwen3-tts", "qwen-tts"}  # no concurrent API: concurrency 1 only
+CLONES = {"omni-tts", "faster-qwen3-tts", "faster-qwen3-tts-batch"}  # adapters that clone --ref-audio
 
 
 class Tally:
@@ -86,14 +87,15 @@ class Ours:
         mode = CompileMode.auto(a.device.startswith("cuda")).value
         self.a = a
         self.engine = Engine.from_config(engine_config(a, mode=mode, modes=[mode], max_num_seqs=max(a.concurrency)))
-        self.voice = self.engine.voice_prompt(a.ref_audio, x_vector_only=True) if a.ref_audio else None
+        self.who: dict[str, Any] = dict(speaker=a.speaker)  # whose voice every request speaks in
+        if a.ref_audio:
+            self.who = dict(task="voice_clone", voice=self.engine.voice_prompt(a.ref_audio, x_vector_only=True))
 
     def one(self, i: int) -> RequestMetrics:
         from omni_tts.config import SynthesisParams
 
-        who = dict(task="voice_clone", voice=self.voice) if self.voice is not None else dict(speaker=self.a.speaker)
         p = SynthesisParams(text=PROMPTS[i % len(PROMPTS)], language="English", fixed_frames=self.a.frames,
-                            seed=1234 + i, **who)
+                            seed=1234 + i, **self.who)
         t = Tally(i, self.engine.sample_rate)
         for c in self.engine.submit(p).stream():
             t.add(c.samples)
@@ -269,7 +271,7 @@ def measure(system: str, a: argparse.Namespace, emit: Callable[[dict[str, Any]],
     """Start `system`, then per concurrency: a warm-up round (excluded), then the measured closed loop."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    if a.ref_audio and system in ("vllm-omni", "qwen-tts"):
+    if a.ref_audio and system not in CLONES:
         raise ValueError(f"{system}: voice cloning (--ref-audio) is not wired into its adapter")
     make = {"omni-tts": Ours, "faster-qwen3-tts": Faster, "qwen-tts": Official}.get(system)
     sut = loop.run_until_complete(_async_start(system, a)) if system in ASYNC else make(a)  # type: ignore[misc]

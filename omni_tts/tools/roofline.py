@@ -30,6 +30,7 @@ timing and slot filling are tools.microbench's.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import shlex
@@ -139,14 +140,20 @@ def measure_parts(runner: Any, config: Any, rows: Sequence[int], peak_gbs: float
     return out
 
 
+def merged(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of [start, end) intervals as disjoint intervals, in order."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
 def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
     """Length of the union of [start, end) intervals."""
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
+    return sum(b - a for a, b in merged(intervals))
 
 
 GAP_BINS_MS = (0.1, 1.0, 10.0)  # idle gaps shorter than each bound, and the rest
@@ -156,18 +163,14 @@ def idle_gaps(intervals: Iterable[tuple[float, float]]) -> dict[str, Any]:
     """Gaps (in us) between the union of [start, end) intervals, from the first start to the last end ->
     {"total_s", and per bin of GAP_BINS_MS: "lt_<ms>" / "ge_<ms>": {"count", "s"}}."""
     edges = [b * 1000 for b in GAP_BINS_MS]
-    bins = {f"lt_{b:g}ms": {"count": 0, "s": 0.0} for b in GAP_BINS_MS}
-    bins[f"ge_{GAP_BINS_MS[-1]:g}ms"] = {"count": 0, "s": 0.0}
-    names, total, end = list(bins), 0.0, None
-    for a, b in sorted(intervals):
-        if end is not None and a > end:
-            gap = a - end
-            slot = bins[names[next((i for i, e in enumerate(edges) if gap < e), len(edges))]]
-            slot["count"] += 1
-            slot["s"] += gap / 1e6
-            total += gap / 1e6
-        end = b if end is None else max(end, b)
-    return {"total_s": total, **bins}
+    names = [f"lt_{b:g}ms" for b in GAP_BINS_MS] + [f"ge_{GAP_BINS_MS[-1]:g}ms"]
+    bins = {n: {"count": 0, "s": 0.0} for n in names}
+    spans = merged(intervals)
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        slot = bins[names[bisect.bisect_right(edges, start - end)]]
+        slot["count"] += 1
+        slot["s"] += (start - end) / 1e6
+    return {"total_s": sum(v["s"] for v in bins.values()), **bins}
 
 
 def kernel_intervals(trace: dict[str, Any]) -> dict[Any, list[tuple[float, float]]]:
