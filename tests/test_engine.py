@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -332,6 +333,41 @@ def test_cancelling_a_queued_request_never_runs_it():
     finally:
         eng.shutdown()
 
+
+
+def test_requests_submitted_at_once_take_the_slot_in_the_order_of_their_ids():
+    """Ids are handed out in the queue's order, whatever the submitting threads' interleaving (a thread
+    switch after nearly every bytecode makes an interleaving between taking an id and queueing likely)."""
+    n, old = 12, sys.getswitchinterval()
+    eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=1, max_seq_len=512, max_waiting=n)
+    start, handles, errors = threading.Barrier(n + 1), [], []
+    try:
+        ha = eng.submit(greedy("occupies the only slot", fixed_frames=400))
+        next(iter(ha.stream(timeout=TIMEOUT)))  # the others wait in the queue behind it
+
+        def submit() -> None:
+            start.wait(TIMEOUT)
+            try:
+                handles.append(eng.submit(greedy("a short one", max_new_tokens=2)))
+            except OmniTTSError as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=submit) for _ in range(n)]
+        for t in threads:
+            t.start()
+        sys.setswitchinterval(1e-6)
+        start.wait(TIMEOUT)
+        for t in threads:
+            t.join(TIMEOUT)
+        sys.setswitchinterval(old)
+        ha.cancel()
+        for h in handles:
+            h.result(TIMEOUT)
+        by_start = sorted(handles, key=lambda h: h.metrics.started_at)
+        assert not errors and len(handles) == n and [h.id for h in by_start] == sorted(h.id for h in handles)
+    finally:
+        sys.setswitchinterval(old)
+        eng.shutdown()
 
 # ------------------------------------------------------------------------------------------ modes
 def test_a_request_names_its_mode_and_an_absent_or_unknown_one_is_refused_at_submit(engine):

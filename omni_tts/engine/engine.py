@@ -59,6 +59,7 @@ class Engine:
         self.stats = EngineStats()
         self._say = progress or (lambda s: None)
         self._ids = itertools.count(1)
+        self._queueing = threading.Lock()  # an id is taken and its request queued as one step
         self._closed = False
         cuda = self.device.type == "cuda"
         model.set_codec_precision(config.codec_precision if config.codec_precision != "auto" else
@@ -122,14 +123,15 @@ class Engine:
             sched.check_room()  # refused before its prompt is prepared; checked again as it joins the queue
             with sched.arriving():
                 prep = self.model.prepare(params, self.config.max_seq_len)
-                rid = next(self._ids)
-                handle = RequestHandle(rid, params, RequestMetrics(rid, sched.mode.value, now(),
-                                                                   sample_rate=self.model.sample_rate))
-                handle.max_frames = prep.max_frames  # the most frames it can make (its length cap or the engine's room)
-                handle.recorded = recorded
-                if recorded:
-                    handle.on_finish = self.stats.on_end
-                sched.put(Request(handle, prep))
+                with self._queueing:  # ids follow the queue's order, so a mode's slots go in id order
+                    rid = next(self._ids)
+                    handle = RequestHandle(rid, params, RequestMetrics(rid, sched.mode.value, now(),
+                                                                       sample_rate=self.model.sample_rate))
+                    handle.max_frames = prep.max_frames  # the most frames it can make (its cap or the engine's room)
+                    handle.recorded = recorded
+                    if recorded:
+                        handle.on_finish = self.stats.on_end
+                    sched.put(Request(handle, prep))
         except Overloaded:
             self.stats.count(sched.mode.value, "refused (overloaded)")
             raise
