@@ -1,9 +1,12 @@
 """The tiny reference checkpoints and golden outputs made by the official qwen-tts 0.1.1 (tests/fixtures/),
-and a free local port for tests that start a server."""
+a free local port for tests that start a server, and the `omni-tts` command run in this process."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import socket
+import subprocess
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "qwen3_tts_tiny"
@@ -21,3 +24,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """`omni-tts ARGS` through its entry function, as the console script runs it: exit status, stdout, stderr."""
+    from omni_tts.tools.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse: --help, and a bad argument (after its one error line)
+            code = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(["omni-tts", *args], code, out.getvalue(), err.getvalue())

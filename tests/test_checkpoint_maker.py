@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _fixtures import fixture_dir
+from _fixtures import fixture_dir, run_cli
 
 from omni_tts.config import SynthesisParams
 from omni_tts.engine import offline
@@ -152,6 +152,12 @@ encoder.quantizer.semantic_residual_vector_quantizer.output_proj.weight
 
 
 def make(*args: str) -> subprocess.CompletedProcess:
+    """`omni-tts make-checkpoint ARGS` in this process."""
+    return run_cli("make-checkpoint", *args)
+
+
+def make_in_a_process(*args: str) -> subprocess.CompletedProcess:
+    """`python -m omni_tts make-checkpoint ARGS` in a fresh process."""
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "omni_tts", "make-checkpoint", *args], capture_output=True,
                           text=True, env=env, cwd=REPO, timeout=300)
@@ -208,8 +214,9 @@ def test_base_checkpoint_is_the_released_base_layout_and_clones_a_voice(tmp_path
 
 
 def test_same_seed_same_bytes(tmp_path: Path) -> None:
-    for name in ("a", "b"):
-        r = make("--size", "tiny", "--out", str(tmp_path / name), "--seed", "11")
+    """The same bytes from another process and from this one."""
+    for name, run in (("a", make_in_a_process), ("b", make)):
+        r = run("--size", "tiny", "--out", str(tmp_path / name), "--seed", "11")
         assert r.returncode == 0, r.stderr
     for file in ("model.safetensors", "speech_tokenizer/model.safetensors"):
         assert (tmp_path / "a" / file).read_bytes() == (tmp_path / "b" / file).read_bytes(), file

@@ -1,4 +1,6 @@
-"""The real CLI (`python -m omni_tts`) in a subprocess on the tiny fixture checkpoints."""
+"""The real CLI on the tiny fixture checkpoints: its entry function in this process (argv in; exit status,
+stdout and stderr out), and `python -m omni_tts` in a subprocess where a fresh process is the point (the
+module entry, raw argv bytes, a fresh machine's home and cache)."""
 
 from __future__ import annotations
 
@@ -12,13 +14,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from _fixtures import fixture_dir
+from _fixtures import fixture_dir, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
+    return run_cli(*args)
+
+
+def cli_process(*args: str) -> subprocess.CompletedProcess:
+    """`python -m omni_tts ARGS` in a fresh process."""
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "omni_tts", *args], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=300)
@@ -216,7 +223,7 @@ def test_a_leftover_embedded_dir_without_config_is_rebuilt_and_said(tmp_path):
 def test_help_lists_every_subcommand_and_each_answers_its_own_help() -> None:
     from omni_tts.tools.cli import COMMANDS
 
-    r = cli("--help")
+    r = cli_process("--help")
     assert r.returncode == 0 and all(name in r.stdout for name in COMMANDS)
     r = cli("soak", "--help")  # a tool's flags: the shared engine flags and its own
     assert r.returncode == 0 and all(f in r.stdout for f in ("--model", "--preset", "--set", "--minutes"))
