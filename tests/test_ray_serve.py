@@ -2,8 +2,8 @@
 with two replicas of the tiny checkpoint, behind each ingress a local cluster can be started with (HAProxy,
 the default, and Ray's Python proxy): requests reach both replicas (named in a response header), the openai
 client streams through the ingress, and (HAProxy) a replica killed mid-load fails only its own in-flight
-streams (aborted, never a clean short body, never a hang) while the other keeps serving and Serve brings the
-killed one back. Deselect with `-m "not ray"`."""
+streams (aborted, never a clean short body, never a hang) while requests sent right after its death are all
+served by the other, and Serve brings the killed one back. Deselect with `-m "not ray"`."""
 
 from __future__ import annotations
 
@@ -141,10 +141,9 @@ def test_a_killed_replica_fails_only_its_streams_and_comes_back(cluster):
         victim = named[len(threads) - 1]
         assert "#" in victim and len(set(named.values())) == 2, named
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-    deadline = time.monotonic() + RECOVERY_S
-    while _running(serve, APP_NAME).get("RUNNING") == 2 and time.monotonic() < deadline:
-        time.sleep(0.1)  # until Serve has seen the death (requests it routes before that fail with the replica)
-    survivors = _replicas_of(url, 3)  # new requests go to the replica that is left (or its replacement)
+    # at once, before HAProxy or Serve has seen the death: one the victim took but never answered is sent
+    # again to the replica that is left (or its replacement); none fails
+    survivors = _replicas_of(url, 3)
     for t in threads:
         t.join(timeout=90)
     assert not any(t.is_alive() for t in threads), "a stream hung after its replica was killed"
