@@ -51,7 +51,11 @@ if not IN_CI:
     pytest.importorskip("selenium", reason="selenium not installed (pip install -r requirements-dev.txt)")
 
 from selenium import webdriver  # noqa: E402
-from selenium.common.exceptions import ElementClickInterceptedException, TimeoutException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    ElementClickInterceptedException,
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -131,7 +135,9 @@ def browser():
 
 def _wait(driver, what: str, condition, timeout: float, log: Path):
     try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.25).until(lambda d: condition(d))
+        # an element the page replaced (a toast that closed itself) between finding and reading it: look again
+        return WebDriverWait(driver, timeout, poll_frequency=0.25,
+                             ignored_exceptions=(StaleElementReferenceException,)).until(lambda d: condition(d))
     except TimeoutException:
         SHOTS.mkdir(parents=True, exist_ok=True)
         shot = SHOTS / "failure.png"
