@@ -31,11 +31,8 @@ PUBLIC_HOST = "0.0.0.0"  # Ray's proxies listen on every node: the service's pub
 # The environment a Ray cluster is started with, per ingress. Ray reads it in the controller and proxies at
 # their start, so it belongs to the cluster (`ray start`), not to the application.
 INGRESS: dict[str, dict[str, str]] = {
-    # HAProxy forwards each request to a replica's own HTTP server: no Python proxy hop, no actor calls.
-    # A request that a dying replica took but never answered is sent again to another one (safe to repeat:
-    # nothing reached the client); a reply already begun still fails with its replica.
-    "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-                "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response"},
+    # HAProxy forwards each request to a replica's own HTTP server: no Python proxy hop, no actor calls
+    "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"},
     # Ray's Python HTTP proxy actor, which relays every request and streamed message over actor calls
     "proxy": {},
 }
