@@ -1,5 +1,6 @@
 """The engine tests' helpers: a small eager CPU engine on a tiny checkpoint, the plain single-request
-reference path (cached), the golden cases as requests, and checks that an engine still serves."""
+reference path (cached), the golden cases as requests, and checks that an engine still serves
+(tests/conftest.py's `engine` fixture is one such engine per test module)."""
 
 from __future__ import annotations
 

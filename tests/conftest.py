@@ -1,7 +1,8 @@
 """Shared test set-up: one intra-op thread per test module (tiny matrices run several times faster
 on one thread than on contended OpenMP threads on a 2-core machine); without CUDA, Triton in its
 interpreter (set before anything imports triton); the `gpu`, `browser` and `slow` markers (registered
-in pyproject.toml) put on the tests they describe; under CI, a check that no test wrote a tracked file."""
+in pyproject.toml) put on the tests they describe; the engine tests' `engine` fixture; under CI, a check
+that no test wrote a tracked file."""
 
 from __future__ import annotations
 
@@ -29,6 +30,18 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def engine(_one_thread):
+    """An eager CPU engine on custom_voice (tests/_engine.py's make_engine: 3 slots, first chunk after 1
+    frame then every 4), one per test module; a module may define its own `engine` instead."""
+    from _engine import make_engine
+    from _fixtures import fixture_dir
+
+    eng = make_engine(fixture_dir("custom_voice"))
+    yield eng
+    eng.shutdown()
 
 
 def _marks_for(item: pytest.Item) -> set[str]:

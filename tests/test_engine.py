@@ -36,14 +36,6 @@ from omni_tts.errors import InputError, OmniTTSError
 from omni_tts.models import sampling
 
 
-@pytest.fixture(scope="module")
-def engine(_one_thread):
-    """custom_voice, eager, 3 slots, first chunk after 1 frame then every 4."""
-    eng = make_engine(fixture_dir("custom_voice"))
-    yield eng
-    eng.shutdown()
-
-
 # ------------------------------------------------------------------------------------------ exactness
 def test_one_request_equals_the_plain_path_and_the_golden_codes(engine):
     case = golden_case("custom_voice", 0)

@@ -30,14 +30,6 @@ from omni_tts.engine.engine import Engine
 from omni_tts.errors import Cancelled, CheckpointError, InputError, OmniTTSError
 
 
-@pytest.fixture(scope="module")
-def engine(_one_thread):
-    """custom_voice, eager, 3 slots, first chunk after 1 frame then every 4."""
-    eng = make_engine(fixture_dir("custom_voice"))
-    yield eng
-    eng.shutdown()
-
-
 # ------------------------------------------------------------------------------------------ cancel
 def test_cancel_mid_stream_frees_the_slot_and_the_others_finish_unchanged():
     eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=2, initial_chunk_frames=1, chunk_frames=2,
