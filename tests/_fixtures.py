@@ -1,15 +1,19 @@
 """The tiny reference checkpoints and golden outputs made by the official qwen-tts 0.1.1 (tests/fixtures/),
-a free local port for tests that start a server, and the `omni-tts` command run in this process."""
+a free local port for tests that start a server, and the `omni-tts` command run in this process or in a
+fresh one."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "qwen3_tts_tiny"
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures" / "qwen3_tts_tiny"
 
 
 def fixture_dir(name: str) -> Path:
@@ -37,3 +41,13 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
         except SystemExit as e:  # argparse: --help, and a bad argument (after its one error line)
             code = e.code if isinstance(e.code, int) else 1
     return subprocess.CompletedProcess(["omni-tts", *args], code, out.getvalue(), err.getvalue())
+
+
+def run_cli_process(*args: str | bytes, text: bool = True, **env: str | None) -> subprocess.CompletedProcess:
+    """`python -m omni_tts ARGS` in a fresh process importing this checkout; `env`: variables to set for it
+    (None: unset); text=False keeps stdout and stderr as bytes."""
+    environ = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    for k, v in env.items():
+        environ.pop(k, None) if v is None else environ.__setitem__(k, v)
+    return subprocess.run([sys.executable, "-m", "omni_tts", *args], capture_output=True, text=text, env=environ,
+                          cwd=REPO, timeout=300)

@@ -4,15 +4,13 @@ released layout that our loaders and TTSModel accept, deterministic per seed, at
 from __future__ import annotations
 
 import itertools
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from _fixtures import fixture_dir, run_cli
+from _fixtures import fixture_dir, run_cli, run_cli_process
 
 from omni_tts.config import SynthesisParams
 from omni_tts.engine import offline
@@ -21,8 +19,6 @@ from omni_tts.models.checkpoint_maker import make_checkpoint, make_configs, shap
 from omni_tts.models.code_predictor import CodePredictor
 from omni_tts.models.qwen3_tts import TTSModel
 from omni_tts.models.talker import Talker
-
-REPO = Path(__file__).resolve().parents[1]
 
 # Every tensor of the released checkpoints (CustomVoice and VoiceDesign: the Base model adds its speaker
 # encoder), named as the official qwen-tts names them, at the tiny fixtures' sizes: {a,b} and {a-b} stand
@@ -158,9 +154,7 @@ def make(*args: str) -> subprocess.CompletedProcess:
 
 def make_in_a_process(*args: str) -> subprocess.CompletedProcess:
     """`python -m omni_tts make-checkpoint ARGS` in a fresh process."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "omni_tts", "make-checkpoint", *args], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=300)
+    return run_cli_process("make-checkpoint", *args)
 
 
 @pytest.mark.parametrize("kind, params", [

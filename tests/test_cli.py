@@ -5,30 +5,15 @@ module entry, raw argv bytes, a fresh machine's home and cache)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
-from _fixtures import fixture_dir, run_cli
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return run_cli(*args)
-
-
-def cli_process(*args: str) -> subprocess.CompletedProcess:
-    """`python -m omni_tts ARGS` in a fresh process."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "omni_tts", *args], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=300)
+from _fixtures import REPO, fixture_dir, run_cli_process
+from _fixtures import run_cli as cli
 
 
 def assert_one_line_error(r: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -96,13 +81,9 @@ def test_not_a_checkpoint_and_corrupt_weights(tmp_path: Path) -> None:
 def test_synth_with_only_text_uses_the_embedded_demo_on_a_fresh_machine(tmp_path):
     """No --model, an empty HF cache and no Hub here: the embedded tiny checkpoint is made and used,
     and the output says it is noise."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HOME=str(tmp_path),
-               HF_HOME=str(tmp_path / "hf"), OMNI_TTS_CACHE=str(tmp_path / "omni"))
-    env.pop("OMNI_TTS_MODEL", None)
     out = tmp_path / "x.wav"
-    r = subprocess.run([sys.executable, "-m", "omni_tts", "synth", "--text", "Hello there.", "--out", str(out),
-                        "--max-new-tokens", "6", "--greedy"], capture_output=True, text=True, env=env, cwd=REPO,
-                       timeout=300)
+    r = run_cli_process("synth", "--text", "Hello there.", "--out", str(out), "--max-new-tokens", "6", "--greedy",
+                        **_fresh_machine(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "noise" in r.stderr and "embedded" in r.stderr
     wav, sr = sf.read(out)
@@ -110,12 +91,12 @@ def test_synth_with_only_text_uses_the_embedded_demo_on_a_fresh_machine(tmp_path
     assert (tmp_path / "omni").is_dir()
 
 
+def _fresh_machine(home: Path) -> dict[str, str | None]:
+    """The environment of a first run: an empty home, HF cache and omni-tts cache, no model chosen."""
+    return dict(HOME=str(home), HF_HOME=str(home / "hf"), OMNI_TTS_CACHE=str(home / "omni"), OMNI_TTS_MODEL=None)
+
+
 # ------------------------------------------------------------------------------------------ at the door
-def cli_bytes(*args: str | bytes) -> subprocess.CompletedProcess:
-    """The CLI with raw argv bytes (what a shell passes for text that is not UTF-8)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", LC_ALL="C.UTF-8")
-    return subprocess.run([sys.executable, "-m", "omni_tts", *args], capture_output=True, env=env, cwd=REPO,
-                          timeout=300)
 
 
 @pytest.mark.parametrize("args,fragments", [
@@ -134,8 +115,9 @@ def test_out_of_range_numbers_are_one_line_before_any_model_loads(tmp_path: Path
 
 
 def test_invalid_utf8_text_is_one_line(tmp_path: Path) -> None:
-    r = cli_bytes("synth", "--model", str(fixture_dir("custom_voice")), "--text", b"caf\xe9 ok",
-                  "--out", str(tmp_path / "o.wav"))
+    # raw argv bytes: what a shell passes for text that is not UTF-8
+    r = run_cli_process("synth", "--model", str(fixture_dir("custom_voice")), "--text", b"caf\xe9 ok",
+                        "--out", str(tmp_path / "o.wav"), text=False, LC_ALL="C.UTF-8")
     assert_one_line_error(subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(),
                                                       r.stderr.decode(errors="replace")),
                           "--text is not valid UTF-8 (byte 0xe9 at character 3)")
@@ -203,17 +185,13 @@ def test_absurd_checkpoint_sizes_are_one_line(tmp_path: Path, key: str, value, f
 def test_a_leftover_embedded_dir_without_config_is_rebuilt_and_said(tmp_path):
     """An interrupted first run left the embedded demo's folder without config.json: the next run says so,
     rebuilds it and synthesizes."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HOME=str(tmp_path),
-               HF_HOME=str(tmp_path / "hf"), OMNI_TTS_CACHE=str(tmp_path / "omni"), HF_HUB_OFFLINE="1")
-    env.pop("OMNI_TTS_MODEL", None)
     from omni_tts.models.checkpoint_maker import EMBEDDED_VERSION
 
     leftover = tmp_path / "omni" / f"embedded-tiny-custom_voice-v{EMBEDDED_VERSION}"
     leftover.mkdir(parents=True)
     (leftover / "model.safetensors").write_bytes(b"\x00" * 64)
-    r = subprocess.run([sys.executable, "-m", "omni_tts", "synth", "--text", "Hello.", "--out", str(tmp_path / "x.wav"),
-                        "--max-new-tokens", "4", "--greedy"], capture_output=True, text=True, env=env, cwd=REPO,
-                       timeout=300)
+    r = run_cli_process("synth", "--text", "Hello.", "--out", str(tmp_path / "x.wav"), "--max-new-tokens", "4",
+                        "--greedy", HF_HUB_OFFLINE="1", **_fresh_machine(tmp_path))
     assert r.returncode == 0, r.stderr
     assert f"embedded demo checkpoint at {leftover} is broken" in r.stderr and "rebuilding it" in r.stderr
     assert (leftover / "config.json").is_file() and sf.read(tmp_path / "x.wav")[0].shape == (3 * 1920,)
@@ -223,7 +201,7 @@ def test_a_leftover_embedded_dir_without_config_is_rebuilt_and_said(tmp_path):
 def test_help_lists_every_subcommand_and_each_answers_its_own_help() -> None:
     from omni_tts.tools.cli import COMMANDS
 
-    r = cli_process("--help")
+    r = run_cli_process("--help")
     assert r.returncode == 0 and all(name in r.stdout for name in COMMANDS)
     r = cli("soak", "--help")  # a tool's flags: the shared engine flags and its own
     assert r.returncode == 0 and all(f in r.stdout for f in ("--model", "--preset", "--set", "--minutes"))
