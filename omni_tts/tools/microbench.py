@@ -162,8 +162,8 @@ def profile_steps(runner: Any, buckets: Sequence[int], out_dir: str) -> dict[str
                     by.setdefault(e["name"][:90], []).append(e["dur"])
                 top = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:25]
                 stat["top"] = [[k, len(v), round(sum(v) / 1000, 4)] for k, v in top]
-            if not name.endswith("graph") or b != buckets[0] or not runner.graphs:
-                os.remove(path)  # keep few traces (files back from the device are limited)
+            if not name.endswith("graph") or not runner.graphs:
+                os.remove(path)  # keep the graph replays' traces only (files back from the device are limited)
             out[f"{name}_b{b}"] = stat
     return out
 
