@@ -8,7 +8,7 @@ Owns, for one codebook step of a frame (rows = batch):
   2. the choice of each row's code (`_choose_kernel`, one program per row): greedy rows take the
      argmax, sampled rows the Gumbel-max of the logits warped by temperature, top-k and top-p (rows
      with top-p < 1 from one top-`cap` selection; top-k alone, the checkpoints' default, from the k-th
-     largest value, found by a radix select: no sort), with the noise of
+     largest value, found by halving the values' range: no sort), with the noise of
      omni_tts.models.sampling.uniform_noise (the same counter-based hash, so a request's draws do not depend on
      the kernels); the chosen code's embedding row is added to the frame's running embedding sum (float32);
   3. the next step's input: the chosen code's embedding gathered and projected by
@@ -35,7 +35,7 @@ if kernels.triton is not None:
     import triton
     import triton.language as tl
 
-    from omni_tts.kernels.layers import after_previous
+    from omni_tts.kernels.layers import launch_next, wait_previous
 
     @triton.jit
     def _u32(c: tl.constexpr):
@@ -79,26 +79,15 @@ if kernels.triton is not None:
     @triton.jit
     def _kth_largest(xt, k):
         """The k-th largest value of xt [BV] counted with repeats (sampling.warp_topk's kth; -inf when
-        k <= 0: top-k off), without a sort: a radix select over the values' order-preserving uint32 keys,
-        a byte at a time from the top: four histograms, each with one scan and one block-wide sum."""
+        k <= 0: top-k off), without a sort: 32 halvings over the values' order-preserving uint32 keys find
+        the largest key T with at least k keys >= T."""
         bits = tl.where(xt == 0.0, 0.0, xt).to(tl.uint32, bitcast=True)  # -0.0 as +0.0: keys order as floats
         key = tl.where((bits >> 31) != 0, bits ^ _u32(0xFFFFFFFF), bits | _u32(0x80000000))  # [BV]
-        prefix = tl.full([], 0, tl.uint32)  # the k-th largest key's bytes found so far
-        need = tl.maximum(k, 1)  # its rank among the keys that share `prefix`
-        for s in tl.static_range(4):
-            shift: tl.constexpr = 24 - 8 * s
-            digit = ((key >> shift) & _u32(0xFF)).to(tl.int32)
-            if s == 0:
-                h = tl.histogram(digit, 256)  # [256] keys per top byte
-            else:
-                h = tl.histogram(digit, 256, mask=(key >> (shift + 8)) == (prefix >> (shift + 8)))
-            ge = tl.cumsum(h, axis=0, reverse=True)  # [256] keys with this byte or a larger one
-            # bytes whose count reaches `need` (a prefix of 0..255) and the keys above the last of them, in one sum
-            both = tl.sum(tl.where(ge >= need, 1, h << 9), axis=0)
-            byte = (both & 511) - 1
-            need -= both >> 9
-            prefix = prefix | (byte.to(tl.uint32) << shift)
-        kth = tl.max(tl.where(key == prefix, xt, float("-inf")), axis=0)
+        t = tl.full([], 0, tl.uint32)
+        for s in tl.static_range(32):
+            cand = t | _u32(1 << (31 - s))
+            t = tl.where(tl.sum((key >= cand).to(tl.int32), axis=0) >= k, cand, t)
+        kth = tl.max(tl.where(key == t, xt, float("-inf")), axis=0)
         return tl.where(k <= 0, float("-inf"), kth)
 
     @triton.jit(do_not_specialize=["codebook"])  # one kernel for all codebooks (1 would be a constant)
@@ -110,7 +99,7 @@ if kernels.triton is not None:
         b = tl.program_id(0)
         i = tl.arange(0, BV)
         vm = i < V
-        after_previous(PDL)
+        wait_previous(PDL)
         x = tl.load(logits_ptr + b * V + i, mask=vm, other=float("-inf")).to(tl.float32)  # [BV]
         pick = tl.argmax(x, axis=0)  # greedy: the first largest
         if SAMPLE:
@@ -131,6 +120,7 @@ if kernels.triton is not None:
         row = tl.load(table_ptr + pick.to(tl.int64) * D + d, mask=dm, other=0.0).to(tl.float32)
         acc = tl.load(esum_ptr + b * D + d, mask=dm, other=0.0)
         tl.store(esum_ptr + b * D + d, acc + row, mask=dm)
+        launch_next(PDL)
 
 
 def head_choose(norm: Any, head: Any, x: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tensor,
