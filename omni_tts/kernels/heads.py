@@ -35,7 +35,7 @@ if kernels.triton is not None:
     import triton
     import triton.language as tl
 
-    from omni_tts.kernels.layers import launch_next, wait_previous
+    from omni_tts.kernels.layers import after_previous
 
     @triton.jit
     def _u32(c: tl.constexpr):
@@ -99,7 +99,7 @@ if kernels.triton is not None:
         b = tl.program_id(0)
         i = tl.arange(0, BV)
         vm = i < V
-        wait_previous(PDL)
+        after_previous(PDL)
         x = tl.load(logits_ptr + b * V + i, mask=vm, other=float("-inf")).to(tl.float32)  # [BV]
         pick = tl.argmax(x, axis=0)  # greedy: the first largest
         if SAMPLE:
@@ -120,7 +120,6 @@ if kernels.triton is not None:
         row = tl.load(table_ptr + pick.to(tl.int64) * D + d, mask=dm, other=0.0).to(tl.float32)
         acc = tl.load(esum_ptr + b * D + d, mask=dm, other=0.0)
         tl.store(esum_ptr + b * D + d, acc + row, mask=dm)
-        launch_next(PDL)
 
 
 def head_choose(norm: Any, head: Any, x: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tensor,

@@ -89,18 +89,6 @@ if triton is not None:
             gdc_launch_dependents()
 
     @triton.jit
-    def wait_previous(PDL: tl.constexpr):
-        """With programmatic dependent launch: wait until the previous kernel is done; the next kernel
-        launches only at `launch_next` (for kernels whose few programs must not share the GPU with it)."""
-        if PDL:
-            gdc_wait()
-
-    @triton.jit
-    def launch_next(PDL: tl.constexpr):
-        if PDL:
-            gdc_launch_dependents()
-
-    @triton.jit
     def _w_block(w_ptr, rn, nmask, kk, N: tl.constexpr, K: tl.constexpr, GLU: tl.constexpr):
         """The weight tile [BN, BK] at columns kk (and its up half's with GLU; else the same tile again)."""
         wmask = nmask[:, None] & (kk < K)[None, :]
