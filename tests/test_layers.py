@@ -20,6 +20,7 @@ from omni_tts.models.layers import (
     apply_rope,
     cast_parameters,
     gqa_attention,
+    gqa_bias,
     load_prefixed_state,
     load_strict,
     rms_norm,
@@ -66,6 +67,22 @@ def test_gqa_attention_equals_attention_over_repeated_kv_heads() -> None:
     mask[..., 0] = True  # every query sees a key
     want = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=mask)
     torch.testing.assert_close(gqa_attention(q, k, v, mask), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 3])
+def test_gqa_attention_over_a_prebuilt_bias_equals_it_over_the_boolean_mask(T: int, dtype: torch.dtype) -> None:
+    """A decode step builds the additive bias once for all layers: each layer's attention must be the same
+    bits as with the boolean mask, which masks differently per row (a row's own positions only)."""
+    torch.manual_seed(T)
+    B, H, Hkv, M = 3, 4, 2, 7
+    q, k, v = (torch.randn(B, h, n, 8).to(dtype) for h, n in ((H, T), (Hkv, M), (Hkv, M)))
+    pos = torch.tensor([0, 3, 6])  # row b attends positions <= pos[b]
+    mask = (torch.arange(M)[None, :] <= pos[:, None])[:, None, None]  # [B, 1, 1, M]
+    bias = gqa_bias(mask, B, H // Hkv, T, M, dtype)
+    assert bias.shape == (B, 1, H // Hkv * T, M) and bias.dtype == dtype
+    assert torch.equal(gqa_attention(q, k, v, bias), gqa_attention(q, k, v, mask))
+    assert not torch.equal(gqa_attention(q, k, v, torch.zeros_like(bias)), gqa_attention(q, k, v, mask))
 
 
 def test_decoder_layer_one_token_at_a_time_equals_the_whole_sequence() -> None:

@@ -118,18 +118,27 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None] + rotated * sin[:, None]
 
 
+def gqa_bias(mask: torch.Tensor, B: int, rep: int, T: int, M: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive form of a boolean attention mask in gqa_attention's folded layout: 0 where attended,
+    -inf elsewhere, as scaled_dot_product_attention turns a boolean mask into. A decode step builds it
+    once for all its layers instead of once per layer (three small kernels each).
+    mask: bool, broadcastable to [B, 1, T, M] -> [B, 1, rep*T, M] in `dtype`"""
+    mf = mask.expand(B, 1, T, M)[:, :, None].expand(B, 1, rep, T, M).reshape(B, 1, rep * T, M)
+    return torch.zeros(mf.shape, dtype=dtype, device=mask.device).masked_fill(~mf, float("-inf"))
+
+
 def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Grouped-query attention without copying K/V: the `rep` query heads that share a KV head are
     folded into the query-length axis (query rows are independent, so this is the same math).
 
-    q: [B, H, T, hd]; k, v: [B, Hkv, M, hd]; mask: bool, True = attend, broadcastable to [B, 1, T, M].
-    -> [B, H, T, hd]"""
+    q: [B, H, T, hd]; k, v: [B, Hkv, M, hd]; mask: bool, True = attend, broadcastable to [B, 1, T, M],
+    or its `gqa_bias`. -> [B, H, T, hd]"""
     B, H, T, hd = q.shape
     Hkv, M = k.shape[1], k.shape[2]
     rep = H // Hkv
     qf = q.reshape(B, Hkv, rep * T, hd)  # [B, Hkv, rep*T, hd] (heads j*rep..j*rep+rep-1 share KV head j)
-    mf = None
-    if mask is not None:
+    mf = mask
+    if mask is not None and mask.dtype == torch.bool:
         mf = mask.expand(B, 1, T, M)[:, :, None].expand(B, 1, rep, T, M).reshape(B, 1, rep * T, M)  # [B, 1, rep*T, M]
     a = F.scaled_dot_product_attention(qf, k, v, attn_mask=mf)  # [B, Hkv, rep*T, hd]
     return a.reshape(B, H, T, hd)

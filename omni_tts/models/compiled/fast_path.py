@@ -33,7 +33,7 @@ from omni_tts.kernels import talker as talker_kernels
 from omni_tts.models import sampling
 from omni_tts.models.compiled.kernel_choice import KernelChoice
 from omni_tts.models.compiled.packed_weights import fuse_layer
-from omni_tts.models.layers import apply_rope, gqa_attention, rms_norm
+from omni_tts.models.layers import apply_rope, gqa_attention, gqa_bias, rms_norm
 
 # Rows (batch x tokens) up to which a projection runs as multiply-and-sum: Inductor makes it one reduction
 # kernel that reads the weight once and fuses its neighbours (cuBLAS's GEMV wins from two rows on).
@@ -272,6 +272,8 @@ class FastPath(KernelChoice):
         L = cache.max_len if kv_len is None else kv_len
         cos, sin = talker.rope(pos[:, None], x.dtype)  # [b, 1, hd]
         mask = (torch.arange(L, device=x.device)[None, :] <= pos[:, None])[:, None, None]  # [b, 1, 1, L]
+        a0 = talker.layers[0].self_attn
+        bias = gqa_bias(mask, b, a0.heads // a0.kv_heads, 1, L, x.dtype)  # [b, 1, rep, L], shared by the layers
         rows = torch.arange(b, device=x.device)
         tri = b <= self.talker_kernel_rows and all(kernels.supports(layer, b) for layer in talker.layers)
         pdl = b <= self.talker_pdl_rows
@@ -282,7 +284,7 @@ class FastPath(KernelChoice):
                 q = talker_kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, pdl)
             else:
                 q = self.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, rows, pos)  # [b, H, 1, hd]
-            a = gqa_attention(q, kc[:, :, :L], vc[:, :, :L], mask)  # [b, H, 1, hd]
+            a = gqa_attention(q, kc[:, :, :L], vc[:, :, :L], bias)  # [b, H, 1, hd]
             h = (talker_kernels.talker_attn_out(layer, w_gu, h, a, pdl) if tri
                  else self.talker_attn_out(layer, w_gu, h, a))  # [b, 1, D]
         return talker.norm(h)[:, 0]
