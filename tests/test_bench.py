@@ -5,20 +5,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from _fixtures import fixture_dir
+from _fixtures import fixture_dir, run_cli_process
 
 from omni_tts.tools import bench, load
 from omni_tts.tools.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
 LABELS = ["Med TTFP (ms)", "p90 TTFP (ms)", "Med E2E (ms)", "Mean RTF", "Req/s", "Audio tput (s/s)",
           "Mean batch per frame", "Code-to-wave calls"]
 KEYS = ["requests", "med_ttfp_ms", "p90_ttfp_ms", "med_queue_ms", "med_e2e_ms", "mean_rtf", "req_per_s",
@@ -27,9 +23,7 @@ KEYS = ["requests", "med_ttfp_ms", "p90_ttfp_ms", "med_queue_ms", "med_e2e_ms", 
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "omni_tts", "bench", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return run_cli_process("bench", *args)
 
 
 def table_rows(stdout: str) -> list[list[str]]:

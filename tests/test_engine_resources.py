@@ -10,13 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from _fixtures import fixture_dir
+from _fixtures import REPO, fixture_dir
 from test_warmup import until
 
 from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.engine.engine import HEAP_TRIM_INTERVAL_S, Engine
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _rss_mb() -> float:

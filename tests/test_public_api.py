@@ -8,17 +8,15 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from _fixtures import REPO
 
 from omni_tts import EngineError
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def _readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (REPO / "README.md").read_text()
     section = text.split("## Use it from Python", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 1, "the section holds one Python example"
@@ -35,15 +33,15 @@ def test_the_public_names_import_from_the_package_and_the_engine_only_when_asked
             "assert set(MODES) == set(CompileMode); "
             "assert set(omni_tts.__all__) <= set(dir(omni_tts)); "
             "print(sorted(omni_tts.__all__))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
     for name in ("Engine", "SynthesisParams", "CompileMode", "load_preset", "EngineSnapshot"):
         assert f"'{name}'" in out.stdout
 
 
 def test_the_readme_example_runs_and_streams_the_whole_clip(monkeypatch):
-    monkeypatch.chdir(ROOT)  # the example names the fixture by a path relative to the repository
+    monkeypatch.chdir(REPO)  # the example names the fixture by a path relative to the repository
     printed = io.StringIO()
     scope: dict = {}
     with contextlib.redirect_stdout(printed):

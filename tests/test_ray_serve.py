@@ -12,15 +12,13 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 import yaml
-from _fixtures import FIXTURES, free_port
+from _fixtures import FIXTURES, REPO, free_port
 
 pytestmark = pytest.mark.ray
-ROOT = Path(__file__).resolve().parents[1]
 ENGINE = {"model": str(FIXTURES / "custom_voice"), "preset": "default",
           "set": ["max_num_seqs=2", "max_seq_len=200", "mode=eager", "chunk_frames=4"]}
 SHORT = {"model": "omni-tts", "voice": "ryan", "input": "Hi", "extra_body": {"max_new_tokens": 6, "seed": 3}}
@@ -52,7 +50,7 @@ def cluster(request):
     for k in ray_serve.INGRESS["haproxy"]:
         os.environ.pop(k, None)
     os.environ.update(env)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), old_env["PYTHONPATH"]) if p)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), old_env["PYTHONPATH"]) if p)
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20,
                                                           "include_dashboard": False})
     try:
@@ -188,7 +186,7 @@ def test_deployment_options_and_the_config_file():
         deployment_options(8, min_replicas=5, max_replicas=2)
     with pytest.raises(OmniTTSError, match="unknown"):
         app_builder({**ENGINE, "set": ["no_such_key=1"]})
-    spec = ServeDeploySchema.model_validate(yaml.safe_load((ROOT / "deploy" / "ray-serve.yaml").read_text()))
+    spec = ServeDeploySchema.model_validate(yaml.safe_load((REPO / "deploy" / "ray-serve.yaml").read_text()))
     app = spec.applications[0]
     assert app.import_path == "omni_tts.serving.ray_serve:app_builder" and "model" in app.args
     built = app_builder({**app.args, "model": ENGINE["model"], "device": "cpu"})

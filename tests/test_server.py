@@ -10,28 +10,26 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 import soundfile as sf
-from _fixtures import FIXTURES, free_port
+from _fixtures import FIXTURES, REPO, free_port
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL = str(FIXTURES / "custom_voice")
 ENGINE_FLAGS = ["--model", MODEL, "--set", "max_num_seqs=2", "--set", "max_seq_len=96", "--set", "mode=eager"]
 SHORT = {"max_new_tokens": 24, "seed": 3}
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
 
 
 def start_headless(*flags: str) -> tuple[str, subprocess.Popen]:
     """(base URL, process): the headless server on a free port, up once /health answers (bounded wait)."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "omni_tts", "serve", *ENGINE_FLAGS, *flags,
-                             "--port", str(port)], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                             "--port", str(port)], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -88,7 +86,7 @@ def test_sigterm_ends_the_server_cleanly(server):
 
 def test_bad_flags_are_one_error_line():
     done = subprocess.run([sys.executable, "-m", "omni_tts", "serve", "--model", MODEL, "--replicas", "2"],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip().endswith("error: --replicas need --ray")
 
 
@@ -99,7 +97,7 @@ def test_the_plain_app_never_imports_ray():
             "engine = Engine.from_config(headless.engine_config(args), wait=False, warm=False)\n"
             "app = headless.build_app(engine)\nengine.shutdown()\n"
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -10,13 +10,12 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from _fixtures import FIXTURES, fixture_dir
+from _fixtures import FIXTURES, REPO, fixture_dir
 
 from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.engine import offline
@@ -26,7 +25,6 @@ from omni_tts.models.qwen3_tts import TTSModel
 from omni_tts.models.speaker import VoicePrompt
 from omni_tts.models.voice_clone import reference_cut
 
-REPO = Path(__file__).resolve().parents[1]
 BASE = FIXTURES / "base"
 GOLDEN = BASE / "golden"
 SR, UP = 24000, 1920  # output rate, samples per codec frame

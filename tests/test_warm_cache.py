@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from _fixtures import REPO
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 
 from omni_tts.engine import compile_cache
 from omni_tts.tools import warm_cache
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests/fixtures/qwen3_tts_tiny/custom_voice"
+FIXTURE = REPO / "tests/fixtures/qwen3_tts_tiny/custom_voice"
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -139,7 +139,7 @@ e.shutdown()
 def test_exported_default_mode_compiles_from_artifacts_in_a_fresh_process(tmp_path):
     # the export may read the suite's Inductor cache (a warm cache exports the same artifacts, and other
     # tests compile this mode too); the importing process starts with empty caches
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), OMNI_TTS_CACHE_DIR=str(tmp_path / "made"),
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO), OMNI_TTS_CACHE_DIR=str(tmp_path / "made"),
                TORCHINDUCTOR_CACHE_DIR=cache_dir())
     sets = ["--set", "modes=[eager,default]", "--set", "device=cpu", "--set", "max_num_seqs=1",
             "--set", "max_seq_len=128"]
