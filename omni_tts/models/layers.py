@@ -123,8 +123,13 @@ def gqa_bias(mask: torch.Tensor, B: int, rep: int, T: int, M: int, dtype: torch.
     -inf elsewhere, as scaled_dot_product_attention turns a boolean mask into. A decode step builds it
     once for all its layers instead of once per layer (three small kernels each).
     mask: bool, broadcastable to [B, 1, T, M] -> [B, 1, rep*T, M] in `dtype`"""
-    mf = mask.expand(B, 1, T, M)[:, :, None].expand(B, 1, rep, T, M).reshape(B, 1, rep * T, M)
+    mf = _folded(mask, B, rep, T, M)
     return torch.zeros(mf.shape, dtype=dtype, device=mask.device).masked_fill(~mf, float("-inf"))
+
+
+def _folded(mask: torch.Tensor, B: int, rep: int, T: int, M: int) -> torch.Tensor:
+    """A mask broadcastable to [B, 1, T, M] repeated for the rep query heads of a KV head -> [B, 1, rep*T, M]"""
+    return mask.expand(B, 1, T, M)[:, :, None].expand(B, 1, rep, T, M).reshape(B, 1, rep * T, M)
 
 
 def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -139,7 +144,7 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     qf = q.reshape(B, Hkv, rep * T, hd)  # [B, Hkv, rep*T, hd] (heads j*rep..j*rep+rep-1 share KV head j)
     mf = mask
     if mask is not None and mask.dtype == torch.bool:
-        mf = mask.expand(B, 1, T, M)[:, :, None].expand(B, 1, rep, T, M).reshape(B, 1, rep * T, M)  # [B, 1, rep*T, M]
+        mf = _folded(mask, B, rep, T, M)  # [B, 1, rep*T, M]
     a = F.scaled_dot_product_attention(qf, k, v, attn_mask=mf)  # [B, Hkv, rep*T, hd]
     return a.reshape(B, H, T, hd)
 
