@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from _fixtures import REPO
+from _fixtures import FIXTURES, REPO
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 
 from omni_tts.engine import compile_cache
 from omni_tts.tools import warm_cache
 
-FIXTURE = REPO / "tests/fixtures/qwen3_tts_tiny/custom_voice"
+FIXTURE = FIXTURES / "custom_voice"
 
 
 def _args(*argv: str) -> argparse.Namespace:

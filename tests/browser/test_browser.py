@@ -353,8 +353,8 @@ def test_c_a_second_visitor_loads_while_a_synthesis_runs(server, browser):
     _wait(d, "the too-long toast", lambda d: _toast(d, "Text is too long"), 15, log)
     _close_toasts(d)
     _set_number(d, "#max-len input[type=number]", "1800")  # minutes of audio: runs until stopped
-    # eager: a request in a warming mode waits out a warm step's compile (tens of seconds on this CPU)
-    # before its Stop can take effect at the next frame
+    # eager: a request in a warming mode waits out a warm step's compile, which on a CPU can outlast the
+    # wait for the Stop below, before its cancel takes effect at the next frame
     _pick(d, "request-mode", "eager", log)
     box.send_keys(Keys.CONTROL, "a")
     box.send_keys("A long text for a long synthesis. " * 8)
