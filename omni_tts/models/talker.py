@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from omni_tts.models.layers import DecoderStack, KVCache, activation, cfg_get, cfg_ints, gqa_attention
+from omni_tts.models.layers import DecoderStack, KVCache, activation, cfg_get, cfg_ints, gqa_attention, gqa_bias
 
 
 class Talker(DecoderStack):
@@ -56,10 +56,13 @@ class Talker(DecoderStack):
         cos, sin = self.rope(pos, x.dtype)  # [B, T, hd]
         key_pos = torch.arange(cache.max_len if kv_len is None else kv_len, device=x.device)  # [M]
         mask = (key_pos[None, None, :] <= pos[:, :, None])[:, None]  # [B, 1, T, M]
+        a0 = self.layers[0].self_attn
+        B, T = pos.shape
+        bias = gqa_bias(mask, B, a0.heads // a0.kv_heads, T, key_pos.shape[0], x.dtype)  # once, for every layer
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             kc, vc = cache.write_and_read(i, k, v, pos, slots, kv_len)  # [B, Hkv, M, hd]
-            return gqa_attention(q, kc, vc, mask)  # [B, H, T, hd]
+            return gqa_attention(q, kc, vc, bias)  # [B, H, T, hd]
 
         return self.run_layers(x, cos, sin, attend)
 
