@@ -30,12 +30,12 @@ import torch
 from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels.configs import next_pow2
-from omni_tts.kernels.launch import launch_options, triton
 
-if triton is not None:
+if kernels.triton is not None:
+    import triton
     import triton.language as tl
 
-    from omni_tts.kernels.launch import after_previous
+    from omni_tts.kernels.layers import after_previous
 
     @triton.jit
     def _u32(c: tl.constexpr):
@@ -144,7 +144,7 @@ def choose(logits: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tenso
     _choose_kernel[(B,)](logits, sp.greedy, sp.temperature, sp.top_k, sp.top_p, seed, frame, codebook, table, esum,
                          code, V=V, D=D, BV=next_pow2(V), CAP=min(next_pow2(sp.topk_cap or 1), next_pow2(V)),
                          BD=next_pow2(D), SAMPLE=sample, SORT_BELOW=sort_below, PDL=pdl,
-                         **launch_options(pdl, kernel_configs.CHOOSE_WARPS))
+                         **kernels.launch_options(pdl, kernel_configs.CHOOSE_WARPS))
     return code
 
 
@@ -157,7 +157,7 @@ def feed(table: torch.Tensor, proj: Any, code: torch.Tensor, pdl: bool = False) 
 
 def supports(sp: Any, rows: int, vocab: int) -> bool:
     """True when these kernels can choose for `rows` rows with these sampling hints."""
-    return (triton is not None and rows <= kernels.MAX_ROWS
+    return (kernels.triton is not None and rows <= kernels.MAX_ROWS
             and (sp.all_greedy or 0 < sp.topk_cap <= vocab))
 
 

@@ -8,20 +8,19 @@ writes and softmax pieces):
   3. o projection + residual
   4. post-attention RMSNorm + gate|up projection + SiLU(gate) * up
   5. down projection + residual
-and as four for one token of one row (up to ATTN_OUT_ROWS rows), 2 and 3 in one kernel
-(omni_tts.kernels.attention: every program of the o projection computes the attention itself).
 The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16
 rows cost about the same), at most MAX_BM rows a program (more rows take a second column of programs,
 whose weight reads mostly hit L2); a one-row step runs them as a multiply-and-sum over narrow weight tiles
-(more programs reading the weights at once). The projection kernel (`projection`) also serves
-omni_tts.kernels.talker and omni_tts.kernels.heads (its input rows may be strided or gathered from a
-table). With `pdl` (programmatic dependent launch, Hopper+: omni_tts.kernels.launch) each kernel loads
-what no kernel writes (its first weight tile) before `after_previous` waits for the previous kernel and
-lets the next one launch. Launch configs per (rows, shape) come from omni_tts.kernels.configs. Numerics
-follow the reference: float32 accumulation, values rounded to the model dtype where the reference rounds
-(norm output, q/k after rope, each projection, SiLU, residual sums); the summation order differs, so
-results agree to the dtype's rounding, not bit for bit. `predictor_layer` has the reference's contract
-except that the positions are a Python int (static per captured graph) and the mask is implied (causal).
+(more programs reading the weights at once). The projection kernel (`projection`) and the K/V store
+(`store_kv`) also serve omni_tts.kernels.talker and omni_tts.kernels.heads (the projection's input rows
+may be strided or gathered from a table). With `pdl` (programmatic dependent launch, Hopper+:
+`pdl_available`) each kernel loads what no kernel writes (its first weight tile) before
+`after_previous` waits for the previous kernel and lets the next one launch. Launch configs per
+(rows, shape) come from omni_tts.kernels.configs. Numerics follow the reference: float32 accumulation,
+values rounded to the model dtype where the reference rounds (norm output, q/k after rope, each
+projection, SiLU, residual sums); the summation order differs, so results agree to the dtype's
+rounding, not bit for bit. `predictor_layer` has the reference's contract except that the positions
+are a Python int (static per captured graph) and the mask is implied (causal).
 Knows nothing about graphs, buckets, sampling or requests; which batch sizes use it is the caller's
 choice (`supports`). Runs on CUDA; tests run it in Triton's CPU interpreter (TRITON_INTERPRET=1)
 against the reference.
@@ -29,18 +28,29 @@ against the reference.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from omni_tts.errors import one_line
-from omni_tts.kernels import attention
 from omni_tts.kernels.configs import Config, config, next_pow2
-from omni_tts.kernels.launch import INTERPRET, launch_options, triton
 
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the engine uses the Inductor path
+    triton = None
+try:  # grid dependency control (programmatic dependent launch), Triton >= 3.4
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:
+    gdc_wait = gdc_launch_dependents = None
+
+# Triton's CPU interpreter (3.6) multiplies bfloat16 dot operands wrongly: upcast them there (the products
+# of bfloat16 values are exact in float32, as in the GPU's bfloat16 MMA with float32 accumulation)
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_ROWS = 128  # batch x positions per call (the first step of a frame has 2 positions per row)
-ATTN_OUT_ROWS = 1  # steps of at most this many rows fold the attention into the o projection
 MAX_BM = 64  # rows per program of a tensor-core projection: more rows split over programs (shared memory)
 
 
@@ -56,10 +66,6 @@ def supports(layer: Any, rows: int) -> bool:
 
 
 if triton is not None:
-    import triton.language as tl
-
-    from omni_tts.kernels.launch import after_previous
-
     @triton.jit
     def _dot(a, b, IEEE: tl.constexpr):
         if IEEE:  # float32 operands (or any, upcast, in the interpreter): no TF32 rounding
@@ -73,6 +79,14 @@ if triton is not None:
         if VEC:
             return tl.sum(wk[None, :, :].to(tl.float32) * xk[:, None, :].to(tl.float32), axis=2)
         return _dot(xk, tl.trans(wk), IEEE)
+
+    @triton.jit
+    def after_previous(PDL: tl.constexpr):
+        """With programmatic dependent launch: wait until the previous kernel is done (its writes visible),
+        then let the next kernel launch. Everything before this call may only read what no kernel writes."""
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
 
     @triton.jit
     def _w_block(w_ptr, rn, nmask, kk, N: tl.constexpr, K: tl.constexpr, GLU: tl.constexpr):
@@ -152,6 +166,94 @@ if triton is not None:
             y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
         tl.store(out_ptr + rm[:, None] * N + rn[None, :], y, mask=omask)
 
+    @triton.jit
+    def normed_rope(base, d, dm, HALF: tl.constexpr, HD: tl.constexpr, nw_ptr, cos, sin, eps,
+                     dt: tl.constexpr):
+        """One head's vector at `base` ([HD] in y): RMS-normed with nw, rotated (rotate-half) -> fp32 [BD]."""
+        a = tl.load(base + d, mask=dm, other=0.0).to(tl.float32)
+        partner = tl.where(d < HALF, d + HALF, d - HALF)
+        b = tl.load(base + partner, mask=dm, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(a * a, axis=0) / HD + eps)
+        na = (tl.load(nw_ptr + d, mask=dm, other=0.0).to(tl.float32) * (a * rstd).to(dt).to(tl.float32)).to(dt)
+        nb = (tl.load(nw_ptr + partner, mask=dm, other=0.0).to(tl.float32) * (b * rstd).to(dt).to(tl.float32)).to(dt)
+        rot = tl.where(d < HALF, -nb.to(tl.float32), nb.to(tl.float32))
+        return (na.to(tl.float32) * cos + rot * sin).to(dt).to(tl.float32)
+
+    @triton.jit
+    def lanes(HD: tl.constexpr, BD: tl.constexpr):
+        """This program's (row b, KV head g) and its head-dim lanes d [BD] with their mask (d < HD)."""
+        d = tl.arange(0, BD)
+        return tl.program_id(0), tl.program_id(1), d, d < HD
+
+    @triton.jit
+    def rope_row(cos_ptr, sin_ptr, off, d, dm):
+        """The rotary table's row at offset `off` (one position): cos, sin [BD] in float32."""
+        cos = tl.load(cos_ptr + off + d, mask=dm, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + off + d, mask=dm, other=0.0).to(tl.float32)
+        return cos, sin
+
+    @triton.jit
+    def store_kv(row, g, kn_ptr, cos, sin, eps, k_at, v_at, d, dm, H: tl.constexpr, HKV: tl.constexpr,
+                  HD: tl.constexpr, dt: tl.constexpr):
+        """KV head g of one token's q|k|v row (`row`: [(H+2HKV)*HD]): K RMS-normed with kn and rotated, stored
+        at the pointers k_at [BD]; V stored as it is at v_at."""
+        k = normed_rope(row + (H + g) * HD, d, dm, HD // 2, HD, kn_ptr, cos, sin, eps, dt)
+        v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
+        tl.store(k_at, k.to(dt), mask=dm)
+        tl.store(v_at, v, mask=dm)
+
+    @triton.jit
+    def _attn_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, pos0, eps, scale,
+                     T: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, P: tl.constexpr,
+                     BD: tl.constexpr, BP: tl.constexpr, PDL: tl.constexpr):
+        """Program (row b, KV head g): normed + rotated K/V of positions pos0..pos0+T-1 into the cache
+        [B, HKV, P, HD], then causal attention of the REP query heads sharing g. y: [B*T, (H+2HKV)*HD]."""
+        dt = out_ptr.dtype.element_ty
+        after_previous(PDL)
+        b, g, d, dm = lanes(HD, BD)
+        REP: tl.constexpr = H // HKV
+        HALF: tl.constexpr = HD // 2
+        W: tl.constexpr = (H + 2 * HKV) * HD
+        p = tl.arange(0, BP)
+        cache = (b * HKV + g) * P * HD
+        for t in tl.static_range(T):
+            cos, sin = rope_row(cos_ptr, sin_ptr, (pos0 + t) * HD, d, dm)
+            at = cache + (pos0 + t) * HD + d
+            store_kv(y_ptr + (b * T + t) * W, g, kn_ptr, cos, sin, eps, kc_ptr + at, vc_ptr + at, d, dm, H, HKV, HD,
+                      dt)
+        tl.debug_barrier()  # the cache rows just written are read below by other threads
+        kvmask = (p[:, None] < P) & dm[None, :]
+        kk = tl.load(kc_ptr + cache + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0).to(tl.float32)  # [BP, BD]
+        vv = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0).to(tl.float32)
+        for t in tl.static_range(T):
+            row = y_ptr + (b * T + t) * W
+            cos, sin = rope_row(cos_ptr, sin_ptr, (pos0 + t) * HD, d, dm)
+            for r in tl.static_range(REP):
+                h = g * REP + r
+                q = normed_rope(row + h * HD, d, dm, HALF, HD, qn_ptr, cos, sin, eps, dt)
+                s = tl.sum(q[None, :] * kk, axis=1) * scale  # [BP]
+                s = tl.where(p <= pos0 + t, s, float("-inf"))
+                w = tl.exp(s - tl.max(s, axis=0))
+                w = w / tl.sum(w, axis=0)
+                o = tl.sum(w[:, None] * vv, axis=0)  # [BD]
+                tl.store(out_ptr + (b * T + t) * H * HD + h * HD + d, o.to(dt), mask=dm)
+
+
+def pdl_available(device: torch.device) -> bool:
+    """True where programmatic dependent launch can run: a Hopper-or-newer CUDA GPU and a Triton with grid
+    dependency control (never in the CPU interpreter)."""
+    return (triton is not None and gdc_wait is not None and not _INTERPRET and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def launch_options(pdl: bool, warps: int, stages: int | None = None) -> dict[str, Any]:
+    opts: dict[str, Any] = {"num_warps": warps}
+    if stages is not None:
+        opts["num_stages"] = stages
+    if pdl:
+        opts["launch_pdl"] = True
+    return opts
+
 
 def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None = None,
           norm: Any = None, res: torch.Tensor | None = None, glu: bool = False, cfg: Config | None = None,
@@ -172,9 +274,7 @@ def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor |
         bias if bias is not None else dummy, res if res is not None else dummy, out,
         float(norm.eps) if norm is not None else 0.0, x.stride(0), M=M, N=n, K=K,
         NORM=norm is not None, BIAS=bias is not None, RES=res is not None, GLU=glu, GATHER=idx is not None,
-        # Triton's CPU interpreter (3.6) multiplies bfloat16 dot operands wrongly: upcast them there (the
-        # products of bfloat16 values are exact in float32, as in the GPU's bfloat16 MMA with float32 accumulation)
-        IEEE=x.dtype == torch.float32 or INTERPRET, VEC=vec, PDL=pdl,
+        IEEE=x.dtype == torch.float32 or _INTERPRET, VEC=vec, PDL=pdl,
         BM=BM, BN=BN, BK=BK, **launch_options(pdl, warps, stages))
     return out
 
@@ -219,30 +319,25 @@ def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
                     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
                     pos0: int, pdl: bool = False) -> torch.Tensor:
     """The predictor DecoderLayer (input norm, Attention.qkv, K/V written into the cache, causal attention over
-    it, o projection + residual, MLP block) in five kernels, four for one token of one row (its attention
-    folded into the o projection: `attention.attend_out`). x: [B, T, d] at positions pos0..pos0+T-1; cos/sin:
-    the rope table [1, P, hd] of all P cache positions; kc/vc: [B, Hkv, P, hd] (written). pdl: launch them
-    with programmatic dependent launch (`launch.pdl_available`). -> [B, T, d]"""
+    it, o projection + residual, MLP block) in five kernels. x: [B, T, d] at positions pos0..pos0+T-1; cos/sin: the
+    rope table [1, P, hd] of all P cache positions; kc/vc: [B, Hkv, P, hd] (written). pdl: launch them
+    with programmatic dependent launch (`pdl_available`). -> [B, T, d]"""
     attn = layer.self_attn
     B, T, D = x.shape
+    H, Hkv, hd, P = attn.heads, attn.kv_heads, attn.head_dim, kc.shape[2]
     x2 = x.reshape(B * T, D)  # [M, d]
-    y = projection(x2, w_qkv, n=(attn.heads + 2 * attn.kv_heads) * attn.head_dim, bias=b_qkv,
-                   norm=layer.input_layernorm, pdl=pdl)  # [M, (H+2Hkv) hd]
-    if B * T <= ATTN_OUT_ROWS:
-        x1 = attention.attend_out(attn, y, x2, cos, sin, kc, vc, pos0, pdl)  # [M, d]
-    else:
-        x1 = projection(attention.attend(attn, y, cos, sin, kc, vc, pos0, T, pdl), attn.o_proj.weight, n=D,
-                        bias=attn.o_proj.bias, res=x2, pdl=pdl)  # [M, d]
-    return mlp(layer, w_gu, x1, pdl).view(B, T, D)  # [B, T, d]
+    y = projection(x2, w_qkv, n=(H + 2 * Hkv) * hd, bias=b_qkv, norm=layer.input_layernorm, pdl=pdl)  # [M, (H+2Hkv) hd]
+    a = torch.empty(B * T, H * hd, device=x.device, dtype=x.dtype)  # [M, H hd]
+    _attn_kernel[(B, Hkv)](y, attn.q_norm.weight, attn.k_norm.weight, cos.reshape(-1, hd), sin.reshape(-1, hd),
+                           kc, vc, a, pos0, float(attn.q_norm.eps), hd ** -0.5, T=T, H=H, HKV=Hkv, HD=hd, P=P,
+                           BD=next_pow2(hd), BP=next_pow2(P), PDL=pdl,
+                           **launch_options(pdl, 1))  # 1 warp: fastest on the H200
+    return mlp_block(layer, w_gu, x2, a, pdl).view(B, T, D)  # [B, T, d]
 
 
 def mlp_block(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pdl: bool) -> torch.Tensor:
     """x [M, D] + o_proj(a [M, H hd]), then + the MLP of its post-attention norm -> [M, D] (three kernels)."""
     attn, D = layer.self_attn, x.shape[1]
-    return mlp(layer, w_gu, projection(a, attn.o_proj.weight, n=D, bias=attn.o_proj.bias, res=x, pdl=pdl), pdl)
-
-
-def mlp(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, pdl: bool) -> torch.Tensor:
-    """x [M, D] + the MLP of its post-attention norm -> [M, D] (two kernels)."""
-    m = projection(x, w_gu, n=w_gu.shape[0] // 2, norm=layer.post_attention_layernorm, glu=True, pdl=pdl)  # [M, I]
-    return projection(m, layer.mlp.down_proj.weight, n=x.shape[1], res=x, pdl=pdl)  # [M, D]
+    x1 = projection(a, attn.o_proj.weight, n=D, bias=attn.o_proj.bias, res=x, pdl=pdl)  # [M, D]
+    m = projection(x1, w_gu, n=w_gu.shape[0] // 2, norm=layer.post_attention_layernorm, glu=True, pdl=pdl)  # [M, I]
+    return projection(m, layer.mlp.down_proj.weight, n=D, res=x1, pdl=pdl)  # [M, D]

@@ -17,13 +17,12 @@ import torch
 
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels.configs import next_pow2
-from omni_tts.kernels.launch import launch_options, triton
 
-if triton is not None:
+if kernels.triton is not None:
+    import triton
     import triton.language as tl
 
-    from omni_tts.kernels.attention import lanes, normed_rope, rope_row, store_kv
-    from omni_tts.kernels.launch import after_previous
+    from omni_tts.kernels.layers import after_previous, lanes, normed_rope, rope_row, store_kv
 
     @triton.jit
     def _rope_cache_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, q_ptr, eps,
@@ -63,7 +62,7 @@ def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, 
     q = torch.empty(B, H, 1, hd, device=x.device, dtype=x.dtype)  # [B, H, 1, hd]
     _rope_cache_kernel[(B, Hkv)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(),
                                  pos, kc, vc, q, float(attn.q_norm.eps), kc.stride(0), kc.stride(1), H=H, HKV=Hkv,
-                                 HD=hd, BD=next_pow2(hd), PDL=pdl, **launch_options(pdl, 1))
+                                 HD=hd, BD=next_pow2(hd), PDL=pdl, **kernels.launch_options(pdl, 1))
     return q
 
 

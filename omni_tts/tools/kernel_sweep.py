@@ -28,7 +28,6 @@ import torch
 
 from omni_tts.errors import OmniTTSError
 from omni_tts.kernels import configs as kernel_configs
-from omni_tts.kernels import launch
 from omni_tts.kernels import layers as kernels
 from omni_tts.models.compiled.kernel_choice import TALKER_PDL_ROWS
 from omni_tts.models.compiled.packed_weights import fuse_layer
@@ -103,7 +102,7 @@ def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Seq
     """The fastest config per (rows, shape); launches with PDL as the engine's: the predictor's at every row
     count, the talker's up to TALKER_PDL_ROWS rows."""
     best: dict[tuple[int, int, int], Config] = {}
-    pdl = pdl and launch.pdl_available(torch.device("cuda"))
+    pdl = pdl and kernels.pdl_available(torch.device("cuda"))
     for part in parts:
         pdl_rows = (kernels.MAX_ROWS if part == "predictor" else TALKER_PDL_ROWS) if pdl else 0
         best.update(_sweep_part(size, part, rows, say, pdl_rows, quick))

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from omni_tts.kernels import heads as head_kernels
-from omni_tts.kernels import launch
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import talker as talker_kernels
 from omni_tts.models import sampling
@@ -49,7 +48,7 @@ class KernelChoice:
         on = on and kernels.available()
         self.kernel_rows = MAX_PREDICTOR_ROWS if on else 0
         self.talker_kernel_rows = TALKER_KERNEL_ROWS if on else 0
-        self.kernel_pdl = on and launch.pdl_available(self.model.device)
+        self.kernel_pdl = on and kernels.pdl_available(self.model.device)
         self.talker_pdl_rows = TALKER_PDL_ROWS if self.kernel_pdl else 0
         self.head_kernel_rows = 0
         notices = []
