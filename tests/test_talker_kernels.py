@@ -90,6 +90,31 @@ def test_kernel_layer_step_equals_the_reference_decoder_layer() -> None:
     assert not torch.equal(kc, kc0)  # rows were written
 
 
+@pytest.mark.parametrize("dtype,pos", [(torch.float32, [2, 71, 0, 32]), (torch.bfloat16, [40, 5])])
+def test_attention_kernel_equals_the_rope_kernel_then_gqa_attention(dtype: torch.dtype, pos: list[int]) -> None:
+    """talker_attend (q/k norm + rope, the cache write and the attention in one kernel, over blocks of
+    cache positions) against talker_attn_in then gqa_attention over the whole cache with the causal mask;
+    positions above each row's own hold junk the attention must not read."""
+    m, _ = model_and_fast()
+    layer = copy.deepcopy(m.talker.layers[1]).to(dtype)
+    w, a = fuse_layer(layer), layer.self_attn
+    B, M = len(pos), 80  # 80: several blocks of talker_kernels.ATTEND_BLOCK positions
+    torch.manual_seed(len(pos))
+    x = torch.randn(B, 1, layer.input_layernorm.weight.shape[0]).to(dtype)
+    p = torch.tensor(pos)
+    cos, sin = m.talker.rope(p[:, None], dtype)  # [B, 1, hd]
+    kc0 = torch.randn(B, a.kv_heads, M, a.head_dim).to(dtype)
+    vc0 = torch.randn_like(kc0)
+    mask = (torch.arange(M)[None, :] <= p[:, None])[:, None, None]  # [B, 1, 1, M]
+    kc, vc, rk, rv = kc0.clone(), vc0.clone(), kc0.clone(), vc0.clone()
+    got = talker_kernels.talker_attend(layer, w[0], w[1], x, cos, sin, kc, vc, p, M)
+    want = gqa_attention(talker_kernels.talker_attn_in(layer, w[0], w[1], x, cos, sin, rk, rv, p), rk, rv, mask)
+    tol = 1e-5 if dtype == torch.float32 else 0.03 * want.float().abs().max().item()
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(kc, rk, rtol=0, atol=0)  # the same rows written, the others untouched
+    torch.testing.assert_close(vc, rv, rtol=0, atol=0)
+
+
 def test_probe_builds_the_talker_kernels() -> None:
     m, _ = model_and_fast()
     layer = m.talker.layers[0]

@@ -1,9 +1,11 @@
-"""Triton kernels implementing the talker's omni_tts.models.layers.DecoderLayer (omni_tts.models.talker) around
-its attention, one new token per row, at small batch.
+"""Triton kernels implementing the talker's omni_tts.models.layers.DecoderLayer (omni_tts.models.talker), one
+new token per row, at small batch.
 
 Owns: the talker layer around its attention in five kernels (norm + q|k|v, then q/k norm + rope with
 K/V written at each row's own cache position; o + residual, norm + gate|up + SiLU, down + residual:
-the projection kernel of omni_tts.kernels.layers). The attention between them stays the reference's.
+the projection kernel of omni_tts.kernels.layers), and the attention itself folded into the second
+(`talker_attend`: one program per row and query head reads the cache positions up to its row's own),
+so the reference's attention call between them drops out where the caller chooses it.
 Numerics follow the references to the dtype's rounding (float32 accumulation; the order of sums
 differs). Knows nothing about graphs, buckets or requests; which batches use the kernels is the
 caller's choice. Runs on CUDA; tests run it in Triton's CPU interpreter against the references.
@@ -17,6 +19,9 @@ import torch
 
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels.configs import next_pow2
+
+ATTEND_BLOCK = 32  # cache positions per step of the attention kernel's loop
+ATTEND_WARPS = 4
 
 if kernels.triton is not None:
     import triton
@@ -47,6 +52,52 @@ if kernels.triton is not None:
             tl.store(q_ptr + (b * H + h) * HD + d, q.to(dt), mask=dm)
 
 
+    @triton.jit
+    def _rope_attend_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, a_ptr, eps, scale,
+                            kc_row, kc_head, L: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
+                            BD: tl.constexpr, BL: tl.constexpr, PDL: tl.constexpr):
+        """Program (row b, query head h) of a one-token talker step: K/V of h's KV head normed + rotated into
+        the cache at the row's position pos[b] (by the first query head sharing it), then h's causal attention
+        over cache positions 0..pos[b] < L in blocks of BL (online softmax; a block past pos[b] reads nothing;
+        the new position's K/V come from y, not from the cache being written) -> a [B, H, HD].
+        y: [B, (H+2HKV)*HD]; cos/sin: [B, HD]."""
+        dt = a_ptr.dtype.element_ty
+        b, h = tl.program_id(0), tl.program_id(1)
+        REP: tl.constexpr = H // HKV
+        W: tl.constexpr = (H + 2 * HKV) * HD
+        g = h // REP
+        d = tl.arange(0, BD)
+        dm = d < HD
+        after_previous(PDL)
+        cos, sin = rope_row(cos_ptr, sin_ptr, b * HD, d, dm)
+        row = y_ptr + b * W
+        pos = tl.load(pos_ptr + b)
+        head = b * kc_row + g * kc_head
+        k = normed_rope(row + (H + g) * HD, d, dm, HD // 2, HD, kn_ptr, cos, sin, eps, dt)  # [BD]
+        v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
+        tl.store(kc_ptr + head + pos * HD + d, k.to(dt), mask=dm & (h % REP == 0))
+        tl.store(vc_ptr + head + pos * HD + d, v, mask=dm & (h % REP == 0))
+        q = normed_rope(row + h * HD, d, dm, HD // 2, HD, qn_ptr, cos, sin, eps, dt)
+        m_i = tl.full([], float("-inf"), tl.float32)
+        l_i = tl.full([], 0.0, tl.float32)
+        acc = tl.zeros([BD], tl.float32)
+        for start in range(0, L, BL):
+            p = start + tl.arange(0, BL)
+            old, new = (p < pos)[:, None] & dm[None, :], (p == pos)[:, None]
+            kk = tl.load(kc_ptr + head + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
+            vv = tl.load(vc_ptr + head + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
+            kk = tl.where(new, k[None, :], kk)
+            vv = tl.where(new, v.to(tl.float32)[None, :], vv)
+            s = tl.where(p <= pos, tl.sum(q[None, :] * kk, axis=1) * scale, float("-inf"))  # [BL]
+            m_new = tl.maximum(m_i, tl.max(s, axis=0))
+            alpha = tl.exp(m_i - m_new)
+            e = tl.exp(s - m_new)
+            l_i = l_i * alpha + tl.sum(e, axis=0)
+            acc = acc * alpha + tl.sum(e[:, None] * vv, axis=0)
+            m_i = m_new
+        tl.store(a_ptr + (b * H + h) * HD + d, (acc / l_i).to(dt), mask=dm)
+
+
 def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.Tensor,
                    cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor,
                    pdl: bool = False) -> torch.Tensor:
@@ -64,6 +115,27 @@ def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, 
                                  pos, kc, vc, q, float(attn.q_norm.eps), kc.stride(0), kc.stride(1), H=H, HKV=Hkv,
                                  HD=hd, BD=next_pow2(hd), PDL=pdl, **kernels.launch_options(pdl, 1))
     return q
+
+
+def talker_attend(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor, kv_len: int,
+                  pdl: bool = False) -> torch.Tensor:
+    """The DecoderLayer up to its attention output (rows 0..B-1) in two kernels: input norm + q|k|v, then q/k
+    norm + rope, K/V written at each row's position and the causal attention over positions 0..pos (as
+    gqa_attention over the first kv_len positions). x: [B, 1, D]; cos/sin: [B, 1, hd]; kc/vc: [B, Hkv, M, hd]
+    (last two dims contiguous); pos: [B], each below kv_len. -> a [B, H, 1, hd]"""
+    attn = layer.self_attn
+    B, _, D = x.shape
+    H, Hkv, hd = attn.heads, attn.kv_heads, attn.head_dim
+    assert kc.stride() == vc.stride() and kc.stride(3) == 1 and kc.stride(2) == hd
+    y = kernels.projection(x.reshape(B, D), w_qkv, n=(H + 2 * Hkv) * hd, bias=b_qkv, norm=layer.input_layernorm,
+                           pdl=pdl)  # y: [B, (H+2Hkv) hd]
+    a = torch.empty(B, H, 1, hd, device=x.device, dtype=x.dtype)  # [B, H, 1, hd]
+    _rope_attend_kernel[(B, H)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(), pos,
+                                kc, vc, a, float(attn.q_norm.eps), hd ** -0.5, kc.stride(0), kc.stride(1), kv_len, H=H,
+                                HKV=Hkv, HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK, PDL=pdl,
+                                **kernels.launch_options(pdl, ATTEND_WARPS))
+    return a
 
 
 def talker_attn_out(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pdl: bool = False
@@ -92,6 +164,7 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
             rope = torch.zeros(b, 1, a.head_dim, device=dev, dtype=dtype)
             q = talker_attn_in(layer, w[0], w[1], x, rope, rope, kc, torch.zeros_like(kc), pos, b <= pdl)
             talker_attn_out(layer, w[2], x, q, b <= pdl)
+            talker_attend(layer, w[0], w[1], x, rope, rope, kc, torch.zeros_like(kc), pos, kc.shape[2], b <= pdl)
         return ""
 
     return kernels.run_probe(dev, build)

@@ -272,19 +272,21 @@ class FastPath(KernelChoice):
         L = cache.max_len if kv_len is None else kv_len
         cos, sin = talker.rope(pos[:, None], x.dtype)  # [b, 1, hd]
         mask = (torch.arange(L, device=x.device)[None, :] <= pos[:, None])[:, None, None]  # [b, 1, 1, L]
-        a0 = talker.layers[0].self_attn
-        bias = gqa_bias(mask, b, a0.heads // a0.kv_heads, 1, L, x.dtype)  # [b, 1, rep, L], shared by the layers
-        rows = torch.arange(b, device=x.device)
         tri = b <= self.talker_kernel_rows and all(kernels.supports(layer, b) for layer in talker.layers)
+        attend = tri and L <= self.talker_attend_len  # the attention in the Triton kernel too, else SDPA
+        a0 = talker.layers[0].self_attn
+        bias = None if attend else gqa_bias(mask, b, a0.heads // a0.kv_heads, 1, L, x.dtype)  # [b, 1, rep, L]
+        rows = torch.arange(b, device=x.device)
         pdl = b <= self.talker_pdl_rows
         h = x[:, None]  # [b, 1, D]
         for i, (layer, (w_qkv, b_qkv, w_gu)) in enumerate(zip(talker.layers, self.talker_w)):
             kc, vc = cache.k[i, :b], cache.v[i, :b]  # [b, Hkv, M, hd]
-            if tri:  # programmatic dependent launch up to `talker_pdl_rows` (kernel_choice.TALKER_PDL_ROWS)
-                q = talker_kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, pdl)
+            if attend:  # programmatic dependent launch up to `talker_pdl_rows` (kernel_choice.TALKER_PDL_ROWS)
+                a = talker_kernels.talker_attend(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, L, pdl)
             else:
-                q = self.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, rows, pos)  # [b, H, 1, hd]
-            a = gqa_attention(q, kc[:, :, :L], vc[:, :, :L], bias)  # [b, H, 1, hd]
+                q = (talker_kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, pdl) if tri
+                     else self.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, rows, pos))  # [b, H, 1, hd]
+                a = gqa_attention(q, kc[:, :, :L], vc[:, :, :L], bias)  # [b, H, 1, hd]
             h = (talker_kernels.talker_attn_out(layer, w_gu, h, a, pdl) if tri
                  else self.talker_attn_out(layer, w_gu, h, a))  # [b, 1, D]
         return talker.norm(h)[:, 0]

@@ -20,6 +20,7 @@ from omni_tts.models import sampling
 
 MAX_PREDICTOR_ROWS = kernels.MAX_ROWS  # predictor steps of at most this many rows run the Triton layers
 TALKER_KERNEL_ROWS = 8  # talker steps of at most this many rows run the Triton layers (cuBLAS wins above)
+TALKER_ATTEND_LEN = 1 << 30  # ...and their attention too at kv lengths up to this (SDPA above)
 TALKER_PDL_ROWS = 1  # ...with programmatic dependent launch only at one row (whole-row tiles; it costs above)
 
 
@@ -29,6 +30,7 @@ class KernelChoice:
 
     kernel_rows = 0  # predictor steps of at most this many rows (batch x positions) run omni_tts.kernels.layers
     talker_kernel_rows = 0  # the same for talker steps
+    talker_attend_len = 0  # talker steps over at most this many cache positions run the Triton attention
     head_kernel_rows = 0  # and for the predictor's per-codebook head, choice and feed (rows = batch)
     kernel_pdl = False  # the predictor's kernels launched with programmatic dependent launch
     talker_pdl_rows = 0  # the talker's, for steps of at most this many rows
@@ -48,6 +50,7 @@ class KernelChoice:
         on = on and kernels.available()
         self.kernel_rows = MAX_PREDICTOR_ROWS if on else 0
         self.talker_kernel_rows = TALKER_KERNEL_ROWS if on else 0
+        self.talker_attend_len = TALKER_ATTEND_LEN if on else 0
         self.kernel_pdl = on and kernels.pdl_available(self.model.device)
         self.talker_pdl_rows = TALKER_PDL_ROWS if self.kernel_pdl else 0
         self.head_kernel_rows = 0
@@ -57,7 +60,7 @@ class KernelChoice:
                 self.model.talker.layers[0], self.talker_w[0], batches, self.talker_kernel_rows,
                 dtype, pdl), self.talker_pdl_rows, 0)
             if err:
-                self.talker_kernel_rows, self.talker_pdl_rows = 0, 0
+                self.talker_kernel_rows, self.talker_pdl_rows, self.talker_attend_len = 0, 0, 0
                 notices.append(f"Triton talker kernels unavailable on this GPU ({err}); using Inductor's and SDPA")
         if self.kernel_rows:
             between()
