@@ -20,7 +20,7 @@ from omni_tts.models import sampling
 
 MAX_PREDICTOR_ROWS = kernels.MAX_ROWS  # predictor steps of at most this many rows run the Triton layers
 TALKER_KERNEL_ROWS = 8  # talker steps of at most this many rows run the Triton layers (cuBLAS wins above)
-TALKER_ATTEND_LEN = 1 << 30  # ...and their attention too at kv lengths up to this (SDPA above)
+TALKER_ATTEND_LEN = 1025  # ...and their attention too at kv lengths up to this (SDPA above: not measured there)
 TALKER_PDL_ROWS = 1  # ...with programmatic dependent launch only at one row (whole-row tiles; it costs above)
 
 
