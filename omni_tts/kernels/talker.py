@@ -20,7 +20,7 @@ import torch
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels.configs import next_pow2
 
-ATTEND_BLOCK = 64  # cache positions per step of the attention kernel's loop
+ATTEND_BLOCK = 128  # cache positions per step of the attention kernel's loop
 ATTEND_WARPS = 8
 
 if kernels.triton is not None:
