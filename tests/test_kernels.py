@@ -203,11 +203,17 @@ def test_choice_kernel_top_k_cut_keeps_tied_values_like_the_sampling_module(sort
         assert len(set(want.tolist())) > 1
 
 
+@pytest.mark.parametrize("talker", ["sdpa", "fused", "alone"])
 @pytest.mark.parametrize("case", golden_cases("custom_voice")[:1])
-def test_kernel_layers_reproduce_the_golden_greedy_codes(case: dict) -> None:
+def test_kernel_layers_reproduce_the_golden_greedy_codes(case: dict, talker: str) -> None:
+    """The predictor's kernels with the talker's Triton layers around SDPA ("sdpa"), with its attention in
+    their rope kernel ("fused"), or its compiled units around the Triton attention alone ("alone")."""
     m, _ = model_and_fast()
     fast = FastPath(m, None)
-    fast.kernel_rows = fast.talker_kernel_rows = fast.head_kernel_rows = kernels.MAX_ROWS
+    fast.kernel_rows = fast.head_kernel_rows = kernels.MAX_ROWS
+    fast.talker_kernel_rows = 0 if talker == "alone" else kernels.MAX_ROWS
+    fast.talker_attend_len = 0 if talker == "sdpa" else 1 << 20
+    fast.talker_attend_rows = kernels.MAX_ROWS if talker == "alone" else 0
     gold = np.load(FIXTURES / "custom_voice" / "golden" / f"case{case['case']}_codes.npy")
     p = params_of(case)
     p.max_new_tokens = 3  # the interpreter runs every one of a frame's layer calls in Python: few frames

@@ -115,6 +115,27 @@ def test_attention_kernel_equals_the_rope_kernel_then_gqa_attention(dtype: torch
     torch.testing.assert_close(vc, rv, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_alone_equals_gqa_attention_over_the_rows_positions(dtype: torch.dtype) -> None:
+    """talker_kernels.attend (the cache already written) against gqa_attention over the first kv_len positions
+    with the causal mask, for a strided q as the compiled attn-in unit returns it; junk past each row's
+    position and past kv_len must not count."""
+    m, _ = model_and_fast()
+    a = m.talker.layers[0].self_attn
+    pos = [0, 63, 64, 200, 17]
+    B, M, L = len(pos), 300, 256  # L: two blocks of talker_kernels.ATTEND_BLOCK, the cache longer still
+    torch.manual_seed(7)
+    q = torch.randn(B, 1, a.heads, a.head_dim).to(dtype).transpose(1, 2)  # [B, H, 1, hd], not contiguous
+    kc = torch.randn(B, a.kv_heads, M, a.head_dim).to(dtype)
+    vc = torch.randn_like(kc)
+    p = torch.tensor(pos)
+    mask = (torch.arange(L)[None, :] <= p[:, None])[:, None, None]  # [B, 1, 1, L]
+    got = talker_kernels.attend(q, kc, vc, p, L)
+    want = gqa_attention(q, kc[:, :, :L], vc[:, :, :L], mask)
+    tol = 1e-5 if dtype == torch.float32 else 0.03 * want.float().abs().max().item()
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
 def test_probe_builds_the_talker_kernels() -> None:
     m, _ = model_and_fast()
     layer = m.talker.layers[0]

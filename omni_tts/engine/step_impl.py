@@ -23,7 +23,7 @@ from omni_tts.models.compiled.fast_path import FastPath
 
 # FastPath's kernel choice that use_kernels' probes decide (what a cached probe outcome restores)
 KERNEL_CHOICE = ("kernel_rows", "talker_kernel_rows", "kernel_pdl", "talker_pdl_rows", "head_kernel_rows",
-                 "talker_attend_len")
+                 "talker_attend_len", "talker_attend_rows")
 
 
 class StepImpls:
@@ -95,7 +95,8 @@ class StepImpls:
         # a probe's outcome is kept per machine and per the inputs that decide it
         key = compile_cache.probe_key(batches=batches, dtype=dtype, on=on, configs=self.config.kernel_configs,
                                       rows=(kernel_choice.MAX_PREDICTOR_ROWS, kernel_choice.TALKER_KERNEL_ROWS,
-                                            kernel_choice.TALKER_PDL_ROWS, kernel_choice.TALKER_ATTEND_LEN))
+                                            kernel_choice.TALKER_PDL_ROWS, kernel_choice.TALKER_ATTEND_LEN,
+                                            kernel_choice.TALKER_ATTEND_ROWS))
         kept = compile_cache.load_probe(key)
         if kept is not None and set(kept) == {*KERNEL_CHOICE, "notice"}:
             for name in KERNEL_CHOICE:  # the kernels build at their first launch (Triton's cache) instead

@@ -53,14 +53,40 @@ if kernels.triton is not None:
 
 
     @triton.jit
+    def _attend_loop(q, k, v, pos, kc_at, vc_at, d, dm, scale, L: tl.constexpr, HD: tl.constexpr, BL: tl.constexpr,
+                     FRESH: tl.constexpr):
+        """q's causal attention (float32 [BD]) over one KV head's cache positions 0..pos < L (kc_at/vc_at:
+        its position 0, positions HD apart) in blocks of BL with an online softmax; a block past pos reads
+        nothing. FRESH: position pos is k/v (float32 [BD], being written by another program), not the
+        cache's. -> [BD] float32"""
+        m_i = tl.full([], float("-inf"), tl.float32)
+        l_i = tl.full([], 0.0, tl.float32)
+        acc = tl.zeros(q.shape, tl.float32)
+        for start in range(0, L, BL):
+            p = start + tl.arange(0, BL)
+            cached = ((p < pos) if FRESH else (p <= pos))[:, None] & dm[None, :]
+            kk = tl.load(kc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)  # [BL, BD]
+            vv = tl.load(vc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)
+            if FRESH:
+                kk = tl.where((p == pos)[:, None], k[None, :], kk)
+                vv = tl.where((p == pos)[:, None], v[None, :], vv)
+            s = tl.where(p <= pos, tl.sum(q[None, :] * kk, axis=1) * scale, float("-inf"))  # [BL]
+            m_new = tl.maximum(m_i, tl.max(s, axis=0))
+            alpha = tl.exp(m_i - m_new)
+            e = tl.exp(s - m_new)
+            l_i = l_i * alpha + tl.sum(e, axis=0)
+            acc = acc * alpha + tl.sum(e[:, None] * vv, axis=0)
+            m_i = m_new
+        return acc / l_i
+
+    @triton.jit
     def _rope_attend_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, a_ptr, eps, scale,
                             kc_row, kc_head, L: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                             BD: tl.constexpr, BL: tl.constexpr, PDL: tl.constexpr):
         """Program (row b, query head h) of a one-token talker step: K/V of h's KV head normed + rotated into
         the cache at the row's position pos[b] (by the first query head sharing it), then h's causal attention
-        over cache positions 0..pos[b] < L in blocks of BL (online softmax; a block past pos[b] reads nothing;
-        the new position's K/V come from y, not from the cache being written) -> a [B, H, HD].
-        y: [B, (H+2HKV)*HD]; cos/sin: [B, HD]."""
+        over cache positions 0..pos[b] < L (`_attend_loop`; the new position's K/V from y, not from the cache
+        being written) -> a [B, H, HD]. y: [B, (H+2HKV)*HD]; cos/sin: [B, HD]."""
         dt = a_ptr.dtype.element_ty
         b, h = tl.program_id(0), tl.program_id(1)
         REP: tl.constexpr = H // HKV
@@ -78,24 +104,23 @@ if kernels.triton is not None:
         tl.store(kc_ptr + head + pos * HD + d, k.to(dt), mask=dm & (h % REP == 0))
         tl.store(vc_ptr + head + pos * HD + d, v, mask=dm & (h % REP == 0))
         q = normed_rope(row + h * HD, d, dm, HD // 2, HD, qn_ptr, cos, sin, eps, dt)
-        m_i = tl.full([], float("-inf"), tl.float32)
-        l_i = tl.full([], 0.0, tl.float32)
-        acc = tl.zeros([BD], tl.float32)
-        for start in range(0, L, BL):
-            p = start + tl.arange(0, BL)
-            old, new = (p < pos)[:, None] & dm[None, :], (p == pos)[:, None]
-            kk = tl.load(kc_ptr + head + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
-            vv = tl.load(vc_ptr + head + p[:, None] * HD + d[None, :], mask=old, other=0.0).to(tl.float32)
-            kk = tl.where(new, k[None, :], kk)
-            vv = tl.where(new, v.to(tl.float32)[None, :], vv)
-            s = tl.where(p <= pos, tl.sum(q[None, :] * kk, axis=1) * scale, float("-inf"))  # [BL]
-            m_new = tl.maximum(m_i, tl.max(s, axis=0))
-            alpha = tl.exp(m_i - m_new)
-            e = tl.exp(s - m_new)
-            l_i = l_i * alpha + tl.sum(e, axis=0)
-            acc = acc * alpha + tl.sum(e[:, None] * vv, axis=0)
-            m_i = m_new
-        tl.store(a_ptr + (b * H + h) * HD + d, (acc / l_i).to(dt), mask=dm)
+        o = _attend_loop(q, k, v.to(tl.float32), pos, kc_ptr + head, vc_ptr + head, d, dm, scale, L, HD, BL, True)
+        tl.store(a_ptr + (b * H + h) * HD + d, o.to(dt), mask=dm)
+
+    @triton.jit
+    def _attend_kernel(q_ptr, pos_ptr, kc_ptr, vc_ptr, a_ptr, scale, q_row, q_head, kc_row, kc_head,
+                       L: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, BD: tl.constexpr,
+                       BL: tl.constexpr):
+        """Program (row b, query head h): q[b, h]'s causal attention over its KV head's cache positions
+        0..pos[b] < L, the new position already in the cache -> a [B, H, HD]."""
+        b, h = tl.program_id(0), tl.program_id(1)
+        d = tl.arange(0, BD)
+        dm = d < HD
+        pos = tl.load(pos_ptr + b)
+        head = b * kc_row + (h // (H // HKV)) * kc_head
+        q = tl.load(q_ptr + b * q_row + h * q_head + d, mask=dm, other=0.0).to(tl.float32)
+        o = _attend_loop(q, q, q, pos, kc_ptr + head, vc_ptr + head, d, dm, scale, L, HD, BL, False)
+        tl.store(a_ptr + (b * H + h) * HD + d, o.to(a_ptr.dtype.element_ty), mask=dm)
 
 
 def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.Tensor,
@@ -138,6 +163,19 @@ def talker_attend(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x
     return a
 
 
+def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """gqa_attention of one query per row over the cache positions 0..pos (the new one already written),
+    as over the first kv_len positions with the causal mask. q: [B, H, 1, hd] (any strides, hd contiguous);
+    kc/vc: [B, Hkv, M, hd] (last two dims contiguous); pos: [B], each below kv_len. -> [B, H, 1, hd]"""
+    B, H, _, hd = q.shape
+    assert kc.stride() == vc.stride() and kc.stride(3) == 1 and kc.stride(2) == hd and q.stride(3) == 1
+    a = torch.empty(B, H, 1, hd, device=q.device, dtype=q.dtype)
+    _attend_kernel[(B, H)](q, pos, kc, vc, a, hd ** -0.5, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1),
+                           kv_len, H=H, HKV=kc.shape[1], HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK,
+                           num_warps=ATTEND_WARPS)
+    return a
+
+
 def talker_attn_out(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pdl: bool = False
                     ) -> torch.Tensor:
     """The DecoderLayer after its attention: o projection + residual, then the MLP block, in three kernels.
@@ -165,6 +203,20 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
             q = talker_attn_in(layer, w[0], w[1], x, rope, rope, kc, torch.zeros_like(kc), pos, b <= pdl)
             talker_attn_out(layer, w[2], x, q, b <= pdl)
             talker_attend(layer, w[0], w[1], x, rope, rope, kc, torch.zeros_like(kc), pos, kc.shape[2], b <= pdl)
+        return ""
+
+    return kernels.run_probe(dev, build)
+
+
+def probe_attend(layer: Any, batches: list[int], max_rows: int, dtype: torch.dtype) -> str:
+    """Build and run `attend` for every batch of at most max_rows rows (`kernels.run_probe`). -> "" or why not."""
+    a, dev = layer.self_attn, layer.input_layernorm.weight.device
+
+    def build() -> str:
+        for b in (b for b in batches if b <= max_rows):
+            kc = torch.zeros(b, a.kv_heads, 4, a.head_dim, device=dev, dtype=dtype)
+            q = torch.zeros(b, a.heads, 1, a.head_dim, device=dev, dtype=dtype)
+            attend(q, kc, torch.zeros_like(kc), torch.zeros(b, dtype=torch.long, device=dev), kc.shape[2])
         return ""
 
     return kernels.run_probe(dev, build)

@@ -273,7 +273,9 @@ class FastPath(KernelChoice):
         cos, sin = talker.rope(pos[:, None], x.dtype)  # [b, 1, hd]
         mask = (torch.arange(L, device=x.device)[None, :] <= pos[:, None])[:, None, None]  # [b, 1, 1, L]
         tri = b <= self.talker_kernel_rows and all(kernels.supports(layer, b) for layer in talker.layers)
-        attend = tri and L <= self.talker_attend_len  # the attention in the Triton kernel too, else SDPA
+        # the attention as a Triton kernel (with the rope one in the Triton layers, else after the compiled
+        # unit), else SDPA over an additive bias built once for all layers
+        attend = L <= self.talker_attend_len and (tri or b <= self.talker_attend_rows)
         a0 = talker.layers[0].self_attn
         bias = None if attend else gqa_bias(mask, b, a0.heads // a0.kv_heads, 1, L, x.dtype)  # [b, 1, rep, L]
         rows = torch.arange(b, device=x.device)
@@ -281,12 +283,13 @@ class FastPath(KernelChoice):
         h = x[:, None]  # [b, 1, D]
         for i, (layer, (w_qkv, b_qkv, w_gu)) in enumerate(zip(talker.layers, self.talker_w)):
             kc, vc = cache.k[i, :b], cache.v[i, :b]  # [b, Hkv, M, hd]
-            if attend:  # programmatic dependent launch up to `talker_pdl_rows` (kernel_choice.TALKER_PDL_ROWS)
+            if attend and tri:  # programmatic dependent launch up to `talker_pdl_rows` (TALKER_PDL_ROWS)
                 a = talker_kernels.talker_attend(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, L, pdl)
             else:
                 q = (talker_kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, pdl) if tri
                      else self.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, rows, pos))  # [b, H, 1, hd]
-                a = gqa_attention(q, kc[:, :, :L], vc[:, :, :L], bias)  # [b, H, 1, hd]
+                a = (talker_kernels.attend(q, kc, vc, pos, L) if attend
+                     else gqa_attention(q, kc[:, :, :L], vc[:, :, :L], bias))  # [b, H, 1, hd]
             h = (talker_kernels.talker_attn_out(layer, w_gu, h, a, pdl) if tri
                  else self.talker_attn_out(layer, w_gu, h, a))  # [b, 1, D]
         return talker.norm(h)[:, 0]

@@ -20,7 +20,8 @@ from omni_tts.models import sampling
 
 MAX_PREDICTOR_ROWS = kernels.MAX_ROWS  # predictor steps of at most this many rows run the Triton layers
 TALKER_KERNEL_ROWS = 8  # talker steps of at most this many rows run the Triton layers (cuBLAS wins above)
-TALKER_ATTEND_LEN = 1025  # ...and their attention too at kv lengths up to this (SDPA above: not measured there)
+TALKER_ATTEND_LEN = 1025  # the talker's attention as a Triton kernel at kv lengths up to this (SDPA above:
+TALKER_ATTEND_ROWS = 64  # not measured there) for steps up to this many rows (past the Triton layers: alone)
 TALKER_PDL_ROWS = 1  # ...with programmatic dependent launch only at one row (whole-row tiles; it costs above)
 
 
@@ -31,6 +32,7 @@ class KernelChoice:
     kernel_rows = 0  # predictor steps of at most this many rows (batch x positions) run omni_tts.kernels.layers
     talker_kernel_rows = 0  # the same for talker steps
     talker_attend_len = 0  # talker steps over at most this many cache positions run the Triton attention
+    talker_attend_rows = 0  # ...steps of at most this many rows (or of at most talker_kernel_rows)
     head_kernel_rows = 0  # and for the predictor's per-codebook head, choice and feed (rows = batch)
     kernel_pdl = False  # the predictor's kernels launched with programmatic dependent launch
     talker_pdl_rows = 0  # the talker's, for steps of at most this many rows
@@ -51,6 +53,7 @@ class KernelChoice:
         self.kernel_rows = MAX_PREDICTOR_ROWS if on else 0
         self.talker_kernel_rows = TALKER_KERNEL_ROWS if on else 0
         self.talker_attend_len = TALKER_ATTEND_LEN if on else 0
+        self.talker_attend_rows = TALKER_ATTEND_ROWS if on else 0
         self.kernel_pdl = on and kernels.pdl_available(self.model.device)
         self.talker_pdl_rows = TALKER_PDL_ROWS if self.kernel_pdl else 0
         self.head_kernel_rows = 0
@@ -62,6 +65,10 @@ class KernelChoice:
             if err:
                 self.talker_kernel_rows, self.talker_pdl_rows, self.talker_attend_len = 0, 0, 0
                 notices.append(f"Triton talker kernels unavailable on this GPU ({err}); using Inductor's and SDPA")
+            elif err := talker_kernels.probe_attend(self.model.talker.layers[0], batches, self.talker_attend_rows,
+                                                    dtype):
+                self.talker_attend_rows = 0
+                notices.append(f"Triton talker attention unavailable past {self.talker_kernel_rows} rows ({err})")
         if self.kernel_rows:
             between()
             notices.append(self._use_predictor_kernels(batches, between))
