@@ -20,9 +20,11 @@ from omni_tts.models import sampling
 
 MAX_PREDICTOR_ROWS = kernels.MAX_ROWS  # predictor steps of at most this many rows run the Triton layers
 TALKER_KERNEL_ROWS = 8  # talker steps of at most this many rows run the Triton layers (cuBLAS wins above)
-TALKER_ATTEND_LEN = 1025  # the talker's attention as a Triton kernel at kv lengths up to this (SDPA above:
-TALKER_ATTEND_ROWS = 64  # not measured there) for steps up to this many rows (past the Triton layers: alone)
 TALKER_PDL_ROWS = 1  # ...with programmatic dependent launch only at one row (whole-row tiles; it costs above)
+# the talker's attention as a Triton kernel over kv lengths up to TALKER_ATTEND_LEN (SDPA above, where it was
+# not measured), for steps of up to TALKER_ATTEND_ROWS rows (past TALKER_KERNEL_ROWS: after the compiled unit)
+TALKER_ATTEND_LEN = 1025
+TALKER_ATTEND_ROWS = 64
 
 
 class KernelChoice:
