@@ -243,7 +243,7 @@ def test_probe_builds_every_variant_or_says_why_not() -> None:
 def test_fastpath_chooses_the_kernels_it_can_build_and_says_so() -> None:
     """FastPath.use_kernels (what the runner calls for default+cudagraph): builds each group for the given
     batches; a group that cannot run falls back with a notice; the panel line says what runs."""
-    from omni_tts.models.compiled.kernel_choice import TALKER_KERNEL_ROWS
+    from omni_tts.models.compiled.kernel_choice import TALKER_ATTEND_LEN, TALKER_ATTEND_ROWS, TALKER_KERNEL_ROWS
 
     m, _ = model_and_fast()
     fast = FastPath(m, None)
@@ -254,6 +254,7 @@ def test_fastpath_chooses_the_kernels_it_can_build_and_says_so() -> None:
     assert (fast.kernel_rows, fast.head_kernel_rows, fast.talker_kernel_rows) == (rows, rows, TALKER_KERNEL_ROWS)
     assert not fast.kernel_pdl  # no programmatic dependent launch off Hopper
     assert f"{rows} predictor rows (+ heads and sampling) / {TALKER_KERNEL_ROWS} talker rows" in fast.kernels_report()
+    assert f"(attention: {TALKER_ATTEND_ROWS} rows, {TALKER_ATTEND_LEN} positions)" in fast.kernels_report()
     layer = m.talker.layers[0]
     act = layer.mlp.act
     layer.mlp.act = torch.nn.functional.gelu  # a talker the kernels do not implement: that group falls back

@@ -104,8 +104,10 @@ class KernelChoice:
         if self.kernel_pdl and self.talker_kernel_rows and self.talker_pdl_rows:
             pdl += f" (talker: up to {min(self.talker_pdl_rows, self.talker_kernel_rows)} rows)"
         head = " (+ heads and sampling)" if self.head_kernel_rows else ""
+        rows = max(self.talker_attend_rows, self.talker_kernel_rows)
+        attend = f" (attention: {rows} rows, {self.talker_attend_len} positions)" if self.talker_attend_len else ""
         return (f"Triton kernels up to {self.kernel_rows} predictor rows{head} / {self.talker_kernel_rows} talker "
-                f"rows{pdl}, Inductor above")
+                f"rows{attend}{pdl}, Inductor above")
 
 
 def _probe_pdl(probe: Callable[[Any], str], pdl: Any, off: Any) -> tuple[str, Any]:
