@@ -123,18 +123,24 @@ if kernels.triton is not None:
         tl.store(a_ptr + (b * H + h) * HD + d, o.to(a_ptr.dtype.element_ty), mask=dm)
 
 
+def _qkv(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.Tensor, kc: torch.Tensor,
+         vc: torch.Tensor, pdl: bool) -> torch.Tensor:
+    """Input norm + q|k|v of x [B, 1, D] (one kernel), after checking the cache layout the rope kernels
+    assume (kc/vc: [B, Hkv, M, hd], last two dims contiguous). -> y [B, (H+2Hkv) hd]"""
+    a, (B, _, D) = layer.self_attn, x.shape
+    assert kc.stride() == vc.stride() and kc.stride(3) == 1 and kc.stride(2) == a.head_dim
+    return kernels.projection(x.reshape(B, D), w_qkv, n=(a.heads + 2 * a.kv_heads) * a.head_dim, bias=b_qkv,
+                              norm=layer.input_layernorm, pdl=pdl)
+
+
 def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.Tensor,
                    cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor,
                    pdl: bool = False) -> torch.Tensor:
     """The DecoderLayer before its attention (rows 0..B-1) in two kernels: input norm + q|k|v, then q/k norm +
     rope (Attention.qkv) and K/V written at each row's position. x: [B, 1, D]; cos/sin: [B, 1, hd]; kc/vc:
     [B, Hkv, M, hd] (last two dims contiguous); pos: [B]. -> q [B, H, 1, hd]"""
-    attn = layer.self_attn
-    B, _, D = x.shape
-    H, Hkv, hd = attn.heads, attn.kv_heads, attn.head_dim
-    assert kc.stride() == vc.stride() and kc.stride(3) == 1 and kc.stride(2) == hd
-    y = kernels.projection(x.reshape(B, D), w_qkv, n=(H + 2 * Hkv) * hd, bias=b_qkv, norm=layer.input_layernorm,
-                      pdl=pdl)  # y: [B, (H+2Hkv) hd]
+    attn, y = layer.self_attn, _qkv(layer, w_qkv, b_qkv, x, kc, vc, pdl)  # y: [B, (H+2Hkv) hd]
+    B, H, Hkv, hd = x.shape[0], attn.heads, attn.kv_heads, attn.head_dim
     q = torch.empty(B, H, 1, hd, device=x.device, dtype=x.dtype)  # [B, H, 1, hd]
     _rope_cache_kernel[(B, Hkv)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(),
                                  pos, kc, vc, q, float(attn.q_norm.eps), kc.stride(0), kc.stride(1), H=H, HKV=Hkv,
@@ -149,12 +155,8 @@ def talker_attend(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x
     norm + rope, K/V written at each row's position and the causal attention over positions 0..pos (as
     gqa_attention over the first kv_len positions). x: [B, 1, D]; cos/sin: [B, 1, hd]; kc/vc: [B, Hkv, M, hd]
     (last two dims contiguous); pos: [B], each below kv_len. -> a [B, H, 1, hd]"""
-    attn = layer.self_attn
-    B, _, D = x.shape
-    H, Hkv, hd = attn.heads, attn.kv_heads, attn.head_dim
-    assert kc.stride() == vc.stride() and kc.stride(3) == 1 and kc.stride(2) == hd
-    y = kernels.projection(x.reshape(B, D), w_qkv, n=(H + 2 * Hkv) * hd, bias=b_qkv, norm=layer.input_layernorm,
-                           pdl=pdl)  # y: [B, (H+2Hkv) hd]
+    attn, y = layer.self_attn, _qkv(layer, w_qkv, b_qkv, x, kc, vc, pdl)  # y: [B, (H+2Hkv) hd]
+    B, H, Hkv, hd = x.shape[0], attn.heads, attn.kv_heads, attn.head_dim
     a = torch.empty(B, H, 1, hd, device=x.device, dtype=x.dtype)  # [B, H, 1, hd]
     _rope_attend_kernel[(B, H)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(), pos,
                                 kc, vc, a, float(attn.q_norm.eps), hd ** -0.5, kc.stride(0), kc.stride(1), kv_len, H=H,
