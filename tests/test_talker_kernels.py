@@ -146,10 +146,9 @@ def test_probe_builds_the_talker_kernels() -> None:
 
 
 def test_a_kept_probe_outcome_restores_every_kernel_choice() -> None:
-    """The probe-outcome cache (step_impl.KERNEL_CHOICE) names every limit KernelChoice sets, so a start that
+    """The probe-outcome cache (KernelChoice.CHOICE) names every limit KernelChoice sets, so a start that
     reuses a kept outcome runs the same kernels as the start that probed (the talker's attention included)."""
-    from omni_tts.engine.step_impl import KERNEL_CHOICE
     from omni_tts.models.compiled.kernel_choice import KernelChoice
 
     limits = {n for n, v in vars(KernelChoice).items() if not n.startswith("_") and isinstance(v, (bool, int))}
-    assert "talker_attend_len" in limits and limits == set(KERNEL_CHOICE)
+    assert "talker_attend_len" in limits and limits == set(KernelChoice.CHOICE)

@@ -21,10 +21,6 @@ from omni_tts.engine import compile_cache
 from omni_tts.models.compiled import kernel_choice
 from omni_tts.models.compiled.fast_path import FastPath
 
-# FastPath's kernel choice that use_kernels' probes decide (what a cached probe outcome restores)
-KERNEL_CHOICE = ("kernel_rows", "talker_kernel_rows", "kernel_pdl", "talker_pdl_rows", "head_kernel_rows",
-                 "talker_attend_len", "talker_attend_rows")
-
 
 class StepImpls:
     """The talker's implementation and one CodePredictor implementation per Inductor mode, shared by
@@ -94,17 +90,15 @@ class StepImpls:
         on = self.cuda and self.config.experimental.kernels
         # a probe's outcome is kept per machine and per the inputs that decide it
         key = compile_cache.probe_key(batches=batches, dtype=dtype, on=on, configs=self.config.kernel_configs,
-                                      rows=(kernel_choice.MAX_PREDICTOR_ROWS, kernel_choice.TALKER_KERNEL_ROWS,
-                                            kernel_choice.TALKER_PDL_ROWS, kernel_choice.TALKER_ATTEND_LEN,
-                                            kernel_choice.TALKER_ATTEND_ROWS))
+                                      rows=kernel_choice.LIMITS)
         kept = compile_cache.load_probe(key)
-        if kept is not None and set(kept) == {*KERNEL_CHOICE, "notice"}:
-            for name in KERNEL_CHOICE:  # the kernels build at their first launch (Triton's cache) instead
+        if kept is not None and set(kept) == {*fast.CHOICE, "notice"}:
+            for name in fast.CHOICE:  # the kernels build at their first launch (Triton's cache) instead
                 setattr(fast, name, kept[name])
             self.kernel_notice = kept["notice"]
             return self.kernel_notice
         self.kernel_notice = fast.use_kernels(on, batches, [], dtype, between)
-        compile_cache.save_probe(key, {**{n: getattr(fast, n) for n in KERNEL_CHOICE}, "notice": self.kernel_notice})
+        compile_cache.save_probe(key, {**{n: getattr(fast, n) for n in fast.CHOICE}, "notice": self.kernel_notice})
         return self.kernel_notice
 
     def kernels_report(self, mode: CompileMode) -> str:

@@ -25,6 +25,8 @@ TALKER_PDL_ROWS = 1  # ...with programmatic dependent launch only at one row (wh
 # not measured), for steps of up to TALKER_ATTEND_ROWS rows (past TALKER_KERNEL_ROWS: after the compiled unit)
 TALKER_ATTEND_LEN = 1025
 TALKER_ATTEND_ROWS = 64
+# the limits above: a kept probe outcome holds for the same ones only
+LIMITS = (MAX_PREDICTOR_ROWS, TALKER_KERNEL_ROWS, TALKER_PDL_ROWS, TALKER_ATTEND_LEN, TALKER_ATTEND_ROWS)
 
 
 class KernelChoice:
@@ -38,6 +40,9 @@ class KernelChoice:
     head_kernel_rows = 0  # and for the predictor's per-codebook head, choice and feed (rows = batch)
     kernel_pdl = False  # the predictor's kernels launched with programmatic dependent launch
     talker_pdl_rows = 0  # the talker's, for steps of at most this many rows
+    # the choice above, as use_kernels' probes decide it (what a kept probe outcome restores)
+    CHOICE = ("kernel_rows", "talker_kernel_rows", "talker_attend_len", "talker_attend_rows", "head_kernel_rows",
+              "kernel_pdl", "talker_pdl_rows")
     model: Any
     talker_w: list
     predictor_w: list
