@@ -271,13 +271,11 @@ class FastPath(KernelChoice):
         talker = self.model.talker
         L = cache.max_len if kv_len is None else kv_len
         cos, sin = talker.rope(pos[:, None], x.dtype)  # [b, 1, hd]
-        mask = (torch.arange(L, device=x.device)[None, :] <= pos[:, None])[:, None, None]  # [b, 1, 1, L]
         tri = b <= self.talker_kernel_rows and all(kernels.supports(layer, b) for layer in talker.layers)
         # the attention as a Triton kernel (with the rope one in the Triton layers, else after the compiled
         # unit), else SDPA over an additive bias built once for all layers
         attend = L <= self.talker_attend_len and (tri or b <= self.talker_attend_rows)
-        a0 = talker.layers[0].self_attn
-        bias = None if attend else gqa_bias(mask, b, a0.heads // a0.kv_heads, 1, L, x.dtype)  # [b, 1, rep, L]
+        bias = None if attend else self._talker_bias(pos, b, L, x.dtype)  # [b, 1, rep, L]
         rows = torch.arange(b, device=x.device)
         pdl = b <= self.talker_pdl_rows
         h = x[:, None]  # [b, 1, D]
@@ -293,6 +291,12 @@ class FastPath(KernelChoice):
             h = (talker_kernels.talker_attn_out(layer, w_gu, h, a, pdl) if tri
                  else self.talker_attn_out(layer, w_gu, h, a))  # [b, 1, D]
         return talker.norm(h)[:, 0]
+
+    def _talker_bias(self, pos: torch.Tensor, b: int, L: int, dtype: torch.dtype) -> torch.Tensor:
+        """The causal mask of rows at positions pos [b] over L cache positions as gqa_attention's additive bias."""
+        mask = (torch.arange(L, device=pos.device)[None, :] <= pos[:, None])[:, None, None]  # [b, 1, 1, L]
+        a0 = self.model.talker.layers[0].self_attn
+        return gqa_bias(mask, b, a0.heads // a0.kv_heads, 1, L, dtype)
 
     def predict_frame(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,
                       seed: torch.Tensor, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
