@@ -90,7 +90,7 @@ def test_kernel_layer_step_equals_the_reference_decoder_layer() -> None:
     assert not torch.equal(kc, kc0)  # rows were written
 
 
-@pytest.mark.parametrize("dtype,pos", [(torch.float32, [2, 71, 0, 32]), (torch.bfloat16, [40, 5])])
+@pytest.mark.parametrize("dtype,pos", [(torch.float32, [2, 171, 0, 128]), (torch.bfloat16, [140, 5])])
 def test_attention_kernel_equals_the_rope_kernel_then_gqa_attention(dtype: torch.dtype, pos: list[int]) -> None:
     """talker_attend (q/k norm + rope, the cache write and the attention in one kernel, over blocks of
     cache positions) against talker_attn_in then gqa_attention over the whole cache with the causal mask;
@@ -98,7 +98,7 @@ def test_attention_kernel_equals_the_rope_kernel_then_gqa_attention(dtype: torch
     m, _ = model_and_fast()
     layer = copy.deepcopy(m.talker.layers[1]).to(dtype)
     w, a = fuse_layer(layer), layer.self_attn
-    B, M = len(pos), 80  # 80: several blocks of talker_kernels.ATTEND_BLOCK positions
+    B, M = len(pos), 2 * talker_kernels.ATTEND_BLOCK  # two blocks: rows whose position lies in the first or second
     torch.manual_seed(len(pos))
     x = torch.randn(B, 1, layer.input_layernorm.weight.shape[0]).to(dtype)
     p = torch.tensor(pos)
@@ -123,7 +123,8 @@ def test_attention_alone_equals_gqa_attention_over_the_rows_positions(dtype: tor
     m, _ = model_and_fast()
     a = m.talker.layers[0].self_attn
     pos = [0, 63, 64, 200, 17]
-    B, M, L = len(pos), 300, 256  # L: two blocks of talker_kernels.ATTEND_BLOCK, the cache longer still
+    L = 2 * talker_kernels.ATTEND_BLOCK  # rows whose position lies in the first block or the second
+    B, M = len(pos), L + 44  # the cache longer than L
     torch.manual_seed(7)
     q = torch.randn(B, 1, a.heads, a.head_dim).to(dtype).transpose(1, 2)  # [B, H, 1, hd], not contiguous
     kc = torch.randn(B, a.kv_heads, M, a.head_dim).to(dtype)
