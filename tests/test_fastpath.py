@@ -49,7 +49,10 @@ def run_loop(m: TTSModel, fast: FastPath | None, params: SynthesisParams
     pre = m.build_prefill(params)
     T = pre.embeds.shape[0]
     cache = m.talker.new_cache(1, T + st.max_frames + 1)
-    h = m.talker(pre.embeds[None], torch.arange(T)[None], cache, None)[:, -1]  # [1, D]
+    if fast:
+        h = fast.talker_prefill(pre.embeds[None], cache, torch.zeros(1, dtype=torch.long))[:, -1]  # [1, D]
+    else:
+        h = m.talker(pre.embeds[None], torch.arange(T)[None], cache, None)[:, -1]  # [1, D]
     seed, seen = torch.tensor([st.seed]), torch.zeros(1, m.vocab_size, dtype=torch.bool)
     allow_eos = torch.tensor([not st.fixed])
     tsp = sampling.SlotParams.from_settings([st.talker])
@@ -153,6 +156,29 @@ def test_talker_step_reading_a_kv_prefix_equals_reading_the_whole_cache() -> Non
         torch.testing.assert_close(short, full, rtol=1e-5, atol=1e-5)
         pos = pos + 1
     assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+
+
+def test_prefill_unit_equals_the_reference_talker_for_padded_prompts_in_any_slots() -> None:
+    """Prompts of different lengths, right-padded to one length, prefilled together into scattered slots:
+    each prompt's hidden states and the K/V its slot holds equal the reference talker's; other slots untouched."""
+    m, fast = model_and_fast()
+    g = torch.Generator().manual_seed(5)
+    lengths, L, slots = [7, 12, 3], 12, torch.tensor([4, 0, 2])
+    x = torch.randn(3, L, m.hidden_size, generator=g)
+    caches = [m.talker.new_cache(5, 40) for _ in range(2)]
+    for c in caches:  # the same stale contents in both
+        c.k.copy_(torch.randn(c.k.shape, generator=g) if c is caches[0] else caches[0].k)
+        c.v.copy_(torch.randn(c.v.shape, generator=g) if c is caches[0] else caches[0].v)
+    pos = torch.arange(L)[None].expand(3, L)
+    ref = m.talker(x, pos, caches[0], slots, kv_len=L)  # [3, L, D]
+    got = fast.talker_prefill(x, caches[1], slots)
+    for i, n in enumerate(lengths):
+        torch.testing.assert_close(got[i, :n], ref[i, :n], rtol=1e-5, atol=1e-5)
+        s = int(slots[i])
+        torch.testing.assert_close(caches[1].k[:, s, :, :n], caches[0].k[:, s, :, :n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(caches[1].v[:, s, :, :n], caches[0].v[:, s, :, :n], rtol=1e-5, atol=1e-5)
+    for s in (1, 3):
+        assert torch.equal(caches[1].k[:, s], caches[0].k[:, s]) and torch.equal(caches[1].v[:, s], caches[0].v[:, s])
 
 
 def test_reduce_overhead_outputs_are_copied_out_single_or_tuple() -> None:

@@ -162,12 +162,16 @@ class Runner(RunnerWarmUp):
                        self.frame[:b], self.allow_eos[:b], self.seed[:b], m.sampling_constants)  # code0: [b]
         return h, code0
 
-    def _prefill_body(self, nb: int, L: int) -> tuple[torch.Tensor]:
-        """Talker over pre_x[:nb, :L] (prompts right-padded to L) into slots pre_slot[:nb]; -> hidden of each
-        prompt's last token [nb, D]. Padded positions after a prompt write KV that the decode steps
-        overwrite before reading; causal attention keeps them out of the prompt's own rows."""
-        pos = self.pre_pos[None, :L].expand(nb, L)  # [nb, L]
-        h = self.model.talker(self.pre_x[:nb, :L], pos, self.cache, self.pre_slot[:nb], kv_len=L)  # [nb, L, D]
+    def _prefill_body(self, nb: int, L: int, impl: FastPath | None = None) -> tuple[torch.Tensor]:
+        """Talker over pre_x[:nb, :L] (prompts right-padded to L) into slots pre_slot[:nb], on `impl`'s prefill
+        unit (None: the reference modules); -> hidden of each prompt's last token [nb, D]. Padded positions
+        after a prompt write KV that the decode steps overwrite before reading; causal attention keeps them
+        out of the prompt's own rows."""
+        if impl is not None:
+            h = impl.talker_prefill(self.pre_x[:nb, :L], self.cache, self.pre_slot[:nb])  # [nb, L, D]
+        else:
+            pos = self.pre_pos[None, :L].expand(nb, L)  # [nb, L]
+            h = self.model.talker(self.pre_x[:nb, :L], pos, self.cache, self.pre_slot[:nb], kv_len=L)  # [nb, L, D]
         return (h[torch.arange(nb, device=h.device), self.pre_last[:nb]],)  # [nb, D]
 
     def _make_cp_fn(self, sort: bool = True, reference: bool = False) -> Callable[[int], Callable[[], tuple]]:
@@ -178,7 +182,7 @@ class Runner(RunnerWarmUp):
         return lambda b: (lambda: self._talker_body(b, self.x[:b], kv_len, sort, impl))
 
     def _make_prefill_fn(self, nb: int) -> Callable[[int], Callable[[], tuple]]:
-        return lambda L: (lambda: self._prefill_body(nb, L))
+        return lambda L: (lambda: self._prefill_body(nb, L, self.talker_impl))
 
     def variant(self, n: int) -> bool:
         """The sampling variant a step of rows [:n] runs: True (full sort) when any row's settings need it."""

@@ -169,14 +169,17 @@ def profile_steps(runner: Any, buckets: Sequence[int], out_dir: str) -> dict[str
 
 
 def prefill_costs(runner: Any, speaker: str | None) -> dict[str, float]:
-    """ms to prefill one prompt of ~T tokens into a slot (graph replay in default+cudagraph), and 8 prompts
-    admitted together (one batched prefill)."""
+    """ms to prefill one prompt of ~T tokens into a slot (graph replay in default+cudagraph): with its
+    preparation (tokens and embeddings), and admitted already prepared as the scheduler does (`_admit`);
+    and 8 prompts admitted together (one batched prefill)."""
     out = {}
     for words in (3, 12, 40):
         params = SynthesisParams(text=" ".join(["word"] * words), speaker=speaker, greedy=True, language="English",
                                  fixed_frames=8)
-        t = runner.model.build_prefill(params).embeds.shape[0]
+        prep = runner.model.prepare(params, runner.max_len)
+        t = prep.prefill.embeds.shape[0]
         out[f"T{t}_ms"] = time_ms(lambda: runner.prefill(0, params), iters=10)
+        out[f"T{t}_admit_ms"] = time_ms(lambda: runner.prefill_batch(0, [prep]), iters=10)
     if runner.S >= 8:
         ps = [SynthesisParams(text=PROMPTS[i], speaker=speaker, language="English", fixed_frames=8) for i in range(8)]
         out["x8_prompts_ms"] = time_ms(lambda: runner.prefill_batch(0, [runner.model.prepare(p, runner.max_len)

@@ -11,10 +11,11 @@ a few small compiles; the hand-written Triton kernels replace units where chosen
 frame has one body here (`_frame_body`, CodePredictor.predict_frame's contract): `predict_frame` runs
 it over the units and kernels, `whole_frame` compiles it once (Inductor's kernels only), traced
 through regions that are lowered once and reused at every layer and step: what reduce-overhead runs.
-Its layers run on one of three named paths per step shape (`_layers`). q|k|v and gate|up
-run as one matmul each over packed weights that share storage with the reference modules
-(`fuse_rows`), and single-row projections run as multiply-and-sum reductions (`linear`): fewer,
-bigger kernels for a launch-bound decode. Knows nothing about requests, graphs or how buckets are chosen.
+Its layers run on one of three named paths per step shape (`_layers`). The talker's prefill runs one
+compiled unit per layer (omni_tts.models.compiled.prefill). Every unit projects through packed q|k|v
+and gate|up weights that share storage with the reference modules (`fuse_rows`; the shared
+projections are omni_tts.models.compiled.units): fewer, bigger kernels for a launch-bound decode.
+Knows nothing about requests, graphs or how buckets are chosen.
 """
 
 from __future__ import annotations
@@ -33,60 +34,9 @@ from omni_tts.kernels import talker as talker_kernels
 from omni_tts.models import sampling
 from omni_tts.models.compiled.kernel_choice import KernelChoice
 from omni_tts.models.compiled.packed_weights import fuse_layer
-from omni_tts.models.layers import apply_rope, gqa_attention, gqa_bias, rms_norm
-
-# Rows (batch x tokens) up to which a projection runs as multiply-and-sum: Inductor makes it one reduction
-# kernel that reads the weight once and fuses its neighbours (cuBLAS's GEMV wins from two rows on).
-GEMV_MAX_ROWS = 1
-
-
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, w, b); for at most GEMV_MAX_ROWS rows as a float32-accumulated multiply-and-sum."""
-    rows = x.numel() // x.shape[-1]
-    if 0 < rows <= GEMV_MAX_ROWS:
-        y = (x[..., None, :].float() * w.float()).sum(-1)  # [..., N]
-        return (y if b is None else y + b.float()).to(x.dtype)
-    return F.linear(x, w, b)
-
-
-def out_proj(attn: Any, a: torch.Tensor) -> torch.Tensor:
-    """Attention.out through `linear`. a: [B, H, T, hd] -> [B, T, D]."""
-    B, _, T, _ = a.shape
-    return linear(a.transpose(1, 2).reshape(B, T, attn.heads * attn.head_dim), attn.o_proj.weight, attn.o_proj.bias)
-
-
-def small_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """gqa_attention for a short cache (the predictor's 16 positions) in plain float32 ops, which Inductor
-    fuses into a few kernels (SDPA was a cuDNN call plus a mask copy per layer and step).
-    q: [B, H, T, hd]; k, v: [B, Hkv, M, hd]; mask: bool [1, 1, T, M] (True = attend). -> [B, H, T, hd]"""
-    B, H, T, hd = q.shape
-    Hkv, M = k.shape[1], k.shape[2]
-    rep = H // Hkv
-    qg = q.reshape(B, Hkv, rep * T, hd).float()  # [B, Hkv, rep*T, hd]: heads sharing a KV head
-    s = (qg[:, :, :, None, :] * k[:, :, None, :, :].float()).sum(-1) * hd ** -0.5  # [B, Hkv, rep*T, M]
-    m = mask.expand(1, 1, T, M)[:, :, None].expand(1, 1, rep, T, M).reshape(1, 1, rep * T, M)
-    p = s.masked_fill(~m, float("-inf")).softmax(-1)  # [B, Hkv, rep*T, M]
-    o = (p[..., None] * v[:, :, None, :, :].float()).sum(-2)  # [B, Hkv, rep*T, hd]
-    return o.to(q.dtype).reshape(B, H, T, hd)
-
-
-def qkv_fused(attn: Any, w: torch.Tensor, b: torch.Tensor | None, x: torch.Tensor, cos: torch.Tensor,
-              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Attention.qkv with one matmul and one norm + rope pass over q|k (same elementwise ops).
-    x: [B, T, D] -> q [B, H, T, hd], k/v [B, Hkv, T, hd]."""
-    B, T, _ = x.shape
-    H, Hkv, hd = attn.heads, attn.kv_heads, attn.head_dim
-    y = linear(x, w, b).view(B, T, H + 2 * Hkv, hd)  # [B, T, H + 2 Hkv, hd]
-    norm_w = torch.cat([attn.q_norm.weight.expand(H, hd), attn.k_norm.weight.expand(Hkv, hd)])  # [H + Hkv, hd]
-    qk = rms_norm(y[:, :, :H + Hkv], norm_w, attn.q_norm.eps).transpose(1, 2)  # [B, H + Hkv, T, hd]
-    qk = apply_rope(qk, cos, sin)
-    return qk[:, :H], qk[:, H:], y[:, :, H + Hkv:].transpose(1, 2)
-
-
-def mlp_fused(mlp: Any, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """MLP with gate|up in one matmul. x: [B, T, D], w: [2 I, D] -> [B, T, D]."""
-    gate, up = linear(x, w).chunk(2, dim=-1)  # [B, T, I] each
-    return linear(mlp.act(gate) * up, mlp.down_proj.weight)
+from omni_tts.models.compiled.prefill import prefill_layer
+from omni_tts.models.compiled.units import linear, mlp_fused, out_proj, qkv_fused, small_attention
+from omni_tts.models.layers import gqa_attention, gqa_bias
 
 
 # ---------------------------------------------------------------------------------------- layer units
@@ -190,6 +140,9 @@ class FastPath(KernelChoice):
         # only the first L cache positions (L chosen per step) without a recompile per L
         self.talker_attn_in = wrap(talker_attn_in)
         self.talker_attn_out = wrap(talker_attn_out)
+        # prompts come in many (batch, length) buckets: compiled for dynamic shapes from the start
+        self.talker_prefill_layer = (compile_(prefill_layer, True) if inductor_mode is not None and not spec.whole_frame
+                                     else prefill_layer)
         self.predictor_layer = wrap(predictor_layer)
         self.sample_talker = wrap(sampling.sample_talker)
         self.predictor_head = wrap(predictor_head)
@@ -291,6 +244,18 @@ class FastPath(KernelChoice):
             h = (talker_kernels.talker_attn_out(layer, w_gu, h, a, pdl) if tri
                  else self.talker_attn_out(layer, w_gu, h, a))  # [b, 1, D]
         return talker.norm(h)[:, 0]
+
+    def talker_prefill(self, x: torch.Tensor, cache: Any, slots: torch.Tensor) -> torch.Tensor:
+        """Talker.forward over prompts x: [B, T, D] (right-padded) at positions 0..T-1 into cache rows `slots`
+        [B], as the prefill unit per layer. -> final-normed hidden [B, T, D]"""
+        talker = self.model.talker
+        cos, sin = talker.rope(torch.arange(x.shape[1], device=x.device)[None], x.dtype)  # [1, T, hd]
+        T = x.shape[1]
+        for i, (layer, (w_qkv, b_qkv, w_gu)) in enumerate(zip(talker.layers, self.talker_w)):
+            x, k, v = self.talker_prefill_layer(layer, w_qkv, b_qkv, w_gu, x, cos, sin)  # k/v: [B, Hkv, T, hd]
+            cache.k[i, :, :, :T][slots] = k  # one index_put each, outside the compiled unit
+            cache.v[i, :, :, :T][slots] = v
+        return talker.norm(x)
 
     def _talker_bias(self, pos: torch.Tensor, b: int, L: int, dtype: torch.dtype) -> torch.Tensor:
         """The causal mask of rows at positions pos [b] over L cache positions as gqa_attention's additive bias."""
