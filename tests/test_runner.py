@@ -39,6 +39,49 @@ def test_batched_prefill_equals_one_prompt_at_a_time(_one_thread):
         torch.testing.assert_close(batched[i][4], alone[4], rtol=1e-5, atol=1e-5)
 
 
+def test_the_prefill_graph_body_on_the_fast_path_equals_the_reference_prefill(_one_thread):
+    """The prefill graphs' body runs the fast path's prefill unit (`talker_impl`): prompts of three lengths
+    admitted together into slots 1..3 get the hidden state, first code, K/V and positions of the reference
+    prefill (float32), and slot 0's cache is untouched. On a CPU the graph set has no captures, so its
+    run() calls the same body ungraphed."""
+    from omni_tts.engine.cuda_graphs import BucketedGraph
+    from omni_tts.models.compiled.fast_path import FastPath
+
+    runner = warmed_runner(EngineConfig(model=str(fixture_dir("custom_voice")), mode="eager", device="cpu",
+                                        max_num_seqs=4, max_seq_len=128))
+    texts = ["Hi.", "A somewhat longer sentence for the second slot.", "Third, with sampling on."]
+    ps = [SynthesisParams(text=t, speaker=sp, language="English", greedy=i != 2, seed=5 + i)
+          for i, (t, sp) in enumerate(zip(texts, ["ryan", "vivian", "eric"]))]
+    items = [runner.model.prepare(p, runner.max_len) for p in ps]
+    T = [a.prompt_len for a in items]
+    g = torch.Generator().manual_seed(1)
+    runner.cache.k.copy_(torch.randn(runner.cache.k.shape, generator=g))
+
+    def state() -> list[tuple]:
+        return [(runner.h[i].clone(), int(runner.code0[i]), int(runner.pos[i]),
+                 runner.cache.k[:, i, :, :T[i - 1]].clone(), runner.cache.v[:, i, :, :T[i - 1]].clone())
+                for i in (1, 2, 3)]
+
+    slot0 = runner.cache.k[:, 0].clone()
+    runner.prefill_batch(1, items)
+    reference = state()
+    runner.talker_impl = fast = FastPath(runner.model, None)
+    calls: list[int] = []  # prefill unit calls (spied, not replaced)
+    fast.talker_prefill = lambda *a, f=fast.talker_prefill: calls.append(1) or f(*a)
+    runner.prefill_graphs = {nb: BucketedGraph(f"prefill x{nb}", runner._make_prefill_fn(nb), runner.prefill_buckets,
+                                               runner.pool) for nb in runner.prefill_batches}
+    runner.cache.k[:, 1:4].zero_()
+    runner.cache.v[:, 1:4].zero_()
+    runner.prefill_batch(1, items)
+    assert calls == [1]
+    for ref, got in zip(reference, state()):
+        torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)
+        assert got[1:3] == ref[1:3]
+        torch.testing.assert_close(got[3], ref[3], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[4], ref[4], rtol=1e-5, atol=1e-5)
+    assert torch.equal(runner.cache.k[:, 0], slot0)
+
+
 def test_two_frames_in_flight_give_the_codes_of_two_waited_steps(_one_thread):
     """launch(t), launch(t+1), then collect both (the engine's lookahead) == step, step: the two pinned
     result buffers never overwrite a frame that is not read yet, and each ticket reads its own frame."""
