@@ -248,9 +248,8 @@ class FastPath(KernelChoice):
     def talker_prefill(self, x: torch.Tensor, cache: Any, slots: torch.Tensor) -> torch.Tensor:
         """Talker.forward over prompts x: [B, T, D] (right-padded) at positions 0..T-1 into cache rows `slots`
         [B], as the prefill unit per layer. -> final-normed hidden [B, T, D]"""
-        talker = self.model.talker
-        cos, sin = talker.rope(torch.arange(x.shape[1], device=x.device)[None], x.dtype)  # [1, T, hd]
-        T = x.shape[1]
+        talker, T = self.model.talker, x.shape[1]
+        cos, sin = talker.rope(torch.arange(T, device=x.device)[None], x.dtype)  # [1, T, hd]
         for i, (layer, (w_qkv, b_qkv, w_gu)) in enumerate(zip(talker.layers, self.talker_w)):
             x, k, v = self.talker_prefill_layer(layer, w_qkv, b_qkv, w_gu, x, cos, sin)  # k/v: [B, Hkv, T, hd]
             cache.k[i, :, :, :T][slots] = k  # one index_put each, outside the compiled unit
