@@ -12,15 +12,22 @@ from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.engine.testing import warmed_runner
 
 
-def test_batched_prefill_equals_one_prompt_at_a_time(_one_thread):
+def three_prompts() -> tuple:
+    """A four-slot CPU runner and three prepared prompts of different lengths (two greedy, one sampled)
+    -> (runner, params, prepared, prompt lengths)."""
     runner = warmed_runner(EngineConfig(model=str(fixture_dir("custom_voice")), mode="eager", device="cpu",
-                                             max_num_seqs=4, max_seq_len=128))
+                                        max_num_seqs=4, max_seq_len=128))
     texts = ["Hi.", "A somewhat longer sentence for the second slot.", "Third, with sampling on."]
     ps = [SynthesisParams(text=t, speaker=sp, language="English", greedy=i != 2, seed=5 + i)
           for i, (t, sp) in enumerate(zip(texts, ["ryan", "vivian", "eric"]))]
     items = [runner.model.prepare(p, runner.max_len) for p in ps]
     T = [a.prompt_len for a in items]
     assert len(set(T)) == 3  # really different lengths (right padding exercised)
+    return runner, ps, items, T
+
+
+def test_batched_prefill_equals_one_prompt_at_a_time(_one_thread):
+    runner, ps, items, T = three_prompts()
 
     def state(i: int) -> tuple:
         return (runner.h[i].clone(), int(runner.code0[i]), int(runner.pos[i]), runner.trail[i].clone(),
@@ -47,13 +54,7 @@ def test_the_prefill_graph_body_on_the_fast_path_equals_the_reference_prefill(_o
     from omni_tts.engine.cuda_graphs import BucketedGraph
     from omni_tts.models.compiled.fast_path import FastPath
 
-    runner = warmed_runner(EngineConfig(model=str(fixture_dir("custom_voice")), mode="eager", device="cpu",
-                                        max_num_seqs=4, max_seq_len=128))
-    texts = ["Hi.", "A somewhat longer sentence for the second slot.", "Third, with sampling on."]
-    ps = [SynthesisParams(text=t, speaker=sp, language="English", greedy=i != 2, seed=5 + i)
-          for i, (t, sp) in enumerate(zip(texts, ["ryan", "vivian", "eric"]))]
-    items = [runner.model.prepare(p, runner.max_len) for p in ps]
-    T = [a.prompt_len for a in items]
+    runner, _, items, T = three_prompts()
     g = torch.Generator().manual_seed(1)
     runner.cache.k.copy_(torch.randn(runner.cache.k.shape, generator=g))
 
