@@ -24,6 +24,7 @@ from omni_tts.engine.testing import summarize
 from omni_tts.errors import OmniTTSError
 from omni_tts.tools.args import add_engine_flags, engine_config, progress
 from omni_tts.tools.load import request_maker, run_load
+from omni_tts.tools.provenance import provenance
 
 ROWS = [("Med TTFP (ms)", "med_ttfp_ms", "{:.1f}"), ("p90 TTFP (ms)", "p90_ttfp_ms", "{:.1f}"),
         ("Med E2E (ms)", "med_e2e_ms", "{:.1f}"), ("Mean RTF", "mean_rtf", "{:.3f}"),
@@ -196,7 +197,7 @@ def main(args: argparse.Namespace) -> int:
     print(format_table(results, args.concurrency, extra))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": snapshot.model, "device": snapshot.device, "dtype": snapshot.dtype,
+            json.dump({**provenance(), "model": snapshot.model, "device": snapshot.device, "dtype": snapshot.dtype,
                        "fixed_frames": args.fixed_frames, "concurrency": args.concurrency,
                        "results": {m: {str(c): v for c, v in r.items()} for m, r in results.items()},
                        "extra": extra}, f, indent=1)
@@ -216,7 +217,7 @@ def _bench_over_http(args: Any) -> int:
     print(format_table(results, args.concurrency))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"http": args.http, "frames": frames, "concurrency": args.concurrency,
+            json.dump({**provenance(), "http": args.http, "frames": frames, "concurrency": args.concurrency,
                        "results": {m: {str(c): v for c, v in r.items()} for m, r in results.items()}}, f, indent=1)
     return 0
 

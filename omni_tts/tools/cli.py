@@ -49,6 +49,8 @@ COMMANDS: dict[str, Command] = {
     "roofline": Command("omni_tts.tools.roofline", "per-part time, bytes read and share of the GPU's bandwidth"),
     "memory": Command("omni_tts.tools.memory_table", "peak GPU memory per preset under memory caps"),
     "start-ready": Command("omni_tts.tools.start_ready", "the app's start-up: page, each mode ready, first audio"),
+    "source-digest": Command("omni_tts.tools.provenance", "the package's source digest (or commits'), as result "
+                             "JSONs record it"),
 }
 
 

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from omni_tts.tools.args import add_model_flag
-from omni_tts.tools.roofline import REPO, provenance
+from omni_tts.tools.provenance import provenance
+from omni_tts.tools.roofline import REPO
 
 GIB = float(1 << 30)
 

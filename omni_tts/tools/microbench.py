@@ -27,6 +27,7 @@ from omni_tts.engine.testing import gpu_memory
 from omni_tts.tools.args import add_engine_flags, engine_config, progress
 from omni_tts.tools.bench import device_modes
 from omni_tts.tools.load import PROMPTS
+from omni_tts.tools.provenance import provenance
 
 
 def time_ms(fn: Callable[[], Any], iters: int = 20, warmup: int = 3) -> float:
@@ -266,7 +267,7 @@ def run(cfg: EngineConfig, modes: Sequence[str], frames: int, say: Callable[[str
     impls = testing.StepImpls(tts, cfg)  # one set of compiled units for every mode's runner, as the engine shares them
     impls.configure_kernels(cfg.resolved_buckets(), tts.dtype)
     speaker = (tts.speakers() or [None])[0]
-    result: dict[str, Any] = {"buckets": list(buckets), "modes": {},
+    result: dict[str, Any] = {**provenance(), "buckets": list(buckets), "modes": {},
                               "codec": {} if skip_codec else codec_costs(tts)}
     say(f"codec decode_window costs (ms): {result['codec']}")
     ref: list[torch.Tensor] | None = None

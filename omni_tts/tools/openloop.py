@@ -14,18 +14,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from omni_tts.tools.load import PROMPTS
+from omni_tts.tools.provenance import provenance
 
 BYTES_PER_SAMPLE = 2  # pcm: 16-bit little-endian mono
 DEFAULT_SAMPLE_RATE = 24000
@@ -196,7 +195,7 @@ def main(args: argparse.Namespace) -> int:
               f"{'none tried' if best is None else f'{best:g} req/s'}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "commit": _commit(), "http": args.http, "body": body,
+            json.dump({**provenance(), "http": args.http, "body": body,
                        "rates": [r["rate"] for r in results], "results": results,
                        "sweep": {"best_rate": best, "ttfp_slo_ms": args.ttfp_slo_ms} if args.sweep else None},
                       f, indent=1)
@@ -215,15 +214,6 @@ def format_row(r: dict[str, Any]) -> str:
     rtf = "-" if r["rtf_mean"] is None else f"{r['rtf_mean']:.3f}"
     return (f"{r['rate']:>6g} {r['sent']:>5} {r['done']:>5} {ttfp:>22} {e2e:>24} {rtf:>6} "
             f"{r['audio_s_per_s']:>9.2f} {under:>8}  {r['statuses']}")
-
-
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() \
-            or None
-    except OSError:
-        return None
 
 
 if __name__ == "__main__":

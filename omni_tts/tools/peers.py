@@ -31,6 +31,7 @@ from typing import Any
 
 from omni_tts.errors import OmniTTSError
 from omni_tts.tools.peer_run import add_run_flags, run_argv
+from omni_tts.tools.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[2]  # the directory holding the omni_tts package
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
@@ -172,9 +173,9 @@ def main(a: argparse.Namespace) -> int:
             results.append(run_system(name, a, paths, mem, logs / f"peer-{name}.log"))
             print(table(results[-1:]), file=sys.stderr, flush=True)
             if a.json:  # after every system, so a stopped run keeps what it measured
-                Path(a.json).write_text(json.dumps({"model": a.model, "frames": a.frames, "device": a.device,
-                                                    "concurrency": a.concurrency, "num_prompts": a.num_prompts,
-                                                    "results": results}, indent=1))
+                Path(a.json).write_text(json.dumps({**provenance(), "model": a.model, "frames": a.frames,
+                                                    "device": a.device, "concurrency": a.concurrency,
+                                                    "num_prompts": a.num_prompts, "results": results}, indent=1))
     finally:
         mem.close()
     print(table(results))

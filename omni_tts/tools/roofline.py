@@ -33,8 +33,6 @@ import argparse
 import bisect
 import json
 import os
-import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,20 +44,10 @@ import torch
 
 from omni_tts.tools.args import add_engine_flags, engine_config
 from omni_tts.tools.microbench import carried_chunk, fill_slots, step_callables, time_ms
+from omni_tts.tools.provenance import provenance
 
 REPO = Path(__file__).resolve().parents[2]
 PARTS = ("talker step", "predictor frame", "code-to-wave")
-
-
-def provenance() -> dict[str, Any]:
-    """What a result JSON records about its run: command, commit, torch version, device."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return {"command": shlex.join(sys.argv), "commit": commit, "torch": torch.__version__, "device": device}
 
 
 STEADY_HISTORY_FRAMES = 100  # a chunk this far into a request: the codec's attention window is full

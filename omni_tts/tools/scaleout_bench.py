@@ -25,6 +25,7 @@ from omni_tts.errors import OmniTTSError
 from omni_tts.tools import openloop
 from omni_tts.tools.args import add_model_flag
 from omni_tts.tools.http_load import bench_http
+from omni_tts.tools.provenance import provenance
 
 # name -> (server flags, closed-loop concurrencies)
 SETUPS: dict[str, tuple[list[str], list[int]]] = {
@@ -117,7 +118,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if not args.model:
         raise OmniTTSError("--model is required: a checkpoint directory (e.g. make-checkpoint --size 1.7B)")
-    out: dict[str, Any] = {"command": " ".join(sys.argv), "commit": openloop._commit(), "model": args.model,
+    out: dict[str, Any] = {**provenance(), "model": args.model,
                            "frames": args.frames, "sets": args.set, "results": {}}
     for name in [s.strip() for s in args.setups.split(",") if s.strip()]:
         flags, conc = SETUPS[name]

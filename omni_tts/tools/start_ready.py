@@ -166,7 +166,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import shlex
 
-    from omni_tts.tools.roofline import provenance
+    from omni_tts.tools.provenance import provenance
 
     res = measure(shlex.split(args.app_args), args)
     res.update(provenance())  # after the app stopped: nothing of ours touches the GPU while it starts
