@@ -14,6 +14,7 @@ from _fixtures import fixture_dir, run_cli_process
 
 from omni_tts.tools import bench, load
 from omni_tts.tools.cli import main
+from omni_tts.tools.provenance import tree_digest
 
 LABELS = ["Med TTFP (ms)", "p90 TTFP (ms)", "Med E2E (ms)", "Mean RTF", "Req/s", "Audio tput (s/s)",
           "Mean batch per frame", "Code-to-wave calls"]
@@ -54,6 +55,7 @@ def test_bench_cli_runs_end_to_end_and_writes_a_table_and_json(tmp_path):
 
     data = json.loads(out.read_text())
     assert data["device"] == "cpu" and data["dtype"] == "float32" and data["fixed_frames"] == 5
+    assert data["source_digest"] == tree_digest() and "gpu" in data  # the run's provenance beside the run's device
     assert data["concurrency"] == [1, 2] and list(data["results"]) == ["eager"]
     assert data["extra"]["eager"]["state"] == "ready"
     table = {(r[0], r[1]): r[2] for r in body[:len(want)]}

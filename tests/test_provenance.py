@@ -61,6 +61,7 @@ def test_outside_a_repository_there_is_no_commit_but_still_a_digest(tmp_path: Pa
     (pkg / "a.py").write_text("A = 1\n")
     res = provenance(pkg)
     assert res["commit"] is None and res["commit_dirty"] is None
+    assert res["device"] == (res["gpu"] or "cpu")
     assert res["source_digest"] == tree_digest(pkg) and res["command"] and res["utc"].endswith("Z")
 
 

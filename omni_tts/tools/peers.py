@@ -167,13 +167,14 @@ def main(a: argparse.Namespace) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     mem = GpuMemory(enabled=a.device.startswith("cuda"))
     results: list[dict[str, Any]] = []
+    run = provenance()  # once: the run's start, whichever system's results are written last
     try:
         for name in names:
             print(f"running {name} ...", file=sys.stderr, flush=True)
             results.append(run_system(name, a, paths, mem, logs / f"peer-{name}.log"))
             print(table(results[-1:]), file=sys.stderr, flush=True)
             if a.json:  # after every system, so a stopped run keeps what it measured
-                Path(a.json).write_text(json.dumps({**provenance(), "model": a.model, "frames": a.frames,
+                Path(a.json).write_text(json.dumps({**run, "model": a.model, "frames": a.frames,
                                                     "device": a.device, "concurrency": a.concurrency,
                                                     "num_prompts": a.num_prompts, "results": results}, indent=1))
     finally:

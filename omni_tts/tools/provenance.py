@@ -68,18 +68,19 @@ def _head_digest(package: Path, commit: str) -> str | None:
 
 def provenance(package: Path = PACKAGE) -> dict[str, Any]:
     """The run's record: command, UTC start, git HEAD and whether the package differs from it, the
-    package's source digest, Python, torch and the device."""
+    package's source digest, Python, torch and the GPU."""
     commit = _git(package, "rev-parse", "HEAD")
     source = tree_digest(package)
     try:
         import torch
     except ImportError:  # an HTTP client's record: no torch needed
         torch = None
-    cuda = torch is not None and torch.cuda.is_available()
+    gpu = torch.cuda.get_device_name() if torch is not None and torch.cuda.is_available() else None
+    # `gpu` keeps the machine's GPU where a tool's own `device` (the run's: "cuda", "cpu") replaces ours
     return {"command": shlex.join(sys.argv), "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "commit": commit, "commit_dirty": None if commit is None else source != _head_digest(package, commit),
             "source_digest": source, "python": sys.version.split()[0],
-            "torch": torch.__version__ if torch else None, "device": torch.cuda.get_device_name() if cuda else "cpu"}
+            "torch": torch.__version__ if torch else None, "gpu": gpu, "device": gpu or "cpu"}
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

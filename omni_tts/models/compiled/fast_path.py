@@ -135,14 +135,13 @@ class FastPath(KernelChoice):
         compile_: Callable[..., Callable] = lambda f, dynamic=False: torch.compile(  # noqa: E731
             f, mode=inductor_mode, dynamic=dynamic, fullgraph=True)
         # a whole-frame mode compiles only the whole frame (below): its units stay plain functions inside it
-        wrap = compile_ if inductor_mode is not None and not spec.whole_frame else (lambda f: f)
+        wrap = compile_ if inductor_mode is not None and not spec.whole_frame else (lambda f, dynamic=False: f)
         # the talker layer is two units around an uncompiled attention call, so the attention can read
         # only the first L cache positions (L chosen per step) without a recompile per L
         self.talker_attn_in = wrap(talker_attn_in)
         self.talker_attn_out = wrap(talker_attn_out)
         # prompts come in many (batch, length) buckets: compiled for dynamic shapes from the start
-        self.talker_prefill_layer = (compile_(prefill_layer, True) if inductor_mode is not None and not spec.whole_frame
-                                     else prefill_layer)
+        self.talker_prefill_layer = wrap(prefill_layer, True)
         self.predictor_layer = wrap(predictor_layer)
         self.sample_talker = wrap(sampling.sample_talker)
         self.predictor_head = wrap(predictor_head)
