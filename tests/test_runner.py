@@ -46,6 +46,38 @@ def test_batched_prefill_equals_one_prompt_at_a_time(_one_thread):
         torch.testing.assert_close(batched[i][4], alone[4], rtol=1e-5, atol=1e-5)
 
 
+def test_a_prefill_chooses_each_first_code_with_its_own_settings_and_seed(_one_thread):
+    """Prompts admitted together, each with its own talker settings, seed and fixed-length flag: each first
+    code 0 is the one sampling.sample_talker picks for that prompt alone from its hidden state, and the
+    slot keeps those settings (sampling params, seed, allow_eos, position) for its decode steps."""
+    from omni_tts.models import sampling
+
+    runner = warmed_runner(EngineConfig(model=str(fixture_dir("custom_voice")), mode="eager", device="cpu",
+                                        max_num_seqs=4, max_seq_len=128))
+    rows = [dict(temperature=0.7, top_k=5, top_p=1.0, repetition_penalty=1.0, seed=11, fixed_frames=None),
+            dict(temperature=1.3, top_k=0, top_p=0.8, repetition_penalty=1.2, seed=12, fixed_frames=9),
+            dict(greedy=True, seed=13, fixed_frames=None)]
+    ps = [SynthesisParams(text=f"Prompt number {i}, with its own settings.", speaker="ryan", language="English",
+                          do_sample="greedy" not in r, greedy=r.pop("greedy", False), **r) for i, r in enumerate(rows)]
+    items = [runner.model.prepare(p, runner.max_len) for p in ps]
+    runner.prefill_batch(1, items)
+    m = runner.model
+    for i, a in enumerate(items):
+        slot = i + 1
+        sp = sampling.SlotParams.from_settings([a.settings.talker])
+        sp.all_greedy = False
+        alone = sampling.sample_talker(m.talker.logits(runner.h[slot:slot + 1]), sp,
+                                       torch.zeros(1, m.vocab_size, dtype=torch.bool), torch.zeros(1, dtype=torch.long),
+                                       torch.tensor([not a.settings.fixed]), torch.tensor([a.settings.seed]),
+                                       m.sampling_constants)
+        assert int(runner.code0[slot]) == int(alone[0])
+        for got, want in zip(runner.talker_sp.span(slot, 1)._fields(), sp._fields()):
+            assert torch.equal(got, want)
+        assert int(runner.seed[slot]) == a.settings.seed and bool(runner.allow_eos[slot]) == (not a.settings.fixed)
+        assert int(runner.pos[slot]) == a.prompt_len and runner.seen[slot].sum() == 1
+    assert len({int(runner.seed[s]) for s in (1, 2, 3)}) == 3 and not bool(runner.allow_eos[2])
+
+
 def test_the_prefill_graph_body_on_the_fast_path_equals_the_reference_prefill(_one_thread):
     """The prefill graphs' body runs the fast path's prefill unit (`talker_impl`): prompts of three lengths
     admitted together into slots 1..3 get the hidden state, first code, K/V and positions of the reference

@@ -71,8 +71,14 @@ class Runner(RunnerWarmUp):
         self.prefill_batches = [b for b in (1, 2, 4, 8) if b < P] + [P]
         self.pre_x = torch.zeros(P, self.max_len, D, dtype=self.dtype, device=dev)  # prompts, right-padded
         self.pre_pos = torch.arange(self.max_len, device=dev)
-        self.pre_slot = torch.full((P,), S, dtype=torch.long, device=dev)  # padded rows write the spare slot
-        self.pre_last = torch.zeros(P, dtype=torch.long, device=dev)  # index of each prompt's last token
+        # per prompt, one host copy each per call (the graphs read them): slot (padded rows: the spare one),
+        # index of the last token, top_k, seed, allow_eos; then greedy, temperature, top_p, penalty
+        self.pre_i = torch.zeros(5, P, dtype=torch.long, device=dev)
+        self.pre_f = torch.ones(4, P, device=dev)
+        self.pre_slot, self.pre_last = self.pre_i[0], self.pre_i[1]
+        self.pre_slot.fill_(S)
+        self.pre_seen = torch.zeros(P, m.vocab_size, dtype=torch.bool, device=dev)  # a new prompt has seen nothing
+        self.pre_frame = torch.zeros(P, dtype=torch.long, device=dev)
         self.prefill_buckets = [L for L in (16, 32, 64, 128, 256, 512) if L <= self.max_len]
         f = dict(device=dev)
         self.x = torch.zeros(S, D, dtype=self.dtype, **f)  # next talker input embedding per slot
@@ -162,17 +168,29 @@ class Runner(RunnerWarmUp):
                        self.frame[:b], self.allow_eos[:b], self.seed[:b], m.sampling_constants)  # code0: [b]
         return h, code0
 
-    def _prefill_body(self, nb: int, L: int, impl: FastPath | None = None) -> tuple[torch.Tensor]:
+    def _prefill_body(self, nb: int, L: int, impl: FastPath | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Talker over pre_x[:nb, :L] (prompts right-padded to L) into slots pre_slot[:nb], on `impl`'s prefill
-        unit (None: the reference modules); -> hidden of each prompt's last token [nb, D]. Padded positions
-        after a prompt write KV that the decode steps overwrite before reading; causal attention keeps them
-        out of the prompt's own rows."""
+        unit (None: the reference modules), then each prompt's first code 0 (full-sort variant: any
+        settings) -> (hidden of each prompt's last token [nb, D], code 0 [nb]). Padded positions after a
+        prompt write KV that the decode steps overwrite before reading; causal attention keeps them out of
+        the prompt's own rows."""
+        m = self.model
         if impl is not None:
             h = impl.talker_prefill(self.pre_x[:nb, :L], self.cache, self.pre_slot[:nb])  # [nb, L, D]
         else:
             pos = self.pre_pos[None, :L].expand(nb, L)  # [nb, L]
-            h = self.model.talker(self.pre_x[:nb, :L], pos, self.cache, self.pre_slot[:nb], kv_len=L)  # [nb, L, D]
-        return (h[torch.arange(nb, device=h.device), self.pre_last[:nb]],)  # [nb, D]
+            h = m.talker(self.pre_x[:nb, :L], pos, self.cache, self.pre_slot[:nb], kv_len=L)  # [nb, L, D]
+        h = h[torch.arange(nb, device=h.device), self.pre_last[:nb]]  # [nb, D]
+        i = self.pre_i[:, :nb]
+        sample = impl.sample_talker if impl is not None else sampling.sample_talker
+        code0 = sample(m.talker.logits(h), self._prefill_params(nb), self.pre_seen[:nb], self.pre_frame[:nb],
+                       i[4] > 0, i[3], m.sampling_constants)  # [nb]
+        return h, code0
+
+    def _prefill_params(self, n: int) -> sampling.SlotParams:
+        """The talker's sampling settings of prompts [:n] of a prefill call, as pre_i / pre_f hold them."""
+        i, f = self.pre_i[:, :n], self.pre_f[:, :n]
+        return sampling.SlotParams(f[0] > 0, f[1], i[2], f[2], f[3])
 
     def _make_cp_fn(self, sort: bool = True, reference: bool = False) -> Callable[[int], Callable[[], tuple]]:
         return lambda b: (lambda: self._cp_body(b, sort, reference))
@@ -227,19 +245,23 @@ class Runner(RunnerWarmUp):
             self._prefill_rows(first + c0, items[c0:c0 + len(self.pre_slot)])
 
     def _prefill_rows(self, first: int, items: list[Prepared]) -> None:
-        m, k = self.model, len(items)
+        k, S = len(items), self.S
         T = [a.prefill.embeds.shape[0] for a in items]
         L = pick_bucket(max(T), self.prefill_buckets)
         nb = pick_bucket(k, self.prefill_batches)
         for i, a in enumerate(items):
             self.pre_x[i, :T[i]] = a.prefill.embeds
-        transfer.put(self.pre_slot[:nb], [first + i for i in range(k)] + [self.S] * (nb - k))  # [nb]
-        transfer.put(self.pre_last[:nb], [t - 1 for t in T] + [0] * (nb - k))  # [nb]
+        greedy, temperature, top_k, top_p, penalty = sampling.SlotParams.columns([a.settings.talker for a in items])
+        pad = [0] * (nb - k)
+        transfer.put(self.pre_i[:, :nb], [[first + i for i in range(k)] + [S] * (nb - k), [t - 1 for t in T] + pad,
+                                           list(top_k) + pad, [a.settings.seed for a in items] + pad,
+                                           [int(not a.settings.fixed) for a in items] + pad])  # [5, nb]
+        transfer.put(self.pre_f[:, :nb], [[float(g) for g in greedy] + [1.0] * (nb - k)]
+                     + [list(c) + [1.0] * (nb - k) for c in (temperature, top_p, penalty)])  # [4, nb]
         if nb in self.prefill_graphs and L is not None:
-            (h,) = self.prefill_graphs[nb].run(L)  # h: [nb, D]
-            h = h[:k]
+            h, code0 = self.prefill_graphs[nb].run(L)  # [nb, D], [nb]
         else:
-            (h,) = self._prefill_body(k, L or max(T))  # h: [k, D]
+            h, code0 = self._prefill_body(k, L or max(T))  # [k, D], [k]
         for i, a in enumerate(items):
             slot = first + i
             N = min(a.prefill.trailing.shape[0], self.max_len - 1)
@@ -248,20 +270,17 @@ class Runner(RunnerWarmUp):
             fits = sampling.fits_topk(a.settings.talker) and sampling.fits_topk(a.settings.subtalker)
             self.needs_sort[slot] = not fits
         s = slice(first, first + k)
-        self.talker_sp.set_rows(first, [a.settings.talker for a in items])
+        self.talker_sp.assign(first, self._prefill_params(k))
         self.cp_sp.set_rows(first, [a.settings.subtalker for a in items])
-        transfer.put(self.seed[s], [a.settings.seed for a in items])
-        transfer.put(self.allow_eos[s], [not a.settings.fixed for a in items])
-        transfer.put(self.pos[s], T)
+        self.seed[s] = self.pre_i[3, :k]
+        self.allow_eos[s] = self.pre_i[4, :k] > 0
+        self.pos[s] = self.pre_i[1, :k] + 1
         self.pos_host[s] = T
         self.frame[s] = 0
         self.seen[s] = False
-        sp = self.talker_sp.span(first, k)
-        sp.all_greedy = all(a.settings.talker.is_greedy for a in items)
-        self.code0[s] = sampling.sample_talker(m.talker.logits(h), sp, self.seen[s], self.frame[s],
-                                               self.allow_eos[s], self.seed[s], m.sampling_constants)  # [k]
+        self.code0[s] = code0[:k]
         sampling.mark_seen(self.seen[s], self.code0[s])
-        self.h[s] = h
+        self.h[s] = h[:k]
 
     def step(self, n: int) -> tuple[Any, Any]:
         """One frame for rows [:n], waited for: `collect(launch(n))`."""

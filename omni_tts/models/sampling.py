@@ -104,11 +104,21 @@ class SlotParams:
         """Rows [start, start + len(rows)) from their settings: one host-to-device copy per field, not
         waited for (the copies are ordered before the kernels that read them)."""
         self.all_greedy = False
-        values = zip(*((r.is_greedy, float(r.temperature) if r.temperature > 0 else 1.0, int(r.top_k or 0),
-                        float(r.top_p if r.top_p is not None else 1.0), float(r.repetition_penalty or 1.0))
-                       for r in rows))
-        for t, v in zip(self._fields(), values):
+        for t, v in zip(self._fields(), self.columns(rows)):
             transfer.put(t[start:start + len(rows)], v)
+
+    @staticmethod
+    def columns(rows: list[RowSettings]) -> tuple[tuple, ...]:
+        """The settings of `rows` as host columns in field order: greedy, temperature, top_k, top_p, penalty."""
+        return tuple(zip(*((r.is_greedy, float(r.temperature) if r.temperature > 0 else 1.0, int(r.top_k or 0),
+                            float(r.top_p if r.top_p is not None else 1.0), float(r.repetition_penalty or 1.0))
+                           for r in rows)))
+
+    def assign(self, start: int, other: SlotParams) -> None:
+        """Rows [start, start + n) from the n rows of `other` (device copies, no host values)."""
+        self.all_greedy = False
+        for t, v in zip(self._fields(), other._fields()):
+            t[start:start + v.shape[0]] = v
 
     def move(self, src: int, dst: int) -> None:
         for t in self._fields():
