@@ -69,6 +69,26 @@ def test_a_frame_launched_ahead_gives_the_plain_paths_audio_and_codes(_one_threa
         eng.shutdown()
 
 
+def test_a_frames_codes_reach_the_audio_stage_before_its_eos_is_waited_for(_one_thread):
+    """Each frame's codes go to the audio stage as soon as its CodePredictor half is read back, before the
+    scheduler waits for the talker half (the next code 0, EOS); the audio still equals the plain path's."""
+    eng = make_engine(fixture_dir("custom_voice"))
+    events: list[str] = []
+    sched = scheduler(eng)
+    collect, put = sched.runner.collect, sched.audio.put
+    sched.runner.collect = lambda ticket: events.append("eos") or collect(ticket)
+    sched.audio.put = lambda jobs: events.extend(j[0] for j in jobs) or put(jobs)
+    try:
+        p = greedy("Short.", fixed_frames=5)
+        r = eng.submit(p).result(TIMEOUT)
+        assert_same_as_plain(eng, p, r.codes, r.wav)
+        frames = [i for i, e in enumerate(events) if e == "eos"][:5]  # a sixth may be launched ahead
+        assert events.count("push") == 5 and all(events[i - 1] == "push" for i in frames)
+        assert events.index("flush") > frames[-1]
+    finally:
+        eng.shutdown()
+
+
 def test_voice_design_checkpoint_matches_its_golden_and_needs_an_instruct():
     eng = make_engine(fixture_dir("voice_design"), max_num_seqs=1)
     try:

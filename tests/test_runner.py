@@ -117,7 +117,8 @@ def test_the_prefill_graph_body_on_the_fast_path_equals_the_reference_prefill(_o
 
 def test_two_frames_in_flight_give_the_codes_of_two_waited_steps(_one_thread):
     """launch(t), launch(t+1), then collect both (the engine's lookahead) == step, step: the two pinned
-    result buffers never overwrite a frame that is not read yet, and each ticket reads its own frame."""
+    result buffers never overwrite a frame that is not read yet, and each ticket reads its own frame, its
+    codes alone (collect_codes) as well as with the next frame's EOS flags."""
     cfg = EngineConfig(model=str(fixture_dir("custom_voice")), mode="eager", device="cpu", max_num_seqs=2,
                        max_seq_len=128)
     ps = [SynthesisParams(text=t, speaker="ryan", language="English", do_sample=True, seed=s, fixed_frames=6)
@@ -131,7 +132,9 @@ def test_two_frames_in_flight_give_the_codes_of_two_waited_steps(_one_thread):
             pending = runner.launch(2)
             for _ in range(3):
                 nxt = runner.launch(2)
+                codes = runner.collect_codes(pending)  # the CodePredictor's half, read before the rest
                 frames.append(runner.collect(pending))
+                assert (codes == frames[-1][0]).all()
                 pending = nxt
             frames.append(runner.collect(pending))
         else:

@@ -108,8 +108,8 @@ class AudioStage:
     """Jobs, each a tuple about one request record `a` (engine._Active: handle, decoder, codes, chunks,
     failed): ("push", a, codes [n, 16]), ("flush", a), ("finish", a, status, error).
 
-    `put(jobs)` queues a list of jobs as one item (the scheduler puts one step's jobs at once, so the
-    chunks that step made due are always decoded together)."""
+    `put(jobs)` queues a list of jobs as one item (the scheduler puts one step's pushes at once, so the
+    chunks that step made due are always decoded together, then that step's flushes and completions)."""
 
     def __init__(self, device: torch.device, stats: EngineStats, priority: bool = False) -> None:
         """priority: first-chunk graphs (`capture_first_chunks`) replay on a high-priority stream; the

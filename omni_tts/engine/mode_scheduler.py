@@ -366,17 +366,20 @@ class ModeScheduler:
             self._take(*done)
 
     def _take(self, ticket: Any, rows: list[Request]) -> None:
-        """A launched frame's results: codes to each request (rows[i] held slot i at launch), finished
-        requests out of their slots. A request that left after the launch ignores its row."""
-        codes, eos = self.runner.collect(ticket)  # codes: [n, 16] int64 (frame just completed); eos: [n] bool (next)
-        self.stats.on_step(sum(not a.left for a in rows))
-        jobs: list[tuple] = []  # this step's code-to-wave jobs, queued as one item (decoded as one batch)
-        deadline, t = self.config.deadline_s(), now()
-        for i, a in enumerate(rows):
-            if a.left:
-                continue
+        """A launched frame's results: its codes to each request as soon as the CodePredictor made them (the
+        audio stage starts on them while the talker half still runs), then, once code 0 of the next frame
+        is known, finished requests out of their slots (rows[i] held slot i at launch). A request that left
+        after the launch ignores its row."""
+        codes = self.runner.collect_codes(ticket)  # [n, 16] int64: the frame just completed
+        live = [(i, a) for i, a in enumerate(rows) if not a.left]
+        self.stats.on_step(len(live))
+        for i, a in live:
             a.codes.append(codes[i])
-            jobs.append(("push", a, codes[i:i + 1]))
+        self.audio.put([("push", a, codes[i:i + 1]) for i, a in live])  # decoded as one batch
+        _, eos = self.runner.collect(ticket)  # eos: [n] bool, the next frame's code 0 is EOS
+        jobs: list[tuple] = []
+        deadline, t = self.config.deadline_s(), now()
+        for i, a in live:
             if a.handle.cancel_requested.is_set():
                 jobs.append(("finish", a, "cancelled", None))
                 self._leave(a)

@@ -102,10 +102,15 @@ class Runner(RunnerWarmUp):
         self.codes = torch.zeros(S, 16, dtype=torch.long, **f)
         # step results come back through these pinned buffers (transfer.to_host_async + an event wait), never
         # a pageable .cpu(): that waits inside the driver and stalls the code-to-wave thread's kernel
-        # launches. Two of them, used in turn:
+        # launches. Two of each, used in turn:
         # the engine launches step t+1 before it reads step t's results (one frame of lookahead).
-        self._host = [torch.zeros(S, 17, dtype=torch.long, pin_memory=dev.type == "cuda") for _ in range(2)]
+        pin = dev.type == "cuda"
+        self._host_codes = [torch.zeros(S, 16, dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self._host_code0 = [torch.zeros(S, dtype=torch.long, pin_memory=pin) for _ in range(2)]
         self._turn = 0
+        # a frame's codes are copied out on this stream as soon as the CodePredictor made them, so the
+        # audio can start while the talker half of the frame still runs
+        self._copies = torch.cuda.Stream(dev, priority=-1) if pin else None
 
     def pool_bytes(self) -> int:
         return self.pool_bytes_
@@ -286,13 +291,17 @@ class Runner(RunnerWarmUp):
         """One frame for rows [:n], waited for: `collect(launch(n))`."""
         return self.collect(self.launch(n))
 
-    def launch(self, n: int) -> tuple[int, int, Any]:
-        """Queue one frame for rows [:n] on the device and the copy of its results to the host; returns a
-        ticket for `collect`. Nothing here waits for the device, so the caller can do host work (or launch
-        the next frame: at most two tickets may be outstanding) while it runs."""
+    def launch(self, n: int) -> tuple[int, int, Any, Any]:
+        """Queue one frame for rows [:n] on the device and the copies of its results to the host; returns a
+        ticket for `collect_codes` / `collect`. Nothing here waits for the device, so the caller can do host
+        work (or launch the next frame: at most two tickets may be outstanding) while it runs."""
         cp_step, talker_step = self.step_fns(n)
         codes, nxt = cp_step()  # codes: [n, 16], nxt: [n, D]
+        self._after_copies()
         self.codes[:n] = codes
+        k = self._turn
+        self._turn ^= 1
+        codes_out = self._copy_out(self.codes[:n], self._host_codes[k][:n])
         self.x[:n] = nxt
         self.frame[:n] += 1
         h, code0 = talker_step()  # h: [n, D], code0: [n]
@@ -301,19 +310,36 @@ class Runner(RunnerWarmUp):
         self.pos[:n] += 1
         self.pos_host[:n] += 1
         sampling.mark_seen(self.seen[:n], code0)
-        k = self._turn
-        self._turn ^= 1
-        out = torch.cat([self.codes[:n], self.code0[:n, None]], dim=1)  # out: [n, 17]
-        return k, n, transfer.to_host_async(out, self._host[k][:n])
+        return k, n, codes_out, transfer.to_host_async(self.code0[:n], self._host_code0[k][:n])
 
-    def collect(self, ticket: tuple[int, int, Any]) -> tuple[Any, Any]:
-        """Wait for a launched frame: (codes [n, 16] of the frame it completed, eos [n]: the next frame's
-        code 0 is EOS) as numpy arrays."""
-        k, n, done = ticket
+    def collect_codes(self, ticket: tuple[int, int, Any, Any]) -> Any:
+        """Wait for a launched frame's codes (the CodePredictor's half of it): [n, 16] int64 numpy."""
+        k, n, done, _ = ticket
         if done is not None:
             done.synchronize()
-        out = self._host[k][:n].numpy().copy()
-        return out[:, :16], out[:, 16] == self.model.eos_id
+        return self._host_codes[k][:n].numpy().copy()
+
+    def collect(self, ticket: tuple[int, int, Any, Any]) -> tuple[Any, Any]:
+        """Wait for a whole launched frame: (codes [n, 16] of the frame it completed, eos [n]: the next
+        frame's code 0 is EOS) as numpy arrays."""
+        codes = self.collect_codes(ticket)
+        done = ticket[3]
+        if done is not None:
+            done.synchronize()
+        return codes, self._host_code0[ticket[0]][:ticket[1]].numpy() == self.model.eos_id
+
+    def _copy_out(self, t: torch.Tensor, out: torch.Tensor) -> Any:
+        """`transfer.to_host_async(t, out)` on the copy stream once the current stream has made t."""
+        if self._copies is None:
+            return transfer.to_host_async(t, out)
+        self._copies.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._copies):
+            return transfer.to_host_async(t, out)
+
+    def _after_copies(self) -> None:
+        """Make the current stream wait for the copies queued so far (before it writes what they read)."""
+        if self._copies is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._copies)
 
     def _run(self, graph: BucketedGraph | None, make: Callable[[int], Callable[[], tuple]], n: int,
              compiled: bool) -> tuple:
@@ -326,6 +352,7 @@ class Runner(RunnerWarmUp):
 
     def move_slot(self, src: int, dst: int) -> None:
         """Move a request's whole state from slot src to slot dst (compaction after a finish)."""
+        self._after_copies()
         self.cache.move(src, dst)
         for t in (self.x, self.h, self.code0, self.pos, self.frame, self.trail, self.seen, self.seed,
                   self.allow_eos, self.codes):
