@@ -16,10 +16,11 @@ from omni_tts.tools import bench, load
 from omni_tts.tools.cli import main
 from omni_tts.tools.provenance import tree_digest
 
-LABELS = ["Med TTFP (ms)", "p90 TTFP (ms)", "Med E2E (ms)", "Mean RTF", "Req/s", "Audio tput (s/s)",
-          "Mean batch per frame", "Code-to-wave calls"]
-KEYS = ["requests", "med_ttfp_ms", "p90_ttfp_ms", "med_queue_ms", "med_e2e_ms", "mean_rtf", "req_per_s",
-        "audio_s_per_s", "audio_s", "wall_s", "batch_per_frame", "decode_calls"]
+LABELS = ["Med TTFP (ms)", "p90 TTFP (ms)", "Med queued (ms)", "Med to first codes (ms)", "Med to first chunk (ms)",
+          "Med E2E (ms)", "Mean RTF", "Req/s", "Audio tput (s/s)", "Mean batch per frame", "Code-to-wave calls"]
+KEYS = ["requests", "med_ttfp_ms", "p90_ttfp_ms", "med_queue_ms", "med_first_codes_ms", "med_first_chunk_ms",
+        "med_e2e_ms", "mean_rtf", "req_per_s", "audio_s_per_s", "audio_s", "wall_s", "batch_per_frame",
+        "decode_calls"]
 
 
 
@@ -54,7 +55,7 @@ def test_bench_cli_runs_end_to_end_and_writes_a_table_and_json(tmp_path):
     assert "[eager] concurrency 2: 3/3 requests" in p.stderr
 
     data = json.loads(out.read_text())
-    assert data["device"] == "cpu" and data["dtype"] == "float32" and data["fixed_frames"] == 5
+    assert data["complete"] and data["device"] == "cpu" and data["dtype"] == "float32" and data["fixed_frames"] == 5
     assert data["source_digest"] == tree_digest() and "gpu" in data  # the run's provenance beside the run's device
     assert data["concurrency"] == [1, 2] and list(data["results"]) == ["eager"]
     assert data["extra"]["eager"]["state"] == "ready"
@@ -68,10 +69,33 @@ def test_bench_cli_runs_end_to_end_and_writes_a_table_and_json(tmp_path):
         assert s["wall_s"] > 0 and s["req_per_s"] == pytest.approx(3 / s["wall_s"])
         assert s["audio_s_per_s"] == pytest.approx(s["audio_s"] / s["wall_s"])
         assert 0 < s["med_ttfp_ms"] <= s["p90_ttfp_ms"] and 0 < s["med_e2e_ms"] and s["mean_rtf"] > 0
+        parts = [s["med_queue_ms"], s["med_first_codes_ms"], s["med_first_chunk_ms"]]  # TTFP's three parts
+        assert all(0 < x <= s["p90_ttfp_ms"] for x in parts)
         assert 0.5 <= s["batch_per_frame"] <= int(c)  # c clients keep at most c rows busy
         assert 1 <= s["decode_calls"] <= 3 * 3  # each request's chunks (first, rest, flush) at most
         for label, key, fmt in bench.ROWS:  # the table shows the JSON's numbers
             assert table[(label, c)] == fmt.format(s[key])
+
+
+def test_a_bench_stopped_part_way_keeps_the_rows_it_finished(tmp_path, monkeypatch):
+    """The JSON is rewritten after every row: a run stopped during its second concurrency (here by an
+    interrupt in that row's load) leaves the first row on disk, marked incomplete."""
+    out = tmp_path / "partial.json"
+    run = bench._one_run
+
+    def stop_at_two(engine, mode, c, *a):
+        if c == 2:
+            raise KeyboardInterrupt
+        return run(engine, mode, c, *a)
+
+    monkeypatch.setattr(bench, "_one_run", stop_at_two)
+    with pytest.raises(KeyboardInterrupt):
+        main(["bench", "--model", str(fixture_dir("custom_voice")), "--preset", "all-eager", "--modes", "eager",
+              "--concurrency", "1", "2", "--num-prompts", "2", "--fixed-frames", "2", "--warmup", "1",
+              "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert data["complete"] is False and list(data["results"]["eager"]) == ["1"]
+    assert data["results"]["eager"]["1"]["requests"] == 2.0 and data["source_digest"] == tree_digest()
 
 
 def test_bench_serves_a_checkpoint_without_speakers_with_voice_design(tmp_path, capsys):

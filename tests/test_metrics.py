@@ -32,6 +32,10 @@ def test_request_metrics_properties():
     assert d["request_id"] == 7 and d["mode"] == "default" and d["ttfp_ms"] == pytest.approx(50.0)
     assert d["e2e_ms"] == pytest.approx(2000.0) and d["audio_s"] == 2.0 and d["rtf"] == pytest.approx(1.0)
     assert d["queue_ms"] == pytest.approx(20.0)
+    assert m.first_codes_ms is None and m.first_chunk_ms is None  # not known until the first frame is read
+    m.first_codes_at = 10.035
+    assert m.first_codes_ms == pytest.approx(15.0) and m.as_dict()["first_chunk_ms"] == pytest.approx(15.0)
+    assert m.queue_ms + m.first_codes_ms + m.first_chunk_ms == pytest.approx(m.ttfp_ms)
 
 
 def test_rtf_is_none_without_audio_and_uses_the_sample_rate():

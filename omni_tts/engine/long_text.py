@@ -111,7 +111,7 @@ class LongTextHandle(RequestHandle):
         try:
             for n, chunk in enumerate(handle.stream()):
                 if m.started_at is None:
-                    m.started_at = handle.metrics.started_at
+                    m.started_at, m.first_codes_at = handle.metrics.started_at, handle.metrics.first_codes_at
                 if n == 0 and i > 0:
                     self._deliver(self._pause, 0)
                 self._deliver(chunk.samples, chunk.frames)

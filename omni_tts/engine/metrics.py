@@ -23,13 +23,16 @@ def now() -> float:
 
 @dataclass
 class RequestMetrics:
-    """One request's timings. TTFP: accepted -> first audio chunk ready; queued: accepted -> taken into a
-    slot (waiting for a free slot or for its mode's warm-up); RTF = E2E / audio seconds."""
+    """One request's timings. TTFP: accepted -> first audio chunk ready, in three parts: queued (accepted ->
+    taken into a slot: waiting for a free slot or for its mode's warm-up), first codes (taken -> its first
+    frame's codes on the host: prefill and one frame) and first chunk (those codes -> the chunk: the
+    audio stage's wait and decode); RTF = E2E / audio seconds."""
 
     request_id: int
     mode: str
     accepted_at: float
     started_at: float | None = None
+    first_codes_at: float | None = None
     first_audio_at: float | None = None
     finished_at: float | None = None
     frames: int = 0
@@ -53,6 +56,20 @@ class RequestMetrics:
         return None if self.started_at is None else 1000.0 * (self.started_at - self.accepted_at)
 
     @property
+    def first_codes_ms(self) -> float | None:
+        """Taken into a slot -> the first frame's codes on the host."""
+        if self.started_at is None or self.first_codes_at is None:
+            return None
+        return 1000.0 * (self.first_codes_at - self.started_at)
+
+    @property
+    def first_chunk_ms(self) -> float | None:
+        """The first frame's codes on the host -> the first audio chunk ready."""
+        if self.first_codes_at is None or self.first_audio_at is None:
+            return None
+        return 1000.0 * (self.first_audio_at - self.first_codes_at)
+
+    @property
     def e2e_ms(self) -> float | None:
         return None if self.finished_at is None else 1000.0 * (self.finished_at - self.accepted_at)
 
@@ -68,7 +85,8 @@ class RequestMetrics:
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(ttfp_ms=self.ttfp_ms, queue_ms=self.queue_ms, e2e_ms=self.e2e_ms, audio_s=self.audio_s, rtf=self.rtf)
+        d.update(ttfp_ms=self.ttfp_ms, queue_ms=self.queue_ms, first_codes_ms=self.first_codes_ms,
+                 first_chunk_ms=self.first_chunk_ms, e2e_ms=self.e2e_ms, audio_s=self.audio_s, rtf=self.rtf)
         return d
 
 
@@ -160,6 +178,8 @@ def summarize(records: list[RequestMetrics], wall_s: float) -> dict[str, float]:
     done = [r for r in records if r.status == "done"]
     ttfp = [r.ttfp_ms for r in done if r.ttfp_ms is not None]
     queued = [r.queue_ms for r in done if r.queue_ms is not None]
+    codes = [r.first_codes_ms for r in done if r.first_codes_ms is not None]
+    chunk = [r.first_chunk_ms for r in done if r.first_chunk_ms is not None]
     e2e = [r.e2e_ms for r in done if r.e2e_ms is not None]
     rtf = [r.rtf for r in done if r.rtf is not None]
     audio = sum(r.audio_s for r in done)
@@ -175,6 +195,8 @@ def summarize(records: list[RequestMetrics], wall_s: float) -> dict[str, float]:
         "med_ttfp_ms": statistics.median(ttfp) if ttfp else float("nan"),
         "p90_ttfp_ms": pct(ttfp, 0.9),
         "med_queue_ms": statistics.median(queued) if queued else float("nan"),
+        "med_first_codes_ms": statistics.median(codes) if codes else float("nan"),
+        "med_first_chunk_ms": statistics.median(chunk) if chunk else float("nan"),
         "med_e2e_ms": statistics.median(e2e) if e2e else float("nan"),
         "mean_rtf": statistics.fmean(rtf) if rtf else float("nan"),
         "req_per_s": len(done) / wall_s if wall_s > 0 else float("nan"),

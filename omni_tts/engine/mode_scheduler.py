@@ -373,12 +373,15 @@ class ModeScheduler:
         codes = self.runner.collect_codes(ticket)  # [n, 16] int64: the frame just completed
         live = [(i, a) for i, a in enumerate(rows) if not a.left]
         self.stats.on_step(len(live))
+        t = now()
         for i, a in live:
             a.codes.append(codes[i])
+            if len(a.codes) == 1:
+                a.handle.metrics.first_codes_at = t
         self.audio.put([("push", a, codes[i:i + 1]) for i, a in live])  # decoded as one batch
         _, eos = self.runner.collect(ticket)  # eos: [n] bool, the next frame's code 0 is EOS
         jobs: list[tuple] = []
-        deadline, t = self.config.deadline_s(), now()
+        deadline = self.config.deadline_s()
         for i, a in live:
             if a.handle.cancel_requested.is_set():
                 jobs.append(("finish", a, "cancelled", None))

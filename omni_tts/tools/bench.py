@@ -27,6 +27,8 @@ from omni_tts.tools.load import request_maker, run_load
 from omni_tts.tools.provenance import provenance
 
 ROWS = [("Med TTFP (ms)", "med_ttfp_ms", "{:.1f}"), ("p90 TTFP (ms)", "p90_ttfp_ms", "{:.1f}"),
+        ("Med queued (ms)", "med_queue_ms", "{:.1f}"), ("Med to first codes (ms)", "med_first_codes_ms", "{:.1f}"),
+        ("Med to first chunk (ms)", "med_first_chunk_ms", "{:.1f}"),
         ("Med E2E (ms)", "med_e2e_ms", "{:.1f}"), ("Mean RTF", "mean_rtf", "{:.3f}"),
         ("Req/s", "req_per_s", "{:.2f}"), ("Audio tput (s/s)", "audio_s_per_s", "{:.1f}"),
         ("Mean batch per frame", "batch_per_frame", "{:.2f}"), ("Code-to-wave calls", "decode_calls", "{:.0f}")]
@@ -53,10 +55,12 @@ def format_table(results: dict[str, dict[int, dict[str, float]]], concurrency: S
 
 def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: int,
                make: Callable[[int, str], SynthesisParams], warmup: int, say: Callable[[str], None],
-               per_client: int = 0, runs: int = 1) -> tuple[dict[int, dict[str, float]], dict[str, Any]]:
+               per_client: int = 0, runs: int = 1, on_row: Callable[[int, dict[str, Any]], None] | None = None
+               ) -> tuple[dict[int, dict[str, float]], dict[str, Any]]:
     """One mode's rows; the other resident modes idle meanwhile (they were warmed at start-up). Each
     concurrency c runs max(num_prompts, per_client * c, c) requests, `runs` times: its row holds each
-    figure's median over the runs (and the runs themselves when there are several)."""
+    figure's median over the runs (and the runs themselves when there are several). on_row(c, row) as
+    each row is done."""
     engine.wait_ready(mode)
     report = engine.modes()[mode]
     make_m = lambda i: make(i, mode)  # noqa: E731
@@ -76,6 +80,8 @@ def bench_mode(engine: Any, mode: str, concurrency: Sequence[int], num_prompts: 
             results[c] = {"error": f"failed: {str(e)[:80]}"}
         except Exception as e:  # a CUDA error in one mode is a result, not a crash of the benchmark
             results[c] = {"error": f"{type(e).__name__}: {str(e)[:80]}"}
+        if on_row:
+            on_row(c, results[c])
     snap = engine.snapshot()
     cap = snap.capture.get(mode, {})
     pool, trees = cap.get("pool_bytes", 0), cap.get("tree_pool_bytes", 0)
@@ -191,16 +197,24 @@ def main(args: argparse.Namespace) -> int:
     config = engine_config(args, max_num_seqs=slots, mode=modes[0], modes=modes)
     results: dict[str, dict[int, dict[str, float]]] = {}
     extra: dict[str, dict[str, Any]] = {}
-    snapshot = _bench_group(config, args, results, extra, say)
+    head = provenance()
+
+    def save(snapshot: EngineSnapshot | None = None) -> None:
+        """The JSON as it stands: rewritten after every row, so a run stopped part-way keeps its rows
+        ("complete": false until the end)."""
+        if args.json:
+            info = {"model": snapshot.model, "device": snapshot.device, "dtype": snapshot.dtype} if snapshot else {}
+            with open(args.json, "w") as f:
+                json.dump({**head, **info, "complete": snapshot is not None, "fixed_frames": args.fixed_frames,
+                           "concurrency": args.concurrency,
+                           "results": {m: {str(c): v for c, v in r.items()} for m, r in results.items()},
+                           "extra": extra}, f, indent=1)
+
+    snapshot = _bench_group(config, args, results, extra, say, save)
     print(f"model: {snapshot.model}\ndevice: {snapshot.device}  dtype: {snapshot.dtype}  "
           f"fixed_frames: {args.fixed_frames}")
     print(format_table(results, args.concurrency, extra))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**provenance(), "model": snapshot.model, "device": snapshot.device, "dtype": snapshot.dtype,
-                       "fixed_frames": args.fixed_frames, "concurrency": args.concurrency,
-                       "results": {m: {str(c): v for c, v in r.items()} for m, r in results.items()},
-                       "extra": extra}, f, indent=1)
+    save(snapshot)
     return 0
 
 
@@ -222,8 +236,8 @@ def _bench_over_http(args: Any) -> int:
     return 0
 
 
-def _bench_group(config: EngineConfig, args: Any, results: dict, extra: dict, say: Callable[[str], None]
-                 ) -> EngineSnapshot:
+def _bench_group(config: EngineConfig, args: Any, results: dict, extra: dict, say: Callable[[str], None],
+                 save: Callable[[], None] = lambda: None) -> EngineSnapshot:
     """Every mode of `config.modes` resident in one engine, benchmarked one after another."""
     from omni_tts import Engine
 
@@ -235,9 +249,11 @@ def _bench_group(config: EngineConfig, args: Any, results: dict, extra: dict, sa
     try:
         for mode in modes:
             say(f"mode {mode}")
+            rows = results.setdefault(mode, {})
+            on_row = lambda c, row, rows=rows: (rows.__setitem__(c, row), save())  # noqa: E731
             results[mode], extra[mode] = bench_mode(engine, mode, args.concurrency,
                                                     args.num_prompts or max(12, 2 * max(args.concurrency)),
-                                                    make, args.warmup, say, args.per_client, args.runs)
+                                                    make, args.warmup, say, args.per_client, args.runs, on_row)
             # printed as it comes, so a run stopped in a later mode keeps this one
             say(format_table({mode: results[mode]}, args.concurrency, {mode: extra[mode]}))
     finally:
