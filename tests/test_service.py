@@ -160,6 +160,15 @@ def test_health_ready_model_card_and_prometheus_metrics_move_with_requests(servi
     for hist in ("omni_tts_ttfp_seconds", "omni_tts_e2e_seconds", "omni_tts_rtf"):
         assert _value(after, hist, hist + "_count", mode="eager") == \
             _value(before, hist, hist + "_count", mode="eager") + 2
+    parts, h = ("queued", "first_codes", "first_chunk"), "omni_tts_ttfp_part_seconds"
+    for part in parts:
+        assert _value(after, h, h + "_count", mode="eager", part=part) == \
+            _value(before, h, h + "_count", mode="eager", part=part) + 2
+    added = sum(_value(after, h, h + "_sum", mode="eager", part=p) - _value(before, h, h + "_sum", mode="eager", part=p)
+                for p in parts)  # the parts add up to the TTFP
+    t = "omni_tts_ttfp_seconds"
+    ttfp = _value(after, t, t + "_sum", mode="eager") - _value(before, t, t + "_sum", mode="eager")
+    assert added == pytest.approx(ttfp)
     assert _value(after, "omni_tts_frames", "omni_tts_frames_total") - \
         _value(before, "omni_tts_frames", "omni_tts_frames_total") == frames
     assert _value(after, "omni_tts_running_requests", "omni_tts_running_requests", mode="eager") == 0

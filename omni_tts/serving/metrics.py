@@ -2,8 +2,9 @@
 app's own (two engines in one process never share one).
 
 Owns the metric names: requests by mode and outcome (`omni_tts_requests_total`, from the engine's counters;
-refusals at submit included), TTFP / E2E / RTF histograms (fed by the
-engine's finished-request observer), and, read from the engine's snapshot at each scrape: waiting and
+refusals at submit included), TTFP / E2E / RTF histograms and TTFP's parts (queued for a slot, to the first
+frame's codes, to the first chunk: where first audio waits) (fed by the engine's finished-request
+observer), and, read from the engine's snapshot at each scrape: waiting and
 running requests per mode, frames made and frame steps per second, GPU memory allocated / reserved,
 graph-pool bytes per mode and each mode's warm-up state. Knows nothing about HTTP.
 """
@@ -36,6 +37,10 @@ class EngineMetrics:
                              ["mode"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.rtf = Histogram("omni_tts_rtf", "Real-time factor (E2E / audio seconds) of finished requests",
                              ["mode"], buckets=RTF_BUCKETS, registry=self.registry)
+        self.ttfp_parts = Histogram("omni_tts_ttfp_part_seconds", "TTFP of finished requests in parts: queued "
+                                    "(submit to a slot), first_codes (slot to the first frame's codes: prefill and "
+                                    "one frame), first_chunk (those codes to the first audio chunk), by mode",
+                                    ["mode", "part"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(_EngineCollector(engine))
         engine.stats.observers.append(self.observe)
 
@@ -49,6 +54,9 @@ class EngineMetrics:
             self.e2e.labels(m.mode).observe(m.e2e_ms / 1000)
         if m.rtf is not None:
             self.rtf.labels(m.mode).observe(m.rtf)
+        for part, ms in (("queued", m.queue_ms), ("first_codes", m.first_codes_ms), ("first_chunk", m.first_chunk_ms)):
+            if ms is not None:
+                self.ttfp_parts.labels(m.mode, part).observe(ms / 1000)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
