@@ -250,19 +250,14 @@ class Runner(RunnerWarmUp):
             self._prefill_rows(first + c0, items[c0:c0 + len(self.pre_slot)])
 
     def _prefill_rows(self, first: int, items: list[Prepared]) -> None:
-        k, S = len(items), self.S
+        """One talker pass over up to P prompts into slots first.., then their slots' settings."""
+        k = len(items)
         T = [a.prefill.embeds.shape[0] for a in items]
         L = pick_bucket(max(T), self.prefill_buckets)
         nb = pick_bucket(k, self.prefill_batches)
         for i, a in enumerate(items):
             self.pre_x[i, :T[i]] = a.prefill.embeds
-        greedy, temperature, top_k, top_p, penalty = sampling.SlotParams.columns([a.settings.talker for a in items])
-        pad = [0] * (nb - k)
-        transfer.put(self.pre_i[:, :nb], [[first + i for i in range(k)] + [S] * (nb - k), [t - 1 for t in T] + pad,
-                                           list(top_k) + pad, [a.settings.seed for a in items] + pad,
-                                           [int(not a.settings.fixed) for a in items] + pad])  # [5, nb]
-        transfer.put(self.pre_f[:, :nb], [[float(g) for g in greedy] + [1.0] * (nb - k)]
-                     + [list(c) + [1.0] * (nb - k) for c in (temperature, top_p, penalty)])  # [4, nb]
+        self._put_prefill_inputs(first, items, T, nb)
         if nb in self.prefill_graphs and L is not None:
             h, code0 = self.prefill_graphs[nb].run(L)  # [nb, D], [nb]
         else:
@@ -286,6 +281,17 @@ class Runner(RunnerWarmUp):
         self.code0[s] = code0[:k]
         sampling.mark_seen(self.seen[s], self.code0[s])
         self.h[s] = h[:k]
+
+    def _put_prefill_inputs(self, first: int, items: list[Prepared], T: list[int], nb: int) -> None:
+        """pre_i / pre_f [:, :nb] for prompts of lengths T into slots first..; rows past the prompts are
+        padding (the spare slot, greedy)."""
+        k, pad = len(items), [0] * (nb - len(items))
+        greedy, temperature, top_k, top_p, penalty = sampling.SlotParams.columns([a.settings.talker for a in items])
+        transfer.put(self.pre_i[:, :nb], [[first + i for i in range(k)] + [self.S] * (nb - k), [t - 1 for t in T] + pad,
+                                           list(top_k) + pad, [a.settings.seed for a in items] + pad,
+                                           [int(not a.settings.fixed) for a in items] + pad])  # [5, nb]
+        transfer.put(self.pre_f[:, :nb], [[float(g) for g in greedy] + [1.0] * (nb - k)]
+                     + [list(c) + [1.0] * (nb - k) for c in (temperature, top_p, penalty)])  # [4, nb]
 
     def step(self, n: int) -> tuple[Any, Any]:
         """One frame for rows [:n], waited for: `collect(launch(n))`."""
