@@ -299,6 +299,10 @@ class EngineConfig:
             b *= 2
         return sorted(set(out) | {self.max_num_seqs})
 
+    def resolved_codec_precision(self, cuda: bool) -> str:
+        """The codec's precision: `codec_precision`, with auto as TF32 on CUDA and float32 (exact) on a CPU."""
+        return self.codec_precision if self.codec_precision != "auto" else "tf32" if cuda else "float32"
+
     def default_mode(self, cuda: bool) -> CompileMode:
         if self.mode == "auto":
             return CompileMode.auto(cuda and not self.enforce_eager)

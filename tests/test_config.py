@@ -237,3 +237,12 @@ def test_an_experimental_section_that_is_not_a_mapping_or_has_unknown_keys_is_re
         with pytest.raises(OmniTTSError, match=match) as e:
             load_preset(f)
         assert "\n" not in str(e.value)
+
+
+def test_the_codec_precision_auto_is_tf32_on_cuda_and_exact_on_a_cpu():
+    """What the engine sets and what microbench measures first chunks in: one resolution for both."""
+    assert EngineConfig().resolved_codec_precision(True) == "tf32"
+    assert EngineConfig().resolved_codec_precision(False) == "float32"
+    for p in ("float32", "tf32", "bfloat16"):
+        assert EngineConfig(codec_precision=p).resolved_codec_precision(True) == p
+        assert EngineConfig(codec_precision=p).resolved_codec_precision(False) == p

@@ -62,8 +62,7 @@ class Engine:
         self._queueing = threading.Lock()  # an id is taken and its request queued as one step
         self._closed = False
         cuda = self.device.type == "cuda"
-        model.set_codec_precision(config.codec_precision if config.codec_precision != "auto" else
-                                  "tf32" if cuda else "float32")
+        model.set_codec_precision(config.resolved_codec_precision(cuda))
         self.impls = StepImpls(model, config)
         self.default_mode = config.default_mode(cuda)
         if self.impls.unavailable(self.default_mode):

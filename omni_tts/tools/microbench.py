@@ -77,13 +77,14 @@ def step_callables(runner: Any, b: int, kv_len: int | None = None) -> tuple[Call
     return testing.step_fns(runner, b, kv_len)
 
 
-def codec_costs(model: Any) -> dict[str, float]:
+def codec_costs(model: Any, served: str = "tf32") -> dict[str, float]:
     """ms per decode_window call: the first chunk (no context, 1 frame), the second of a 75-frame
     benchmark request (1 context + 25 new) and a steady chunk (full receptive field + 25 new), and per
     carried-state chunk as the engine streams (25 new frames of streams 100 frames in), batch 1, 8 and
     32, in the tf32 and bfloat16 precisions with eager and fused (compiled) activations; plus each
     variant's max abs difference from float32 eager on one steady window, and the carried chunk's FLOPs
-    and bytes moved per frame (`codec.costs.chunk_costs`, bfloat16) for the roofline."""
+    and bytes moved per frame (`codec.costs.chunk_costs`, bfloat16) for the roofline; on CUDA the
+    first-chunk graphs in the `served` precision with fused activations, as the engine replays them."""
     import copy
 
     from omni_tts.engine.testing import fuse_codec
@@ -115,12 +116,14 @@ def codec_costs(model: Any) -> dict[str, float]:
         return out
     from omni_tts.engine.testing import FirstChunkGraphs
 
-    first = FirstChunkGraphs(model.codec, 1, [1, 8, 32])  # the engine's first-chunk graphs (as served)
+    codec = copy.deepcopy(model.codec).set_precision(served)  # as the engine serves it: `served`, fused
+    fused = "_fused" if not fuse_codec(codec) else ""
+    first = FirstChunkGraphs(codec, 1, [1, 8, 32])  # the engine's first-chunk graphs
     for b in (1, 8, 32):
         codes = torch.randint(0, 2048, (b, 1, 16))  # host codes, as the engine hands them over
-        out[f"graph_{model.codec.precision}_b{b}_first_ms"] = time_ms(lambda: first(model.codec, codes), iters=10)
-        eager = model.codec.decode_window(codes, 0)
-        out[f"graph_b{b}_first_max_abs_diff_vs_eager"] = float((first(model.codec, codes)[0] - eager).abs().max())
+        out[f"graph_{served}{fused}_b{b}_first_ms"] = time_ms(lambda: first(codec, codes), iters=10)
+        eager = codec.decode_window(codes, 0)
+        out[f"graph_b{b}_first_max_abs_diff_vs_eager"] = float((first(codec, codes)[0] - eager).abs().max())
     return out
 
 
@@ -268,7 +271,7 @@ def run(cfg: EngineConfig, modes: Sequence[str], frames: int, say: Callable[[str
     impls.configure_kernels(cfg.resolved_buckets(), tts.dtype)
     speaker = (tts.speakers() or [None])[0]
     result: dict[str, Any] = {**provenance(), "buckets": list(buckets), "modes": {},
-                              "codec": {} if skip_codec else codec_costs(tts)}
+                              "codec": {} if skip_codec else codec_costs(tts, cfg.resolved_codec_precision(True))}
     say(f"codec decode_window costs (ms): {result['codec']}")
     ref: list[torch.Tensor] | None = None
     agree_n = min(4, max(buckets))
