@@ -4,7 +4,8 @@ Owns: the static per-slot buffers (talker KV cache, next input embedding, positi
 trailing text, sampling settings, seeds, repetition "seen" sets), the two step functions of a frame
 (CodePredictor + feedback embedding; talker decode + code-0 sampling) in two sampling variants
 (top-64 selection, or a full sort when some row's settings need it), launching a frame without
-waiting for it (`launch` / `collect`, two pinned result buffers), and slot moves (active requests
+waiting for it (`launch`; `collect_codes` reads a frame's codes once its CodePredictor half is done,
+`collect` the whole frame; two pinned result buffers of each), and slot moves (active requests
 occupy slots 0..n-1, so a batch of n reads rows [:n] of every buffer without a gather). A runner
 serves one compile mode; `StepImpls` says what runs each step in it, `warm` (runner_warmup) compiles and
 captures.
