@@ -75,8 +75,8 @@ def test_a_frames_codes_reach_the_audio_stage_before_its_eos_is_waited_for(_one_
     eng = make_engine(fixture_dir("custom_voice"))
     events: list[str] = []
     sched = scheduler(eng)
-    collect, put = sched.runner.collect, sched.audio.put
-    sched.runner.collect = lambda ticket: events.append("eos") or collect(ticket)
+    collect, put = sched.runner.collect_eos, sched.audio.put
+    sched.runner.collect_eos = lambda ticket: events.append("eos") or collect(ticket)
     sched.audio.put = lambda jobs: events.extend(j[0] for j in jobs) or put(jobs)
     try:
         p = greedy("Short.", fixed_frames=5)

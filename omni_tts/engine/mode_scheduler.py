@@ -379,7 +379,7 @@ class ModeScheduler:
             if len(a.codes) == 1:
                 a.handle.metrics.first_codes_at = t
         self.audio.put([("push", a, codes[i:i + 1]) for i, a in live])  # decoded as one batch
-        _, eos = self.runner.collect(ticket)  # eos: [n] bool, the next frame's code 0 is EOS
+        eos = self.runner.collect_eos(ticket)  # [n] bool: the next frame's code 0 is EOS
         jobs: list[tuple] = []
         deadline = self.config.deadline_s()
         for i, a in live:

@@ -5,7 +5,7 @@ trailing text, sampling settings, seeds, repetition "seen" sets), the two step f
 (CodePredictor + feedback embedding; talker decode + code-0 sampling) in two sampling variants
 (top-64 selection, or a full sort when some row's settings need it), launching a frame without
 waiting for it (`launch`; `collect_codes` reads a frame's codes once its CodePredictor half is done,
-`collect` the whole frame; two pinned result buffers of each), and slot moves (active requests
+`collect_eos` the rest; two pinned result buffers of each), and slot moves (active requests
 occupy slots 0..n-1, so a batch of n reads rows [:n] of every buffer without a gather). A runner
 serves one compile mode; `StepImpls` says what runs each step in it, `warm` (runner_warmup) compiles and
 captures.
@@ -326,14 +326,16 @@ class Runner(RunnerWarmUp):
             done.synchronize()
         return self._host_codes[k][:n].numpy().copy()
 
-    def collect(self, ticket: tuple[int, int, Any, Any]) -> tuple[Any, Any]:
-        """Wait for a whole launched frame: (codes [n, 16] of the frame it completed, eos [n]: the next
-        frame's code 0 is EOS) as numpy arrays."""
-        codes = self.collect_codes(ticket)
-        done = ticket[3]
+    def collect_eos(self, ticket: tuple[int, int, Any, Any]) -> Any:
+        """Wait for the rest of a launched frame: [n] bool numpy, the next frame's code 0 is EOS."""
+        k, n, _, done = ticket
         if done is not None:
             done.synchronize()
-        return codes, self._host_code0[ticket[0]][:ticket[1]].numpy() == self.model.eos_id
+        return self._host_code0[k][:n].numpy() == self.model.eos_id
+
+    def collect(self, ticket: tuple[int, int, Any, Any]) -> tuple[Any, Any]:
+        """Wait for a whole launched frame: (codes [n, 16] of the frame it completed, eos [n]) as numpy."""
+        return self.collect_codes(ticket), self.collect_eos(ticket)
 
     def _copy_out(self, t: torch.Tensor, out: torch.Tensor) -> Any:
         """`transfer.to_host_async(t, out)` on the copy stream once the current stream has made t."""

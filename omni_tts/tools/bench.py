@@ -249,11 +249,14 @@ def _bench_group(config: EngineConfig, args: Any, results: dict, extra: dict, sa
     try:
         for mode in modes:
             say(f"mode {mode}")
-            rows = results.setdefault(mode, {})
-            on_row = lambda c, row, rows=rows: (rows.__setitem__(c, row), save())  # noqa: E731
+
+            def row_done(c: int, row: dict[str, Any], mode: str = mode) -> None:
+                results.setdefault(mode, {})[c] = row
+                save()
+
             results[mode], extra[mode] = bench_mode(engine, mode, args.concurrency,
                                                     args.num_prompts or max(12, 2 * max(args.concurrency)),
-                                                    make, args.warmup, say, args.per_client, args.runs, on_row)
+                                                    make, args.warmup, say, args.per_client, args.runs, row_done)
             # printed as it comes, so a run stopped in a later mode keeps this one
             say(format_table({mode: results[mode]}, args.concurrency, {mode: extra[mode]}))
     finally:
