@@ -300,7 +300,7 @@ class Runner(RunnerWarmUp):
 
     def launch(self, n: int) -> tuple[int, int, Any, Any]:
         """Queue one frame for rows [:n] on the device and the copies of its results to the host; returns a
-        ticket for `collect_codes` / `collect`. Nothing here waits for the device, so the caller can do host
+        ticket for `collect_codes` and `collect_eos`. Nothing here waits for the device, so the caller can do host
         work (or launch the next frame: at most two tickets may be outstanding) while it runs."""
         cp_step, talker_step = self.step_fns(n)
         codes, nxt = cp_step()  # codes: [n, 16], nxt: [n, D]
