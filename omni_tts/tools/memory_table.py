@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_tts.tools.args import add_model_flag
-from omni_tts.tools.provenance import provenance
-from omni_tts.tools.roofline import REPO
+from omni_tts.tools.provenance import ROOT, provenance
 
 GIB = float(1 << 30)
 
@@ -118,7 +117,7 @@ def run_one(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
         out = Path(d) / "row.json"
         cmd = [sys.executable, "-m", "omni_tts.tools.memory_table", json.dumps(spec), str(out)]
         try:
-            p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
             return timed_out(row, out, e.stderr, timeout)
         if p.returncode == 0 and out.is_file():

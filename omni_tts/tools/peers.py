@@ -31,9 +31,8 @@ from typing import Any
 
 from omni_tts.errors import OmniTTSError
 from omni_tts.tools.peer_run import add_run_flags, run_argv
-from omni_tts.tools.provenance import provenance
+from omni_tts.tools.provenance import ROOT, provenance
 
-ROOT = Path(__file__).resolve().parents[2]  # the directory holding the omni_tts package
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
 COLS = [("med TTFP ms", "med_ttfp_ms", "{:.1f}"), ("p90 TTFP ms", "p90_ttfp_ms", "{:.1f}"),

@@ -25,6 +25,7 @@ from typing import Any
 from omni_tts.errors import OmniTTSError
 
 PACKAGE = Path(__file__).resolve().parents[1]
+ROOT = PACKAGE.parent  # the directory holding the omni_tts package
 SOURCE_SUFFIXES = (".py", ".yaml")  # the code and the presets shipped inside the package
 
 

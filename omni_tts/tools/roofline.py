@@ -46,7 +46,6 @@ from omni_tts.tools.args import add_engine_flags, engine_config
 from omni_tts.tools.microbench import carried_chunk, fill_slots, step_callables, time_ms
 from omni_tts.tools.provenance import provenance
 
-REPO = Path(__file__).resolve().parents[2]
 PARTS = ("talker step", "predictor frame", "code-to-wave")
 
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from omni_tts.tools.provenance import ROOT
 
 
 def wait_for_page(client: Any, url: str, t0: float, limit: float, app: subprocess.Popen) -> float | None:
@@ -93,7 +93,7 @@ def start_app(app_args: Sequence[str], port: int, env: dict[str, str] | None = N
     log = Path(tempfile.mkstemp(prefix="omni-tts-start-", suffix=".log")[1])
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        app = subprocess.Popen([sys.executable, str(REPO / "app.py"), *app_args, "--port", str(port)], cwd=REPO,
+        app = subprocess.Popen([sys.executable, str(ROOT / "app.py"), *app_args, "--port", str(port)], cwd=ROOT,
                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     return app, log, t0
 
