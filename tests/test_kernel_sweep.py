@@ -47,10 +47,11 @@ def test_written_configs_are_what_the_kernels_load(tmp_path, monkeypatch) -> Non
     monkeypatch.setattr(kernel_configs, "_INTERPRET", False)  # config() answers from the table, as on a GPU
     kernel_configs.load_configs(str(f))
     assert kernel_configs.TUNED == best
-    f.write_text(json.dumps({"choose_warps": 8}))
-    monkeypatch.setattr(kernel_configs, "CHOOSE_WARPS", 4)
+    f.write_text(json.dumps({"choose_warps": 16, "choose_bits": 4}))
+    monkeypatch.setattr(kernel_configs, "CHOOSE_WARPS", 8)
+    monkeypatch.setattr(kernel_configs, "CHOOSE_BITS", 2)
     kernel_configs.load_configs(str(f))
-    assert kernel_configs.CHOOSE_WARPS == 8 and kernel_configs.TUNED == best
+    assert kernel_configs.CHOOSE_WARPS == 16 and kernel_configs.CHOOSE_BITS == 4 and kernel_configs.TUNED == best
     assert kernel_configs.config(5, 4096, 1024) == (32, 256, 4, 4, False)  # 5 rows use the 8-row entry
     assert kernel_configs.config(12, 4096, 1024) == (32, 256, 4, 4, False)  # so do 9..16 (same 16-row tile)
     assert kernel_configs.config(1, 1024, 3072) == (4, 512, 4, 8, True)

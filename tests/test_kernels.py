@@ -172,15 +172,16 @@ def test_head_and_feed_kernels_equal_the_units_they_implement() -> None:
                                atol=1e-5)
 
 
-@pytest.mark.parametrize("sort_free", [True, False])
-def test_choice_kernel_top_k_cut_keeps_tied_values_like_the_sampling_module(sort_free: bool, monkeypatch) -> None:
-    """Top-k alone (top-p 1: the kernel's sort-free path, or its top-CAP sort when told to) on logits full
-    of ties and zeros: the k-th largest counted with repeats, every value equal to it kept, as
-    sampling.warp_topk does."""
+@pytest.mark.parametrize("cut", ["sort", 1, 2, 4, 8])
+def test_choice_kernel_top_k_cut_keeps_tied_values_like_the_sampling_module(cut: str | int, monkeypatch) -> None:
+    """Top-k alone (top-p 1: the kernel's sort-free path, finding the cut 1, 2, 4 or 8 bits a round, or its
+    top-CAP sort when told to) on logits full of ties and zeros: the k-th largest counted with repeats,
+    every value equal to it kept, as sampling.warp_topk does."""
     from omni_tts.kernels import configs as kernel_configs
     from omni_tts.kernels import heads as head_kernels
 
-    monkeypatch.setattr(kernel_configs, "CHOOSE_SORT_FREE", sort_free)
+    monkeypatch.setattr(kernel_configs, "CHOOSE_SORT_FREE", cut != "sort")
+    monkeypatch.setattr(kernel_configs, "CHOOSE_BITS", 1 if cut == "sort" else cut)
 
     torch.manual_seed(1)
     V, B = 128, 12

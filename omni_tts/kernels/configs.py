@@ -55,10 +55,11 @@ TUNED: dict[tuple[int, int, int], Config] = {
 }
 
 
-# warps of the sampling kernel (omni_tts.kernels.heads: one program per row); the JSON's "choose_warps" key.
-# 4: it draws what omni_tts.models.sampling.choose draws in every sampled row tried; more warps are
-# faster but draw differently from it, so they are not used
-CHOOSE_WARPS = 4
+# warps of the sampling kernel (omni_tts.kernels.heads: one program per row; the JSON's "choose_warps" key)
+# and the bits of the top-k cut's key it finds per round ("choose_bits": 1, 2, 4 or 8, the same key in
+# 32 / bits rounds); each (warps, bits) of 4, 8, 16 x 1, 2 draws what omni_tts.models.sampling.choose draws
+CHOOSE_WARPS = 8
+CHOOSE_BITS = 2
 # rows with top-p 1 find top-k's cut as the k-th largest value (no sort); False: the top-64 sort for every
 # row (the JSON's "choose_sort_free" key)
 CHOOSE_SORT_FREE = True
@@ -66,11 +67,14 @@ CHOOSE_SORT_FREE = True
 
 def load_configs(path: str) -> None:
     """Add a kernel sweep's JSON (tools/kernel_sweep.py) to the table: the preset key `kernel_configs`."""
-    global CHOOSE_WARPS, CHOOSE_SORT_FREE
+    global CHOOSE_WARPS, CHOOSE_SORT_FREE, CHOOSE_BITS
     with open(path) as f:
         for key, value in json.load(f).items():
             if key == "choose_warps":
                 CHOOSE_WARPS = int(value)
+                continue
+            if key == "choose_bits":
+                CHOOSE_BITS = int(value)
                 continue
             if key == "choose_sort_free":
                 CHOOSE_SORT_FREE = bool(value)

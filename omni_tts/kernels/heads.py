@@ -77,16 +77,19 @@ if kernels.triton is not None:
         return tl.maximum(kth, edge)
 
     @triton.jit
-    def _kth_largest(xt, k):
+    def _kth_largest(xt, k, BITS: tl.constexpr):
         """The k-th largest value of xt [BV] counted with repeats (sampling.warp_topk's kth; -inf when
-        k <= 0: top-k off), without a sort: 32 halvings over the values' order-preserving uint32 keys find
-        the largest key T with at least k keys >= T."""
+        k <= 0: top-k off), without a sort: over the values' order-preserving uint32 keys, find the largest
+        key T with at least k keys >= T, BITS bits a round (the 2^BITS counts of a round are independent,
+        so fewer rounds make a shorter chain of reductions; any BITS finds the same T)."""
         bits = tl.where(xt == 0.0, 0.0, xt).to(tl.uint32, bitcast=True)  # -0.0 as +0.0: keys order as floats
         key = tl.where((bits >> 31) != 0, bits ^ _u32(0xFFFFFFFF), bits | _u32(0x80000000))  # [BV]
+        digit = tl.arange(0, 1 << BITS).to(tl.uint32)  # [R]
         t = tl.full([], 0, tl.uint32)
-        for s in tl.static_range(32):
-            cand = t | _u32(1 << (31 - s))
-            t = tl.where(tl.sum((key >= cand).to(tl.int32), axis=0) >= k, cand, t)
+        for s in tl.static_range(32 // BITS):
+            cand = t | (digit << (32 - BITS * (s + 1)))  # [R]: t with each value of this round's digit
+            count = tl.sum((key[None, :] >= cand[:, None]).to(tl.int32), axis=1)  # [R]
+            t = tl.max(tl.where(count >= k, cand, t), axis=0)  # counts fall as cand grows: the last one kept
         kth = tl.max(tl.where(key == t, xt, float("-inf")), axis=0)
         return tl.where(k <= 0, float("-inf"), kth)
 
@@ -94,7 +97,7 @@ if kernels.triton is not None:
     def _choose_kernel(logits_ptr, greedy_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, frame_ptr, codebook,
                        table_ptr, esum_ptr, code_ptr, V: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
                        CAP: tl.constexpr, BD: tl.constexpr, SAMPLE: tl.constexpr, SORT_BELOW: tl.constexpr,
-                       PDL: tl.constexpr):
+                       BITS: tl.constexpr, PDL: tl.constexpr):
         """Program b: code_ptr[b] = this row's code (see the module docstring); esum[b] += table[code]."""
         b = tl.program_id(0)
         i = tl.arange(0, BV)
@@ -109,7 +112,7 @@ if kernels.triton is not None:
             if p < SORT_BELOW:  # top-p needs the top-k set in order (SORT_BELOW: 1, or inf to always sort)
                 cut = _topp_cut(xt, k, p, CAP)
             else:  # top-k alone (the checkpoints' default) needs only the k-th largest value
-                cut = _kth_largest(xt, k)
+                cut = _kth_largest(xt, k, BITS)
             u = _noise(tl.load(seed_ptr + b), tl.load(frame_ptr + b), codebook, i.to(tl.uint32))
             warped = tl.where(xt < cut, float("-inf"), xt) - tl.log(-tl.log(u))
             drawn = tl.argmax(tl.where(vm, warped, float("-inf")), axis=0)
@@ -143,7 +146,8 @@ def choose(logits: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tenso
     sort_below = 1.0 if kernel_configs.CHOOSE_SORT_FREE else float("inf")  # inf: every row takes the sort
     _choose_kernel[(B,)](logits, sp.greedy, sp.temperature, sp.top_k, sp.top_p, seed, frame, codebook, table, esum,
                          code, V=V, D=D, BV=next_pow2(V), CAP=min(next_pow2(sp.topk_cap or 1), next_pow2(V)),
-                         BD=next_pow2(D), SAMPLE=sample, SORT_BELOW=sort_below, PDL=pdl,
+                         BD=next_pow2(D), SAMPLE=sample, SORT_BELOW=sort_below, BITS=kernel_configs.CHOOSE_BITS,
+                         PDL=pdl,
                          **kernels.launch_options(pdl, kernel_configs.CHOOSE_WARPS))
     return code
 
