@@ -1,0 +1,100 @@
+"""Compile omni_tts.kernels' Triton kernels for an sm_90 GPU (the H200's) on a machine without one, with
+the ptxas that Triton's wheel ships: the CPU interpreter runs what the GPU compiler may refuse (an
+omitted constexpr default between jit functions, say). Run as a script without TRITON_INTERPRET; prints
+one JSON object {variant: "ok" or the error}. Shapes are the 1.7B checkpoint's."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+assert os.environ.get("TRITON_INTERPRET") != "1", "the interpreter replaces the compiler"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from omni_tts.kernels import configs, heads, layers, snake, talker  # noqa: E402
+
+PTR = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}
+BF, F32, I64 = torch.bfloat16, torch.float32, torch.int64
+D, H, HKV, HD, P, V = 1024, 16, 8, 128, 16, 2048  # the predictor's sizes
+
+
+def signature(fn, args: dict, constexprs: dict) -> dict[str, str]:
+    """Triton's type of every argument: pointers by dtype, Python ints as i32, floats as fp32."""
+    sig = {}
+    for name in fn.arg_names:
+        v = constexprs.get(name, args.get(name))
+        sig[name] = ("constexpr" if name in constexprs else PTR[v] if isinstance(v, torch.dtype)
+                     else "fp32" if isinstance(v, float) else "i32")
+    return sig
+
+
+def build(fn, args: dict, constexprs: dict, warps: int = 4, stages: int = 1, pdl: bool = False) -> str:
+    try:
+        opts = {"num_warps": warps, "num_stages": stages, **({"launch_pdl": True} if pdl else {})}
+        triton.compile(ASTSource(fn, signature(fn, args, constexprs), constexprs), target=GPUTarget("cuda", 90, 32),
+                       options=opts)
+        return "ok"
+    except Exception as e:  # the compiler's message, first lines
+        return f"{type(e).__name__}: {str(e)[-600:]}"
+
+
+def projections() -> dict[str, str]:
+    args = dict(x_ptr=BF, idx_ptr=I64, nw_ptr=BF, w_ptr=BF, b_ptr=BF, res_ptr=BF, out_ptr=BF, eps=1e-6, sx=D)
+    out = {}
+    for name, M, n, k, flags in (("qkv 1 row", 1, 4096, D, dict(NORM=True)),
+                                 ("gate|up 8 rows", 8, 3072, D, dict(NORM=True, GLU=True)),
+                                 ("down 64 rows", 64, D, 3072, dict(RES=True)),
+                                 ("feed 4 rows", 4, D, 2048, dict(GATHER=True, BIAS=True))):
+        BN, BK, stages, warps, vec = configs.config(M, n, k)
+        cx = dict(M=M, N=n, K=k, NORM=False, BIAS=False, RES=False, GLU=False, GATHER=False, IEEE=False, VEC=vec,
+                  PDL=True, BM=layers.next_pow2(M) if vec else min(layers.MAX_BM, max(16, layers.next_pow2(M))),
+                  BN=BN, BK=BK)
+        out[f"projection {name}"] = build(layers._proj_kernel, args, {**cx, **flags}, warps, stages, pdl=True)
+    return out
+
+
+def attention() -> dict[str, str]:
+    args = dict(y_ptr=BF, qn_ptr=BF, kn_ptr=BF, cos_ptr=BF, sin_ptr=BF, kc_ptr=BF, vc_ptr=BF, out_ptr=BF, pos0=0,
+                eps=1e-6, scale=0.1)
+    return {f"predictor attention T={T}": build(layers._attn_kernel, args, dict(T=T, H=H, HKV=HKV, HD=HD, P=P, BD=HD,
+                                                BP=P, PDL=True), 1, pdl=True) for T in (1, 2)}
+
+
+def choice() -> dict[str, str]:
+    args = dict(logits_ptr=BF, greedy_ptr=torch.int32, temp_ptr=F32, topk_ptr=I64, topp_ptr=F32, seed_ptr=I64,
+                frame_ptr=I64, codebook=3, table_ptr=BF, esum_ptr=F32, code_ptr=I64)
+    return {f"choice sample={s}": build(heads._choose_kernel, args, dict(V=V, D=2048, BV=V, CAP=64, BD=2048, SAMPLE=s,
+                                        SORT_BELOW=1.0, BITS=configs.CHOOSE_BITS, PDL=True), configs.CHOOSE_WARPS,
+                                        pdl=True) for s in (True, False)}
+
+
+def talker_attention() -> dict[str, str]:
+    common = dict(y_ptr=BF, qn_ptr=BF, kn_ptr=BF, cos_ptr=BF, sin_ptr=BF, pos_ptr=I64, kc_ptr=BF, vc_ptr=BF, eps=1e-6,
+                  kc_row=1 << 20, kc_head=1 << 16)
+    cx = dict(H=H, HKV=HKV, HD=HD, BD=HD)
+    return {
+        "talker rope + cache": build(talker._rope_cache_kernel, {**common, "q_ptr": BF}, {**cx, "PDL": True}, 1,
+                                     pdl=True),
+        "talker rope + attend": build(talker._rope_attend_kernel, {**common, "a_ptr": BF, "scale": 0.1},
+                                      {**cx, "L": 1025, "BL": talker.ATTEND_BLOCK, "PDL": True}, talker.ATTEND_WARPS,
+                                      pdl=True),
+        "talker attend": build(talker._attend_kernel, dict(q_ptr=BF, pos_ptr=I64, kc_ptr=BF, vc_ptr=BF, a_ptr=BF,
+                               scale=0.1, q_row=4096, q_head=128, kc_row=1 << 20, kc_head=1 << 16),
+                               {**cx, "L": 1025, "BL": talker.ATTEND_BLOCK}, talker.ATTEND_WARPS),
+    }
+
+
+def codec() -> dict[str, str]:
+    args = dict(x_ptr=F32, bias_ptr=F32, res_ptr=F32, h_ptr=F32, alpha_ptr=F32, beta_ptr=F32, out_ptr=F32, C=1536,
+                T=25, pad=6, sxb=1536 * 31, sxc=31, sxt=1, eps=1e-9)
+    return {"snake": build(snake._snake_kernel, args, dict(BIAS=True, RES=True, KEEP=True, BLOCK=256, PADB=16))}
+
+
+if __name__ == "__main__":
+    result = {**projections(), **attention(), **choice(), **talker_attention(), **codec()}
+    json.dump(result, sys.stdout)
