@@ -43,7 +43,7 @@ def tree_digest(package: Path = PACKAGE) -> str:
                   if p.is_file() and "__pycache__" not in p.parts)
 
 
-def rev_digest(rev: str, repo: Path = PACKAGE.parent, name: str = "omni_tts") -> str:
+def rev_digest(rev: str, repo: Path = ROOT, name: str = "omni_tts") -> str:
     """The digest of the package folder `name` as commit `rev` of `repo` has it."""
     tar = subprocess.run(["git", "archive", rev, name], cwd=repo, capture_output=True, check=True, timeout=60).stdout
     with tarfile.open(fileobj=io.BytesIO(tar)) as t:
@@ -95,5 +95,5 @@ def main(args: argparse.Namespace) -> int:
         try:
             print(f"{rev_digest(rev)}  {rev}")
         except (OSError, subprocess.SubprocessError) as e:
-            raise OmniTTSError(f"cannot read commit {rev!r} of {PACKAGE.parent} with git: {e}") from None
+            raise OmniTTSError(f"cannot read commit {rev!r} of {ROOT} with git: {e}") from None
     return 0
