@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from _fixtures import FIXTURES, fixture_dir
 
 from omni_tts.config import SynthesisParams, build_config
@@ -114,6 +115,22 @@ def test_the_carry_holds_every_layer_that_reads_the_past_and_nothing_else() -> N
             assert t.tolist() == [5]
         else:
             assert t.shape[0] == 1 and t.shape[-1] == m.reach
+
+
+@pytest.mark.parametrize("stride", [3, 8])
+def test_the_gemm_form_of_a_transposed_conv_equals_the_conv(stride: int) -> None:
+    """A K = 2s transposed conv as one GEMM + overlap-add equals F.conv_transpose1d's causal samples, in
+    one pass and in pieces through one carry, with and without its bias (pending leaves it out)."""
+    torch.manual_seed(stride)
+    conv = CausalUpConv1d(6, 5, 2 * stride, stride).double()
+    x = torch.randn(2, 6, 11, dtype=torch.float64)
+    want = F.conv_transpose1d(x, conv.conv.weight, conv.conv.bias, stride)[..., : 11 * stride]
+    conv.gemm = True
+    assert float((conv(x) - want).abs().max()) < 1e-12
+    bias = conv.conv.bias[:, None]
+    carry: dict = {}
+    pieces = [conv.pending(x[..., a:b], carry).raw + bias for a, b in ((0, 1), (1, 5), (5, 11))]
+    assert float((torch.cat(pieces, dim=-1) - want).abs().max()) < 1e-12
 
 
 def test_a_batch_of_streams_at_different_offsets_equals_each_alone() -> None:

@@ -149,6 +149,9 @@ class CodecDecoder(nn.Module):
         if self.precision == "bfloat16" and precision != "bfloat16":
             raise ValueError("a bfloat16 codec cannot go back to float32 (its weights were rounded); load it again")
         self.to(torch.bfloat16 if precision == "bfloat16" else torch.float32)
+        for m in self.modules():
+            if isinstance(m, CausalUpConv1d):
+                m.tf32 = precision == "tf32"
         self.precision = precision
         return self
 

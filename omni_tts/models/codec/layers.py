@@ -14,7 +14,8 @@ devices, dtypes, streaming or segmentation policy.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -35,6 +36,9 @@ from omni_tts.models.layers import (
 CONVNEXT_LN_EPS = 1e-6
 SNAKE_EPS = 1e-9
 RESIDUAL_DILATIONS = (1, 3, 9)
+# from this stride on, a K = 2s transposed conv runs as a GEMM + overlap-add: faster than cuDNN's
+# transposed-conv kernels there, slower below it (docs/benchmarks.md, the codec's transposed convs)
+GEMM_MIN_STRIDE = 8
 
 
 class Pending(NamedTuple):
@@ -107,29 +111,64 @@ class CausalConv1d(nn.Module):
 class CausalUpConv1d(nn.Module):
     """Transposed conv (kernel K >= stride s) keeping the first T*s samples, i.e. the causal ones. Output
     sample j sums inputs ceil((j-K+1)/s)..j//s: streamed, the last ceil(K/s)-1 inputs are carried and
-    run again in front of the next piece, whose first (ceil(K/s)-1)*s outputs are the overlap, dropped."""
+    run again in front of the next piece, whose first (ceil(K/s)-1)*s outputs are the overlap, dropped.
+    With K = 2s and s >= GEMM_MIN_STRIDE it runs as one GEMM and an overlap-add (`_up_gemm`)."""
 
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int):
         super().__init__()
         self.conv = nn.ConvTranspose1d(c_in, c_out, kernel, stride=stride)
         self.kernel, self.stride = kernel, stride
         self.reach = -(-kernel // stride) - 1  # input columns each piece needs from the previous one
+        self.gemm = kernel == 2 * stride and stride >= GEMM_MIN_STRIDE
+        self.tf32 = False  # the GEMM in TF32 on CUDA (CodecDecoder.set_precision)
 
     def forward(self, x: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:
         return self._up(x, self.conv.bias, carry)  # [B, Cin, T] -> [B, Cout, T*s]
 
     def pending(self, x: torch.Tensor, carry: Carry | None = None) -> Pending:
-        """forward with the bias left to the next kernel; raw is a strided view of the untrimmed output."""
+        """forward with the bias left to the next kernel; raw is a strided view of cuDNN's untrimmed output
+        or the GEMM form's own output."""
         return Pending(self._up(x, None, carry), self.conv.bias, None)  # raw: [B, Cout, T*s]
 
     def _up(self, x: torch.Tensor, bias: torch.Tensor | None, carry: Carry | None) -> torch.Tensor:
+        if self.gemm:
+            return self._up_gemm(x, bias, carry)
         t, skip = x.shape[-1] * self.stride, 0
         if carry is not None and self.reach:
             x, skip = carried(carry, self, x, self.reach), self.reach * self.stride
         return F.conv_transpose1d(x, self.conv.weight, bias, self.stride)[..., skip: skip + t]
 
+    def _up_gemm(self, x: torch.Tensor, bias: torch.Tensor | None, carry: Carry | None) -> torch.Tensor:
+        """The same output from one GEMM: with K = 2s, output block t (s samples) is W[:, :, :s]^T x[t] +
+        W[:, :, s:]^T x[t-1], x[-1] being the carried column (zeros at a stream's start)."""
+        b, c_in, t = x.shape
+        w, s = self.conv.weight, self.stride  # w: [Cin, Cout, 2s]
+        xp = carried(carry, self, x, 1) if carry is not None else F.pad(x, (1, 0))  # [B, Cin, 1 + T]
+        with _tf32_matmul(self.tf32 and x.is_cuda):
+            y = torch.matmul(w.reshape(c_in, -1).t(), xp).view(b, w.shape[1], 2, s, t + 1)  # [B, Cout, 2, s, 1+T]
+        out = x.new_empty(b, w.shape[1], t, s)
+        with torch.no_grad():  # inference only; `out=` refuses tensors that track gradients
+            torch.add(y[:, :, 0, :, 1:], y[:, :, 1, :, :-1], out=out.transpose(-1, -2))  # overlap-add, one pass
+        out = out.view(b, w.shape[1], t * s)
+        return out if bias is None else out.add_(bias[:, None])
+
     def lookback(self, j: int) -> int:
         return -((self.kernel - 1 - j) // self.stride)  # ceil((j - K + 1) / s)
+
+
+@contextlib.contextmanager
+def _tf32_matmul(on: bool) -> Iterator[None]:
+    """cuBLAS float32 GEMMs in TF32 for the block (torch's default is IEEE float32), as cuDNN's convs
+    already run in the codec's 'tf32' precision."""
+    if not on:
+        yield
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0) -> torch.Tensor:
