@@ -11,15 +11,14 @@ Does not own the encoders' maths (speaker.py, codec/encoder.py) nor audio intake
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from omni_tts.errors import InputError
+from omni_tts.models.precision import exact
 
 if TYPE_CHECKING:  # imported lazily at run time: speaker.py pulls in soundfile and the encoders
     from omni_tts.models.audio import AudioSource
@@ -96,20 +95,6 @@ def reference_cut(ref_frames: int, total_frames: int, samples: int) -> int:
     return int(ref_frames / max(total_frames, 1) * samples)
 
 
-@contextlib.contextmanager
-def exact_float32(device: torch.device) -> Iterator[None]:
-    """TF32 off (cuDNN convs and CUDA matmuls) for the duration, restored afterwards; a no-op off CUDA."""
-    if device.type != "cuda":
-        yield
-        return
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
 class VoiceEncoders:
     """One model's speaker encoder + codec encoder: built on first use (thread-safe), then cached.
 
@@ -144,7 +129,7 @@ class VoiceEncoders:
 
         with self._lock:
             self._build()
-            with exact_float32(self.model.device):
+            with exact(self.model.device):
                 return create_voice_prompt((self._speaker, self._codec), audio, ref_text=ref_text,
                                            x_vector_only=x_vector_only, limits=limits or AudioLimits())
 

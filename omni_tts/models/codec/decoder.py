@@ -53,6 +53,7 @@ from omni_tts.models.codec.layers import (
     snake,
 )
 from omni_tts.models.layers import ACTIVATIONS
+from omni_tts.models.precision import exact
 from omni_tts.models.transfer import to_device
 
 if TYPE_CHECKING:
@@ -66,18 +67,10 @@ SEGMENT_CONTEXT = 25  # ...each decoded with 25 frames of left context (not enou
 PRECISIONS = ("float32", "tf32", "bfloat16")
 
 
-@contextlib.contextmanager
-def _conv_precision(device: torch.device, precision: str) -> Iterator[None]:
-    """cuDNN runs float32 convs in TF32 by default (~5e-5 off here): 'float32' (exact) turns it off for
+def _conv_precision(device: torch.device, precision: str) -> contextlib.AbstractContextManager[None]:
+    """cuDNN runs float32 convs in TF32 by default (~5e-5 off here): 'float32' (exact) turns TF32 off for
     the call, 'tf32' keeps it on; 'bfloat16' weights don't care. CPUs have no TF32."""
-    if device.type != "cuda" or precision != "float32" or not torch.backends.cudnn.allow_tf32:
-        yield
-        return
-    torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32 = True
+    return exact(device) if precision == "float32" else contextlib.nullcontext()
 
 
 def _decoder_sizes(codec_config: dict[str, Any], file: str) -> dict[str, Any]:

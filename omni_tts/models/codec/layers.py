@@ -14,8 +14,7 @@ devices, dtypes, streaming or segmentation policy.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -32,6 +31,7 @@ from omni_tts.models.layers import (
     rope_cos_sin,
     rope_frequencies,
 )
+from omni_tts.models.precision import tf32_matmul
 
 CONVNEXT_LN_EPS = 1e-6
 SNAKE_EPS = 1e-9
@@ -144,8 +144,8 @@ class CausalUpConv1d(nn.Module):
         b, c_in, t = x.shape
         w, s = self.conv.weight, self.stride  # w: [Cin, Cout, 2s]
         xp = carried(carry, self, x, 1) if carry is not None else F.pad(x, (1, 0))  # [B, Cin, 1 + T]
-        with _tf32_matmul(self.tf32 and x.is_cuda):
-            y = torch.matmul(w.reshape(c_in, -1).t(), xp).view(b, w.shape[1], 2, s, t + 1)  # [B, Cout, 2, s, 1+T]
+        y = tf32_matmul(self.tf32 and x.is_cuda, lambda: torch.matmul(w.reshape(c_in, -1).t(), xp))
+        y = y.view(b, w.shape[1], 2, s, t + 1)  # [B, Cout, 2, s, 1+T]
         out = x.new_empty(b, w.shape[1], t, s)
         with torch.no_grad():  # inference only; `out=` refuses tensors that track gradients
             torch.add(y[:, :, 0, :, 1:], y[:, :, 1, :, :-1], out=out.transpose(-1, -2))  # overlap-add, one pass
@@ -154,21 +154,6 @@ class CausalUpConv1d(nn.Module):
 
     def lookback(self, j: int) -> int:
         return -((self.kernel - 1 - j) // self.stride)  # ceil((j - K + 1) / s)
-
-
-@contextlib.contextmanager
-def _tf32_matmul(on: bool) -> Iterator[None]:
-    """cuBLAS float32 GEMMs in TF32 for the block (torch's default is IEEE float32), as cuDNN's convs
-    already run in the codec's 'tf32' precision."""
-    if not on:
-        yield
-        return
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0) -> torch.Tensor:
