@@ -47,6 +47,8 @@ COMMANDS: dict[str, Command] = {
     "scaleout": Command("omni_tts.tools.scaleout_bench", "one process against Ray Serve replicas, closed and "
                         "open loop"),
     "roofline": Command("omni_tts.tools.roofline", "per-part time, bytes read and share of the GPU's bandwidth"),
+    "codec-bench": Command("omni_tts.tools.codec_bench", "code-to-wave alone per rows: carried and first chunks, "
+                           "kernel profiles"),
     "memory": Command("omni_tts.tools.memory_table", "peak GPU memory per preset under memory caps"),
     "start-ready": Command("omni_tts.tools.start_ready", "the app's start-up: page, each mode ready, first audio"),
     "source-digest": Command("omni_tts.tools.provenance", "the package's source digest (or commits'), as result "

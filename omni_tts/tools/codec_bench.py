@@ -1,0 +1,120 @@
+"""`omni-tts codec-bench`: code-to-wave alone, set up as the engine sets it up (the checkpoint, device and
+`codec_precision` from the engine flags; the fused activations of `audio_stage.fuse_codec`): ms per carried
+chunk (`--chunk-frames` new frames of streams `--history` frames in) and per first chunk (`--first-frames`
+frames, empty state) at each --rows, and on CUDA the carried chunk's kernels at each --profile-rows grouped
+by name (calls, ms), largest first.
+
+Owns: the codec's set-up from a checkpoint alone (no talker is loaded), the timings and the grouping.
+Figures go to docs/benchmarks.md; nothing here changes what the engine runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni_tts.errors import OmniTTSError
+from omni_tts.tools.args import add_engine_flags, engine_config
+from omni_tts.tools.microbench import carried_chunk, time_ms
+from omni_tts.tools.provenance import provenance
+
+TOP_KERNELS = 25
+
+
+def build_codec(config: Any) -> tuple[Any, str]:
+    """(the codec decoder of the config's checkpoint on its device, in its codec precision, as the engine
+    runs it; why its fused activations are off, or '')."""
+    from omni_tts.engine.audio_stage import fuse_codec
+    from omni_tts.models.codec.decoder import CodecDecoder
+    from omni_tts.models.loading import resolve_device
+    from omni_tts.models.selection import open_checkpoint
+
+    device = resolve_device(config.device)
+    codec = CodecDecoder.from_checkpoint(open_checkpoint(config.model)).to(device).eval()
+    codec.set_precision(config.resolved_codec_precision(device.type == "cuda"))
+    return codec, fuse_codec(codec)
+
+
+def first_chunk(codec: Any, rows: int, frames: int) -> Callable[[], Any]:
+    """A call decoding the first `frames` frames of `rows` streams (an empty state each call)."""
+    device = codec.quantizer["rvq_first"].tables.device
+    codes = torch.randint(0, 2048, (rows, frames, codec.num_quantizers), device=device)
+
+    def run() -> Any:
+        with torch.inference_mode():
+            return codec.decode_carried(codes, {})
+    return run
+
+
+def kernels(call: Callable[[], Any]) -> list[dict[str, Any]]:
+    """The CUDA kernels (and copies) of one call of a warm `call`, grouped by name: calls and ms."""
+    call()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    groups: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            g = groups.setdefault(ev.name, [0, 0.0])
+            g[0] += 1
+            g[1] += ev.device_time_total / 1000
+    top = sorted(groups.items(), key=lambda kv: -kv[1][1])
+    return [{"kernel": name, "calls": int(n), "ms": round(ms, 3)} for name, (n, ms) in top]
+
+
+def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
+    if min([*args.rows, *args.profile_rows, args.iters, args.chunk_frames, args.first_frames, args.history]) < 1:
+        raise OmniTTSError("--rows, --profile-rows, --iters and the frame counts take positive integers")
+    codec, why = build_codec(engine_config(args))
+    device = codec.quantizer["rvq_first"].tables.device
+    res: dict[str, Any] = {**provenance(), "device": str(device), "precision": codec.precision,
+                           "fused": codec.fused, "fused_off_because": why,
+                           "chunk_frames": args.chunk_frames, "history": args.history,
+                           "first_frames": args.first_frames, "rows": []}
+    for b in args.rows:
+        carried = time_ms(carried_chunk(codec, b, args.history, args.chunk_frames), args.iters)
+        first = time_ms(first_chunk(codec, b, args.first_frames), args.iters)
+        res["rows"].append({"rows": b, "carried_chunk_ms": carried, "first_chunk_ms": first})
+        say(f"rows {b}: carried chunk {carried:.3f} ms, first chunk {first:.3f} ms")
+    res["profiles"] = {}
+    if args.profile_rows and device.type != "cuda":
+        res["profiles_skipped"] = "needs CUDA"
+    elif args.profile_rows:
+        for b in args.profile_rows:
+            res["profiles"][b] = kernels(carried_chunk(codec, b, args.history, args.chunk_frames))
+    return res
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    add_engine_flags(ap, "bench")  # the codec's precision: --set codec_precision=...
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64], help="streams per call")
+    ap.add_argument("--chunk-frames", type=int, default=25, help="new frames per carried chunk")
+    ap.add_argument("--history", type=int, default=100, help="frames each stream decoded before the chunk")
+    ap.add_argument("--first-frames", type=int, default=1, help="frames of a first chunk")
+    ap.add_argument("--profile-rows", type=int, nargs="*", default=[], help="CUDA: kernel profile at these rows")
+    ap.add_argument("--iters", type=int, default=10, help="timed calls per figure (the median is kept)")
+    ap.add_argument("--json", default=None)
+
+
+def main(args: argparse.Namespace) -> int:
+    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    res = run(args, say)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    print("| rows | carried chunk (ms) | first chunk (ms) |\n|---|---|---|")
+    for r in res["rows"]:
+        print(f"| {r['rows']} | {r['carried_chunk_ms']:.3f} | {r['first_chunk_ms']:.3f} |")
+    for b, top in res["profiles"].items():
+        print(f"\nkernels of one carried chunk at {b} rows ({sum(k['ms'] for k in top):.2f} ms):")
+        for k in top[:TOP_KERNELS]:
+            print(f"  {k['ms']:9.3f} ms  {k['calls']:4d}x  {k['kernel'][:100]}")
+    if res.get("profiles_skipped"):
+        print(f"kernel profiles skipped: {res['profiles_skipped']}")
+    return 0

@@ -1,0 +1,41 @@
+"""The codec-bench tool on the tiny checkpoint, on CPU: a whole run through the command line gives a row per
+--rows with both timings and the JSON it promises, the codec set up as the engine sets it up; the first-chunk
+call decodes the frames it names; bad flags get one error line."""
+
+from __future__ import annotations
+
+import json
+
+from _fixtures import fixture_dir
+
+from omni_tts.config import load_preset
+from omni_tts.tools import codec_bench
+from omni_tts.tools.cli import main as cli
+
+
+def test_a_run_gives_a_row_per_rows_and_the_json(tmp_path, capsys) -> None:
+    out = tmp_path / "codec.json"
+    rc = cli(["codec-bench", "--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--rows", "1", "2",
+              "--chunk-frames", "3", "--history", "4", "--first-frames", "2", "--iters", "1", "--profile-rows", "2",
+              "--json", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert [r["rows"] for r in res["rows"]] == [1, 2]
+    assert all(r["carried_chunk_ms"] > 0 and r["first_chunk_ms"] > 0 for r in res["rows"])
+    assert res["precision"] == "float32" and res["device"] == "cpu" and res["fused"] == (res["fused_off_because"] == "")
+    assert res["profiles"] == {} and res["profiles_skipped"] == "needs CUDA"
+    assert res["source_digest"]
+    printed = capsys.readouterr().out
+    assert "| 2 |" in printed and "kernel profiles skipped: needs CUDA" in printed
+
+
+def test_the_first_chunk_call_decodes_its_frames_from_an_empty_state() -> None:
+    codec, _ = codec_bench.build_codec(load_preset("bench", model=str(fixture_dir("custom_voice")), device="cpu"))
+    wav = codec_bench.first_chunk(codec, 3, 2)()
+    assert wav.shape == (3, 2 * codec.decode_upsample_rate) and float(wav.abs().max()) > 0
+
+
+def test_rows_that_are_not_positive_get_one_error_line(capsys) -> None:
+    rc = cli(["codec-bench", "--model", str(fixture_dir("custom_voice")), "--rows", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == ["error: --rows, --profile-rows, --iters and the frame counts take positive integers"]
