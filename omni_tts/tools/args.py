@@ -14,9 +14,11 @@ loads a model or builds an engine takes, each defined once here.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 from omni_tts.config import CompileMode, EngineConfig, load_preset, parse_sets, preset_names
@@ -86,3 +88,11 @@ def progress() -> Callable[[str], None]:
     """A progress line printer for stderr, each line stamped with seconds since this call."""
     t0 = time.perf_counter()
     return lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", file=sys.stderr, flush=True)
+
+
+def run_to_json(args: argparse.Namespace, run: Callable[[argparse.Namespace, Callable[[str], None]], Any]) -> Any:
+    """A tool's run(args, progress lines on stderr), its result also written to --json when given."""
+    res = run(args, progress())
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return res

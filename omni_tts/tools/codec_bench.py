@@ -11,16 +11,13 @@ Figures go to docs/benchmarks.md; nothing here changes what the engine runs.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from omni_tts.errors import OmniTTSError
-from omni_tts.tools.args import add_engine_flags, engine_config
+from omni_tts.tools.args import add_engine_flags, engine_config, run_to_json
 from omni_tts.tools.microbench import carried_chunk, time_ms
 from omni_tts.tools.provenance import provenance
 
@@ -104,10 +101,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    res = run(args, say)
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
+    res = run_to_json(args, run)
     print("| rows | carried chunk (ms) | first chunk (ms) |\n|---|---|---|")
     for r in res["rows"]:
         print(f"| {r['rows']} | {r['carried_chunk_ms']:.3f} | {r['first_chunk_ms']:.3f} |")

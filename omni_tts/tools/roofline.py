@@ -33,16 +33,14 @@ import argparse
 import bisect
 import json
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from omni_tts.tools.args import add_engine_flags, engine_config
+from omni_tts.tools.args import add_engine_flags, engine_config, run_to_json
 from omni_tts.tools.microbench import carried_chunk, fill_slots, step_callables, time_ms
 from omni_tts.tools.provenance import provenance
 
@@ -259,10 +257,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    res = run(args, say)
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
+    res = run_to_json(args, run)
     print(table(res["rows"], args.peak_gbs))
     for b in res["busy"]:
         gaps = ", ".join(f"{k.replace('_', ' ')} {v['count']} ({v['s']:.3f} s)"
