@@ -55,6 +55,8 @@ def projections() -> dict[str, str]:
                   PDL=True, BM=layers.next_pow2(M) if vec else min(layers.MAX_BM, max(16, layers.next_pow2(M))),
                   BN=BN, BK=BK)
         out[f"projection {name}"] = build(layers._proj_kernel, args, {**cx, **flags}, warps, stages, pdl=True)
+    out["norm kernel"] = build(layers._norm_kernel, dict(x_ptr=BF, nw_ptr=BF, out_ptr=BF, eps=1e-6),
+                               dict(K=D, BK=D, PDL=True), 4, pdl=True)
     return out
 
 

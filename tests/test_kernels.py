@@ -53,7 +53,8 @@ def test_kernel_layer_equals_the_inductor_path_layer_in_float32(B: int, T: int, 
     torch.testing.assert_close(vc2, vc1, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("B,T,pos0", [(2, 2, 0), (3, 1, 9)])
+# (20, 2, 0): 40 rows, past NORM_KERNEL_ROWS, so the norms run as kernels of their own
+@pytest.mark.parametrize("B,T,pos0", [(2, 2, 0), (3, 1, 9), (20, 2, 0)])
 def test_kernel_layer_agrees_to_bfloat16_rounding(B: int, T: int, pos0: int) -> None:
     got, ref, kc2, kc1, vc2, vc1 = _layer_pair(torch.bfloat16, B, T, pos0)
     # Triton 3.6's interpreter rounds float32 -> bfloat16 differently from torch in about half the cases
@@ -84,6 +85,35 @@ def test_projection_kernel_is_config_independent_including_whole_row_tiles(cfg: 
     a = torch.randn(2, wd.shape[1])
     got = kernels.projection(a, wd, n=wd.shape[0], res=x, cfg=cfg)
     torch.testing.assert_close(got, x + a @ wd.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_kernel_then_projection_equals_the_normed_prologue(dtype: torch.dtype) -> None:
+    """From NORM_KERNEL_ROWS rows a normed projection runs the RMSNorm as its own kernel: the same values as
+    the norm inside the projection's prologue (float32: to rounding; bfloat16: the same roundings, so at
+    most a rare last-bit flip where the two float32 row sums differ), and the norm kernel alone is the
+    module's RMSNorm."""
+    m, _ = model_and_fast()
+    layer = copy.deepcopy(m.code_predictor.layers[0]).to(dtype)
+    _, _, w_gu = fuse_layer(layer)
+    norm = layer.post_attention_layernorm
+    rows = kernels.NORM_KERNEL_ROWS + 7
+    torch.manual_seed(3)
+    x = torch.randn(rows, w_gu.shape[1]).to(dtype)
+    n = w_gu.shape[0] // 2
+    own = kernels.normed_projection(x, w_gu, norm, n=n, glu=True, pdl=False)
+    fused = kernels.projection(x, w_gu, n=n, norm=norm, glu=True)
+    h = kernels.rms_norm(x, norm)
+    if dtype == torch.float32:
+        torch.testing.assert_close(own, fused, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(h, norm(x), rtol=1e-6, atol=1e-6)
+    else:
+        assert (own.float() - fused.float()).abs().max().item() <= 0.02 * fused.float().abs().max().item()
+        assert (own != fused).float().mean().item() < 0.02
+        assert (h.float() - norm(x).float()).abs().max().item() <= 0.02 * h.float().abs().max().item()
+    few = x[:kernels.NORM_KERNEL_ROWS - 1]  # below the bound the norm stays in the prologue
+    assert torch.equal(kernels.normed_projection(few, w_gu, norm, n=n, glu=True, pdl=False),
+                       kernels.projection(few, w_gu, n=n, norm=norm, glu=True))
 
 
 def test_supports_only_small_steps_of_silu_layers() -> None:

@@ -40,13 +40,13 @@ _SWEPT: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (4096, 2048): ((8, 2048, 4), (32, 256, 4), (32, 256, 3)),
     (6144, 2048): ((2, 2048, 4), (32, 256, 3), (16, 128, 3)),
 }
-# the code predictor's shapes at 64 and 128 rows (BN, BK, stages), tensor cores, 4 warps (`--rows 64 128`;
-# 128 rows run as two 64-row program columns)
+# the code predictor's shapes at 64 and 128 rows (BN, BK, stages), tensor cores, 4 warps (`--rows 64 128`, with
+# the norms as kernels of their own from NORM_KERNEL_ROWS rows; 128 rows run as two 64-row program columns)
 _SWEPT_WIDE: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (1024, 2048): ((16, 256, 4), (16, 128, 4)),
-    (1024, 3072): ((16, 256, 4), (16, 256, 4)),
+    (1024, 2048): ((32, 128, 4), (16, 128, 4)),
+    (1024, 3072): ((32, 128, 4), (32, 128, 4)),
     (3072, 1024): ((32, 128, 3), (64, 128, 3)),
-    (4096, 1024): ((32, 256, 3), (64, 256, 3)),
+    (4096, 1024): ((32, 256, 3), (32, 128, 3)),
 }
 TUNED: dict[tuple[int, int, int], Config] = {
     **{(1, n, k): (bn, bk, 1, w, True) for (n, k), ((bn, bk, w), _, _) in _SWEPT.items()},

@@ -8,6 +8,7 @@ writes and softmax pieces):
   3. o projection + residual
   4. post-attention RMSNorm + gate|up projection + SiLU(gate) * up
   5. down projection + residual
+From NORM_KERNEL_ROWS rows the two RMSNorms run as kernels of their own before 1 and 4 (seven kernels).
 The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16
 rows cost about the same), at most MAX_BM rows a program (more rows take a second column of programs,
 whose weight reads mostly hit L2); a one-row step runs them as a multiply-and-sum over narrow weight tiles
@@ -52,6 +53,9 @@ except ImportError:
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_ROWS = 128  # batch x positions per call (the first step of a frame has 2 positions per row)
 MAX_BM = 64  # rows per program of a tensor-core projection: more rows split over programs (shared memory)
+# from this many rows a layer's norms run as their own kernel: the projection's input tiles then stream
+# unchanged into its pipeline, which outweighs the extra launch; below, each norm is its projection's prologue
+NORM_KERNEL_ROWS = 33
 
 
 def available() -> bool:
@@ -109,6 +113,20 @@ if triton is not None:
             nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
             xk = (nw[None, :] * h).to(dt)
         return xk
+
+    @triton.jit
+    def _norm_kernel(x_ptr, nw_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
+        """Program m: out[m] = RMSNorm(x[m]) with weight nw, rounded as _x_block rounds."""
+        dt = out_ptr.dtype.element_ty
+        after_previous(PDL)
+        m = tl.program_id(0).to(tl.int64)
+        k = tl.arange(0, BK)
+        kmask = k < K
+        x = tl.load(x_ptr + m * K + k, mask=kmask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / K + eps)
+        h = (x * rstd).to(dt).to(tl.float32)
+        nw = tl.load(nw_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + m * K + k, (nw * h).to(dt), mask=kmask)
 
     @triton.jit
     def _proj_kernel(x_ptr, idx_ptr, nw_ptr, w_ptr, b_ptr, res_ptr, out_ptr, eps, sx, M: tl.constexpr,
@@ -279,6 +297,21 @@ def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor |
     return out
 
 
+def rms_norm(x: torch.Tensor, norm: Any, pdl: bool = False) -> torch.Tensor:
+    """RMSNorm `norm` of x [M, K] (contiguous) -> [M, K]."""
+    out = torch.empty_like(x)
+    _norm_kernel[(x.shape[0],)](x, norm.weight, out, float(norm.eps), K=x.shape[1], BK=next_pow2(x.shape[1]),
+                                PDL=pdl, **launch_options(pdl, 4))
+    return out
+
+
+def normed_projection(x: torch.Tensor, w: torch.Tensor, norm: Any, *, n: int, pdl: bool, **kw: Any) -> torch.Tensor:
+    """projection(norm(x), w): the norm as the projection's prologue, or from NORM_KERNEL_ROWS rows its own kernel."""
+    if x.shape[0] >= NORM_KERNEL_ROWS:
+        return projection(rms_norm(x, norm, pdl), w, n=n, pdl=pdl, **kw)
+    return projection(x, w, n=n, norm=norm, pdl=pdl, **kw)
+
+
 def run_probe(device: torch.device, build: Callable[[], str]) -> str:
     """The frame of every kernel probe: `build` launches the kernels a capture will use (so each variant
     compiles now) and returns '' or why they do not apply; waits for the device. -> '' or the reason, or
@@ -319,14 +352,16 @@ def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
                     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
                     pos0: int, pdl: bool = False) -> torch.Tensor:
     """The predictor DecoderLayer (input norm, Attention.qkv, K/V written into the cache, causal attention over
-    it, o projection + residual, MLP block) in five kernels. x: [B, T, d] at positions pos0..pos0+T-1; cos/sin: the
-    rope table [1, P, hd] of all P cache positions; kc/vc: [B, Hkv, P, hd] (written). pdl: launch them
-    with programmatic dependent launch (`pdl_available`). -> [B, T, d]"""
+    it, o projection + residual, MLP block) in five kernels (seven from NORM_KERNEL_ROWS rows). x: [B, T, d]
+    at positions pos0..pos0+T-1; cos/sin: the rope table [1, P, hd] of all P cache positions; kc/vc:
+    [B, Hkv, P, hd] (written). pdl: launch them with programmatic dependent launch (`pdl_available`).
+    -> [B, T, d]"""
     attn = layer.self_attn
     B, T, D = x.shape
     H, Hkv, hd, P = attn.heads, attn.kv_heads, attn.head_dim, kc.shape[2]
     x2 = x.reshape(B * T, D)  # [M, d]
-    y = projection(x2, w_qkv, n=(H + 2 * Hkv) * hd, bias=b_qkv, norm=layer.input_layernorm, pdl=pdl)  # [M, (H+2Hkv) hd]
+    y = normed_projection(x2, w_qkv, layer.input_layernorm, n=(H + 2 * Hkv) * hd, bias=b_qkv,
+                          pdl=pdl)  # [M, (H+2Hkv) hd]
     a = torch.empty(B * T, H * hd, device=x.device, dtype=x.dtype)  # [M, H hd]
     _attn_kernel[(B, Hkv)](y, attn.q_norm.weight, attn.k_norm.weight, cos.reshape(-1, hd), sin.reshape(-1, hd),
                            kc, vc, a, pos0, float(attn.q_norm.eps), hd ** -0.5, T=T, H=H, HKV=Hkv, HD=hd, P=P,
@@ -336,8 +371,9 @@ def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
 
 
 def mlp_block(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pdl: bool) -> torch.Tensor:
-    """x [M, D] + o_proj(a [M, H hd]), then + the MLP of its post-attention norm -> [M, D] (three kernels)."""
+    """x [M, D] + o_proj(a [M, H hd]), then + the MLP of its post-attention norm -> [M, D] (three kernels, four
+    from NORM_KERNEL_ROWS rows)."""
     attn, D = layer.self_attn, x.shape[1]
     x1 = projection(a, attn.o_proj.weight, n=D, bias=attn.o_proj.bias, res=x, pdl=pdl)  # [M, D]
-    m = projection(x1, w_gu, n=w_gu.shape[0] // 2, norm=layer.post_attention_layernorm, glu=True, pdl=pdl)  # [M, I]
+    m = normed_projection(x1, w_gu, layer.post_attention_layernorm, n=w_gu.shape[0] // 2, glu=True, pdl=pdl)  # [M, I]
     return projection(m, layer.mlp.down_proj.weight, n=D, res=x1, pdl=pdl)  # [M, D]

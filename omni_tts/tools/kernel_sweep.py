@@ -5,7 +5,8 @@ the preset key kernel_configs loads (and that kernel_configs.TUNED is updated fr
         [--no-pdl] [--quick] [--out kernel_configs.json]
 
 Owns: the candidate configs per row count, timing each of a decoder layer's four projections (q|k|v
-after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual; the code
+after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual; a norm as
+its own kernel first from kernels.NORM_KERNEL_ROWS rows, as a layer step runs it; the code
 predictor's and / or the talker's shapes) per candidate, launched as the engine launches them (with
 programmatic dependent launch where the GPU has it: the predictor's always, the talker's up to
 the engine's TALKER_PDL_ROWS), in a CUDA graph of back-to-back launches whose weights rotate through
@@ -97,6 +98,15 @@ def _graph_us(fns: list[Callable[[], Any]], launches: int = 60, replays: int = 5
     return start.elapsed_time(end) * 1000 / (replays * launches)
 
 
+def _launch(x: torch.Tensor, w: torch.Tensor, n: int, cfg: Config, pdl: bool, args: dict[str, Any]) -> torch.Tensor:
+    """One projection as a layer step launches it (a normed one with its norm as a kernel of its own from
+    kernels.NORM_KERNEL_ROWS rows)."""
+    if "norm" in args:
+        rest = {k: v for k, v in args.items() if k != "norm"}
+        return kernels.normed_projection(x, w, args["norm"], n=n, cfg=cfg, pdl=pdl, **rest)
+    return kernels.projection(x, w, n=n, cfg=cfg, pdl=pdl, **args)
+
+
 def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Sequence[str] = ("predictor",),
           pdl: bool = True, quick: bool = False) -> dict[tuple[int, int, int], Config]:
     """The fastest config per (rows, shape); launches with PDL as the engine's: the predictor's at every row
@@ -131,8 +141,7 @@ def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], 
             timings: dict[Config, float] = {}
             for cfg in candidates(m, quick, K):
                 try:
-                    timings[cfg] = _graph_us([lambda w=w_: kernels.projection(x, w, n=n, cfg=cfg, pdl=m <= pdl_rows,
-                                                                         **args) for w_ in ws])
+                    timings[cfg] = _graph_us([lambda w=w_: _launch(x, w, n, cfg, m <= pdl_rows, args) for w_ in ws])
                 except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
                     say(f"  {name} rows={m} {cfg}: {type(e).__name__}")
             pick = fastest(timings)

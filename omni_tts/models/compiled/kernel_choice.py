@@ -25,8 +25,9 @@ TALKER_PDL_ROWS = 1  # ...with programmatic dependent launch only at one row (wh
 # not measured), for steps of up to TALKER_ATTEND_ROWS rows (past TALKER_KERNEL_ROWS: after the compiled unit)
 TALKER_ATTEND_LEN = 1025
 TALKER_ATTEND_ROWS = 64
-# the limits above: a kept probe outcome holds for the same ones only
-LIMITS = (MAX_PREDICTOR_ROWS, TALKER_KERNEL_ROWS, TALKER_PDL_ROWS, TALKER_ATTEND_LEN, TALKER_ATTEND_ROWS)
+# the limits above and the norm kernels' rows: a kept probe outcome holds for the same ones only
+LIMITS = (MAX_PREDICTOR_ROWS, kernels.NORM_KERNEL_ROWS, TALKER_KERNEL_ROWS, TALKER_PDL_ROWS, TALKER_ATTEND_LEN,
+          TALKER_ATTEND_ROWS)
 
 
 class KernelChoice:
