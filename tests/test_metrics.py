@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import queue
 import threading
 
 import pytest
@@ -117,3 +118,25 @@ def test_gpu_memory_on_cuda_reports_the_pool_share():
     assert mem["graph_pool_gib"] == pytest.approx((1 << 20) / (1 << 30))
     assert mem["tree_pool_gib"] == pytest.approx((1 << 21) / (1 << 30))
     assert 0 < mem["graph_pool_share"] <= 1
+
+
+def test_a_request_is_counted_before_its_caller_sees_it_end():
+    """The engine's counters (on_finish) run before the handle reports done or its stream ends, so a client
+    that has its whole response never reads a count that lacks it."""
+    from omni_tts.config import SynthesisParams
+    from omni_tts.engine.request import RequestHandle
+
+    handle = RequestHandle(3, SynthesisParams(text="hi"), RequestMetrics(3, "eager", now()))
+    seen = []
+
+    def ended_stream() -> bool:
+        try:
+            return handle.take(timeout=0) is None
+        except queue.Empty:
+            return False
+
+    handle.on_finish = lambda m: seen.append((m.status, handle.done, ended_stream()))
+    handle.complete([], "done")
+    assert seen == [("done", False, False)]  # not done, and the stream's end not yet queued
+    assert ended_stream()
+    assert handle.done and handle.result(timeout=1).metrics.status == "done"

@@ -149,11 +149,11 @@ class RequestHandle:
         if isinstance(error, Cancelled):
             error.partial = self.partial()
         self._error = error
+        if self.on_finish is not None:  # counted before the client can see its end: metrics never lag a response
+            self.on_finish(m)
         self._finished.set()
         self._events.put(_DONE)
         self._notify()
-        if self.on_finish is not None:
-            self.on_finish(m)
 
 
 @dataclass(eq=False)  # identity: slots are found with `is`-equality
