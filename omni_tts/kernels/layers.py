@@ -103,20 +103,26 @@ if triton is not None:
         return wk, wu
 
     @triton.jit
+    def _normed(x, rstd, nw_ptr, kk, kmask, dt: tl.constexpr):
+        """x (float32, rows x columns kk, or one row) RMS-normed with rstd (broadcast over its columns) and
+        scaled by nw, rounded to dt where the reference rounds (the normed value, then the product)."""
+        h = (x * rstd).to(dt).to(tl.float32)
+        nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+        return (nw * h).to(dt)
+
+    @triton.jit
     def _x_block(x_ptr, nw_ptr, xoff, mmask, kk, rstd, K: tl.constexpr, NORM: tl.constexpr, dt: tl.constexpr):
         """The input tile [BM, BK] at columns kk of the rows at offsets xoff [BM], RMS-normed (rstd [BM]) and
         scaled by nw with NORM."""
         kmask = kk < K
         xk = tl.load(x_ptr + xoff[:, None] + kk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
         if NORM:
-            h = (xk.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
-            nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
-            xk = (nw[None, :] * h).to(dt)
+            xk = _normed(xk.to(tl.float32), rstd[:, None], nw_ptr, kk, kmask, dt)
         return xk
 
     @triton.jit
     def _norm_kernel(x_ptr, nw_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
-        """Program m: out[m] = RMSNorm(x[m]) with weight nw, rounded as _x_block rounds."""
+        """Program m: out[m] = RMSNorm(x[m]) with weight nw, rounded as a projection's prologue rounds."""
         dt = out_ptr.dtype.element_ty
         after_previous(PDL)
         m = tl.program_id(0).to(tl.int64)
@@ -124,9 +130,7 @@ if triton is not None:
         kmask = k < K
         x = tl.load(x_ptr + m * K + k, mask=kmask, other=0.0).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=0) / K + eps)
-        h = (x * rstd).to(dt).to(tl.float32)
-        nw = tl.load(nw_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + m * K + k, (nw * h).to(dt), mask=kmask)
+        tl.store(out_ptr + m * K + k, _normed(x, rstd, nw_ptr, k, kmask, dt), mask=kmask)
 
     @triton.jit
     def _proj_kernel(x_ptr, idx_ptr, nw_ptr, w_ptr, b_ptr, res_ptr, out_ptr, eps, sx, M: tl.constexpr,
