@@ -86,7 +86,7 @@ def test_only_the_named_synthesize_endpoint_is_public(engine):
 
 
 def test_api_and_page_share_the_request_bounds_and_the_clis_words(engine):
-    from omni_tts import config
+    from omni_tts import limits
     from omni_tts.ui import api
 
     demo = app.build_demo(engine)
@@ -96,7 +96,7 @@ def test_api_and_page_share_the_request_bounds_and_the_clis_words(engine):
         assert f"{p['parameter_name']}: {api.PARAMS[p['parameter_name']]}" in described
     assert "/v1/audio/speech" in described and "custom_voice, voice_design, voice_clone" in described
     temperature = next(b for b in demo.blocks.values() if getattr(b, "label", "") == "Temperature")
-    high = config.LIMITS["temperature"].high
+    high = limits.LIMITS["temperature"].high
     assert temperature.maximum == high  # the page's slider ends where SynthesisParams' bounds end
     for kw, words in ((dict(temperature=high + 1), "temperature must be"), (dict(task="Base"), "custom_voice, "
                       "voice_design, voice_clone"), (dict(max_new_tokens=1), "max_new_tokens must be >= 2")):

@@ -1,5 +1,5 @@
 """Validation at the door: every request field bounded in one place (SynthesisParams.validate, via
-config.LIMITS), one InputError naming the field whatever it holds, and the engine refusing such a
+limits.LIMITS), one InputError naming the field whatever it holds, and the engine refusing such a
 request at submit while it keeps serving good ones (real engine on the tiny fixture checkpoint, CPU);
 checkpoint configs bounded (sizes, ids, parameter estimate) before any tensor is read."""
 
@@ -19,9 +19,10 @@ import torch
 from _fixtures import fixture_dir
 from safetensors.torch import load_file, save_file
 
-from omni_tts.config import LIMITS, MAX_NEW_TOKENS, MAX_TOP_K, EngineConfig, SynthesisParams
+from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.engine.engine import Engine
 from omni_tts.errors import CheckpointError, InputError
+from omni_tts.limits import LIMITS, MAX_NEW_TOKENS, MAX_TOP_K
 from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.models.checkpoint_limits import check_configs, estimate_parameters
 from omni_tts.models.checkpoint_maker import make_configs, module_shapes

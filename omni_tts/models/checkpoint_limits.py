@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_tts.config import LIMITS, check_number
 from omni_tts.errors import CheckpointError, InputError
+from omni_tts.limits import LIMITS, check_number
 
 # About 6x the largest released model (1.7B parameters): float32 weights of this many take 40 GB.
 MAX_PARAMETERS = 10_000_000_000

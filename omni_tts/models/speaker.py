@@ -27,8 +27,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from omni_tts.config import MAX_TEXT_CHARS, check_text
 from omni_tts.errors import CheckpointError, InputError
+from omni_tts.limits import MAX_TEXT_CHARS, check_text
 from omni_tts.models.audio import AudioLimits, AudioSource, load_reference_audio
 from omni_tts.models.checkpoint import Checkpoint
 from omni_tts.models.codec.encoder import CodecEncoder

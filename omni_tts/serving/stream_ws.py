@@ -25,8 +25,8 @@ import numpy as np
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
-from omni_tts.config import MAX_INPUT_CHARS
 from omni_tts.errors import OmniTTSError
+from omni_tts.limits import MAX_INPUT_CHARS
 from omni_tts.models import stretch
 from omni_tts.models.segments import take_sentences
 from omni_tts.serving.encoding import pcm_bytes, wav_stream_header

@@ -52,7 +52,7 @@ def add_make_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def make(args: argparse.Namespace) -> int:
-    from omni_tts.config import LIMITS, check_number
+    from omni_tts.limits import LIMITS, check_number
     from omni_tts.models.checkpoint_maker import SIZES, make_checkpoint
     from omni_tts.models.loading import resolve_device, resolve_dtype
 

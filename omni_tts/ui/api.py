@@ -16,7 +16,7 @@ from typing import Any
 
 import gradio as gr
 
-from omni_tts import config, voices
+from omni_tts import config, limits, voices
 from omni_tts.models import stretch
 from omni_tts.ui import engine_access, files, formatting, labels
 from omni_tts.ui import support as ui
@@ -26,13 +26,13 @@ API_NAME = "synthesize"
 
 
 # One line per parameter: the API page's description, the function's docstring (MCP reads its Args) and
-# the hidden components' info all come from here. Bounds are config.LIMITS, the ones every request obeys.
+# the hidden components' info all come from here. Bounds are limits.LIMITS, the ones every request obeys.
 def _bounds(name: str) -> str:
-    return config.LIMITS[name].describe()
+    return limits.LIMITS[name].describe()
 
 
 PARAMS = {
-    "text": f"the words to speak (at most {config.MAX_INPUT_CHARS} characters; a long text is spoken in "
+    "text": f"the words to speak (at most {limits.MAX_INPUT_CHARS} characters; a long text is spoken in "
             "sentence-sized segments)",
     "task": f"one of {', '.join(config.TASKS)}, as on the command line ('' = the checkpoint's first task)",
     "speaker": "a speaker of a CustomVoice checkpoint, or a saved voice's name ('' = the first speaker)",

@@ -2,7 +2,7 @@
 and load-test tabs, and the hidden inputs of the named /synthesize API.
 
 Owns: which controls each part of the page has, their labels, help texts (`info=`), ranges (from
-omni_tts.config.LIMITS), initial values and element ids (the browser test finds them by id); each
+omni_tts.limits.LIMITS), initial values and element ids (the browser test finds them by id); each
 builder runs inside the caller's layout context and returns its components in a dict keyed by role.
 Knows nothing about event handling (omni_tts.ui.layout wires them) or device math.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import gradio as gr
 
-from omni_tts import config
+from omni_tts import limits
 from omni_tts.engine.snapshot import EngineSnapshot
 from omni_tts.models import stretch
 from omni_tts.ui import files, formatting, labels, plots
@@ -26,8 +26,8 @@ N_CLIPS = 4  # listening-test clip slots (one per mode)
 
 
 def max_text() -> int:
-    """The longest text a request takes (config.MAX_INPUT_CHARS: the box, the counter and the notice)."""
-    return int(config.MAX_INPUT_CHARS)
+    """The longest text a request takes (limits.MAX_INPUT_CHARS: the box, the counter and the notice)."""
+    return int(limits.MAX_INPUT_CHARS)
 
 
 def counter_js(limit: int) -> str:
@@ -37,9 +37,9 @@ def counter_js(limit: int) -> str:
 
 
 def _bounds(field: str, step: float) -> tuple[float, float]:
-    """A slider's range: exactly the bounds SynthesisParams.validate enforces (config.LIMITS), so the page
+    """A slider's range: exactly the bounds SynthesisParams.validate enforces (limits.LIMITS), so the page
     and the API accept the same values; an open lower end starts one step above it."""
-    limit = config.LIMITS[field]
+    limit = limits.LIMITS[field]
     return float(limit.low) + (step if limit.low_open else 0.0), float(limit.high)
 
 
@@ -123,7 +123,7 @@ def _sampling(gen: Mapping[str, Any], max_len: int) -> dict[str, Any]:
             seed_max = _bounds("seed", 1)[1]
             c["seed"] = gr.Number(value=-1, precision=0, minimum=-1, maximum=seed_max, label="Seed",
                                   info="-1: a new random seed each time")
-            hi = min(max_len, int(config.LIMITS["max_new_tokens"].high)) - 1  # frames: max_new_tokens - 1
+            hi = min(max_len, int(limits.LIMITS["max_new_tokens"].high)) - 1  # frames: max_new_tokens - 1
             c["max_len"] = gr.Slider(1, hi, value=min(hi, int(gen.get("max_new_tokens", hi + 1)) - 1), step=1,
                                      label="Max length", info="in frames; 12.5 frames make one second",
                                      elem_id="max-len")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from omni_tts.config import MAX_INPUT_CHARS as MAX_TEXT
+from omni_tts.limits import MAX_INPUT_CHARS as MAX_TEXT
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests/fixtures/qwen3_tts_tiny/custom_voice"
