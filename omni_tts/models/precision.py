@@ -66,4 +66,3 @@ def tf32_matmul(on: bool, call: Callable[[], T]) -> T:
             return call()
         finally:
             torch.backends.cuda.matmul.allow_tf32 = saved
-
