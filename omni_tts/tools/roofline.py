@@ -1,11 +1,15 @@
-"""Each part of a frame against the GPU's memory bandwidth, and how busy the GPU is under load.
+"""Each part of a frame against the GPU's memory bandwidth and its arithmetic peak, and how busy the GPU
+is under load.
 
     omni-tts roofline --model DIR [--preset bench] [--mode M] [--rows 1 8 32 64] [--peak-gbs 4800]
-        [--kv-len L] [--busy 32 64] [--frames 75] [--json OUT]
+        [--peak-tflops 989] [--kv-len L] [--busy 32 64] [--frames 75] [--json OUT]
 
 Per part and row count: time per call (CUDA events; perf_counter on a CPU), bytes read per call, achieved
-GB/s and the share of `--peak-gbs` (the GPU's datasheet bandwidth, H200: 4800 GB/s). The byte model,
-from the model's actual tensors (their element sizes as loaded):
+GB/s and the share of `--peak-gbs` (the GPU's datasheet bandwidth, H200: 4800 GB/s); FLOPs per call,
+achieved TFLOP/s and the share of the arithmetic peak in the precision the part's matmuls run in
+(`--peak-tflops` is the dense bfloat16 tensor-core peak, H200: 989; TF32 and float32 scale from it).
+Whichever share is higher says which roof a part is under. The byte model, from the model's actual
+tensors (their element sizes as loaded):
 
 - talker step: every parameter of the talker's decoder layers, final norm and codec head, once per call
   (a GEMV reads each weight once whatever the rows); other: each row's key/value cache over the
@@ -18,6 +22,12 @@ from the model's actual tensors (their element sizes as loaded):
   parameter once per call (a decode runs every layer); other: every leaf module's input and output
   tensors once (the unfused module graph, counted with forward hooks on one call; the carried state is
   among the inputs), i.e. activations as eager ops would move them. Per frame = per call divided by the chunk's frames.
+
+The FLOP model counts 2 per multiply-add of the matmuls and the attention (norms, activations, rope and
+sampling are left out): the talker's and predictor's linear layers per token they run on (the predictor
+runs its layers on 16 tokens a frame: two in its first step, one in each later step; one head a step)
+and their attention as the eager reference computes it; the codec's convolutions, matmuls and attention
+as `models.codec.costs.chunk_costs` counts them on the meta device.
 
 GPU busy share (`--busy c...`, CUDA only): the engine's closed loop (tools.load.run_load) at concurrency c
 under torch.profiler; the union of kernel intervals over the run's wall time, for all streams and for the
@@ -39,7 +49,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
+from omni_tts.models.codec.costs import chunk_costs
 from omni_tts.tools.args import add_engine_flags, engine_config, run_to_json
 from omni_tts.tools.microbench import carried_chunk, fill_slots, step_callables, time_ms
 from omni_tts.tools.provenance import provenance
@@ -48,6 +60,9 @@ PARTS = ("talker step", "predictor frame", "code-to-wave")
 
 
 STEADY_HISTORY_FRAMES = 100  # a chunk this far into a request: the codec's attention window is full
+
+# Dense arithmetic peaks relative to bfloat16's (Hopper datasheet): what a part's matmuls run in.
+PEAK_SHARE_OF_BF16 = {"bfloat16": 1.0, "float16": 1.0, "tf32": 0.5, "float32": 67 / 989}
 
 
 def nbytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -73,6 +88,39 @@ def predictor_bytes(model: Any, rows: int) -> tuple[int, int]:
     return weights, rows * (steps + 1) * emb.shape[1] * emb.element_size()
 
 
+def linear_flops(tokens: int, *modules: nn.Module) -> int:
+    """2 per multiply-add of every nn.Linear inside `modules`, each applied to `tokens` tokens."""
+    return 2 * tokens * sum(m.weight.numel() for mod in modules for m in mod.modules() if isinstance(m, nn.Linear))
+
+
+def attention_flops(rows: int, stack: Any, query_key_pairs: int) -> int:
+    """q.k and p.v of every layer of a decoder stack over `query_key_pairs` (query, key) pairs a row."""
+    heads = stack.layers[0].self_attn.heads
+    return 4 * rows * stack.num_layers * heads * stack.head_dim * query_key_pairs
+
+
+def talker_flops(model: Any, rows: int, kv_len: int) -> int:
+    """One talker decode step of `rows` rows attending over kv_len positions, with its codec head."""
+    t = model.talker
+    return linear_flops(rows, t.layers, t.codec_head) + attention_flops(rows, t, kv_len)
+
+
+def predictor_flops(model: Any, rows: int) -> int:
+    """One 15-step predictor frame of `rows` rows: 16 tokens through the layers and the input projection
+    (the first step's two attend over both, each later one over all before it), one head a step."""
+    cp = model.code_predictor
+    tokens = cp.num_groups
+    pairs = 2 * 2 + sum(range(3, tokens + 1))
+    heads = (cp.num_groups - 1) * linear_flops(rows, cp.lm_head[0])
+    return linear_flops(rows * tokens, cp.layers, cp.small_to_mtp_projection) + heads + attention_flops(rows, cp, pairs)
+
+
+def precision_of(model: Any) -> str:
+    """The precision the talker's and predictor's matmuls run in (their weights' dtype)."""
+    dtype = model.talker.codec_head.weight.dtype
+    return {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "float32")
+
+
 def codec_bytes(codec: Any, call: Callable[[], Any]) -> tuple[int, int]:
     """(weight bytes, activation bytes) of one `call()` of the codec: every parameter once, and the leaf
     modules' inputs and outputs counted by forward hooks on the unfused module graph (the fused flag is
@@ -96,31 +144,41 @@ def codec_bytes(codec: Any, call: Callable[[], Any]) -> tuple[int, int]:
     return counts[0], counts[1]
 
 
-def _row(part: str, rows: int, frames: int, ms: float, weights: int, other: int, peak_gbs: float,
-         **extra: Any) -> dict[str, Any]:
-    gbs = (weights + other) / (ms / 1000) / 1e9 if ms > 0 else 0.0
+def _row(part: str, rows: int, frames: int, ms: float, moved: tuple[int, int], flops: int, peaks: tuple[float, float],
+         precision: str, **extra: Any) -> dict[str, Any]:
+    """A table row; moved: (weight bytes, other bytes); peaks: (GB/s, bfloat16 TFLOP/s)."""
+    weights, other = moved
+    seconds = ms / 1000
+    gbs = (weights + other) / seconds / 1e9 if ms > 0 else 0.0
+    tflops = flops / seconds / 1e12 if ms > 0 else 0.0
+    peak_tflops = peaks[1] * PEAK_SHARE_OF_BF16[precision]
     return {"part": part, "rows": rows, "frames_per_call": frames, "ms_per_call": ms, "ms_per_frame": ms / frames,
-            "weight_bytes": weights, "other_bytes": other, "gb_per_s": gbs, "peak_share": gbs / peak_gbs, **extra}
+            "weight_bytes": weights, "other_bytes": other, "gb_per_s": gbs, "peak_share": gbs / peaks[0],
+            "flops": flops, "tflop_per_s": tflops, "precision": precision, "peak_tflop_per_s": peak_tflops,
+            "compute_share": tflops / peak_tflops, **extra}
 
 
-def measure_parts(runner: Any, config: Any, rows: Sequence[int], peak_gbs: float, say: Callable[[str], None],
-                  iters: int = 20, kv_len: int | None = None) -> list[dict[str, Any]]:
+def measure_parts(runner: Any, config: Any, rows: Sequence[int], peaks: tuple[float, float],
+                  say: Callable[[str], None], iters: int = 20, kv_len: int | None = None) -> list[dict[str, Any]]:
     """A row per (part, rows) on a warm runner (slots filled with real prefilled requests); the talker
-    attends over kv_len positions (default: what the rows' prompts need)."""
+    attends over kv_len positions (default: what the rows' prompts need); peaks: (GB/s, bfloat16 TFLOP/s)."""
     model = runner.model
     fill_slots(runner, max(rows), (model.speakers() or [None])[0])
+    precision = precision_of(model)
     out = []
     for b in rows:
         cp, talker = step_callables(runner, b, kv_len)
-        w, kv = talker_bytes(model, b, kv_len or runner.kv_len(b))
-        out.append(_row("talker step", b, 1, time_ms(talker, iters), w, kv, peak_gbs,
-                        kv_len=kv_len or runner.kv_len(b)))
-        w, emb = predictor_bytes(model, b)
-        out.append(_row("predictor frame", b, 1, time_ms(cp, iters), w, emb, peak_gbs))
-        chunk = carried_chunk(model.codec, b, STEADY_HISTORY_FRAMES, config.chunk_frames)
-        w, act = codec_bytes(model.codec, chunk)
+        kv = kv_len or runner.kv_len(b)
+        out.append(_row("talker step", b, 1, time_ms(talker, iters), talker_bytes(model, b, kv),
+                        talker_flops(model, b, kv), peaks, precision, kv_len=kv))
+        out.append(_row("predictor frame", b, 1, time_ms(cp, iters), predictor_bytes(model, b),
+                        predictor_flops(model, b), peaks, precision))
+        frames = config.chunk_frames
+        chunk = carried_chunk(model.codec, b, STEADY_HISTORY_FRAMES, frames)
+        moved = codec_bytes(model.codec, chunk)
+        flops = chunk_costs(model.ckpt.codec_config, b, frames).flops
         ms = time_ms(chunk, max(1, iters // 2))
-        out.append(_row("code-to-wave", b, config.chunk_frames, ms, w, act, peak_gbs))
+        out.append(_row("code-to-wave", b, frames, ms, moved, flops, peaks, model.codec.precision))
         say(" | ".join(f"{r['part']} {r['ms_per_call']:.3f} ms" for r in out[-3:]) + f" (rows {b})")
     return out
 
@@ -194,14 +252,15 @@ def busy_share(engine: Any, concurrency: int, requests: int, make: Callable[[int
 
 
 def table(rows: Sequence[dict[str, Any]], peak_gbs: float) -> str:
-    """The markdown roofline table."""
+    """The markdown roofline table: bytes against `peak_gbs`, FLOPs against each row's arithmetic peak."""
     head = ["part", "rows", "frames/call", "ms/call", "ms/frame", "weights MB", "other MB", "GB/s",
-            f"% of {peak_gbs:.0f} GB/s"]
+            f"% of {peak_gbs:.0f} GB/s", "GFLOP/call", "TFLOP/s", "% of compute peak (precision)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append(f"| {r['part']} | {r['rows']} | {r['frames_per_call']} | {r['ms_per_call']:.3f} | "
                      f"{r['ms_per_frame']:.3f} | {r['weight_bytes'] / 1e6:.1f} | {r['other_bytes'] / 1e6:.1f} | "
-                     f"{r['gb_per_s']:.1f} | {100 * r['peak_share']:.1f} |")
+                     f"{r['gb_per_s']:.1f} | {100 * r['peak_share']:.1f} | {r['flops'] / 1e9:.2f} | "
+                     f"{r['tflop_per_s']:.1f} | {100 * r['compute_share']:.1f} ({r['precision']}) |")
     return "\n".join(lines)
 
 
@@ -219,6 +278,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
 
     if min([*args.rows, *args.busy, args.iters]) < 1:
         raise OmniTTSError("--rows, --busy and --iters take positive integers")
+    if min(args.peak_gbs, args.peak_tflops) <= 0:
+        raise OmniTTSError("--peak-gbs and --peak-tflops take positive numbers")
     busy = list(args.busy or [])
     if busy and not torch.cuda.is_available():
         say("--busy skipped: the GPU busy share needs CUDA (torch.profiler's kernel trace)")
@@ -232,10 +293,12 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         speaker = (engine.speakers() or [None])[0]
         make = lambda i: make_params(i, speaker, args.frames)  # noqa: E731
         res: dict[str, Any] = {**provenance(), "mode": engine.default_mode.value, "peak_gbs": args.peak_gbs,
+                               "peak_tflops_bf16": args.peak_tflops,
                                "busy": [busy_share(engine, c, args.busy_requests or 4 * c, make) for c in busy]}
         if args.busy and not busy:
             res["busy_skipped"] = "needs CUDA"
-        res["rows"] = measure_parts(sched.runner, config, args.rows, args.peak_gbs, say, args.iters, args.kv_len)
+        res["rows"] = measure_parts(sched.runner, config, args.rows, (args.peak_gbs, args.peak_tflops), say,
+                                    args.iters, args.kv_len)
         return res
     finally:
         engine.shutdown()
@@ -246,6 +309,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--mode", default=None, help="compile mode measured (default: default+cudagraph, eager on CPU)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64], help="rows per call")
     ap.add_argument("--peak-gbs", type=float, default=4800.0, help="the GPU's peak memory bandwidth, GB/s")
+    ap.add_argument("--peak-tflops", type=float, default=989.0,
+                    help="the GPU's dense bfloat16 tensor-core peak, TFLOP/s (TF32: half; float32 scaled)")
     ap.add_argument("--busy", type=int, nargs="*", default=[], metavar="C",
                     help="also the GPU busy share under the closed loop at these concurrencies (CUDA)")
     ap.add_argument("--busy-requests", type=int, default=0, help="requests per busy run (default 4 x C)")
