@@ -248,12 +248,28 @@ def _shot(driver, name: str, log: Path) -> None:
 
 
 def test_a_first_visit(server, browser):
+    """One visitor's path through the page: an example fills the form, bad input is one toast, a
+    synthesis gives a wav, figures and plot points, Stop keeps the partial audio, a request in another
+    mode warms it and is served, the panel switches the default mode, and the other tabs open."""
     url, log = server
     d = browser
     d.get(url)
     _wait(d, "the page", lambda d: d.find_elements(By.CSS_SELECTOR, "#generate"), 30, log)
     assert "Model:" in _text(d, "#banner") and "TTFP: time to first packet" in _text(d, "#metric-definitions")
+    box = _example_fills_the_form(d, log)
+    _bad_input_then_a_synthesis(d, box, log)
+    eager_points = 1 + _stop_keeps_the_partial_audio(d, log)
+    _a_request_in_another_mode(d, eager_points, log)
+    _switch_the_default_mode(d, log)
+    for tab, panel, name in (("Listening test", "tab-listening", "listening.png"),
+                             ("Load test", "tab-load", "load.png")):
+        d.find_element(By.XPATH, f"//button[@role='tab' and normalize-space()='{tab}']").click()
+        _wait(d, f"the {tab} tab's panel shown", lambda d: d.find_element(By.ID, panel).is_displayed(), 10, log)
+        _shot(d, name, log)
 
+
+def _example_fills_the_form(d, log):
+    """Click the first example; -> the text box it filled."""
     first = _wait(d, "the examples table", lambda d: d.find_elements(By.CSS_SELECTOR, "#examples tbody tr"), 10, log)
     _wait(d, "the first example clickable", lambda d: _clicked(first[0]), 10, log)  # it fills the form
     box = d.find_element(By.CSS_SELECTOR, "#text textarea")
@@ -261,7 +277,10 @@ def test_a_first_visit(server, browser):
           10, log)
     _wait(d, "the character counter", lambda d: re.fullmatch(rf"\d+ / {MAX_TEXT} characters", _text(
         d, "#char-counter")) and _text(d, "#char-counter") != f"33 / {MAX_TEXT} characters", 10, log)
+    return box
 
+
+def _bad_input_then_a_synthesis(d, box, log):
     box.send_keys(Keys.CONTROL, "a")
     box.send_keys(Keys.DELETE)
     d.find_element(By.CSS_SELECTOR, "#generate").click()  # bad input: a one-line error toast, no traceback
@@ -284,6 +303,9 @@ def test_a_first_visit(server, browser):
     _wait(d, "the request's point in both plots, in eager's colour", lambda d: _points(d, "ttfp-plot", "eager") == 1
           and _points(d, "rtf-plot", "eager") == 1, 15, log)
 
+
+def _stop_keeps_the_partial_audio(d, log) -> int:
+    """Start long requests until Stop reaches one before it ends; -> how many requests that took."""
     _set_number(d, "#max-len input[type=number]", "180")
     for attempt in range(1, STOP_ATTEMPTS + 1):
         d.find_element(By.CSS_SELECTOR, "#generate").click()
@@ -294,9 +316,11 @@ def test_a_first_visit(server, browser):
         pytest.fail(f"every one of {STOP_ATTEMPTS} requests ended before Stop reached it")
     _wait(d, "the partial audio download", lambda d: "Stopped: partial audio" in _text(d, "#download")
           and "cancelled" in _text(d, "#live-metrics") and "Stopped:" in _text(d, "#notice"), 30, log)
-    eager_points = 1 + attempt
-    _wait(d, "the stopped request in the plots", lambda d: _points(d, "ttfp-plot", "eager") == eager_points, 15, log)
+    _wait(d, "the stopped request in the plots", lambda d: _points(d, "ttfp-plot", "eager") == 1 + attempt, 15, log)
+    return attempt
 
+
+def _a_request_in_another_mode(d, eager_points: int, log):
     _set_number(d, "#max-len input[type=number]", "24")
     _pick(d, "request-mode", OTHER_MODE, log)  # the same form, a different mode for this request
     d.find_element(By.CSS_SELECTOR, "#generate").click()
@@ -308,18 +332,14 @@ def test_a_first_visit(server, browser):
                      _text(d, "#mode-readiness"))
     _shot(d, "synthesis.png", log)
 
+
+def _switch_the_default_mode(d, log):
     d.find_element(By.CSS_SELECTOR, "#engine-mode button.label-wrap").click()  # the panel's default mode
     radio = f'#mode-radio label[data-testid="{OTHER_MODE}-radio-label"]'
     _wait(d, "the opened default-mode panel", lambda d: d.find_elements(By.CSS_SELECTOR, radio), 10, log)[0].click()
     d.find_element(By.CSS_SELECTOR, "#apply-mode").click()
     _wait(d, f"the engine to report default mode {OTHER_MODE}", lambda d: f"now run {OTHER_MODE}" in _text(
         d, "#mode-status") and f"default mode {OTHER_MODE}" in _text(d, "#engine-figures"), 30, log)
-
-    for tab, panel, name in (("Listening test", "tab-listening", "listening.png"),
-                             ("Load test", "tab-load", "load.png")):
-        d.find_element(By.XPATH, f"//button[@role='tab' and normalize-space()='{tab}']").click()
-        _wait(d, f"the {tab} tab's panel shown", lambda d: d.find_element(By.ID, panel).is_displayed(), 10, log)
-        _shot(d, name, log)
 
 
 # A text node that takes more than one line box has been broken inside a word or a number (the tables'
