@@ -217,6 +217,34 @@ def test_concurrent_clone_requests_have_no_cross_talk(engine, model, ref_audio, 
     assert len(firsts) == len(results)  # every request differs, so a mix-up would show
 
 
+def _from_four_clients_at_once(clone_engine, cv_engine, clones, customs) -> dict:
+    """Four threads, each submitting a clone and a CustomVoice request (alternating which goes first) and
+    streaming both; 4 clones fill the Base engine's 4 slots, CustomVoice's 2 slots make two queue.
+    -> {(kind, i): (streamed wav, codes)} for kind "clone" / "cv"."""
+    start, got, errors = threading.Barrier(4), {}, []
+
+    def client(i: int) -> None:
+        try:
+            start.wait(timeout=60)
+            order = [("clone", i), ("cv", i)] if i % 2 == 0 else [("cv", i), ("clone", i)]
+            handles = {k: (clone_engine if k[0] == "clone" else cv_engine).submit(
+                (clones if k[0] == "clone" else customs)[i]) for k in order}
+            for k, h in handles.items():
+                chunks = [c.samples for c in h.stream(timeout=180)]
+                r = h.result(timeout=180)
+                got[k] = (np.concatenate(chunks) if chunks else np.zeros(0, np.float32), r.codes)
+        except Exception as e:  # reported below: a thread's assertion would otherwise be lost
+            errors.append(f"client {i}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors and len(got) == 8, errors
+    return got
+
+
 def test_clone_engine_and_custom_voice_engine_run_at_once_without_cross_talk(engine, model, ref_audio,
                                                                            other_audio) -> None:
     """One checkpoint is Base or CustomVoice, so a deployment serving both runs two engines in one process:
@@ -241,30 +269,7 @@ def test_clone_engine_and_custom_voice_engine_run_at_once_without_cross_talk(eng
         alone = {("clone", i): offline.synthesize(model, p) for i, p in enumerate(clones)}
         alone.update({("cv", i): offline.synthesize(cv.model, p) for i, p in enumerate(customs)})
 
-        # four threads, each submitting a clone and a CustomVoice request (alternating which goes first) and
-        # streaming both; 4 clones fill the Base engine's 4 slots, CustomVoice's 2 slots make two queue
-        start, got, errors = threading.Barrier(4), {}, []
-
-        def client(i: int) -> None:
-            try:
-                start.wait(timeout=60)
-                order = [("clone", i), ("cv", i)] if i % 2 == 0 else [("cv", i), ("clone", i)]
-                handles = {k: (engine if k[0] == "clone" else cv).submit((clones if k[0] == "clone" else customs)[i])
-                           for k in order}
-                for k, h in handles.items():
-                    chunks = [c.samples for c in h.stream(timeout=180)]
-                    r = h.result(timeout=180)
-                    got[k] = (np.concatenate(chunks) if chunks else np.zeros(0, np.float32), r.codes)
-            except Exception as e:  # reported below: a thread's assertion would otherwise be lost
-                errors.append(f"client {i}: {type(e).__name__}: {e}")
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=300)
-        assert not errors and len(got) == 8, errors
-
+        got = _from_four_clients_at_once(engine, cv, clones, customs)
         for (kind, i), (wav, codes) in got.items():
             want_wav, want_codes = alone[(kind, i)]
             what = f"{kind} request {i}"
