@@ -89,6 +89,7 @@ def test_wav_format_and_speed(server):
     ({**CONFIG, "format": "mp3"}, "cannot be streamed"),
     ({**CONFIG, "speed": 9}, "speed"),
     ({**CONFIG, "colour": "red"}, "colour"),
+    ({**CONFIG, "voice": "nobody"}, "unknown voice 'nobody'"),
 ])
 def test_a_bad_config_is_an_error_and_the_session_ends(server, config, words):
     url, _ = server
@@ -101,12 +102,14 @@ def test_a_bad_config_is_an_error_and_the_session_ends(server, config, words):
 
 
 def test_a_request_the_engine_refuses_ends_the_session_with_its_error(server):
+    """A setting the session's config passes but the engine refuses at the first sentence (a mode this CPU
+    engine does not run): the refusal is the session's last word."""
     url, _ = server
     with connect(url) as ws:
-        ws.send(json.dumps({**CONFIG, "voice": "nobody"}))
+        ws.send(json.dumps({**CONFIG, "mode": "reduce-overhead"}))
         ws.send(json.dumps({"type": "input.text", "text": "Hello there. "}))
         m = json.loads(ws.recv(timeout=30))
-        assert m["type"] == "error" and "unknown voice 'nobody'" in m["message"]
+        assert m["type"] == "error" and "mode reduce-overhead is not available" in m["message"]
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=30)
 
