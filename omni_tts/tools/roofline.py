@@ -111,8 +111,8 @@ def predictor_flops(model: Any, rows: int) -> int:
     cp = model.code_predictor
     tokens = cp.num_groups
     pairs = 2 * 2 + sum(range(3, tokens + 1))
-    heads = (cp.num_groups - 1) * linear_flops(rows, cp.lm_head[0])
-    return linear_flops(rows * tokens, cp.layers, cp.small_to_mtp_projection) + heads + attention_flops(rows, cp, pairs)
+    layers = linear_flops(rows * tokens, cp.layers, cp.small_to_mtp_projection)
+    return layers + linear_flops(rows, cp.lm_head) + attention_flops(rows, cp, pairs)  # each head on one token
 
 
 def precision_of(model: Any) -> str:
