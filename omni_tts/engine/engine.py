@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import itertools
 import sys
 import threading
@@ -110,8 +111,23 @@ class Engine:
         """Validate, prepare and queue a request; bad input raises an OmniTTSError at once. A text over the
         segment budget is spoken in segments, behind a handle with the same interface."""
         if over_budget(params.text):
-            return LongTextHandle(self._submit, params, self.model.sample_rate, self.config.max_num_seqs)
+            return self._submit_long(params)
         return self._submit(params)
+
+    def _submit_long(self, params: SynthesisParams) -> RequestHandle:
+        """A long text: its segments run unrecorded, so the counters and the recent requests hold the
+        client's request once, with its own TTFP and E2E, not each segment's."""
+        try:
+            return LongTextHandle(functools.partial(self._submit, recorded=False), params, self.model.sample_rate,
+                                  self.config.max_num_seqs, on_finish=self._long_text_ended)
+        except Overloaded:
+            self.stats.count(self._scheduler(params.mode).mode.value, "refused (overloaded)")
+            raise
+
+    def _long_text_ended(self, m: RequestMetrics) -> None:
+        self.stats.on_end(m)
+        if m.status == "done":
+            self.stats.on_finish(m)
 
     def _submit(self, params: SynthesisParams, recorded: bool = True) -> RequestHandle:
         if self._closed:
@@ -132,7 +148,8 @@ class Engine:
                         handle.on_finish = self.stats.on_end
                     sched.put(Request(handle, prep))
         except Overloaded:
-            self.stats.count(sched.mode.value, "refused (overloaded)")
+            if recorded:
+                self.stats.count(sched.mode.value, "refused (overloaded)")
             raise
         return handle
 

@@ -38,7 +38,8 @@ class LongTextHandle(RequestHandle):
     """A request whose text was split into segments; the caller uses it as any RequestHandle."""
 
     def __init__(self, submit: Callable[[SynthesisParams], RequestHandle], params: SynthesisParams,
-                 sample_rate: int, max_num_seqs: int) -> None:
+                 sample_rate: int, max_num_seqs: int,
+                 on_finish: Callable[[RequestMetrics], None] | None = None) -> None:
         params.validate()
         self.segments = split_text(params.text)
         seed = params.seed if params.seed is not None else secrets.randbits(63)
@@ -63,6 +64,7 @@ class LongTextHandle(RequestHandle):
         self._pause = np.zeros(round(PAUSE_S * sample_rate), np.float32)
         self._frames = 0
         self._all_codes: list[np.ndarray] = []
+        self.on_finish = on_finish  # before the thread starts: its end is counted whenever it comes
         threading.Thread(target=self._run, name=f"omni-tts-long-{self.id}", daemon=True).start()
 
     def cancel(self, reason: str = "") -> None:

@@ -53,7 +53,7 @@ class RequestHandle:
         self.metrics = metrics
         self.sample_rate = metrics.sample_rate
         self.max_frames: int | None = None  # the most frames this request can make (set at submit)
-        self.recorded = True  # False: the engine's own request (priming), kept out of the recent requests
+        self.recorded = True  # False: the engine's own request (priming) or a long text's segment: not counted
         self.cancel_requested = threading.Event()
         self.cancel_reason = ""  # why it was cancelled, when the canceller said (e.g. "client gone")
         # called with the final metrics once it ends, whatever its outcome (the engine's counters)
