@@ -114,12 +114,21 @@ def test_a_request_the_engine_refuses_ends_the_session_with_its_error(server):
             ws.recv(timeout=30)
 
 
-def test_an_unknown_message_is_an_error_and_the_session_goes_on(server):
+@pytest.mark.parametrize(("message", "words"), [
+    ("not json", "a message that is not JSON (Expecting value at character 0)"),
+    (b"\x00\x01", "a binary message (messages are JSON text)"),
+    ("[1, 2]", "a JSON list, not an object"),
+    (json.dumps(CONFIG), "session.config comes once, as the first message"),
+    (json.dumps({"type": "input.text", "text": 5}), "unknown message {'type': 'input.text', 'text': 5}"),
+])
+def test_an_unknown_message_is_an_error_that_says_why_and_the_session_goes_on(server, message, words):
     url, _ = server
     with connect(url) as ws:
         ws.send(json.dumps(CONFIG))
-        ws.send("not json")
-        assert json.loads(ws.recv(timeout=30))["type"] == "error"
+        ws.send(message)
+        m = json.loads(ws.recv(timeout=30))
+        assert m["type"] == "error" and m["message"].startswith(words)
+        assert m["message"].endswith("expected input.text (with a text string) or input.done")
         ws.send(json.dumps({"type": "input.text", "text": "Still here."}))
         ws.send(json.dumps({"type": "input.done"}))
         assert messages(ws)[-1] == {"type": "session.done", "total_sentences": 1}

@@ -70,7 +70,7 @@ class Session:
         buffer, done = "", False
         while not done:
             message = await self._next_message()
-            kind = message.get("type") if message else None
+            kind = message.get("type") if isinstance(message, dict) else None
             if kind == "input.text" and isinstance(message.get("text"), str):
                 buffer += message["text"]
                 self.received += len(message["text"])
@@ -81,23 +81,25 @@ class Session:
             elif kind == "input.done":
                 sentences, buffer, done = ([buffer.strip()] if buffer.strip() else []), "", True
             else:
-                await self.error(f"unknown message {str(message)[:80]}: expected input.text (with a text string) "
-                                 "or input.done")
+                await self.error(_unexpected(message))
                 continue
             for sentence in sentences:
                 await self.slots.acquire()
                 await self.queue.put((sentence, await self._submit(sentence)))
         await self.queue.put(None)
 
-    async def _next_message(self) -> dict[str, Any] | None:
+    async def _next_message(self) -> dict[str, Any] | str:
+        """The next message as a JSON object, or what is wrong with it."""
         raw = await self.ws.receive()
         if raw["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(raw.get("code", 1000))
+        if raw.get("text") is None:
+            return "a binary message (messages are JSON text)"
         try:
-            message = json.loads(raw.get("text") or "")
-        except (json.JSONDecodeError, TypeError):
-            return None
-        return message if isinstance(message, dict) else None
+            message = json.loads(raw["text"])
+        except json.JSONDecodeError as e:
+            return f"a message that is not JSON ({e.msg} at character {e.pos})"
+        return message if isinstance(message, dict) else f"a JSON {type(message).__name__}, not an object"
 
     async def _submit(self, sentence: str) -> Any:
         """The sentence's request; a refusal ends the session (its settings, e.g. an unknown voice, would
@@ -174,7 +176,8 @@ def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
         session = Session(ws, service)
         tasks: list[asyncio.Task] = []
         try:
-            await session.configure(await session._next_message() or {})
+            first = await session._next_message()
+            await session.configure(first if isinstance(first, dict) else {})
             tasks = [asyncio.create_task(session.receive()), asyncio.create_task(session.send())]
             await asyncio.gather(*tasks)
             await ws.close()
@@ -189,6 +192,16 @@ def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     return r
+
+
+def _unexpected(message: dict[str, Any] | str) -> str:
+    """What is wrong with a message the session cannot take now, and what it takes."""
+    takes = "expected input.text (with a text string) or input.done"
+    if isinstance(message, str):
+        return f"{message}: {takes}"
+    if message.get("type") == "session.config":
+        return f"session.config comes once, as the first message: {takes}"
+    return f"unknown message {str(message)[:80]}: {takes}"
 
 
 async def _last_word(ws: WebSocket, session: Session, message: str) -> None:
