@@ -12,11 +12,19 @@ from __future__ import annotations
 from typing import Any
 
 from omni_tts.config import MODES, CompileMode, EngineConfig, SynthesisParams, load_preset
-from omni_tts.errors import Cancelled, CheckpointError, EngineError, InputError, OmniTTSError
+from omni_tts.errors import (
+    Cancelled,
+    CheckpointError,
+    DeadlineExceeded,
+    EngineError,
+    InputError,
+    OmniTTSError,
+    Overloaded,
+)
 
-__all__ = ["MODES", "AudioChunk", "Cancelled", "CheckpointError", "CompileMode", "Engine", "EngineConfig",
-           "EngineError", "EngineSnapshot", "InputError", "ModeStatus", "OmniTTSError", "RequestHandle",
-           "RequestMetrics", "SynthesisParams", "SynthesisResult", "load_preset"]
+__all__ = ["MODES", "AudioChunk", "Cancelled", "CheckpointError", "CompileMode", "DeadlineExceeded", "Engine",
+           "EngineConfig", "EngineError", "EngineSnapshot", "InputError", "ModeStatus", "OmniTTSError", "Overloaded",
+           "RequestHandle", "RequestMetrics", "SynthesisParams", "SynthesisResult", "load_preset"]
 __version__ = "0.1.0"
 
 # imported on first use: the engine brings torch, which `import omni_tts` alone should not pay for
@@ -37,4 +45,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted([*__all__, "__version__"])

@@ -27,11 +27,12 @@ def test_the_public_names_import_from_the_package_and_the_engine_only_when_asked
     """`import omni_tts` does not pull in torch; naming `Engine` does (a fresh interpreter for each)."""
     code = ("import sys, omni_tts; assert 'torch' not in sys.modules, 'torch at import'; "
             "from omni_tts import (Engine, SynthesisParams, CompileMode, load_preset, OmniTTSError, InputError, "
-            "EngineError, Cancelled, CheckpointError, EngineSnapshot, MODES); "
+            "EngineError, Cancelled, CheckpointError, EngineSnapshot, MODES, Overloaded, DeadlineExceeded); "
             "assert Engine.__module__ == 'omni_tts.engine.engine' and 'torch' in sys.modules; "
             "assert issubclass(Cancelled, EngineError) and issubclass(InputError, OmniTTSError); "
+            "assert issubclass(Overloaded, EngineError) and issubclass(DeadlineExceeded, EngineError); "
             "assert set(MODES) == set(CompileMode); "
-            "assert set(omni_tts.__all__) <= set(dir(omni_tts)); "
+            "assert set(dir(omni_tts)) == set(omni_tts.__all__) | {'__version__'}; "
             "print(sorted(omni_tts.__all__))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -50,7 +51,7 @@ def test_the_readme_example_runs_and_streams_the_whole_clip(monkeypatch):
     chunks = [line for line in lines if line.startswith("chunk ")]
     assert chunks and lines[-1].startswith("done "), lines
     result = scope["result"]
-    # the streamed chunks add up to the finished clip, which the engine that made it no longer serves
+    # the streamed chunks add up to the finished clip; the engine that made it, out of its with block, serves no more
     assert sum(int(line.split()[2]) for line in chunks) == result.wav.size > 0
     with pytest.raises(EngineError, match="shut down"):
         scope["engine"].submit(scope["SynthesisParams"](text="After the end."))

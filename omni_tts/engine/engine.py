@@ -361,7 +361,14 @@ class Engine:
             memory=gpu_memory(self.device, pool, trees), capture=dict(self.stats.capture),
             model=self.model.describe())
 
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
     def shutdown(self) -> None:
+        """Stop serving: requests still waiting or running end with an EngineError, the threads stop. Idempotent."""
         if self._closed:
             return
         self._closed = True
