@@ -91,6 +91,7 @@ def _exit_on_kill(*_: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Build the engine and serve the page and the APIs until interrupted."""
     from omni_tts.engine.engine import Engine
+    from omni_tts.serving.settings import ServeSettings
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[omni-tts] %(message)s")
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     say = lambda s: print(f"[omni-tts {time.perf_counter() - t0:5.1f}s] {s}", file=sys.stderr, flush=True)  # noqa: E731
     zero = ui.zero_gpu()
     try:
+        host, port = ui.bind_address(args.host, args.port)
+        settings = ServeSettings.from_env(host, args.share)  # one reading for the routes and uvicorn's limits
         config = engine_config(args)
         if zero and config.mode not in ui.ZERO_GPU_MODES:
             config.mode = ui.ZERO_GPU_MODES[0]
@@ -112,20 +115,18 @@ def main(argv: list[str] | None = None) -> int:
     engine.prime()
     if not engine.wait_primed(PRIME_WAIT_S):
         say(f"the eager path is still priming after {PRIME_WAIT_S:.0f} s; serving the page meanwhile")
-    host, port = ui.bind_address(args.host, args.port)
     policy = ui.AdminPolicy.from_env(host, args.share)
     files.use_private_gradio_cache()
     signal.signal(signal.SIGTERM, _exit_on_kill)
     say(f"files: {files.out_dir().path} (removed at exit); saved voices: {files.data_dir() / 'voices'}")
     demo = build_demo(engine, zero=zero, policy=policy)
-    server, url = serve(engine, demo, host, port, args.share, block=False)
+    server, url = serve(engine, demo, host, port, args.share, block=False, settings=settings)
     say(f"page served at {url}")
     engine.start_warming()
     try:
         server.wait()
-    finally:  # the engine first: open streams end as errors (an SSE error event, a cut raw stream)
-        engine.shutdown()
-        server.stop()
+    finally:
+        server.close(engine, say)
     return 0
 
 

@@ -209,7 +209,7 @@ def deadline_service():
 def test_ready_answers_503_until_a_mode_serves(deadline_service):
     url, engine, _ = deadline_service
     r = httpx.get(url + "/ready")
-    assert r.status_code == 503 and r.json() == {"ready": False, "modes": {"eager": {
+    assert r.status_code == 503 and r.json() == {"ready": False, "draining": False, "modes": {"eager": {
         "state": "queued", "serving": False, "progress": [0, 0], "default": True}}}
     assert httpx.get(url + "/health").status_code == 200  # alive all the same
     engine.start_warming()

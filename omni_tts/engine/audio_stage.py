@@ -233,5 +233,3 @@ class AudioStage:
         if self._live.pop(id(a), None) is not None:  # before the handle completes: its waiter sees it freed
             a.decoder.release()
         a.handle.complete(a.codes, status, error)
-        if status == "done" and a.handle.recorded:
-            self.stats.on_finish(a.handle.metrics)

@@ -31,7 +31,7 @@ from omni_tts.engine.long_text import LongTextHandle
 from omni_tts.engine.metrics import EngineStats, RequestMetrics, gpu_memory, now
 from omni_tts.engine.mode_scheduler import ModeScheduler, Request
 from omni_tts.engine.model_runner import Runner
-from omni_tts.engine.request import AudioChunk, RequestHandle, SynthesisResult
+from omni_tts.engine.request import AudioChunk, OpenCount, RequestHandle, SynthesisResult
 from omni_tts.engine.snapshot import EngineSnapshot, ModeStatus
 from omni_tts.engine.step_impl import StepImpls
 from omni_tts.engine.warmup import WarmupCoordinator, warm_order
@@ -62,6 +62,8 @@ class Engine:
         self._ids = itertools.count(1)
         self._queueing = threading.Lock()  # an id is taken and its request queued as one step
         self._closed = False
+        self.draining = False  # `drain`: new requests refused while the accepted ones finish
+        self._open = OpenCount()  # callers' requests accepted and not yet ended (a long text once)
         cuda = self.device.type == "cuda"
         model.set_codec_precision(config.resolved_codec_precision(cuda))
         self.impls = StepImpls(model, config)
@@ -109,48 +111,44 @@ class Engine:
     # ------------------------------------------------------------------ requests
     def submit(self, params: SynthesisParams) -> RequestHandle:
         """Validate, prepare and queue a request; bad input raises an OmniTTSError at once. A text over the
-        segment budget is spoken in segments, behind a handle with the same interface."""
-        if over_budget(params.text):
-            return self._submit_long(params)
-        return self._submit(params)
-
-    def _submit_long(self, params: SynthesisParams) -> RequestHandle:
-        """A long text: its segments run unrecorded, so the counters and the recent requests hold the
-        client's request once, with its own TTFP and E2E, not each segment's."""
+        segment budget is spoken in segments (run unrecorded: the counters hold the caller's request once),
+        behind a handle with the same interface."""
+        if self.draining and not self._closed:
+            raise EngineError("the engine is shutting down: it takes no new requests; try another server")
+        self._open.add(1)  # until the handle's end (`_ended`)
         try:
-            return LongTextHandle(functools.partial(self._submit, recorded=False), params, self.model.sample_rate,
-                                  self.config.max_num_seqs, on_finish=self._long_text_ended)
-        except Overloaded:
-            self.stats.count(self._scheduler(params.mode).mode.value, "refused (overloaded)")
+            if over_budget(params.text):
+                return LongTextHandle(functools.partial(self._submit, recorded=False), params,
+                                      self.model.sample_rate, self.config.max_num_seqs, on_finish=self._ended)
+            return self._submit(params)
+        except BaseException as e:
+            self._open.add(-1)
+            if isinstance(e, Overloaded):
+                self.stats.count(self._scheduler(params.mode).mode.value, "refused (overloaded)")
             raise
 
-    def _long_text_ended(self, m: RequestMetrics) -> None:
+    def _ended(self, m: RequestMetrics) -> None:
+        """A caller's request ended (not a segment's, not priming's): counted, and a finished one recorded."""
         self.stats.on_end(m)
         if m.status == "done":
             self.stats.on_finish(m)
+        self._open.add(-1)
 
     def _submit(self, params: SynthesisParams, recorded: bool = True) -> RequestHandle:
         if self._closed:
             raise EngineError("the engine is shut down")
         params.validate()
         sched = self._scheduler(params.mode)
-        try:
-            sched.check_room()  # refused before its prompt is prepared; checked again as it joins the queue
-            with sched.arriving():
-                prep = self.model.prepare(params, self.config.max_seq_len)
-                with self._queueing:  # ids follow the queue's order, so a mode's slots go in id order
-                    rid = next(self._ids)
-                    handle = RequestHandle(rid, params, RequestMetrics(rid, sched.mode.value, now(),
-                                                                       sample_rate=self.model.sample_rate))
-                    handle.max_frames = prep.max_frames  # the most frames it can make (its cap or the engine's room)
-                    handle.recorded = recorded
-                    if recorded:
-                        handle.on_finish = self.stats.on_end
-                    sched.put(Request(handle, prep))
-        except Overloaded:
-            if recorded:
-                self.stats.count(sched.mode.value, "refused (overloaded)")
-            raise
+        sched.check_room()  # refused before its prompt is prepared; checked again as it joins the queue
+        with sched.arriving():
+            prep = self.model.prepare(params, self.config.max_seq_len)
+            with self._queueing:  # ids follow the queue's order, so a mode's slots go in id order
+                rid = next(self._ids)
+                handle = RequestHandle(rid, params, RequestMetrics(rid, sched.mode.value, now(),
+                                                                   sample_rate=self.model.sample_rate))
+                handle.max_frames = prep.max_frames  # the most frames it can make (its cap or the engine's room)
+                handle.on_finish = self._ended if recorded else None
+                sched.put(Request(handle, prep))
         return handle
 
     def synthesize_offline(self, params: SynthesisParams) -> tuple[Any, Any]:
@@ -360,6 +358,12 @@ class Engine:
             steps=self.stats.steps, busy_slots_sum=self.stats.busy_slots_sum,
             memory=gpu_memory(self.device, pool, trees), capture=dict(self.stats.capture),
             model=self.model.describe())
+
+    def drain(self, timeout: float) -> bool:
+        """Refuse new requests (EngineError) and wait up to `timeout` s for the accepted ones to end; ->
+        whether they all did. `shutdown` then ends any still running."""
+        self.draining = True
+        return self._open.wait_none(timeout)
 
     def __enter__(self) -> Engine:
         return self

@@ -53,7 +53,6 @@ class RequestHandle:
         self.metrics = metrics
         self.sample_rate = metrics.sample_rate
         self.max_frames: int | None = None  # the most frames this request can make (set at submit)
-        self.recorded = True  # False: the engine's own request (priming) or a long text's segment: not counted
         self.cancel_requested = threading.Event()
         self.cancel_reason = ""  # why it was cancelled, when the canceller said (e.g. "client gone")
         # called with the final metrics once it ends, whatever its outcome (the engine's counters)
@@ -154,6 +153,23 @@ class RequestHandle:
         self._finished.set()
         self._events.put(_DONE)
         self._notify()
+
+
+class OpenCount:
+    """The callers' requests accepted and not yet ended, for a drain to wait on."""
+
+    def __init__(self) -> None:
+        self._n, self._cv = 0, threading.Condition()
+
+    def add(self, n: int) -> None:
+        with self._cv:
+            self._n += n
+            self._cv.notify_all()
+
+    def wait_none(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for none to be open; -> whether none is."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._n <= 0, timeout)
 
 
 @dataclass(eq=False)  # identity: slots are found with `is`-equality

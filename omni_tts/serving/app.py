@@ -49,8 +49,8 @@ def build_app(engine: Any, settings: ServeSettings | None = None) -> FastAPI:
     def ready() -> Response:
         modes = {m: {"state": v.state, "serving": v.serving, "progress": list(v.progress),
                      "default": v.is_default} for m, v in engine.modes().items() if v.state != "unavailable"}
-        up = any(v["serving"] for v in modes.values())
-        return JSONResponse({"ready": up, "modes": modes}, status_code=200 if up else 503)
+        up = any(v["serving"] for v in modes.values()) and not engine.draining  # draining: shutting down
+        return JSONResponse({"ready": up, "draining": engine.draining, "modes": modes}, status_code=200 if up else 503)
 
     def card() -> dict[str, Any]:
         return {"id": service.name, "object": "model", "owned_by": "omni-tts"}

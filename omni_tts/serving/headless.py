@@ -82,9 +82,8 @@ def serve_local(config: EngineConfig, host: str, port: int, say: Callable[[str],
         server.wait()
     except KeyboardInterrupt:
         pass
-    finally:  # the engine first: open streams end as errors, not as short clips that look whole
-        engine.shutdown()
-        server.stop()
+    finally:
+        server.close(engine, say)
     return 0
 
 

@@ -2,9 +2,10 @@
 idle keep-alive, the size of a request's headers, a deadline for headers that never complete (uvicorn has
 none: a connection that sends part of a request line and waits would stay open), and a bounded shutdown.
 
-Owns `Server` (start in a thread and wait until it listens, stop, wait) and the quiet abort of a stream
-that cannot finish (serving.streams.StreamAborted: uvicorn logs an ASGI exception with a traceback for
-it; the stream already logged its reason). Knows nothing about Gradio or the engine.
+Owns `Server` (start in a thread and wait until it listens, stop, wait, and `close`: the shutdown in
+order, draining the engine first) and the quiet abort of a stream that cannot finish
+(serving.streams.StreamAborted: uvicorn logs an ASGI exception with a traceback for it; the stream
+already logged its reason). Knows nothing about Gradio; of the engine, only `drain` and `shutdown`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -108,6 +110,20 @@ class Server:
         """Block until the server stops (in slices, so the caller's thread still takes signals)."""
         while self._thread.is_alive():
             self._thread.join(0.5)
+
+    def close(self, engine: Any, say: Callable[[str], None] | None = None) -> None:
+        """Shut down in order: new requests are refused (503, /ready 503) while the accepted ones finish,
+        for at most graceful_shutdown_s; then the engine ends the rest as errors (an SSE error event, a cut
+        raw stream: never a short clip that looks whole); then the HTTP server stops."""
+        grace = self.settings.graceful_shutdown_s
+        try:
+            if not engine.drain(grace) and say:
+                say(f"requests still running after {grace} s of shutdown end with an error")
+        except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
+            pass
+        finally:
+            engine.shutdown()
+            self.stop()
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop accepting, let open requests end (at most graceful_shutdown_s), then cut them."""

@@ -10,9 +10,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from omni_tts.errors import InputError
 from omni_tts.ui.support import ADMIN_ENV, AdminPolicy
 
 PUBLIC_MAX_NEW_TOKENS_ENV = "OMNI_TTS_PUBLIC_MAX_NEW_TOKENS"
+SHUTDOWN_GRACE_ENV = "OMNI_TTS_SHUTDOWN_GRACE_S"
 
 
 @dataclass
@@ -29,23 +31,27 @@ class ServeSettings:
     stream_buffer_bytes: int = 8 << 20  # audio made but not yet taken by a slow reader; beyond it the request ends
     retry_after_s: int = 1  # the Retry-After of a 503 (the engine busy)
     # uvicorn: open connections and tasks at once (beyond: 503), idle keep-alive, a request's headers (a
-    # connection that never completes them is closed), the largest incomplete HTTP event (headers), and how
-    # long a shutdown waits for open requests before it cuts them
+    # connection that never completes them is closed), the largest incomplete HTTP event (headers); and how
+    # long a shutdown lets accepted requests finish before it cuts them (Server.close)
     limit_concurrency: int = 512
     timeout_keep_alive_s: int = 5
     header_timeout_s: float = 10.0
     max_header_bytes: int = 64 << 10
-    graceful_shutdown_s: int = 5
+    graceful_shutdown_s: int = 10
 
     @classmethod
     def from_env(cls, host: str, share: bool = False, env: Mapping[str, str] = os.environ) -> ServeSettings:
         """Public or not from the bind (as the page's admin policy), the token from OMNI_TTS_ADMIN_TOKEN, the
-        anonymous cap from OMNI_TTS_PUBLIC_MAX_NEW_TOKENS (0: none)."""
+        anonymous cap from OMNI_TTS_PUBLIC_MAX_NEW_TOKENS (0: none), the shutdown's grace in seconds from
+        OMNI_TTS_SHUTDOWN_GRACE_S."""
         policy = AdminPolicy.from_env(host, share, env)
         out = cls(public=policy.public, admin_token=policy.token)
-        cap = env.get(PUBLIC_MAX_NEW_TOKENS_ENV, "").strip()
-        if cap:
-            out.public_max_new_tokens = int(cap) or None
+        cap = _whole(env, PUBLIC_MAX_NEW_TOKENS_ENV)
+        if cap is not None:
+            out.public_max_new_tokens = cap or None
+        grace = _whole(env, SHUTDOWN_GRACE_ENV)
+        if grace is not None:
+            out.graceful_shutdown_s = grace
         return out
 
     def is_admin(self, authorization: str | None) -> bool:
@@ -61,4 +67,14 @@ class ServeSettings:
         return self.public_max_new_tokens
 
 
-__all__ = ["ADMIN_ENV", "PUBLIC_MAX_NEW_TOKENS_ENV", "ServeSettings"]
+def _whole(env: Mapping[str, str], name: str) -> int | None:
+    """A whole number >= 0 from the environment (None: unset); anything else is one clear InputError."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise InputError(f"{name} must be a whole number >= 0 (got {raw!r})")
+    return int(raw)
+
+
+__all__ = ["ADMIN_ENV", "PUBLIC_MAX_NEW_TOKENS_ENV", "SHUTDOWN_GRACE_ENV", "ServeSettings"]
