@@ -3,8 +3,8 @@ models list, health, readiness and Prometheus metrics. app.py mounts the Gradio 
 (serving.server) runs it.
 
 Owns the routes that describe the service (`/health`: the process answers; `/ready`: a mode serves, with
-each mode's state; `/v1/models[/{id}]`; `/metrics`) and one JSON error for anything unexpected. Knows
-nothing about Gradio.
+each mode's state; `/v1/models[/{id}]`; `/metrics`), one JSON error for anything unexpected, and the
+request log (serving.request_log) unless the settings turn it off. Knows nothing about Gradio.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from omni_tts.serving import speech, stream_ws, voices
+from omni_tts.serving import request_log, speech, stream_ws, voices
 from omni_tts.serving.errors import ApiError
 from omni_tts.serving.metrics import EngineMetrics
 from omni_tts.serving.settings import ServeSettings
@@ -29,6 +29,8 @@ def build_app(engine: Any, settings: ServeSettings | None = None) -> FastAPI:
     settings = settings or ServeSettings()
     service = speech.SpeechService(engine, settings)
     metrics = EngineMetrics(engine)
+    if settings.log_requests:
+        request_log.attach(engine)
     app = FastAPI(title="omni-tts", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine, app.state.settings, app.state.metrics = engine, settings, metrics
     app.include_router(speech.router(service))

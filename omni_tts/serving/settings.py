@@ -15,6 +15,7 @@ from omni_tts.ui.support import ADMIN_ENV, AdminPolicy
 
 PUBLIC_MAX_NEW_TOKENS_ENV = "OMNI_TTS_PUBLIC_MAX_NEW_TOKENS"
 SHUTDOWN_GRACE_ENV = "OMNI_TTS_SHUTDOWN_GRACE_S"
+LOG_REQUESTS_ENV = "OMNI_TTS_LOG_REQUESTS"
 
 
 @dataclass
@@ -30,6 +31,7 @@ class ServeSettings:
     body_timeout_s: float = 30.0  # a request body must arrive within this
     stream_buffer_bytes: int = 8 << 20  # audio made but not yet taken by a slow reader; beyond it the request ends
     retry_after_s: int = 1  # the Retry-After of a 503 (the engine busy)
+    log_requests: bool = True  # a log line per request the engine ends (serving.request_log)
     # uvicorn: open connections and tasks at once (beyond: 503), idle keep-alive, a request's headers (a
     # connection that never completes them is closed), the largest incomplete HTTP event (headers); and how
     # long a shutdown lets accepted requests finish before it cuts them (Server.close)
@@ -43,7 +45,7 @@ class ServeSettings:
     def from_env(cls, host: str, share: bool = False, env: Mapping[str, str] = os.environ) -> ServeSettings:
         """Public or not from the bind (as the page's admin policy), the token from OMNI_TTS_ADMIN_TOKEN, the
         anonymous cap from OMNI_TTS_PUBLIC_MAX_NEW_TOKENS (0: none), the shutdown's grace in seconds from
-        OMNI_TTS_SHUTDOWN_GRACE_S."""
+        OMNI_TTS_SHUTDOWN_GRACE_S, the request log off with OMNI_TTS_LOG_REQUESTS=0."""
         policy = AdminPolicy.from_env(host, share, env)
         out = cls(public=policy.public, admin_token=policy.token)
         cap = _whole(env, PUBLIC_MAX_NEW_TOKENS_ENV)
@@ -52,6 +54,7 @@ class ServeSettings:
         grace = _whole(env, SHUTDOWN_GRACE_ENV)
         if grace is not None:
             out.graceful_shutdown_s = grace
+        out.log_requests = _whole(env, LOG_REQUESTS_ENV) != 0
         return out
 
     def is_admin(self, authorization: str | None) -> bool:
@@ -77,4 +80,4 @@ def _whole(env: Mapping[str, str], name: str) -> int | None:
     return int(raw)
 
 
-__all__ = ["ADMIN_ENV", "PUBLIC_MAX_NEW_TOKENS_ENV", "SHUTDOWN_GRACE_ENV", "ServeSettings"]
+__all__ = ["ADMIN_ENV", "LOG_REQUESTS_ENV", "PUBLIC_MAX_NEW_TOKENS_ENV", "SHUTDOWN_GRACE_ENV", "ServeSettings"]
