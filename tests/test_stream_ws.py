@@ -17,6 +17,7 @@ from websockets.sync.client import connect
 
 from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.serving.app import build_app
+from omni_tts.serving.settings import ServeSettings
 
 CONFIG = {"type": "session.config", "voice": "ryan", "language": "English", "max_new_tokens": 5, "seed": 4}
 
@@ -132,6 +133,35 @@ def test_an_unknown_message_is_an_error_that_says_why_and_the_session_goes_on(se
         ws.send(json.dumps({"type": "input.text", "text": "Still here."}))
         ws.send(json.dumps({"type": "input.done"}))
         assert messages(ws)[-1] == {"type": "session.done", "total_sentences": 1}
+
+
+def _until_closed(ws) -> list:
+    out = []
+    with pytest.raises(ConnectionClosed):  # closed by the server
+        while True:
+            m = ws.recv(timeout=30)
+            out.append(m if isinstance(m, bytes) else json.loads(m))
+    return out
+
+
+def test_a_session_that_sends_nothing_in_time_ends_with_an_error_that_says_so(server):
+    """The config is due within body_timeout_s of connecting, more text within ws_idle_timeout_s of the
+    last (half a second each here, on the server's clock); past either, one error and the server closes."""
+    _, engine = server
+    quick = ServeSettings(body_timeout_s=0.5, ws_idle_timeout_s=0.5)
+    with serve_app(build_app(engine, quick)) as http:
+        url = http.replace("http://", "ws://") + "/v1/audio/speech/stream"
+        with connect(url) as ws:
+            assert _until_closed(ws) == [{"type": "error",
+                                          "message": "no session.config within 0.5 s: the session ends"}]
+        with connect(url) as ws:
+            ws.send(json.dumps(CONFIG))
+            ws.send(json.dumps({"type": "input.text", "text": "Spoken first. And then"}))
+            got = [m for m in _until_closed(ws) if isinstance(m, dict)]
+    assert got[-1] == {"type": "error", "message": "no message (input.done ends the text) within 0.5 s: the "
+                                                   "session ends"}
+    assert [m["type"] for m in got[:-1]] in ([], ["audio.start"], ["audio.start", "audio.done"])
+    assert all(m.get("sentence_text", "Spoken first.") == "Spoken first." for m in got)
 
 
 def test_a_client_that_leaves_cancels_its_requests(server):

@@ -30,6 +30,7 @@ class ServeSettings:
     max_body_bytes: int = 32 << 20  # a base64 reference clip of a few minutes fits; more is refused with 413
     body_timeout_s: float = 30.0  # a request body must arrive within this
     stream_buffer_bytes: int = 8 << 20  # audio made but not yet taken by a slow reader; beyond it the request ends
+    ws_idle_timeout_s: float = 300.0  # a WebSocket session's longest wait for more text (its config: body_timeout_s)
     retry_after_s: int = 1  # the Retry-After of a 503 (the engine busy)
     log_requests: bool = True  # a log line per request the engine ends (serving.request_log)
     # uvicorn: open connections and tasks at once (beyond: 503), idle keep-alive, a request's headers (a

@@ -88,9 +88,16 @@ class Session:
                 await self.queue.put((sentence, await self._submit(sentence)))
         await self.queue.put(None)
 
-    async def _next_message(self) -> dict[str, Any] | str:
-        """The next message as a JSON object, or what is wrong with it."""
-        raw = await self.ws.receive()
+    async def _next_message(self, first: bool = False) -> dict[str, Any] | str:
+        """The next message as a JSON object, or what is wrong with it; ApiError when none comes in time (a
+        connection that sends nothing must not hold its place: the config is due as a request body is)."""
+        settings = self.service.settings
+        wait = settings.body_timeout_s if first else settings.ws_idle_timeout_s
+        try:
+            raw = await asyncio.wait_for(self.ws.receive(), wait)
+        except asyncio.TimeoutError:
+            said = "no session.config" if first else "no message (input.done ends the text)"
+            raise ApiError(408, f"{said} within {wait:g} s: the session ends", "type") from None
         if raw["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(raw.get("code", 1000))
         if raw.get("text") is None:
@@ -176,7 +183,7 @@ def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
         session = Session(ws, service)
         tasks: list[asyncio.Task] = []
         try:
-            first = await session._next_message()
+            first = await session._next_message(first=True)
             await session.configure(first if isinstance(first, dict) else {})
             tasks = [asyncio.create_task(session.receive()), asyncio.create_task(session.send())]
             await asyncio.gather(*tasks)
