@@ -189,6 +189,9 @@ def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
             await asyncio.gather(*tasks)
             await ws.close()
         except ApiError as e:
+            for t in tasks:  # nothing sent after the error: it is the session's last word
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await _last_word(ws, session, e.message)
         except (WebSocketDisconnect, RuntimeError, OSError) as e:  # the client left (or a send found it gone)
             log.info("stream session ended: %s", type(e).__name__)
