@@ -164,8 +164,21 @@ def test_a_session_that_sends_nothing_in_time_ends_with_an_error_that_says_so(se
     assert all(m.get("sentence_text", "Spoken first.") == "Spoken first." for m in got)
 
 
+def _idle(engine, free: threading.Event) -> None:
+    for _ in range(600):  # both sentences would run for thousands of frames: only a cancel ends them soon
+        snap = engine.snapshot()
+        if snap.active == 0 and snap.waiting == 0:
+            free.set()
+            break
+        free.wait(0.05)
+
+
 def test_a_client_that_leaves_cancels_its_requests(server):
+    """The session's requests end soon after the client leaves, as cancelled because it went away (as on
+    the HTTP routes)."""
     url, engine = server
+    _idle(engine, threading.Event())
+    before = dict(engine.stats.outcomes)
     free = threading.Event()
     with connect(url) as ws:
         ws.send(json.dumps({**CONFIG, "max_new_tokens": 4000}))
@@ -173,10 +186,7 @@ def test_a_client_that_leaves_cancels_its_requests(server):
         assert json.loads(ws.recv(timeout=60))["type"] == "audio.start"
         assert isinstance(ws.recv(timeout=60), bytes)
         assert engine.snapshot().active >= 1
-    for _ in range(600):  # both sentences would run for thousands of frames: only a cancel ends them soon
-        snap = engine.snapshot()
-        if snap.active == 0 and snap.waiting == 0:
-            free.set()
-            break
-        free.wait(0.05)
+    _idle(engine, free)
     assert free.is_set(), "the session's requests still hold slots after the client left"
+    grown = {k: n - before.get(k, 0) for k, n in engine.stats.outcomes.items() if n != before.get(k, 0)}
+    assert grown == {("eager", "cancelled (client gone)"): 2}

@@ -25,6 +25,7 @@ import numpy as np
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
+from omni_tts.engine.request import CLIENT_GONE
 from omni_tts.errors import OmniTTSError
 from omni_tts.limits import MAX_INPUT_CHARS
 from omni_tts.models import stretch
@@ -166,11 +167,11 @@ class Session:
             body["sentence_index"] = index
         await self.ws.send_json(body)
 
-    def cancel_all(self) -> None:
+    def cancel_all(self, reason: str = "") -> None:
         with self.lock:
             self.closed = True
             for handle in self.handles:
-                handle.cancel()
+                handle.cancel(reason)
 
 
 def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
@@ -195,6 +196,7 @@ def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
             await _last_word(ws, session, e.message)
         except (WebSocketDisconnect, RuntimeError, OSError) as e:  # the client left (or a send found it gone)
             log.info("stream session ended: %s", type(e).__name__)
+            session.cancel_all(CLIENT_GONE)
         finally:
             session.cancel_all()
             for t in tasks:
