@@ -68,6 +68,7 @@ def test_closing_the_server_finishes_accepted_streams_and_refuses_new_requests()
         refused = httpx.post(url + "/v1/audio/speech", json={"input": "Late.", "voice": "ryan"}, timeout=WAIT_S)
         assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
         assert refused.headers["retry-after"]
+        assert "\nomni_tts_draining 1.0\n" in httpx.get(url + "/metrics", timeout=WAIT_S).text
         client.join(WAIT_S)
         expected = (np.clip(whole, -1, 1) * 32767).astype(np.int16)
         pcm = np.frombuffer(got["pcm"], "<i2")

@@ -175,6 +175,7 @@ def test_health_ready_model_card_and_prometheus_metrics_move_with_requests(servi
     assert _value(after, "omni_tts_waiting_requests", "omni_tts_waiting_requests", mode="eager") == 0
     assert _value(after, "omni_tts_mode_state", "omni_tts_mode_state", mode="eager", state="ready") == 1
     assert _value(after, "omni_tts_mode_state", "omni_tts_mode_state", mode="eager", state="warming") == 0
+    assert _value(after, "omni_tts_draining", "omni_tts_draining") == 0
 
 
 def test_a_public_bind_caps_anonymous_lengths_and_the_admin_token_lifts_the_cap(service):

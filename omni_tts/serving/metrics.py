@@ -6,7 +6,8 @@ refusals at submit included), TTFP / E2E / RTF histograms and TTFP's parts (queu
 frame's codes, to the first chunk: where first audio waits) (fed by the engine's finished-request
 observer), and, read from the engine's snapshot at each scrape: waiting and
 running requests per mode, frames made and frame steps per second, GPU memory allocated / reserved,
-graph-pool bytes per mode and each mode's warm-up state. Knows nothing about HTTP.
+graph-pool bytes per mode, each mode's warm-up state and whether a shutdown drains. Knows nothing about
+HTTP.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ class _EngineCollector(Collector):
                                   value=snap.busy_slots_sum)
         yield GaugeMetricFamily("omni_tts_frame_steps_per_second", "Batched frame steps per second, lately",
                                 value=snap.steps_per_s)
+        yield GaugeMetricFamily("omni_tts_draining", "1 while a shutdown drains: new requests refused, accepted "
+                                "ones finishing", value=float(self.engine.draining))
         yield from _memory(snap)
         yield from _modes(snap.modes)
 
