@@ -175,3 +175,22 @@ def test_a_form_of_unknown_length_is_refused(base):
     r = httpx.post(url + "/v1/audio/voices", content=chunks(),
                    headers={"Content-Type": "multipart/form-data; boundary=x"})
     assert r.status_code == 411 and "Content-Length" in r.json()["error"]["message"]
+
+
+def test_a_body_that_is_not_a_form_and_an_unknown_voice_are_named_as_such(base):
+    """JSON sent to the upload route is refused as the wrong kind of body (not as an empty name), and a
+    Base request naming a voice the library does not hold says so and lists the saved ones (not that a
+    reference clip is missing)."""
+    url, _ = base
+    r = httpx.post(url + "/v1/audio/voices", json={"name": "x", "consent": True}, timeout=120)
+    assert r.status_code == 415 and r.json()["error"]["message"].startswith(
+        "send the voice as a multipart form (Content-Type: multipart/form-data)")
+    assert "(got 'application/json')" in r.json()["error"]["message"]
+    assert upload(url, "kept", x_vector_only="true").status_code == 200
+    r = httpx.post(url + "/v1/audio/speech", json={"input": "Hi.", "voice": "nobody", **SHORT}, timeout=120)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "voice"
+    assert error["message"].startswith("unknown voice 'nobody': no saved voice has that name (saved: ")
+    assert "kept" in error["message"] and error["message"].endswith("or send ref_audio to clone one for this request")
+    r = httpx.post(url + "/v1/audio/speech", json={"input": "Hi.", **SHORT}, timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "ref_audio"

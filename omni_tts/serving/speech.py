@@ -137,6 +137,12 @@ class SpeechService:
 
     def _voice_prompt(self, req: SpeechRequest) -> Any:
         if not req.ref_audio:
+            voice = req.voice.get("id") if isinstance(req.voice, dict) else req.voice
+            if voice:  # a name the library does not hold: say so, rather than ask for a clip
+                shown = json.dumps(voice[:64])[1:-1] + ("..." if len(voice) > 64 else "")
+                raise ApiError(400, f"unknown voice '{shown}': no saved voice has that name (saved: "
+                                    f"{', '.join(voices.saved_voices()) or 'none'}); or send ref_audio to clone "
+                                    "one for this request", "voice")
             raise ApiError(400, "task_type Base (voice clone) needs ref_audio: base64 audio or a data: URL",
                            "ref_audio")
         data = req.ref_audio.split(",", 1)[1] if req.ref_audio.startswith("data:") else req.ref_audio

@@ -138,6 +138,11 @@ def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
     async def create(request: Request) -> JSONResponse:
         try:
             _admin(settings, request, "Saving a voice")
+            kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind not in ("multipart/form-data", "application/x-www-form-urlencoded"):  # a form, even a fileless one
+                raise ApiError(415, "send the voice as a multipart form (Content-Type: multipart/form-data) with "
+                                    f"audio_sample, name and consent (got '{kind[:60] or 'none'}')",
+                               kind="unsupported_media_type")
             declared = request.headers.get("content-length", "")
             if not declared.isdigit():  # a body of unknown length would be spooled whole before any check
                 raise ApiError(411, "send the form with a Content-Length header")
