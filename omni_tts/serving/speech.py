@@ -68,6 +68,11 @@ class SpeechRequest(BaseModel):
     def streamed(self) -> bool:
         return self.stream_format is not None or self.stream or self.response_format == "pcm"
 
+    @property
+    def voice_id(self) -> str | None:
+        """The voice's name, given as a string or as {"id": name}."""
+        return self.voice.get("id") if isinstance(self.voice, dict) else self.voice
+
 
 class SpeechService:
     """The routes' logic over one engine (kept apart from FastAPI's routing so tests call it too)."""
@@ -113,18 +118,17 @@ class SpeechService:
 
     def _speaker(self, req: SpeechRequest) -> str | None:
         """The voice named (or the model's first); an unknown one is refused here, quoted as given."""
-        voice = req.voice.get("id") if isinstance(req.voice, dict) else req.voice
+        voice = req.voice_id
         speakers = self.info["speakers"]
         if not voice:
             return (speakers or [None])[0]
         if voice.strip().lower() not in {s.lower() for s in speakers}:
-            shown = json.dumps(voice[:64])[1:-1] + ("..." if len(voice) > 64 else "")
-            raise ApiError(400, f"unknown voice '{shown}'; valid: {', '.join(speakers) or 'none'}", "voice")
+            raise ApiError(400, f"unknown voice '{_quoted(voice)}'; valid: {', '.join(speakers) or 'none'}", "voice")
         return voice
 
     def _saved_voice(self, req: SpeechRequest) -> Any:
         """The saved voice `voice` names (omni_tts.voices; built-in speakers win), else None."""
-        voice = req.voice.get("id") if isinstance(req.voice, dict) else req.voice
+        voice = req.voice_id
         try:
             saved = voices.by_name(voice, self.info["speakers"])
         except InputError as e:
@@ -137,10 +141,8 @@ class SpeechService:
 
     def _voice_prompt(self, req: SpeechRequest) -> Any:
         if not req.ref_audio:
-            voice = req.voice.get("id") if isinstance(req.voice, dict) else req.voice
-            if voice:  # a name the library does not hold: say so, rather than ask for a clip
-                shown = json.dumps(voice[:64])[1:-1] + ("..." if len(voice) > 64 else "")
-                raise ApiError(400, f"unknown voice '{shown}': no saved voice has that name (saved: "
+            if req.voice_id:  # a name the library does not hold: say so, rather than ask for a clip
+                raise ApiError(400, f"unknown voice '{_quoted(req.voice_id)}': no saved voice has that name (saved: "
                                     f"{', '.join(voices.saved_voices()) or 'none'}); or send ref_audio to clone "
                                     "one for this request", "voice")
             raise ApiError(400, "task_type Base (voice clone) needs ref_audio: base64 audio or a data: URL",
@@ -191,6 +193,11 @@ class SpeechService:
         wav = await run_in_threadpool(stretch.change_speed, result.wav, result.sample_rate, req.speed)
         body = await run_in_threadpool(encode, wav, result.sample_rate, req.response_format)
         return Response(body, media_type=MEDIA[req.response_format], headers=headers)
+
+
+def _quoted(name: str, limit: int = 64) -> str:
+    """A name as a message quotes it: JSON-escaped (no control characters in a log line), cut at `limit`."""
+    return json.dumps(name[:limit])[1:-1] + ("..." if len(name) > limit else "")
 
 
 def _capped(asked: int | None, cap: int | None) -> int | None:
