@@ -190,20 +190,23 @@ def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
             await asyncio.gather(*tasks)
             await ws.close()
         except ApiError as e:
-            for t in tasks:  # nothing sent after the error: it is the session's last word
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _stop(tasks)  # nothing sent after the error: it is the session's last word
             await _last_word(ws, session, e.message)
         except (WebSocketDisconnect, RuntimeError, OSError) as e:  # the client left (or a send found it gone)
             log.info("stream session ended: %s", type(e).__name__)
             session.cancel_all(CLIENT_GONE)
         finally:
             session.cancel_all()
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _stop(tasks)
 
     return r
+
+
+async def _stop(tasks: list[asyncio.Task]) -> None:
+    """Cancel the session's reader and sender and wait until they have stopped."""
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _unexpected(message: dict[str, Any] | str) -> str:
