@@ -17,7 +17,7 @@ import uvicorn
 from _fixtures import FIXTURES, free_port
 from fastapi import FastAPI
 
-from omni_tts.config import EngineConfig
+from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.serving.app import build_app
 from omni_tts.serving.server import Server
 from omni_tts.serving.settings import ServeSettings
@@ -30,6 +30,11 @@ SHORT = {"input": "Short.", "voice": "ryan", "max_new_tokens": 6, "seed": 3}
 def tiny_config(**kw: Any) -> EngineConfig:
     return EngineConfig(model=str(FIXTURES / "custom_voice"), device="cpu", mode="eager", max_seq_len=512,
                         initial_chunk_frames=1, chunk_frames=4, **kw)
+
+
+def params(**kw: Any) -> SynthesisParams:
+    """A short sampled request to the tiny checkpoint's 'ryan', seeded; any field overridden by `kw`."""
+    return SynthesisParams(**{"text": "Hello there.", "speaker": "ryan", "seed": 5, **kw})
 
 
 class Ended:

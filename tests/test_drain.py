@@ -10,18 +10,13 @@ import threading
 import httpx
 import numpy as np
 import pytest
-from _serving import WAIT_S, serve, tiny_config, until
+from _serving import WAIT_S, params, serve, tiny_config, until
 
-from omni_tts.config import SynthesisParams
 from omni_tts.engine.engine import Engine
 from omni_tts.errors import Cancelled, EngineError, InputError
 from omni_tts.serving.settings import PUBLIC_MAX_NEW_TOKENS_ENV, SHUTDOWN_GRACE_ENV, ServeSettings
 
 SENTENCE = "The river ran past the old mill before dawn. "
-
-
-def params(**kw) -> SynthesisParams:
-    return SynthesisParams(**{"text": "Hello there.", "speaker": "ryan", "seed": 5, **kw})
 
 
 def test_a_drain_refuses_new_requests_and_waits_for_the_accepted_ones_to_finish():

@@ -7,9 +7,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from _serving import WAIT_S, tiny_config
+from _serving import WAIT_S, params, tiny_config
 
-from omni_tts.config import SynthesisParams
 from omni_tts.engine.engine import Engine
 from omni_tts.engine.metrics import RequestMetrics
 from omni_tts.errors import Cancelled
@@ -18,10 +17,6 @@ from omni_tts.serving.app import build_app
 from omni_tts.serving.settings import LOG_REQUESTS_ENV, ServeSettings
 
 LOGGER = "omni_tts.requests"
-
-
-def params(**kw) -> SynthesisParams:
-    return SynthesisParams(**{"text": "Hello there.", "speaker": "ryan", "seed": 5, **kw})
 
 
 def test_each_request_the_engine_ends_is_one_line_with_its_outcome(caplog):
