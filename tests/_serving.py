@@ -37,6 +37,11 @@ def params(**kw: Any) -> SynthesisParams:
     return SynthesisParams(**{"text": "Hello there.", "speaker": "ryan", "seed": 5, **kw})
 
 
+def grown(before: dict, after: dict) -> dict:
+    """The counters (e.g. EngineStats.outcomes) that changed from `before` to `after`, by how much."""
+    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
+
+
 class Ended:
     """Every request the engine ends, by id (RequestMetrics), fed by EngineStats' observer hook."""
 

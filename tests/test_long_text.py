@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 from _fixtures import fixture_dir
+from _serving import grown
 
 from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.engine.long_text import PAUSE_S, LongTextHandle
@@ -113,10 +114,6 @@ def test_cancelling_a_long_text_cancels_every_segment(engine):
     assert len(handle._handles) < len(handle.segments)  # the rest were never submitted
 
 
-def _grown(before: dict, after: dict) -> dict:
-    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
-
-
 def test_a_long_text_is_counted_once_as_its_clients_request(engine):
     """The counters, the recent requests and the latency histograms hold the client's request, not its
     segments: a finished long text is one 'done' with the whole clip's latencies, a cancelled one one
@@ -128,7 +125,7 @@ def test_a_long_text_is_counted_once_as_its_clients_request(engine):
     handle = engine.submit(params(mixed_text(1200)))
     result = handle.result(timeout=120)
     assert len(handle.segments) > 2
-    assert _grown(before, engine.stats.outcomes) == {("eager", "done"): 1}
+    assert grown(before, engine.stats.outcomes) == {("eager", "done"): 1}
     assert engine.stats.recent_requests(1)[0] is result.metrics
     assert prom.registry.get_sample_value("omni_tts_ttfp_seconds_count", {"mode": "eager"}) == 1
     assert prom.registry.get_sample_value("omni_tts_e2e_seconds_sum", {"mode": "eager"}) == \
@@ -141,7 +138,7 @@ def test_a_long_text_is_counted_once_as_its_clients_request(engine):
     with pytest.raises(Cancelled):
         handle.result(timeout=60)
     assert all(h._finished.wait(60) for h in handle._handles) and len(handle._handles) > 1
-    assert _grown(before, engine.stats.outcomes) == {("eager", "cancelled (client gone)"): 1}
+    assert grown(before, engine.stats.outcomes) == {("eager", "cancelled (client gone)"): 1}
 
 
 def test_the_speech_route_streams_a_long_text_as_one_clip(engine):

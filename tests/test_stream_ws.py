@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 from _fixtures import fixture_dir
-from _serving import serve_app, until
+from _serving import grown, serve_app, until
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -182,10 +182,7 @@ def test_a_client_that_leaves_cancels_its_requests(server):
         assert engine.snapshot().active >= 1
     # both sentences would run for thousands of frames: only a cancel frees their slots this soon
     until(lambda: _idle(engine), timeout=30, what="the session's slots freed after the client left")
-
-    def grown() -> dict:
-        return {k: n - before.get(k, 0) for k, n in engine.stats.outcomes.items() if n != before.get(k, 0)}
-
     # a request leaves its slot before the audio stage ends it (and counts its outcome)
-    until(lambda: sum(grown().values()) >= 2, timeout=30, what="both sentences' ends counted")
-    assert grown() == {("eager", "cancelled (client gone)"): 2}
+    until(lambda: sum(grown(before, engine.stats.outcomes).values()) >= 2, timeout=30,
+          what="both sentences' ends counted")
+    assert grown(before, engine.stats.outcomes) == {("eager", "cancelled (client gone)"): 2}
