@@ -16,10 +16,9 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from omni_tts.kernels import causal_conv, configs, heads, layers, snake, talker  # noqa: E402
+from omni_tts.kernels import configs, heads, layers, snake, talker  # noqa: E402
 
-PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
-       torch.int64: "*i64"}
+PTR = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}
 BF, F32, I64 = torch.bfloat16, torch.float32, torch.int64
 D, H, HKV, HD, P, V = 1024, 16, 8, 128, 16, 2048  # the predictor's sizes
 
@@ -95,12 +94,7 @@ def talker_attention() -> dict[str, str]:
 def codec() -> dict[str, str]:
     args = dict(x_ptr=F32, bias_ptr=F32, res_ptr=F32, h_ptr=F32, alpha_ptr=F32, beta_ptr=F32, out_ptr=F32, C=1536,
                 T=25, pad=6, sxb=1536 * 31, sxc=31, sxt=1, eps=1e-9)
-    out = {"snake": build(snake._snake_kernel, args, dict(BIAS=True, RES=True, KEEP=True, BLOCK=256, PADB=16))}
-    for dt, c, dil in ((torch.float16, 768, 1), (torch.float32, 96, 9)):
-        cx = dict(CIN=c, COUT=c, K=7, DIL=dil, BO=64 if c % 64 == 0 else 32, BI=causal_conv.BI, BT=causal_conv.BT)
-        out[f"causal conv {dt} {c}"] = build(causal_conv._conv_kernel, dict(x_ptr=dt, w_ptr=dt, out_ptr=dt, T=12000,
-                                             sxb=c * 12054, sxc=12054), cx, 4, 3)
-    return out
+    return {"snake": build(snake._snake_kernel, args, dict(BIAS=True, RES=True, KEEP=True, BLOCK=256, PADB=16))}
 
 
 if __name__ == "__main__":

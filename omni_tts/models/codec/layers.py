@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_tts.kernels import causal_conv
 from omni_tts.kernels import snake as codec_kernels
 from omni_tts.models.layers import (
     MLP,
@@ -85,7 +84,6 @@ class CausalConv1d(nn.Module):
         self.reach = (kernel - 1) * dilation
         self.pointwise = kernel == 1 and groups == 1  # pending runs it as a matmul over [B, C, T] as it lies
         self.tf32 = False  # that matmul in TF32 on CUDA (CodecDecoder.set_precision)
-        self._taps: tuple[tuple[int, torch.dtype], torch.Tensor] | None = None  # the weight as the kernel reads it
 
     def forward(self, x: torch.Tensor, padded: bool = False, carry: Carry | None = None) -> torch.Tensor:
         """x: [B, Cin, T] -> [B, Cout, T]; padded: x already starts with the `reach` zero columns (a
@@ -100,24 +98,8 @@ class CausalConv1d(nn.Module):
         if self.pointwise:
             w = c.weight[:, :, 0]  # [Cout, Cin]
             return Pending(tf32_matmul(self.tf32 and x.is_cuda, lambda: torch.matmul(w, x)), c.bias, None)
-        xp = self._padded(x, padded, carry)
-        if self._kernel(xp):
-            return Pending(causal_conv.conv(xp, self._kernel_taps(), c.dilation[0]), c.bias, None)
-        raw = F.conv1d(xp, c.weight, None, 1, 0, c.dilation, c.groups)
+        raw = F.conv1d(self._padded(x, padded, carry), c.weight, None, 1, 0, c.dilation, c.groups)
         return Pending(raw, c.bias, None)  # raw: [B, Cout, T]
-
-    def _kernel(self, xp: torch.Tensor) -> bool:
-        """The Triton conv for float16 or TF32 inputs whose channels fit its tiles (IEEE float32 and bfloat16
-        stay with cuDNN: the first must be exact, the second cannot be checked in Triton's interpreter)."""
-        c = self.conv
-        return (not self.pointwise and c.groups == 1 and causal_conv.usable(c.in_channels, c.out_channels)
-                and xp.stride(2) == 1 and (xp.dtype == torch.float16 or xp.dtype == torch.float32 and self.tf32))
-
-    def _kernel_taps(self) -> torch.Tensor:
-        w = self.conv.weight
-        if self._taps is None or self._taps[0] != (w.data_ptr(), w.dtype):
-            self._taps = ((w.data_ptr(), w.dtype), causal_conv.taps(w.detach()))
-        return self._taps[1]
 
     def _padded(self, x: torch.Tensor, padded: bool, carry: Carry | None) -> torch.Tensor:
         if self.reach == 0:
