@@ -14,7 +14,6 @@ from _fixtures import FIXTURES, fixture_dir  # noqa: E402
 from omni_tts.errors import CheckpointError, InputError
 from omni_tts.models.checkpoint import load_checkpoint, load_weights
 from omni_tts.models.codec.decoder import CodecDecoder
-from omni_tts.models.codec.layers import CausalConv1d
 from omni_tts.models.codec.streaming import StreamingDecoder, decode_plans
 
 MODELS = ("custom_voice", "voice_design", "base")
@@ -323,20 +322,6 @@ def test_weight_errors_name_the_key(tmp_path: Path) -> None:
     (corrupt / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="model.safetensors"):
         CodecDecoder.from_config(cfg, load_weights(corrupt))
-
-
-def test_a_kernel_one_conv_left_pending_is_the_conv_as_a_matmul() -> None:
-    """The vocoder's kernel-1 convs: pending multiplies the input as it lies (a strided view too) and leaves
-    the bias; forward does not copy its input for a padding of zero columns."""
-    torch.manual_seed(3)
-    conv, wide = CausalConv1d(8, 6, 1), CausalConv1d(8, 6, 3)
-    x = torch.randn(3, 8, 24)[..., 2:21]  # [3, 8, 19], not contiguous
-    p = conv.pending(x)
-    want = torch.nn.functional.conv1d(x, conv.conv.weight)
-    torch.testing.assert_close(p.raw, want, rtol=1e-6, atol=1e-6)
-    assert p.bias is conv.conv.bias and p.res is None
-    assert conv._padded(x, False, None) is x and wide._padded(x, False, None).shape[-1] == 19 + 2
-    torch.testing.assert_close(conv(x), want + conv.conv.bias[None, :, None], rtol=1e-6, atol=1e-6)
 
 
 def test_precisions() -> None:

@@ -146,7 +146,7 @@ class CodecDecoder(nn.Module):
                              "load it again")
         self.to(_HALF.get(precision, torch.float32))
         for m in self.modules():
-            if isinstance(m, (CausalConv1d, CausalUpConv1d)):
+            if isinstance(m, CausalUpConv1d):
                 m.tf32 = precision == "tf32"
         self.precision = precision
         return self

@@ -82,8 +82,6 @@ class CausalConv1d(nn.Module):
         super().__init__()
         self.conv = nn.Conv1d(c_in, c_out, kernel, dilation=dilation, groups=groups)
         self.reach = (kernel - 1) * dilation
-        self.pointwise = kernel == 1 and groups == 1  # pending runs it as a matmul over [B, C, T] as it lies
-        self.tf32 = False  # that matmul in TF32 on CUDA (CodecDecoder.set_precision)
 
     def forward(self, x: torch.Tensor, padded: bool = False, carry: Carry | None = None) -> torch.Tensor:
         """x: [B, Cin, T] -> [B, Cout, T]; padded: x already starts with the `reach` zero columns (a
@@ -92,18 +90,12 @@ class CausalConv1d(nn.Module):
         return self.conv(self._padded(x, padded, carry))
 
     def pending(self, x: torch.Tensor, padded: bool = False, carry: Carry | None = None) -> Pending:
-        """forward with the bias left to the next kernel (cuDNN adds it as a pass of its own). A kernel-1
-        conv is a matmul on the NCT input (cuDNN copies it to channels-last and back)."""
+        """forward with the bias left to the next kernel (cuDNN adds it as a pass of its own)."""
         c = self.conv
-        if self.pointwise:
-            w = c.weight[:, :, 0]  # [Cout, Cin]
-            return Pending(tf32_matmul(self.tf32 and x.is_cuda, lambda: torch.matmul(w, x)), c.bias, None)
         raw = F.conv1d(self._padded(x, padded, carry), c.weight, None, 1, 0, c.dilation, c.groups)
         return Pending(raw, c.bias, None)  # raw: [B, Cout, T]
 
     def _padded(self, x: torch.Tensor, padded: bool, carry: Carry | None) -> torch.Tensor:
-        if self.reach == 0:
-            return x  # F.pad would copy it
         if carry is None:
             return x if padded else F.pad(x, (self.reach, 0))
         if not padded:
