@@ -14,6 +14,7 @@ from _fixtures import FIXTURES, fixture_dir  # noqa: E402
 from omni_tts.errors import CheckpointError, InputError
 from omni_tts.models.checkpoint import load_checkpoint, load_weights
 from omni_tts.models.codec.decoder import CodecDecoder
+from omni_tts.models.codec.layers import CausalConv1d
 from omni_tts.models.codec.streaming import StreamingDecoder, decode_plans
 
 MODELS = ("custom_voice", "voice_design", "base")
@@ -322,6 +323,13 @@ def test_weight_errors_name_the_key(tmp_path: Path) -> None:
     (corrupt / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="model.safetensors"):
         CodecDecoder.from_config(cfg, load_weights(corrupt))
+
+
+def test_a_conv_with_nothing_to_pad_does_not_copy_its_input() -> None:
+    """A kernel-1 conv (the residual units' second) reads its input as it is; a wider one pads it."""
+    x = torch.randn(2, 8, 19)
+    assert CausalConv1d(8, 6, 1)._padded(x, False, None) is x
+    assert CausalConv1d(8, 6, 3)._padded(x, False, None).shape == (2, 8, 21)
 
 
 def test_precisions() -> None:

@@ -96,6 +96,8 @@ class CausalConv1d(nn.Module):
         return Pending(raw, c.bias, None)  # raw: [B, Cout, T]
 
     def _padded(self, x: torch.Tensor, padded: bool, carry: Carry | None) -> torch.Tensor:
+        if self.reach == 0:
+            return x  # F.pad would copy it
         if carry is None:
             return x if padded else F.pad(x, (self.reach, 0))
         if not padded:
