@@ -67,8 +67,10 @@ def test_sentences_are_spoken_in_order_as_the_text_completes_them(server):
     audio = b"".join(got[i + 1:got.index({"type": "audio.done", "sentence_index": 2})])
     alone = engine.synthesize(SynthesisParams(text="我很好。", speaker="ryan", language="English", max_new_tokens=5,
                                               seed=4))
-    assert np.array_equal(np.frombuffer(audio, "<i2"),
-                          (np.clip(alone.wav, -1, 1) * 32767).astype(np.int16))
+    # the session's sentences may share code-to-wave calls (two slots), whose rows agree with a row decoded
+    # alone to float rounding (test_codec: 1e-5), which moves a 16-bit sample by one step at most
+    streamed, solo = np.frombuffer(audio, "<i2").astype(int), (np.clip(alone.wav, -1, 1) * 32767).astype(np.int16)
+    assert streamed.shape == solo.shape and np.abs(streamed - solo).max() <= 1
 
 
 def test_wav_format_and_speed(server):
