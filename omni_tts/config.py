@@ -189,8 +189,7 @@ class EngineConfig:
     # hold a burst's first arrivals this long at most while the rest still prepare their prompts, so the
     # burst shares one prefill pass and its chunks stay in step (batched code-to-wave); 0: admit at once
     admit_hold_ms: int = 30
-    # code-to-wave: auto (tf32 on CUDA, float32 on CPU) | float32 | tf32 | float16 | bfloat16
-    codec_precision: str = "auto"
+    codec_precision: str = "auto"  # code-to-wave: auto (tf32 on CUDA, float32 on CPU) | float32 | tf32 | bfloat16
     kernel_configs: str | None = None  # a kernel sweep's JSON of Triton launch configs for this GPU
     experimental: ExperimentalConfig = dataclasses.field(default_factory=ExperimentalConfig)
     name: str = ""  # the preset's file name, and what it is for
@@ -251,8 +250,8 @@ class EngineConfig:
             raise OmniTTSError(f"request_timeout_s must be >= 0 (got {self.request_timeout_s})")
         if self.initial_chunk_frames < 1 or self.chunk_frames < 1:
             raise OmniTTSError("initial_chunk_frames and chunk_frames must be >= 1")
-        if self.codec_precision not in ("auto", "float32", "tf32", "float16", "bfloat16"):
-            raise OmniTTSError(f"codec_precision must be auto, float32, tf32, float16 or bfloat16 "
+        if self.codec_precision not in ("auto", "float32", "tf32", "bfloat16"):
+            raise OmniTTSError(f"codec_precision must be auto, float32, tf32 or bfloat16 "
                                f"(got '{self.codec_precision}')")
         if self.kernel_configs and not Path(self.kernel_configs).is_file():
             raise OmniTTSError(f"kernel_configs: no such file '{self.kernel_configs}' (write one with kernel-sweep)")

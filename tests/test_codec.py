@@ -333,25 +333,18 @@ def test_a_conv_with_nothing_to_pad_does_not_copy_its_input() -> None:
 
 
 def test_precisions() -> None:
-    """tf32 is float32 off CUDA (same audio); float16 and bfloat16 decode close to float32, float16 (TF32's
-    mantissa) closer, and both are one way; an unknown precision is refused."""
+    """tf32 is float32 off CUDA (same audio); bfloat16 decodes close to float32 and is one way; an unknown
+    precision is refused."""
     _need_fixtures()
     dec = CodecDecoder.from_checkpoint(load_checkpoint(FIXTURES / "custom_voice"))
     codes = random_codes(30, seed=7)[None]  # [1, 30, 16]
     ref = dec.decode_window(codes, 5)
     assert torch.equal(dec.set_precision("tf32").decode_window(codes, 5), ref)
-    errors = {}
-    for half in ("float16", "bfloat16"):
-        low = CodecDecoder.from_checkpoint(load_checkpoint(FIXTURES / "custom_voice")).set_precision(half)
-        wav = low.decode_window(codes, 5)
-        assert wav.dtype == torch.float32 and wav.shape == ref.shape
-        errors[half] = float((wav - ref).abs().max())
-        assert 0 < errors[half] < 0.1 * float(ref.abs().max()) + 1e-3
-        other = "bfloat16" if half == "float16" else "float16"
-        for target in ("float32", other):
-            with pytest.raises(ValueError, match=f"cannot go to {target}"):
-                low.set_precision(target)
-    assert errors["float16"] < errors["bfloat16"] / 2
+    low = dec.set_precision("bfloat16").decode_window(codes, 5)
+    assert low.dtype == torch.float32 and low.shape == ref.shape
+    assert 0 < float((low - ref).abs().max()) < 0.1 * float(ref.abs().max()) + 1e-3
+    with pytest.raises(ValueError, match="cannot go back"):
+        dec.set_precision("float32")
     with pytest.raises(ValueError, match="codec precision"):
         dec.set_precision("fp8")
 

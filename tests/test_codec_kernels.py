@@ -44,7 +44,7 @@ def test_decoder_with_the_kernel_decodes_as_with_the_eager_ops() -> None:
     assert float((got - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_snake_kernel_sums_bias_and_residual_as_the_eager_adds_do(dtype: torch.dtype) -> None:
     """h = (x + bias) + res rounded after each add, as a conv's bias add then the residual add round it
     (float32: bit for bit), kept, and the activation of h."""
@@ -58,11 +58,11 @@ def test_snake_kernel_sums_bias_and_residual_as_the_eager_adds_do(dtype: torch.d
     assert h.data_ptr() == res.data_ptr()  # written over res (which the vocoder no longer needs)
     if dtype == torch.float32:
         assert torch.equal(h, want_h)
-    else:  # the CPU interpreter's float32 -> 16-bit cast may truncate (the GPU's rounds to nearest): up to
-        # 1 ulp per add, and an ulp is <= 8 eps for |h| < 16
-        assert float((h.float() - want_h.float()).abs().max()) <= 16 * torch.finfo(dtype).eps
+    else:  # the CPU interpreter's float32 -> bfloat16 cast truncates (the GPU's rounds to nearest): up to
+        # 1 ulp per add, and an ulp is <= 2^-4 for |h| < 16
+        assert float((h.float() - want_h.float()).abs().max()) <= 2.0 ** -3
     want = snake(want_h.float(), alpha, beta, 6).to(dtype)
-    tol = 1e-5 if dtype == torch.float32 else 32 * torch.finfo(dtype).eps  # h's two ulps, the activation's own
+    tol = 1e-5 if dtype == torch.float32 else 2.0 ** -2  # bf16: h's two ulps, then the activation's own
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
     h2, got2 = codec_kernels.snake(x, alpha, beta, 0, SNAKE_EPS, bias=bias)  # bias only, nothing kept
     assert h2 is None

@@ -325,7 +325,7 @@ class TTSModel:
         return self._codec
 
     def set_codec_precision(self, precision: str) -> None:
-        """'float32' (exact), 'tf32', 'float16' or 'bfloat16' for code-to-wave (CodecDecoder.set_precision)."""
+        """'float32' (exact), 'tf32' or 'bfloat16' for code-to-wave (CodecDecoder.set_precision)."""
         if self._codec is not None:
             self._codec.set_precision(precision)
         self.codec_precision = precision

@@ -22,9 +22,9 @@ transformer) runs over the whole context; the vocoder runs over the new frames p
 Streams need no context at all: `decode_carried` keeps what the next piece reads of the past (each causal
 conv's last inputs, each transposed conv's overlapping input, each attention layer's last W-1 keys and
 values and the position) in a `Carry`, so the pieces join to the pass over all their frames.
-Decoding runs in the module's dtype (float32, or float16 / bf16 on CUDA) and returns float32; float32
-decode turns cuDNN's TF32 convs off while it runs (matmul precision follows torch's global setting). In
-16 bits, chunks match the one-shot decode only to that dtype's rounding, not 1e-4.
+Decoding runs in the module's dtype (float32, or bf16 on CUDA) and returns float32; float32 decode
+turns cuDNN's TF32 convs off while it runs (matmul precision follows torch's global setting). In
+bf16, chunks match the one-shot decode only to bf16 rounding (~1e-2), not 1e-4.
 """
 
 from __future__ import annotations
@@ -64,13 +64,12 @@ SEGMENT_FRAMES = 300  # the official decode splits long code matrices into 300-f
 SEGMENT_CONTEXT = 25  # ...each decoded with 25 frames of left context (not enough to be exact)
 
 
-PRECISIONS = ("float32", "tf32", "float16", "bfloat16")
-_HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}  # weights and activations in 16 bits
+PRECISIONS = ("float32", "tf32", "bfloat16")
 
 
 def _conv_precision(device: torch.device, precision: str) -> contextlib.AbstractContextManager[None]:
     """cuDNN runs float32 convs in TF32 by default (~5e-5 off here): 'float32' (exact) turns TF32 off for
-    the call, 'tf32' keeps it on; 16-bit weights don't care. CPUs have no TF32."""
+    the call, 'tf32' keeps it on; 'bfloat16' weights don't care. CPUs have no TF32."""
     return exact(device) if precision == "float32" else contextlib.nullcontext()
 
 
@@ -136,15 +135,13 @@ class CodecDecoder(nn.Module):
 
     def set_precision(self, precision: str) -> CodecDecoder:
         """'float32' (IEEE, exact: what the tests and the golden waveforms use), 'tf32' (float32 weights,
-        cuDNN TF32 convs on CUDA: ~5e-5 off, several times faster), 'float16' or 'bfloat16' (weights and
-        activations in 16 bits on tensor cores; float16 keeps TF32's mantissa, bfloat16 float32's range;
-        one way: the rounded weights cannot go back to float32 nor to the other 16-bit dtype)."""
+        cuDNN TF32 convs on CUDA: ~5e-5 off, several times faster) or 'bfloat16' (weights and activations;
+        one way: the rounded weights cannot go back to float32)."""
         if precision not in PRECISIONS:
             raise ValueError(f"codec precision must be one of {', '.join(PRECISIONS)} (got '{precision}')")
-        if self.precision in _HALF and precision != self.precision:
-            raise ValueError(f"a {self.precision} codec cannot go to {precision} (its weights were rounded); "
-                             "load it again")
-        self.to(_HALF.get(precision, torch.float32))
+        if self.precision == "bfloat16" and precision != "bfloat16":
+            raise ValueError("a bfloat16 codec cannot go back to float32 (its weights were rounded); load it again")
+        self.to(torch.bfloat16 if precision == "bfloat16" else torch.float32)
         for m in self.modules():
             if isinstance(m, CausalUpConv1d):
                 m.tf32 = precision == "tf32"
