@@ -1,6 +1,6 @@
 """The codec-bench tool on the tiny checkpoint, on CPU: a whole run through the command line gives a row per
 --rows with both timings and the JSON it promises, the codec set up as the engine sets it up; the first-chunk
-call decodes the frames it names; bad flags get one error line."""
+call decodes the frames it names; new shapes are new and timed twice; bad flags get one error line."""
 
 from __future__ import annotations
 
@@ -39,3 +39,25 @@ def test_rows_that_are_not_positive_get_one_error_line(capsys) -> None:
     rc = cli(["codec-bench", "--model", str(fixture_dir("custom_voice")), "--rows", "0"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err == ["error: --rows, --profile-rows, --iters and the frame counts take positive integers"]
+
+
+def test_new_shapes_are_ones_the_run_has_not_decoded_and_each_is_timed_twice(tmp_path, capsys) -> None:
+    out = tmp_path / "codec.json"
+    rc = cli(["codec-bench", "--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--rows", "2",
+              "--chunk-frames", "4", "--history", "2", "--iters", "1", "--new-shapes", "5", "--json", str(out)])
+    assert rc == 0
+    ns = json.loads(out.read_text())["new_shapes"]
+    shapes = [(c["rows"], c["frames"]) for c in ns["calls"]]
+    assert len(set(shapes)) == 5 and (2, 4) not in shapes  # (2, 4): the --rows run's own chunk
+    assert all(1 <= b <= 2 and f in codec_bench.GROWN_FRAMES for b, f in shapes)
+    assert all(c["first_ms"] > 0 and c["again_ms"] > 0 for c in ns["calls"])
+    assert ns["first_ms"] == sum(c["first_ms"] for c in ns["calls"])
+    assert "5 new shapes:" in capsys.readouterr().out
+
+
+def test_more_new_shapes_than_there_are_get_one_error_line(capsys) -> None:
+    rc = cli(["codec-bench", "--model", str(fixture_dir("custom_voice")), "--rows", "1", "2", "--chunk-frames", "25",
+              "--new-shapes", "11"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == ["error: --new-shapes takes 0 to 10 here (rows 1..2 x 6 chunk lengths, less the shapes "
+                               "--rows already decodes)"]

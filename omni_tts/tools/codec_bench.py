@@ -2,7 +2,10 @@
 `codec_precision` from the engine flags; the fused activations of `audio_stage.fuse_codec`): ms per carried
 chunk (`--chunk-frames` new frames of streams `--history` frames in) and per first chunk (`--first-frames`
 frames, empty state) at each --rows, and on CUDA the carried chunk's kernels at each --profile-rows grouped
-by name (calls, ms), largest first.
+by name (calls, ms), largest first. With `--new-shapes N`: N carried chunks of (rows, frames) shapes this
+process has not decoded yet, as the engine's chunks come (rows up to the largest --rows, frames as chunks
+grow), each timed at its first call and again after all N: what a shape's first use costs (cuDNN picks
+and may build kernels per shape).
 
 Owns: the codec's set-up from a checkpoint alone (no talker is loaded), the timings and the grouping.
 Figures go to docs/benchmarks.md; nothing here changes what the engine runs.
@@ -11,6 +14,7 @@ Figures go to docs/benchmarks.md; nothing here changes what the engine runs.
 from __future__ import annotations
 
 import argparse
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +26,7 @@ from omni_tts.tools.microbench import carried_chunk, time_ms
 from omni_tts.tools.provenance import provenance
 
 TOP_KERNELS = 25
+GROWN_FRAMES = (1, 2, 4, 8, 16, 25)  # a request's chunks as they grow: the first, doubling, capped
 
 
 def build_codec(config: Any) -> tuple[Any, str]:
@@ -66,9 +71,26 @@ def kernels(call: Callable[[], Any]) -> list[dict[str, Any]]:
     return [{"kernel": name, "calls": int(n), "ms": round(ms, 3)} for name, (n, ms) in top]
 
 
+def new_shapes(codec: Any, n: int, max_rows: int, history: int, used: set[tuple[int, int]]) -> dict[str, Any]:
+    """n carried chunks of (rows, frames) shapes not in `used` (seeded draw), each timed once at its first
+    call, then each once again: {'first_ms', 'again_ms' (totals), 'calls': per shape}."""
+    pool = [(b, f) for b in range(1, max_rows + 1) for f in GROWN_FRAMES if (b, f) not in used]
+    shapes = random.Random(0).sample(pool, n)
+    calls = [{"rows": b, "frames": f, "first_ms": time_ms(carried_chunk(codec, b, history, f), 1, warmup=0)}
+             for b, f in shapes]
+    for c in calls:
+        c["again_ms"] = time_ms(carried_chunk(codec, c["rows"], history, c["frames"]), 1, warmup=0)
+    return {"first_ms": sum(c["first_ms"] for c in calls), "again_ms": sum(c["again_ms"] for c in calls),
+            "calls": calls}
+
+
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     if min([*args.rows, *args.profile_rows, args.iters, args.chunk_frames, args.first_frames, args.history]) < 1:
         raise OmniTTSError("--rows, --profile-rows, --iters and the frame counts take positive integers")
+    free = max(args.rows) * len(GROWN_FRAMES) - (args.chunk_frames in GROWN_FRAMES) * len(set(args.rows))
+    if not 0 <= args.new_shapes <= free:
+        raise OmniTTSError(f"--new-shapes takes 0 to {free} here (rows 1..{max(args.rows)} x {len(GROWN_FRAMES)} "
+                           "chunk lengths, less the shapes --rows already decodes)")
     codec, why = build_codec(engine_config(args))
     device = codec.quantizer["rvq_first"].tables.device
     res: dict[str, Any] = {**provenance(), "device": str(device), "precision": codec.precision,
@@ -80,6 +102,11 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         first = time_ms(first_chunk(codec, b, args.first_frames), args.iters)
         res["rows"].append({"rows": b, "carried_chunk_ms": carried, "first_chunk_ms": first})
         say(f"rows {b}: carried chunk {carried:.3f} ms, first chunk {first:.3f} ms")
+    if args.new_shapes:
+        used = {(b, args.chunk_frames) for b in args.rows}
+        res["new_shapes"] = new_shapes(codec, args.new_shapes, max(args.rows), args.history, used)
+        say(f"{args.new_shapes} new shapes: {res['new_shapes']['first_ms']:.1f} ms at their first calls, "
+            f"{res['new_shapes']['again_ms']:.1f} ms again")
     res["profiles"] = {}
     if args.profile_rows and device.type != "cuda":
         res["profiles_skipped"] = "needs CUDA"
@@ -97,6 +124,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--first-frames", type=int, default=1, help="frames of a first chunk")
     ap.add_argument("--profile-rows", type=int, nargs="*", default=[], help="CUDA: kernel profile at these rows")
     ap.add_argument("--iters", type=int, default=10, help="timed calls per figure (the median is kept)")
+    ap.add_argument("--new-shapes", type=int, default=0, metavar="N",
+                    help="also time N carried chunks of new (rows, frames) shapes at their first call and again")
     ap.add_argument("--json", default=None)
 
 
@@ -109,6 +138,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"\nkernels of one carried chunk at {b} rows ({sum(k['ms'] for k in top):.2f} ms):")
         for k in top[:TOP_KERNELS]:
             print(f"  {k['ms']:9.3f} ms  {k['calls']:4d}x  {k['kernel'][:100]}")
+    if "new_shapes" in res:
+        ns = res["new_shapes"]
+        print(f"\n{len(ns['calls'])} new shapes: {ns['first_ms']:.1f} ms at their first calls, "
+              f"{ns['again_ms']:.1f} ms again")
     if res.get("profiles_skipped"):
         print(f"kernel profiles skipped: {res['profiles_skipped']}")
     return 0
