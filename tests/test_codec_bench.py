@@ -48,8 +48,9 @@ def test_new_shapes_are_ones_the_run_has_not_decoded_and_each_is_timed_twice(tmp
     assert rc == 0
     ns = json.loads(out.read_text())["new_shapes"]
     shapes = [(c["rows"], c["frames"]) for c in ns["calls"]]
-    assert len(set(shapes)) == 5 and (2, 4) not in shapes  # (2, 4): the --rows run's own chunk
-    assert all(1 <= b <= 2 and f in codec_bench.GROWN_FRAMES for b, f in shapes)
+    # (2, 4) and (2, 1): the --rows run's carried and first chunks; 2 frames: the history each chunk decodes
+    assert len(set(shapes)) == 5 and not {(2, 4), (2, 1)} & set(shapes)
+    assert all(1 <= b <= 2 and f in codec_bench.GROWN_FRAMES and f != 2 for b, f in shapes)
     assert all(c["first_ms"] > 0 and c["again_ms"] > 0 for c in ns["calls"])
     assert ns["first_ms"] == sum(c["first_ms"] for c in ns["calls"])
     assert "5 new shapes:" in capsys.readouterr().out
@@ -57,7 +58,7 @@ def test_new_shapes_are_ones_the_run_has_not_decoded_and_each_is_timed_twice(tmp
 
 def test_more_new_shapes_than_there_are_get_one_error_line(capsys) -> None:
     rc = cli(["codec-bench", "--model", str(fixture_dir("custom_voice")), "--rows", "1", "2", "--chunk-frames", "25",
-              "--new-shapes", "11"])
+              "--new-shapes", "9"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and err == ["error: --new-shapes takes 0 to 10 here (rows 1..2 x 6 chunk lengths, less the shapes "
-                               "--rows already decodes)"]
+    assert rc == 2 and err == ["error: --new-shapes takes 0 to 8 here (rows 1..2 x chunks of 1, 2, 4, 8, 16, 25 "
+                               "frames, less the shapes the run decodes anyway)"]

@@ -71,13 +71,19 @@ def kernels(call: Callable[[], Any]) -> list[dict[str, Any]]:
     return [{"kernel": name, "calls": int(n), "ms": round(ms, 3)} for name, (n, ms) in top]
 
 
-def new_shapes(codec: Any, n: int, max_rows: int, history: int, used: set[tuple[int, int]]) -> dict[str, Any]:
-    """n carried chunks of (rows, frames) shapes not in `used` (seeded draw), each timed once at its first
-    call, then each once again: {'first_ms', 'again_ms' (totals), 'calls': per shape}."""
-    pool = [(b, f) for b in range(1, max_rows + 1) for f in GROWN_FRAMES if (b, f) not in used]
-    shapes = random.Random(0).sample(pool, n)
+def shape_pool(rows: list[int], chunk_frames: int, first_frames: int, history: int) -> list[tuple[int, int]]:
+    """(rows, frames) shapes of carried chunks a run has not decoded before its new shapes: rows up to the
+    largest --rows and the chunk lengths a request grows through, less the --rows runs' own chunks and the
+    history length (each timed chunk decodes its history first)."""
+    seen = {(b, f) for b in rows for f in (chunk_frames, first_frames)}
+    return [(b, f) for b in range(1, max(rows) + 1) for f in GROWN_FRAMES if f != history and (b, f) not in seen]
+
+
+def new_shapes(codec: Any, n: int, pool: list[tuple[int, int]], history: int) -> dict[str, Any]:
+    """n carried chunks of shapes drawn from `pool` (seeded), each timed once at its first call, then each
+    once again: {'first_ms', 'again_ms' (totals), 'calls': per shape}."""
     calls = [{"rows": b, "frames": f, "first_ms": time_ms(carried_chunk(codec, b, history, f), 1, warmup=0)}
-             for b, f in shapes]
+             for b, f in random.Random(0).sample(pool, n)]
     for c in calls:
         c["again_ms"] = time_ms(carried_chunk(codec, c["rows"], history, c["frames"]), 1, warmup=0)
     return {"first_ms": sum(c["first_ms"] for c in calls), "again_ms": sum(c["again_ms"] for c in calls),
@@ -87,10 +93,10 @@ def new_shapes(codec: Any, n: int, max_rows: int, history: int, used: set[tuple[
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     if min([*args.rows, *args.profile_rows, args.iters, args.chunk_frames, args.first_frames, args.history]) < 1:
         raise OmniTTSError("--rows, --profile-rows, --iters and the frame counts take positive integers")
-    free = max(args.rows) * len(GROWN_FRAMES) - (args.chunk_frames in GROWN_FRAMES) * len(set(args.rows))
-    if not 0 <= args.new_shapes <= free:
-        raise OmniTTSError(f"--new-shapes takes 0 to {free} here (rows 1..{max(args.rows)} x {len(GROWN_FRAMES)} "
-                           "chunk lengths, less the shapes --rows already decodes)")
+    pool = shape_pool(args.rows, args.chunk_frames, args.first_frames, args.history)
+    if not 0 <= args.new_shapes <= len(pool):
+        raise OmniTTSError(f"--new-shapes takes 0 to {len(pool)} here (rows 1..{max(args.rows)} x chunks of "
+                           f"{', '.join(map(str, GROWN_FRAMES))} frames, less the shapes the run decodes anyway)")
     codec, why = build_codec(engine_config(args))
     device = codec.quantizer["rvq_first"].tables.device
     res: dict[str, Any] = {**provenance(), "device": str(device), "precision": codec.precision,
@@ -103,8 +109,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         res["rows"].append({"rows": b, "carried_chunk_ms": carried, "first_chunk_ms": first})
         say(f"rows {b}: carried chunk {carried:.3f} ms, first chunk {first:.3f} ms")
     if args.new_shapes:
-        used = {(b, args.chunk_frames) for b in args.rows}
-        res["new_shapes"] = new_shapes(codec, args.new_shapes, max(args.rows), args.history, used)
+        res["new_shapes"] = new_shapes(codec, args.new_shapes, pool, args.history)
         say(f"{args.new_shapes} new shapes: {res['new_shapes']['first_ms']:.1f} ms at their first calls, "
             f"{res['new_shapes']['again_ms']:.1f} ms again")
     res["profiles"] = {}
