@@ -190,7 +190,6 @@ class EngineConfig:
     # burst shares one prefill pass and its chunks stay in step (batched code-to-wave); 0: admit at once
     admit_hold_ms: int = 30
     codec_precision: str = "auto"  # code-to-wave: auto (tf32 on CUDA, float32 on CPU) | float32 | tf32 | bfloat16
-    codec_sms: int = 0  # CUDA: SMs code-to-wave's later chunks may use (a green context); 0: all of them
     kernel_configs: str | None = None  # a kernel sweep's JSON of Triton launch configs for this GPU
     experimental: ExperimentalConfig = dataclasses.field(default_factory=ExperimentalConfig)
     name: str = ""  # the preset's file name, and what it is for
@@ -256,8 +255,6 @@ class EngineConfig:
                                f"(got '{self.codec_precision}')")
         if self.kernel_configs and not Path(self.kernel_configs).is_file():
             raise OmniTTSError(f"kernel_configs: no such file '{self.kernel_configs}' (write one with kernel-sweep)")
-        if self.codec_sms < 0:
-            raise OmniTTSError(f"codec_sms must be >= 0 (got {self.codec_sms})")
         if not 0 <= self.admit_hold_ms <= 1000:
             raise OmniTTSError(f"admit_hold_ms must be 0..1000 (got {self.admit_hold_ms})")
 

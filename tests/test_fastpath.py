@@ -354,25 +354,3 @@ def test_reduce_overhead_records_its_graph_trees_without_skipping() -> None:
     for codes, embeds in outs:  # the recorded run and its replays give the uncompiled loop's codes
         assert torch.equal(codes, ref[0])
         torch.testing.assert_close(embeds, ref[1], rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("B", [2, 5])
-def test_a_frame_as_two_halves_equals_the_frame_whole(B: int) -> None:
-    """The predictor frame over two halves of the rows (what a CUDA frame of many rows runs on two streams)
-    gives each row the codes and embedding sum of the frame over all rows, sampling with per-row settings
-    and seeds included, so no row takes another's draws."""
-    m, fast = model_and_fast()
-    g = torch.Generator().manual_seed(B)
-    h = torch.randn(B, m.hidden_size, generator=g)
-    code0 = torch.randint(0, 100, (B,), generator=g)
-    rows = [sampling.RowSettings(greedy=i % 2 == 0, temperature=0.7 + 0.1 * i, top_k=20 + i, top_p=0.9)
-            for i in range(B)]
-    sp = sampling.SlotParams.from_settings(rows, "cpu")
-    seed, frame = torch.arange(B, dtype=torch.long) + 11, torch.full((B,), 3, dtype=torch.long)
-    whole = fast.predict_frame(h, code0, sp, seed, frame)
-    halves = fast.predict_halves(h, code0, sp, seed, frame)
-    assert torch.equal(halves[0], whole[0])
-    torch.testing.assert_close(halves[1], whole[1], rtol=1e-5, atol=1e-5)
-    swapped = fast.predict_halves(h.flip(0), code0.flip(0), sampling.SlotParams.from_settings(rows[::-1], "cpu"),
-                                  seed.flip(0), frame)
-    assert torch.equal(swapped[0].flip(0), whole[0])  # a row's codes follow the row, wherever it sits

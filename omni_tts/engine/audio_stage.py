@@ -111,13 +111,10 @@ class AudioStage:
     `put(jobs)` queues a list of jobs as one item (the scheduler puts one step's pushes at once, so the
     chunks that step made due are always decoded together, then that step's flushes and completions)."""
 
-    def __init__(self, device: torch.device, stats: EngineStats, priority: bool = False, sms: int = 0) -> None:
+    def __init__(self, device: torch.device, stats: EngineStats, priority: bool = False) -> None:
         """priority: first-chunk graphs (`capture_first_chunks`) replay on a high-priority stream; the
-        other windows decode on this stage's own normal-priority stream. sms: that stream runs on this
-        many SMs (a CUDA green context), so the frame steps always find SMs free of its blocks; 0: all."""
-        self.device, self.stats, self.priority, self.sms = device, stats, priority, sms
-        self.sms_error = ""  # why the stream could not be confined to `sms` SMs
-        self._green: Any = None
+        other windows decode on this stage's own normal-priority stream."""
+        self.device, self.stats, self.priority = device, stats, priority
         self.first: FirstChunkGraphs | None = None
         self.first_error = ""
         # False: decode first chunks eagerly (a switch for isolating GPU issues)
@@ -154,22 +151,9 @@ class AudioStage:
         self._thread.join(timeout=timeout)
 
     # ------------------------------------------------------------------ the thread
-    def _stream(self) -> torch.cuda.Stream:
-        """The stream later chunks decode on: a green context's of `sms` SMs when asked, else a plain one."""
-        if self.sms:
-            try:
-                from torch.cuda.green_contexts import GreenContext
-
-                index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-                self._green = GreenContext.create(num_sms=self.sms, device_id=index)
-                return self._green.Stream()
-            except Exception as e:  # never fatal: the stream then shares every SM
-                self.sms_error = one_line(e)
-        return torch.cuda.Stream(self.device)
-
     def _loop(self) -> None:
         cuda = self.device.type == "cuda"
-        with torch.cuda.stream(self._stream()) if cuda else nullcontext():
+        with torch.cuda.stream(torch.cuda.Stream(self.device)) if cuda else nullcontext():
             while True:
                 batch = [self._jobs.get()]
                 while batch[-1] is not None and not self._jobs.empty():  # drain what is queued now

@@ -20,9 +20,7 @@ Knows nothing about requests, graphs or how buckets are chosen.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -39,10 +37,6 @@ from omni_tts.models.compiled.packed_weights import fuse_layer
 from omni_tts.models.compiled.prefill import prefill_layer
 from omni_tts.models.compiled.units import linear, mlp_fused, out_proj, qkv_fused, small_attention
 from omni_tts.models.layers import gqa_attention, gqa_bias
-
-# from this many rows a predictor frame on CUDA runs as two halves on two streams: each half's chain of
-# small dependent kernels leaves most SMs idle, so the two chains overlap
-SPLIT_ROWS = 32
 
 
 # ---------------------------------------------------------------------------------------- layer units
@@ -179,9 +173,6 @@ class FastPath(KernelChoice):
         self.rope_at = [(cos[:, t:t + 1].contiguous(), sin[:, t:t + 1].contiguous()) for t in range(self.n_pos)]
         self.rope01 = (cos[:, :2].contiguous(), sin[:, :2].contiguous())
         self.codebook = [torch.tensor(j, device=dev) for j in range(self.n_pos)]
-        # the second half's stream per thread (predict_frame): a capture on one thread must never take in
-        # another thread's eager step
-        self._side = threading.local()
 
     def _layers(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int,
                 traced: bool) -> torch.Tensor:
@@ -272,32 +263,8 @@ class FastPath(KernelChoice):
 
     def predict_frame(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams,
                       seed: torch.Tensor, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Same contract as CodePredictor.predict_frame: -> (codes 1..15 [B, 15], embedding sum [B, D]).
-        On CUDA from SPLIT_ROWS rows the frame runs as two halves on two streams (the same kernels whether
-        a graph captures it or a warm-up runs it eagerly)."""
-        if hidden.is_cuda and hidden.shape[0] >= SPLIT_ROWS:
-            side = getattr(self._side, "stream", None)
-            if side is None:
-                side = self._side.stream = torch.cuda.Stream(hidden.device, priority=-1)
-            return self.predict_halves(hidden, code0, sp, seed, frame, side)
+        """Same contract as CodePredictor.predict_frame: -> (codes 1..15 [B, 15], embedding sum [B, D])."""
         return self._frame_body(hidden, code0, sp, seed, frame, False)
-
-    def predict_halves(self, hidden: torch.Tensor, code0: torch.Tensor, sp: sampling.SlotParams, seed: torch.Tensor,
-                       frame: torch.Tensor, side: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """predict_frame as two calls over the two halves of the rows, the second on stream `side` beside
-        the first (None: one after the other); rows are independent, so the result is the same."""
-        h, B = hidden.shape[0] // 2, hidden.shape[0]
-        halves = [(slice(0, h), sp.span(0, h, sp.topk_cap)), (slice(h, B), sp.span(h, B - h, sp.topk_cap))]
-        main = torch.cuda.current_stream(hidden.device) if side is not None else None
-        if side is not None:
-            side.wait_stream(main)
-        outs = []
-        for (rows, rsp), stream in zip(halves, (None, side)):
-            with torch.cuda.stream(stream) if stream is not None else nullcontext():
-                outs.append(self._frame_body(hidden[rows], code0[rows], rsp, seed[rows], frame[rows], False))
-        if side is not None:
-            main.wait_stream(side)
-        return torch.cat([outs[0][0], outs[1][0]]), torch.cat([outs[0][1], outs[1][1]])
 
     def _run_whole_frame(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole frame, compiled on the first call; where this torch cannot compile it through the
