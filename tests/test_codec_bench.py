@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import torch
 from _fixtures import fixture_dir
 
 from omni_tts.config import load_preset
@@ -44,13 +45,15 @@ def test_rows_that_are_not_positive_get_one_error_line(capsys) -> None:
 def test_new_shapes_are_ones_the_run_has_not_decoded_and_each_is_timed_twice(tmp_path, capsys) -> None:
     out = tmp_path / "codec.json"
     rc = cli(["codec-bench", "--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--rows", "2",
-              "--chunk-frames", "4", "--history", "2", "--iters", "1", "--new-shapes", "5", "--json", str(out)])
+              "--chunk-frames", "4", "--history", "2", "--iters", "1", "--new-shapes", "5", "--json", str(out),
+              "--set", "chunk_growth=true", "--set", "chunk_frames=16"])
     assert rc == 0
     ns = json.loads(out.read_text())["new_shapes"]
     shapes = [(c["rows"], c["frames"]) for c in ns["calls"]]
     # (2, 4) and (2, 1): the --rows run's carried and first chunks; 2 frames: the history each chunk decodes
     assert len(set(shapes)) == 5 and not {(2, 4), (2, 1)} & set(shapes)
-    assert all(1 <= b <= 2 and f in codec_bench.GROWN_FRAMES and f != 2 for b, f in shapes)
+    # the preset's growth 1, 2, 4, 8, 16 less the history's 2 frames
+    assert all(1 <= b <= 2 and f in (1, 4, 8, 16) for b, f in shapes)
     assert all(c["first_ms"] > 0 and c["again_ms"] > 0 for c in ns["calls"])
     assert ns["first_ms"] == sum(c["first_ms"] for c in ns["calls"])
     assert "5 new shapes:" in capsys.readouterr().out
@@ -60,5 +63,22 @@ def test_more_new_shapes_than_there_are_get_one_error_line(capsys) -> None:
     rc = cli(["codec-bench", "--model", str(fixture_dir("custom_voice")), "--rows", "1", "2", "--chunk-frames", "25",
               "--new-shapes", "9"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and err == ["error: --new-shapes takes 0 to 8 here (rows 1..2 x chunks of 1, 2, 4, 8, 16, 25 "
+    # the bench preset's chunks: one frame, then 25 (no growth): every (rows, frames) is the run's own
+    assert rc == 2 and err == ["error: --new-shapes takes 0 to 0 here (rows 1..2 x the preset's chunks of 1, 25 "
                                "frames, less the shapes the run decodes anyway)"]
+
+
+def test_the_new_shapes_follow_the_presets_chunk_schedule() -> None:
+    """The pool's chunk lengths are those a streaming decoder plans under the same config keys."""
+    from omni_tts.config import EngineConfig
+    from omni_tts.models.codec.decoder import CodecDecoder
+    from omni_tts.models.codec.streaming import StreamingDecoder
+    from omni_tts.models.selection import open_checkpoint
+
+    codec = CodecDecoder.from_checkpoint(open_checkpoint(str(fixture_dir("custom_voice"))))
+    for initial, chunk, grow in ((1, 25, True), (2, 12, True), (1, 25, False), (3, 3, True)):
+        dec = StreamingDecoder(codec, initial, chunk, grow=grow)
+        planned = [p.end - p.start for _ in range(120)
+                   if (p := dec.plan_push(torch.zeros(1, codec.num_quantizers, dtype=torch.long))) is not None]
+        config = EngineConfig(initial_chunk_frames=initial, chunk_frames=chunk, chunk_growth=grow)
+        assert codec_bench.chunk_lengths(config) == sorted(set(planned))

@@ -26,7 +26,6 @@ from omni_tts.tools.microbench import carried_chunk, time_ms
 from omni_tts.tools.provenance import provenance
 
 TOP_KERNELS = 25
-GROWN_FRAMES = (1, 2, 4, 8, 16, 25)  # a request's chunks as they grow: the first, doubling, capped
 
 
 def build_codec(config: Any) -> tuple[Any, str]:
@@ -71,12 +70,22 @@ def kernels(call: Callable[[], Any]) -> list[dict[str, Any]]:
     return [{"kernel": name, "calls": int(n), "ms": round(ms, 3)} for name, (n, ms) in top]
 
 
-def shape_pool(rows: list[int], chunk_frames: int, first_frames: int, history: int) -> list[tuple[int, int]]:
+def chunk_lengths(config: Any) -> list[int]:
+    """The lengths of a request's chunks under the engine config: the first, then (chunk_growth) doubling
+    up to chunk_frames, as omni_tts.models.codec.streaming.StreamingDecoder schedules them."""
+    out = [config.initial_chunk_frames]
+    while config.chunk_growth and 2 * out[-1] < config.chunk_frames:
+        out.append(2 * out[-1])
+    return sorted({*out, config.chunk_frames})
+
+
+def shape_pool(rows: list[int], lengths: list[int], chunk_frames: int, first_frames: int, history: int
+               ) -> list[tuple[int, int]]:
     """(rows, frames) shapes of carried chunks a run has not decoded before its new shapes: rows up to the
-    largest --rows and the chunk lengths a request grows through, less the --rows runs' own chunks and the
+    largest --rows and the chunk `lengths` of the engine's requests, less the --rows runs' own chunks and the
     history length (each timed chunk decodes its history first)."""
     seen = {(b, f) for b in rows for f in (chunk_frames, first_frames)}
-    return [(b, f) for b in range(1, max(rows) + 1) for f in GROWN_FRAMES if f != history and (b, f) not in seen]
+    return [(b, f) for b in range(1, max(rows) + 1) for f in lengths if f != history and (b, f) not in seen]
 
 
 def new_shapes(codec: Any, n: int, pool: list[tuple[int, int]], history: int) -> dict[str, Any]:
@@ -93,11 +102,13 @@ def new_shapes(codec: Any, n: int, pool: list[tuple[int, int]], history: int) ->
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     if min([*args.rows, *args.profile_rows, args.iters, args.chunk_frames, args.first_frames, args.history]) < 1:
         raise OmniTTSError("--rows, --profile-rows, --iters and the frame counts take positive integers")
-    pool = shape_pool(args.rows, args.chunk_frames, args.first_frames, args.history)
+    config = engine_config(args)
+    lengths = chunk_lengths(config)
+    pool = shape_pool(args.rows, lengths, args.chunk_frames, args.first_frames, args.history)
     if not 0 <= args.new_shapes <= len(pool):
-        raise OmniTTSError(f"--new-shapes takes 0 to {len(pool)} here (rows 1..{max(args.rows)} x chunks of "
-                           f"{', '.join(map(str, GROWN_FRAMES))} frames, less the shapes the run decodes anyway)")
-    codec, why = build_codec(engine_config(args))
+        raise OmniTTSError(f"--new-shapes takes 0 to {len(pool)} here (rows 1..{max(args.rows)} x the preset's "
+                           f"chunks of {', '.join(map(str, lengths))} frames, less the shapes the run decodes anyway)")
+    codec, why = build_codec(config)
     device = codec.quantizer["rvq_first"].tables.device
     res: dict[str, Any] = {**provenance(), "device": str(device), "precision": codec.precision,
                            "fused": codec.fused, "fused_off_because": why,
