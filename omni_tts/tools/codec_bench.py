@@ -3,9 +3,9 @@
 chunk (`--chunk-frames` new frames of streams `--history` frames in) and per first chunk (`--first-frames`
 frames, empty state) at each --rows, and on CUDA the carried chunk's kernels at each --profile-rows grouped
 by name (calls, ms), largest first. With `--new-shapes N`: N carried chunks of (rows, frames) shapes this
-process has not decoded yet, as the engine's chunks come (rows up to the largest --rows, frames as chunks
-grow), each timed at its first call and again after all N: what a shape's first use costs (cuDNN picks
-and may build kernels per shape).
+process has not decoded yet, as the engine's chunks come (rows up to the largest --rows, frames the chunk
+lengths of the preset's requests), each timed at its first call and again after all N: what a shape's
+first use costs (cuDNN picks and may build kernels per shape).
 
 Owns: the codec's set-up from a checkpoint alone (no talker is loaded), the timings and the grouping.
 Figures go to docs/benchmarks.md; nothing here changes what the engine runs.
