@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from omni_tts.errors import OmniTTSError
+from omni_tts.models.codec.streaming import chunk_after
 from omni_tts.tools.args import add_engine_flags, engine_config, run_to_json
 from omni_tts.tools.microbench import carried_chunk, time_ms
 from omni_tts.tools.provenance import provenance
@@ -71,12 +72,12 @@ def kernels(call: Callable[[], Any]) -> list[dict[str, Any]]:
 
 
 def chunk_lengths(config: Any) -> list[int]:
-    """The lengths of a request's chunks under the engine config: the first, then (chunk_growth) doubling
-    up to chunk_frames, as omni_tts.models.codec.streaming.StreamingDecoder schedules them."""
+    """The lengths of a request's chunks under the engine config: the first, then each next one as the
+    streaming decoder schedules it (`chunk_after`), until the lengths repeat."""
     out = [config.initial_chunk_frames]
-    while config.chunk_growth and 2 * out[-1] < config.chunk_frames:
-        out.append(2 * out[-1])
-    return sorted({*out, config.chunk_frames})
+    while (n := chunk_after(out[-1], config.chunk_frames, config.chunk_growth)) not in out:
+        out.append(n)
+    return sorted(out)
 
 
 def shape_pool(rows: list[int], lengths: list[int], chunk_frames: int, first_frames: int, history: int

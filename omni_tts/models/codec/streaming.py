@@ -152,6 +152,11 @@ def decode_plans(plans: list[ChunkPlan], fast: FastFirst | None = None) -> tuple
     return out, calls
 
 
+def chunk_after(last: int, chunk_frames: int, grow: bool) -> int:
+    """Frames of the chunk after one of `last` frames: chunk_frames, or with `grow` twice `last` up to it."""
+    return min(chunk_frames, 2 * last) if grow else chunk_frames
+
+
 class StreamingDecoder:
     """Per-request incremental decode: `push` frames as they arrive, `flush` at the end.
 
@@ -203,7 +208,7 @@ class StreamingDecoder:
         making the next one takes, so a stream that starts after one frame plays without a gap)."""
         if self.planned_frames == self.prefix_frames:
             return self.initial_chunk_frames
-        return min(self.chunk_frames, 2 * self._last_chunk) if self.grow else self.chunk_frames
+        return chunk_after(self._last_chunk, self.chunk_frames, self.grow)
 
     def plan_flush(self) -> ChunkPlan | None:
         """The plan of every frame not planned yet (None if there is none)."""
