@@ -1,6 +1,6 @@
 """The soak tool, briefly, on the tiny fixture checkpoint (CPU): mixed bursts with cancels and bad inputs
-all end as expected, RSS is reported at warm-up, at a mark and at the end, and its checks catch a result
-whose audio and codes disagree."""
+all end as expected, RSS is reported at warm-up, at a mark and at the end, each of its bad inputs is one
+the engine refuses, and its checks catch a result whose audio and codes disagree."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from _fixtures import fixture_dir
 
-from omni_tts.config import SynthesisParams
+from omni_tts.config import SynthesisParams, build_config
+from omni_tts.engine.engine import Engine
 from omni_tts.engine.metrics import RequestMetrics
 from omni_tts.engine.request import SynthesisResult
+from omni_tts.errors import InputError
 from omni_tts.tools.cli import main
-from omni_tts.tools.soak import check, rss_mb
+from omni_tts.tools.soak import BAD_INPUTS, check, rss_mb
 
 
 def test_a_short_soak_serves_every_kind_of_request_and_reports_memory(tmp_path: Path, capsys) -> None:
@@ -33,6 +36,23 @@ def test_a_short_soak_serves_every_kind_of_request_and_reports_memory(tmp_path: 
     assert all(m["rss_mb"] > 50 for m in summary["marks"])
     for line in ("rss after warm-up:", "rss at 0 min:", "rss at the end:", "served ", "rss growth after warm-up:"):
         assert line in text, text
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """The engine the soak runs on without flags: the default preset, here on the fixture checkpoint."""
+    eng = Engine.from_config(build_config({"model": str(fixture_dir("custom_voice")), "device": "cpu",
+                                           "mode": "eager"}))
+    yield eng
+    eng.shutdown()
+
+
+@pytest.mark.parametrize("bad", BAD_INPUTS, ids=lambda b: next(iter(b)))
+def test_each_bad_input_of_the_soak_is_refused_at_submit(engine, bad: dict) -> None:
+    good = dict(text="hello there", speaker=engine.speakers()[0], max_new_tokens=4)
+    engine.submit(SynthesisParams(**good)).cancel()  # the request without its bad field is taken
+    with pytest.raises(InputError):
+        engine.submit(SynthesisParams(**{**good, **bad}))
 
 
 def test_the_checks_catch_audio_that_disagrees_with_its_codes() -> None:

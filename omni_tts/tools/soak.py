@@ -30,6 +30,7 @@ import numpy as np
 
 from omni_tts.config import SynthesisParams
 from omni_tts.errors import Cancelled, InputError, OmniTTSError
+from omni_tts.limits import MAX_INPUT_CHARS
 from omni_tts.tools.args import add_engine_flags, engine_config
 
 WORDS = ("the quick brown fox jumps over a lazy dog near river bank please remember bring umbrella rain "
@@ -39,7 +40,7 @@ INSTRUCTS = ("a calm low voice", "a bright cheerful young voice", "speak slowly 
 BAD_INPUTS: tuple[dict[str, Any], ...] = (
     dict(seed=2**63), dict(seed=1e300), dict(temperature=float("nan")), dict(temperature=float("inf")),
     dict(top_k=-1), dict(repetition_penalty=float("nan")), dict(max_new_tokens=2**70), dict(text="hi \ud800"),
-    dict(text="   "), dict(text="x" * 5000), dict(speaker="nobody-at-all"), dict(language="klingon"),
+    dict(text="   "), dict(text="x" * (MAX_INPUT_CHARS + 1)), dict(speaker="nobody-at-all"), dict(language="klingon"),
 )
 # One cycle of what is done with a request (shuffled once per run): most read to the end.
 ACTIONS = ("result",) * 13 + ("stream",) * 2 + ("stream_cancel",) * 2 + ("cancel",) + ("bad",) * 2
