@@ -168,9 +168,10 @@ if triton is not None:
         if PF > 0:
             if tl.program_id(1) == 0:  # the other row blocks' programs find the same rows in L2
                 row0 = tl.program_id(0) * BN
-                _prefetch_l2(w_ptr, row0, tl.minimum(BN, N - row0), K, PF)
+                rows = tl.minimum(BN, N - row0)
+                _prefetch_l2(w_ptr, row0, rows, K, PF)
                 if GLU:
-                    _prefetch_l2(w_ptr, N + row0, tl.minimum(BN, N - row0), K, PF)
+                    _prefetch_l2(w_ptr, N + row0, rows, K, PF)
         wk, wu = _w_block(w_ptr, rn, nmask, rk, N, K, GLU)  # [BN, BK]: weights never depend on the last kernel
         after_previous(PDL)
         if GATHER:
