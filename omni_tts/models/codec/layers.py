@@ -37,7 +37,7 @@ CONVNEXT_LN_EPS = 1e-6
 SNAKE_EPS = 1e-9
 RESIDUAL_DILATIONS = (1, 3, 9)
 # from this stride on, a K = 2s transposed conv runs as a GEMM + overlap-add: faster than cuDNN's
-# transposed-conv kernels there, slower below it (docs/benchmarks.md, the codec's transposed convs)
+# transposed-conv kernels there, slower below it (docs/levers.md, the codec's transposed convs)
 GEMM_MIN_STRIDE = 8
 
 
