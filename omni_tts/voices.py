@@ -72,8 +72,13 @@ def saved_voices() -> list[str]:
 
 
 def voice_path(name: str) -> Path:
-    """The library file of a saved voice (the name is sanitised, so it never leaves the folder)."""
-    return voices_dir() / f"{voice_name(name)}{VOICE_SUFFIX}"
+    """The library file of a saved voice (the name is sanitised, so it never leaves the folder); names match
+    without regard to case, as `save` refuses one that differs from a saved one only in case."""
+    stem = voice_name(name)
+    path = voices_dir() / f"{stem}{VOICE_SUFFIX}"
+    if not path.is_file():
+        stem = next((v for v in saved_voices() if v.lower() == stem.lower()), stem)
+    return voices_dir() / f"{stem}{VOICE_SUFFIX}"
 
 
 def exists(name: str) -> bool:

@@ -139,6 +139,10 @@ def test_encoded_formats_are_readable(server, fmt):
     ({"input": "x" * 5001}, 400, "input", "too long"),
     ({"input": "hi", "task_type": "Base"}, 400, "task_type", "it does: custom_voice"),
     ({"input": "hi", "task_type": "Singing"}, 400, "task_type", "unknown task_type"),
+    ({"input": "hi", "stream": "yes"}, 400, "stream", "valid boolean"),  # no value turns into another type
+    ({"input": "hi", "max_new_tokens": True}, 400, "max_new_tokens", "valid integer"),
+    ({"input": "hi", "voice": {"name": "ryan"}}, 400, "voice", '{"id": "<name>"}'),
+    ({"input": "hi", "ref_audio": "!!!"}, 400, "ref_audio", "CustomVoice does not clone a voice"),
 ])
 def test_bad_requests_get_json_errors_and_the_server_keeps_serving(server, body, status, param, words):
     url, _ = server
@@ -154,6 +158,16 @@ def test_malformed_json_is_a_400(server):
     url, _ = server
     r = httpx.post(url + "/v1/audio/speech", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("method, path, status, words", [
+    ("GET", "/v1/audio/speech", 405, "GET is not a method of /v1/audio/speech (it takes: POST)"),
+    ("POST", "/v1/audio/nothing", 404, "no route /v1/audio/nothing; the API: POST /v1/audio/speech"),
+])
+def test_a_route_or_method_the_api_has_not_is_an_api_error(server, method, path, status, words):
+    url, _ = server
+    r = httpx.request(method, url + path, timeout=60)
+    assert r.status_code == status and words in r.json()["error"]["message"]
 
 
 def test_voices_list_ids_names_and_descriptions(server):

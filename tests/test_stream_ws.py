@@ -92,6 +92,9 @@ def test_wav_format_and_speed(server):
     ({**CONFIG, "speed": 9}, "speed"),
     ({**CONFIG, "colour": "red"}, "colour"),
     ({**CONFIG, "voice": "nobody"}, "unknown voice 'nobody'"),
+    ({**CONFIG, "mode": "reduce-overhead"}, "mode reduce-overhead is not available"),  # not on this CPU engine
+    ({**CONFIG, "max_new_tokens": 0}, "max_new_tokens"),
+    ({**CONFIG, "seed": True}, "seed: Input should be a valid integer"),
 ])
 def test_a_bad_config_is_an_error_and_the_session_ends(server, config, words):
     url, _ = server
@@ -104,22 +107,25 @@ def test_a_bad_config_is_an_error_and_the_session_ends(server, config, words):
 
 
 def test_a_request_the_engine_refuses_ends_the_session_with_its_error(server):
-    """A setting the session's config passes but the engine refuses at the first sentence (a mode this CPU
-    engine does not run): the refusal is the session's last word."""
+    """A sentence the engine refuses (its text holds a lone surrogate, which JSON can carry): the refusal is
+    the session's last word."""
     url, _ = server
     with connect(url) as ws:
-        ws.send(json.dumps({**CONFIG, "mode": "reduce-overhead"}))
-        ws.send(json.dumps({"type": "input.text", "text": "Hello there. "}))
+        ws.send(json.dumps(CONFIG))
+        ws.send(json.dumps({"type": "input.text", "text": "Hello \ud800 there. "}))
         m = json.loads(ws.recv(timeout=30))
-        assert m["type"] == "error" and "mode reduce-overhead is not available" in m["message"]
+        assert m["type"] == "error" and "not valid Unicode" in m["message"]
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=30)
 
 
 @pytest.mark.parametrize(("message", "words"), [
-    ("not json", "a message that is not JSON (Expecting value at character 0)"),
+    ("not json", "the message must be a JSON object"),
     (b"\x00\x01", "a binary message (messages are JSON text)"),
-    ("[1, 2]", "a JSON list, not an object"),
+    ("[1, 2]", "the message must be a JSON object"),
+    ('{"type": "input.text", "text": "a", "text": "b"}', "text: given twice"),
+    pytest.param('{"type": "input.text", "text": ' + "[" * 50_000 + "]" * 50_000 + "}", "text: nested too deeply",
+                 id="nested"),
     (json.dumps(CONFIG), "session.config comes once, as the first message"),
     (json.dumps({"type": "input.text", "text": 5}), "unknown message {'type': 'input.text', 'text': 5}"),
 ])

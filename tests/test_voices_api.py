@@ -194,3 +194,40 @@ def test_a_body_that_is_not_a_form_and_an_unknown_voice_are_named_as_such(base):
     assert "kept" in error["message"] and error["message"].endswith("or send ref_audio to clone one for this request")
     r = httpx.post(url + "/v1/audio/speech", json={"input": "Hi.", **SHORT}, timeout=120)
     assert r.status_code == 400 and r.json()["error"]["param"] == "ref_audio"
+
+
+def b64(audio: bytes) -> str:
+    import base64
+
+    return base64.b64encode(audio).decode()
+
+
+@pytest.mark.parametrize("extra, param, words", [
+    ({"ref_audio": b64(b"this is not audio at all" * 50), "x_vector_only_mode": True}, "ref_audio",
+     "ref_audio: not a readable audio file"),
+    ({"ref_audio": b64(wav_bytes(0.05)), "x_vector_only_mode": True}, "ref_audio", "ref_audio: "),
+    ({"ref_audio": b64(wav_bytes())}, "ref_text", "ref_text (the transcript of the reference audio) is required"),
+    ({"ref_audio": b64(wav_bytes()), "ref_text": "x" * 5000}, "ref_text", "ref_text"),
+])
+def test_a_bad_reference_clip_on_the_speech_route_is_named_as_its_field(base, extra, param, words):
+    """The route writes the clip to a temporary file for the encoders: its errors name ref_audio (or
+    ref_text), never that file."""
+    url, _ = base
+    r = httpx.post(url + "/v1/audio/speech", json={"input": "Hi.", **extra, **SHORT}, timeout=120)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == param and words in err["message"], err
+    assert "ref-audio-" not in err["message"] and ".bin" not in err["message"]
+
+
+def test_a_saved_voice_is_found_whatever_the_case_and_refuses_a_clip_beside_it(base):
+    url, _ = base
+    assert upload(url, "Zed", x_vector_only="true").status_code == 200
+    assert upload(url, "zed", x_vector_only="true").status_code == 409  # taken, whatever the case
+    r = httpx.post(url + "/v1/audio/speech", json={"input": "Hi.", "voice": "ZED", **SHORT}, timeout=120)
+    assert r.status_code == 200 and r.content[:4] == b"RIFF"
+    r = httpx.post(url + "/v1/audio/speech", json={"input": "Hi.", "voice": "zed", "ref_audio": b64(wav_bytes()),
+                                                   **SHORT}, timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "ref_audio"
+    assert "voice 'zed' is a saved voice" in r.json()["error"]["message"]
+    assert httpx.delete(url + "/v1/audio/voices/zED").json()["deleted"]
+    assert not voices.exists("Zed")

@@ -127,6 +127,12 @@ class Engine:
                 self.stats.count(self._scheduler(params.mode).mode.value, "refused (overloaded)")
             raise
 
+    def check(self, params: SynthesisParams) -> None:
+        """Raise the InputError `submit` would raise for these settings (a mode not resident included),
+        queueing nothing: a session checks its settings once, before its texts arrive."""
+        params.validate()
+        self._scheduler(params.mode)
+
     def _ended(self, m: RequestMetrics) -> None:
         """A caller's request ended (not a segment's, not priming's): counted, and a finished one recorded."""
         self.stats.on_end(m)

@@ -3,8 +3,9 @@ models list, health, readiness and Prometheus metrics. app.py mounts the Gradio 
 (serving.server) runs it.
 
 Owns the routes that describe the service (`/health`: the process answers; `/ready`: a mode serves, with
-each mode's state; `/v1/models[/{id}]`; `/metrics`), one JSON error for anything unexpected, and the
-request log (serving.request_log) unless the settings turn it off. Knows nothing about Gradio.
+each mode's state; `/v1/models[/{id}]`; `/metrics`), one JSON error for anything unexpected and for a /v1
+path or method it has not, and the request log (serving.request_log) unless the settings turn it off.
+Knows nothing about Gradio.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.routing import Match, Mount
 
 from omni_tts.serving import request_log, speech, stream_ws, voices
 from omni_tts.serving.errors import ApiError
@@ -22,6 +24,8 @@ from omni_tts.serving.settings import ServeSettings
 from omni_tts.serving.streams import StreamAborted
 
 log = logging.getLogger("omni_tts.serving")
+ROUTES = ("POST /v1/audio/speech, WebSocket /v1/audio/speech/stream, GET and POST /v1/audio/voices, "
+          "DELETE /v1/audio/voices/{name}, GET /v1/models")
 
 
 def build_app(engine: Any, settings: ServeSettings | None = None) -> FastAPI:
@@ -65,11 +69,31 @@ def build_app(engine: Any, settings: ServeSettings | None = None) -> FastAPI:
     def model(model_id: str) -> Response:
         if model_id != service.name:
             return ApiError(404, f"no model '{model_id[:100]}' here; this server has '{service.name}'", "model",
-                            "not_found").response()
+                            "not_found_error").response()
         return JSONResponse(card())
 
     @app.get("/metrics")
     def scrape() -> Response:
         return Response(metrics.render(), media_type=metrics.content_type)
 
+    _answer_unknown_routes(app)
     return app
+
+
+def _answer_unknown_routes(app: FastAPI) -> None:
+    """A /v1 path or method the API has not is answered in the API's error shape, here rather than by
+    the page mounted at "/" (registered last, so every real route matches first)."""
+
+    methods = ["DELETE", "GET", "HEAD", "PATCH", "POST", "PUT"]
+
+    @app.api_route("/v1/{rest:path}", methods=methods, include_in_schema=False)
+    def no_route(request: Request, rest: str) -> Response:
+        path = request.url.path[:100]
+        routes = [r for r in app.router.routes  # the page's mount at "/" takes any path
+                  if getattr(r, "endpoint", None) is not no_route and not isinstance(r, Mount)]
+        allow = [m for m in methods if any(r.matches({**request.scope, "method": m})[0] is Match.FULL for r in routes)]
+        if allow:
+            r = ApiError(405, f"{request.method} is not a method of {path} (it takes: {', '.join(allow)})").response()
+            r.headers["Allow"] = ", ".join(allow)
+            return r
+        return ApiError(404, f"no route {path}; the API: {ROUTES}", None, "not_found_error").response()

@@ -5,6 +5,9 @@ busy or shut down, 504 past the request deadline). Knows nothing about routes or
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from fastapi.responses import JSONResponse
 
 from omni_tts.errors import DeadlineExceeded, EngineError, InputError, OmniTTSError, Overloaded
@@ -15,6 +18,7 @@ PARAMS = {"text": "input", "speaker": "voice", "language": "language", "instruct
           "reference audio": "ref_audio", "ref_text": "ref_text", "max_new_tokens": "max_new_tokens",
           "seed": "seed", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
           "repetition_penalty": "repetition_penalty", "task": "task_type", "mode": "mode"}
+OPENING_ONLY = {"mode"}  # words other messages use too ("ICL mode needs ref_text")
 
 
 class ApiError(Exception):
@@ -42,6 +46,32 @@ def from_engine(e: OmniTTSError, retry_after_s: int = 1) -> ApiError:
         return ApiError(504, message, None, "timeout")
     if isinstance(e, EngineError) and not isinstance(e, InputError):
         return ApiError(503, message, None, "server_error", retry_after_s)
-    low = str(e).lower()
-    param = next((api for key, api in PARAMS.items() if low.startswith(key) or f"{key} " in low[:40]), None)
-    return ApiError(400, message, param)
+    return ApiError(400, message, param_of(str(e)))
+
+
+def param_of(message: str) -> str | None:
+    """The API field an engine message is about: the key it opens with, else the first key named early on
+    as a word of its own (ref_text is not text); None when it names none."""
+    low = message.lower()
+    keys = sorted(PARAMS, key=len, reverse=True)
+    key = next((k for k in keys if low.startswith(k)), None)
+    if key is None:
+        found = [(m.start(), k) for k in keys if k not in OPENING_ONLY
+                 and (m := re.search(rf"(?<!\w){re.escape(k)}\b", low[:40]))]
+        key = min(found)[1] if found else None
+    return PARAMS.get(key) if key else None
+
+
+def clip_error(e: OmniTTSError, path: str | Path, field: str, retry_after_s: int = 1) -> ApiError:
+    """An error about a reference clip the API wrote to the temporary file `path`, told with the field that
+    carried the clip instead of that file: 400 naming `field` (ref_text when only the transcript is wrong);
+    an engine that cannot take it answers as `from_engine` does."""
+    if not isinstance(e, InputError):
+        return from_engine(e, retry_after_s)
+    message = " ".join(str(e).split())
+    for said in (str(path), Path(path).name):
+        for form in (f"reference audio '{said}'", f"reference audio {said}", f"'{said}'", said):
+            message = message.replace(form, field)
+    message = re.sub(r"^reference audio\b", field, message)
+    param = "ref_text" if "ref_text" in message and field not in message else field
+    return ApiError(400, message if message.startswith(param) else f"{param}: {message}", param)

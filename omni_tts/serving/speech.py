@@ -30,19 +30,21 @@ from omni_tts.errors import InputError, OmniTTSError
 from omni_tts.models import stretch
 from omni_tts.serving import streams
 from omni_tts.serving.encoding import MEDIA, STREAMABLE, encode
-from omni_tts.serving.errors import ApiError, from_engine
+from omni_tts.serving.errors import ApiError, clip_error, from_engine
 from omni_tts.serving.settings import ServeSettings
 from omni_tts.ui import files, labels
 
 TASKS = {"customvoice": "custom_voice", "custom_voice": "custom_voice", "voicedesign": "voice_design",
          "voice_design": "voice_design", "base": "voice_clone", "voice_clone": "voice_clone"}
+API_TASKS = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "voice_clone": "Base"}
 MAX_SAFE_INT = 2**53 - 1  # JSON's interoperable integers (RFC 8259 section 6)
 
 
 class SpeechRequest(BaseModel):
-    """The body of POST /v1/audio/speech (unknown fields are refused, naming them)."""
+    """The body of POST /v1/audio/speech (unknown fields are refused, naming them; no value is converted into
+    another type: "stream": "yes" or "seed": true are refused, only a number may stand for a float)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: str = ""
     input: str
     voice: str | dict[str, str] | None = None
@@ -96,6 +98,8 @@ class SpeechService:
         if req.streamed and req.speed != 1.0:
             raise ApiError(400, f"speed {req.speed:g} cannot be streamed (the time-stretch needs the whole clip): "
                                 "ask for wav, flac, mp3, opus or aac without stream, or speed 1", "speed")
+        if isinstance(req.voice, dict) and not (isinstance(req.voice.get("id"), str) and req.voice["id"].strip()):
+            raise ApiError(400, "voice: an object names its voice as {\"id\": \"<name>\"}", "voice")
         saved = self._saved_voice(req)
         if req.streamed and req.response_format not in STREAMABLE:
             raise ApiError(400, f"response_format '{req.response_format}' cannot be streamed; stream pcm or wav",
@@ -108,6 +112,11 @@ class SpeechService:
         if task not in self.info["tasks"]:
             raise ApiError(400, f"task_type '{req.task_type}' is not what this model does; it does: "
                            f"{', '.join(self.info['tasks'])}", "task_type")
+        if req.ref_audio and (task != "voice_clone" or saved is not None):
+            said = f"voice '{_quoted(req.voice_id or '')}' is a saved voice" if saved is not None else \
+                f"task_type {API_TASKS[task]} does not clone a voice"
+            raise ApiError(400, f"ref_audio is not used here: {said}; send either a saved voice or ref_audio",
+                           "ref_audio")
         speaker = self._speaker(req) if task == "custom_voice" else None
         prompt = saved if saved is not None else self._voice_prompt(req) if task == "voice_clone" else None
         return SynthesisParams(text=req.input, task=task, speaker=speaker, language=req.language or "auto",
@@ -156,6 +165,8 @@ class SpeechService:
         path.write_bytes(raw)
         try:
             return self.engine.voice_prompt(str(path), (req.ref_text or "").strip() or None, req.x_vector_only_mode)
+        except OmniTTSError as e:
+            raise clip_error(e, path, "ref_audio", self.settings.retry_after_s) from None
         finally:
             path.unlink(missing_ok=True)
 
@@ -269,7 +280,7 @@ def parse(body: bytes, content_type: str | None = "application/json") -> SpeechR
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise ApiError(400, "the body is not valid UTF-8") from None
-    data = _members(text)
+    data = json_object(text)
     try:
         return SpeechRequest.model_validate(data)
     except ValidationError as e:
@@ -280,7 +291,7 @@ def parse(body: bytes, content_type: str | None = "application/json") -> SpeechR
         raise ApiError(400, f"{field}: {', or '.join(said)}", field) from None
 
 
-def _members(text: str) -> dict[str, Any]:
+def json_object(text: str) -> dict[str, Any]:
     """A JSON object read member by member with json's own scanner, so a value that cannot be read (too
     deep, an unsafe number) is reported under its field's name."""
     i = _skip(text, 0)

@@ -33,7 +33,7 @@ from omni_tts.models.segments import take_sentences
 from omni_tts.serving.encoding import pcm_bytes, wav_stream_header
 from omni_tts.serving.errors import ApiError, from_engine
 from omni_tts.serving.settings import ServeSettings
-from omni_tts.serving.speech import SpeechService, parse
+from omni_tts.serving.speech import SpeechService, json_object, parse
 
 log = logging.getLogger("omni_tts.stream_ws")
 AHEAD = 2  # sentences synthesized at once per session: the next one is ready when the current one ends
@@ -65,6 +65,10 @@ class Session:
         self.speed = req.speed
         cap = self.service.settings.token_cap(self.ws.headers.get("authorization"))  # a public bind's anonymous cap
         self.params = await run_in_threadpool(self.service.params, req, cap)  # a reference clip is encoded once
+        try:  # settings no sentence could run with (a mode not resident, a bad seed) end the session now
+            self.service.engine.check(dataclasses.replace(self.params, text="."))
+        except OmniTTSError as e:
+            raise from_engine(e, self.service.settings.retry_after_s) from None
 
     async def receive(self) -> None:
         """Read text until input.done; queue each sentence as soon as it is complete."""
@@ -103,11 +107,10 @@ class Session:
             raise WebSocketDisconnect(raw.get("code", 1000))
         if raw.get("text") is None:
             return "a binary message (messages are JSON text)"
-        try:
-            message = json.loads(raw["text"])
-        except json.JSONDecodeError as e:
-            return f"a message that is not JSON ({e.msg} at character {e.pos})"
-        return message if isinstance(message, dict) else f"a JSON {type(message).__name__}, not an object"
+        try:  # read as the speech route reads a body: too deep, unsafe numbers and repeated keys are refused
+            return json_object(raw["text"])
+        except ApiError as e:
+            return e.message.replace("the body", "the message")
 
     async def _submit(self, sentence: str) -> Any:
         """The sentence's request; a refusal ends the session (its settings, e.g. an unknown voice, would

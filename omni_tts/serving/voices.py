@@ -23,7 +23,7 @@ from starlette.datastructures import UploadFile
 
 from omni_tts import voices
 from omni_tts.errors import InputError, OmniTTSError
-from omni_tts.serving.errors import ApiError
+from omni_tts.serving.errors import ApiError, clip_error
 from omni_tts.serving.settings import ADMIN_ENV, ServeSettings
 from omni_tts.serving.speech import SpeechService
 
@@ -109,9 +109,7 @@ class VoiceService:
                 f.write(data)
             return self.engine.voice_prompt(tmp, ref_text, x_only)
         except OmniTTSError as e:
-            message = str(e).replace(f"reference audio {tmp}", "audio_sample").replace(tmp, "audio_sample")
-            field = "ref_text" if "ref_text" in message and "audio_sample" not in message else "audio_sample"
-            raise ApiError(400, message if message.startswith(field) else f"{field}: {message}", field) from None
+            raise clip_error(e, tmp, "audio_sample", self.speech.settings.retry_after_s) from None
         finally:
             Path(tmp).unlink(missing_ok=True)
 
