@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from omni_tts.errors import OmniTTSError
-from omni_tts.tools.args import Parser, engine_config, engine_parent
+from omni_tts.tools.args import Parser, engine_config, engine_parent, port_arg
 from omni_tts.ui import files
 from omni_tts.ui import support as ui
 
@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                epilog=f"Engine-wide actions (default-mode switch, listening and load tests) are open on a loopback "
                f"address; on a public one they need env {ui.ADMIN_ENV}=<token>, entered in the page's Admin token box.")
     p.add_argument("--host", default=None, help="default 127.0.0.1 (0.0.0.0 on a Space)")
-    p.add_argument("--port", type=int, default=None, help="default 7860 (env PORT/GRADIO_SERVER_PORT on a Space)")
+    p.add_argument("--port", type=port_arg, default=None, help="default 7860 (env PORT/GRADIO_SERVER_PORT on a Space)")
     p.add_argument("--share", action="store_true", help="create a public gradio.live link")
     return p.parse_args(argv)
 
@@ -120,7 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_kill)
     say(f"files: {files.out_dir().path} (removed at exit); saved voices: {files.data_dir() / 'voices'}")
     demo = build_demo(engine, zero=zero, policy=policy)
-    server, url = serve(engine, demo, host, port, args.share, block=False, settings=settings)
+    try:
+        server, url = serve(engine, demo, host, port, args.share, block=False, settings=settings)
+    except OmniTTSError as e:  # the address is taken or cannot be bound
+        engine.shutdown()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     say(f"page served at {url}")
     engine.start_warming()
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,9 @@ from omni_tts.errors import InputError, OmniTTSError
 from omni_tts.limits import LIMITS, MAX_INPUT_CHARS, MAX_NAME_CHARS, MAX_TEXT_CHARS, check_number, check_text
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"  # package data (pyproject.toml)
+EMPTY_TEXT = "text is empty: give some words to speak"
+MAX_SLOTS = 1024  # max_num_seqs: far past what one GPU batches well
+MAX_SEQ_LEN = 65536  # max_seq_len: the talker's positions (prompt + frames; about 87 minutes of audio)
 
 
 class CompileMode(str, enum.Enum):
@@ -136,7 +140,7 @@ class SynthesisParams:
         if not isinstance(self.task, str) or self.task not in TASKS:
             raise InputError(f"unknown task '{self.task}'; valid: {', '.join(TASKS)}")
         if self.text is None or (isinstance(self.text, str) and not self.text.strip()):
-            raise InputError("text is empty: give some words to speak")
+            raise InputError(EMPTY_TEXT)
         check_text("text", self.text, MAX_INPUT_CHARS)
         check_text("instruct", self.instruct, MAX_TEXT_CHARS)
         check_text("speaker", self.speaker, MAX_NAME_CHARS)
@@ -151,6 +155,13 @@ class SynthesisParams:
                 raise InputError(f"{name} must be true or false (got {v!r})")
         for name, limit in LIMITS.items():
             check_number(name, getattr(self, name), limit)
+
+
+def require_params(params: Any) -> None:
+    """InputError unless `params` is a SynthesisParams (before any of its fields is read)."""
+    if not isinstance(params, SynthesisParams):
+        raise InputError(f"a request is a SynthesisParams, e.g. SynthesisParams(text='Hello.') "
+                         f"(got {type(params).__name__})")
 
 
 @dataclass
@@ -233,6 +244,12 @@ class EngineConfig:
         return [m for m in CompileMode if m in want]
 
     def validate(self) -> None:
+        """One OmniTTSError naming the first field of a wrong type or out of its range."""
+        for key, hint in _KEY_TYPES.items():
+            value = getattr(self.experimental, key[13:]) if key.startswith("experimental.") else getattr(self, key)
+            ok, want = _type_ok(value, hint)
+            if not ok:
+                raise OmniTTSError(f"{key} must be {want} (got {value!r})")
         if self.mode != "auto":
             CompileMode.parse(self.mode)
         for m in self.modes or []:
@@ -241,16 +258,16 @@ class EngineConfig:
             raise OmniTTSError(f"device must be auto, cpu or cuda (got '{self.device}')")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise OmniTTSError(f"dtype must be auto, float32, bfloat16 or float16 (got '{self.dtype}')")
-        if self.max_num_seqs < 1:
-            raise OmniTTSError(f"max_num_seqs must be >= 1 (got {self.max_num_seqs})")
-        if self.max_seq_len < 16:
-            raise OmniTTSError(f"max_seq_len must be >= 16 (got {self.max_seq_len})")
-        if self.gpu_memory_limit_gb is not None and self.gpu_memory_limit_gb <= 0:
+        if not 1 <= self.max_num_seqs <= MAX_SLOTS:
+            raise OmniTTSError(f"max_num_seqs must be 1..{MAX_SLOTS} (got {self.max_num_seqs})")
+        if not 16 <= self.max_seq_len <= MAX_SEQ_LEN:
+            raise OmniTTSError(f"max_seq_len must be 16..{MAX_SEQ_LEN} (got {self.max_seq_len})")
+        if self.gpu_memory_limit_gb is not None and not 0 < self.gpu_memory_limit_gb < math.inf:
             raise OmniTTSError(f"gpu_memory_limit_gb must be > 0 (got {self.gpu_memory_limit_gb})")
         if self.max_waiting is not None and self.max_waiting < 0:
             raise OmniTTSError(f"max_waiting must be >= 0 (got {self.max_waiting})")
-        if self.request_timeout_s is not None and not self.request_timeout_s >= 0:
-            raise OmniTTSError(f"request_timeout_s must be >= 0 (got {self.request_timeout_s})")
+        if self.request_timeout_s is not None and not 0 <= self.request_timeout_s < math.inf:
+            raise OmniTTSError(f"request_timeout_s must be >= 0 seconds (got {self.request_timeout_s})")
         if self.initial_chunk_frames < 1 or self.chunk_frames < 1:
             raise OmniTTSError("initial_chunk_frames and chunk_frames must be >= 1")
         if self.codec_precision not in ("auto", "float32", "tf32", "bfloat16"):
@@ -361,6 +378,9 @@ def read_preset(name_or_path: str | Path) -> tuple[Path, dict[str, Any]]:
 def load_preset(name_or_path: str | Path, **overrides: Any) -> EngineConfig:
     """Read a preset by name or path, then `overrides` (keys as in a preset; None keeps the preset's value);
     unknown keys and wrong types are an error naming them."""
+    if not isinstance(name_or_path, (str, Path)):
+        raise OmniTTSError(f"a preset is a name ({', '.join(preset_names())}) or a YAML file's path "
+                           f"(got {type(name_or_path).__name__})")
     path, data = read_preset(name_or_path)
     flat = _flatten(data, path)
     flat.setdefault("name", path.stem)

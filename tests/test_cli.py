@@ -129,6 +129,7 @@ def test_invalid_utf8_text_is_one_line(tmp_path: Path) -> None:
     ("{tmp}/o.xyz", "give a file name ending in .wav"),
     ("{tmp}/o", "give a file name ending in .wav"),
     ("{tmp}/missing/o.wav", "the directory"),
+    ("", "give a file name ending in .wav"),
 ])
 def test_bad_out_is_refused_before_loading_or_synthesizing(tmp_path: Path, out: str, fragment: str) -> None:
     """The checkpoint path does not exist: an --out error, not a checkpoint error, shows the order."""

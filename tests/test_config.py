@@ -4,6 +4,7 @@ keys are refused with one line naming them, CompileMode parsing, EngineConfig / 
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -100,7 +101,7 @@ def test_unknown_keys_are_refused_with_a_message_naming_them(tmp_path: Path):
     ("mode: turbo\n", "unknown compile mode 'turbo'"),
     ("device: tpu\n", "device must be auto, cpu or cuda"),
     ("dtype: int8\n", "dtype must be"),
-    ("max_num_seqs: 0\n", "max_num_seqs must be >= 1"),
+    ("max_num_seqs: 0\n", "max_num_seqs must be 1..1024"),
     ("chunk_frames: 0\n", "chunk_frames must be >= 1"),
 ])
 def test_bad_preset_values_are_one_line_errors(tmp_path: Path, text: str, match: str):
@@ -170,9 +171,16 @@ def test_engine_config_validate():
     EngineConfig(device="cuda:1", dtype="float16", mode="default+cudagraph").validate()
     for kw, match in [(dict(mode="fast"), "unknown compile mode"), (dict(device="gpu"), "device must be"),
                       (dict(dtype="fp8"), "dtype must be"), (dict(max_num_seqs=0), "max_num_seqs"),
-                      (dict(initial_chunk_frames=0), "initial_chunk_frames")]:
+                      (dict(initial_chunk_frames=0), "initial_chunk_frames"),
+                      (dict(max_num_seqs="2"), "max_num_seqs must be an integer \\(got '2'\\)"),  # built in code
+                      (dict(max_num_seqs=100_000), "max_num_seqs must be 1..1024"),
+                      (dict(max_seq_len=10**8), "max_seq_len must be 16..65536"),
+                      (dict(gpu_memory_limit_gb=math.nan), "gpu_memory_limit_gb must be > 0"),
+                      (dict(request_timeout_s=math.inf), "request_timeout_s must be >= 0 seconds")]:
         with pytest.raises(OmniTTSError, match=match):
             EngineConfig(**kw).validate()
+    with pytest.raises(OmniTTSError, match="a preset is a name .* \\(got int\\)"):
+        load_preset(5)
 
 
 def test_synthesis_params_validate():
@@ -191,7 +199,7 @@ def test_synthesis_params_validate():
             SynthesisParams(**kw).validate()
 
 
-@pytest.mark.parametrize("line,fragment", [("max_seq_len: 0", "max_seq_len must be >= 16"),
+@pytest.mark.parametrize("line,fragment", [("max_seq_len: 0", "max_seq_len must be 16..65536"),
                                            ("gpu_memory_limit_gb: -1", "gpu_memory_limit_gb must be > 0"),
                                            ("codec_precision: fp8", "codec_precision must be auto, float32"),
                                            ("kernel_configs: /no/such.json", "kernel_configs: no such file"),

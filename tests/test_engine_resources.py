@@ -14,7 +14,8 @@ from _fixtures import REPO, fixture_dir
 from test_warmup import until
 
 from omni_tts.config import EngineConfig, SynthesisParams
-from omni_tts.engine.engine import HEAP_TRIM_INTERVAL_S, Engine
+from omni_tts.engine.engine import Engine
+from omni_tts.engine.heap import HEAP_TRIM_INTERVAL_S
 
 
 def _rss_mb() -> float:
@@ -34,7 +35,7 @@ def test_a_cpu_engine_leaves_cores_to_its_own_threads() -> None:
 
 def test_leaving_the_interpreter_with_a_live_engine_is_clean() -> None:
     code = ("from omni_tts.config import EngineConfig, SynthesisParams\n"
-            "from omni_tts.engine.engine import HEAP_TRIM_INTERVAL_S, Engine\n"
+            "from omni_tts.engine.engine import Engine\n"
             f"e = Engine.from_config(EngineConfig(model={str(fixture_dir('custom_voice'))!r}, device='cpu'))\n"
             "e.submit(SynthesisParams(text='Still going when we leave.', speaker='ryan', max_new_tokens=40))\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

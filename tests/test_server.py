@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -88,6 +89,22 @@ def test_bad_flags_are_one_error_line():
     done = subprocess.run([sys.executable, "-m", "omni_tts", "serve", "--model", MODEL, "--replicas", "2"],
                           cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip().endswith("error: --replicas need --ray")
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--port", "99999"], "error: argument --port: a port is from 1 to 65535, got 99999"),
+    (["--port", "TAKEN"], "Address already in use"),  # one line, before any request, not a traceback
+])
+def test_a_port_that_cannot_be_listened_on_is_one_error_line(flags, said):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        flags = [str(taken.getsockname()[1]) if f == "TAKEN" else f for f in flags]
+        done = subprocess.run([sys.executable, "-m", "omni_tts", "serve", *ENGINE_FLAGS, *flags], cwd=REPO,
+                              env=_env(), capture_output=True, text=True, timeout=120)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and last.startswith("error: ") and said in last, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
 
 
 def test_the_plain_app_never_imports_ray():

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.engine.engine import Engine
-from omni_tts.errors import CheckpointError, InputError
+from omni_tts.errors import CheckpointError, InputError, OmniTTSError
 from omni_tts.limits import LIMITS, MAX_NEW_TOKENS, MAX_TOP_K
 from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.models.checkpoint_limits import check_configs, estimate_parameters
@@ -146,6 +146,32 @@ def test_engine_refuses_the_bad_request_at_submit_and_serves_the_others(engine, 
         assert r.codes.shape == (3, 16) and 0 <= int(r.codes.min()) and int(r.codes.max()) < 2048
 
 
+@pytest.mark.parametrize("kw, words", [
+    (dict(speaker="nobody"), "unknown speaker 'nobody'"),
+    (dict(language="Klingon"), "unknown language 'Klingon'"),
+    (dict(task="voice_clone", speaker=None), "cannot do task 'voice_clone'"),
+    (dict(fixed_frames=500), "does not fit this engine"),
+    (dict(mode="reduce-overhead"), "mode reduce-overhead is not available"),
+])
+def test_check_refuses_what_submit_refuses_and_queues_nothing(engine, kw, words):
+    before = dict(engine.stats.outcomes)
+    for call in (engine.check, engine.submit):
+        with pytest.raises(InputError, match=words):
+            call(params(**kw))
+    assert engine.check(params(text="Fine. " * 400)) is None  # a long text is spoken in segments
+    snap = engine.snapshot()
+    assert dict(engine.stats.outcomes) == before and snap.active == 0 and snap.waiting == 0
+
+
+@pytest.mark.parametrize("bad", [None, "Hello.", {"text": "Hello."}])
+def test_a_request_that_is_not_synthesis_params_is_one_input_error(engine, bad):
+    for call in (engine.check, engine.submit):
+        with pytest.raises(InputError, match=f"a request is a SynthesisParams.*got {type(bad).__name__}"):
+            call(bad)
+    with pytest.raises(OmniTTSError, match="takes an EngineConfig"):
+        Engine.from_config(bad)
+
+
 # ------------------------------------------------------------------------------------------ checkpoints
 def _checkpoint_copy(tmp_path: Path, name: str = "custom_voice") -> Path:
     d = tmp_path / name
@@ -247,3 +273,11 @@ def test_an_embedded_checkpoint_that_cannot_be_rebuilt_says_to_delete_it(tmp_pat
     (tmp_path / f".{path.name}.broken{os.getpid()}" / "keep").write_text("x")  # blocks moving it aside
     with pytest.raises(CheckpointError, match=f"delete {path} and run again"):
         load_embedded(tmp_path)
+
+
+def test_a_kv_cache_larger_than_the_machine_is_one_line_before_any_allocation():
+    from omni_tts.models.layers import KVCache
+
+    with pytest.raises(OmniTTSError, match=r"the talker's KV cache for 1024 slots x 65536 positions needs [0-9.]+ GiB, "
+                                           r"more than the [0-9.]+ GiB of this machine's memory: lower max_num_seqs"):
+        KVCache(1024, 1024, 64, 65536, 128, "cpu", torch.float32)

@@ -124,3 +124,19 @@ def test_cli_bad_reference_audio_is_one_line(tmp_path, ref_audio, capsys) -> Non
         assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: "), f"{name}: rc {rc}: {err}"
         assert "Traceback" not in err and all(f in lines[0] for f in bad[name][1]), f"{name}: {lines[0]}"
     assert not any((tmp_path / "out").iterdir())
+
+
+def test_a_refused_request_leaves_no_saved_voice_and_codes_keep_their_name(tmp_path, ref_audio, capsys) -> None:
+    """--save-voice is written only once the request is served (a language the model does not know is refused
+    after the voice is made); --codes-out is written under the name given, whatever its suffix's case."""
+    from omni_tts.tools.cli import main
+
+    sf.write(tmp_path / "ref.wav", ref_audio, SR, subtype="FLOAT")
+    common = ["synth", "--model", str(BASE), "--text", "hi", "--ref-audio", str(tmp_path / "ref.wav"),
+              "--x-vector-only", "--max-new-tokens", "4", "--seed", "1",
+              "--save-voice", str(tmp_path / "v.safetensors")]
+    assert main([*common, "--language", "Klingon", "--out", str(tmp_path / "x.wav")]) == 2
+    assert "unknown language 'Klingon'" in capsys.readouterr().err
+    assert not (tmp_path / "v.safetensors").exists() and not (tmp_path / "x.wav").exists()
+    assert main([*common, "--out", str(tmp_path / "y.wav"), "--codes-out", str(tmp_path / "c.NPY")]) == 0
+    assert (tmp_path / "v.safetensors").is_file() and np.load(tmp_path / "c.NPY").shape[1] == 16

@@ -10,7 +10,7 @@ device math itself. Knows nothing about Gradio.
 from __future__ import annotations
 
 import atexit
-import ctypes
+import dataclasses
 import functools
 import itertools
 import sys
@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
+from omni_tts.config import CompileMode, EngineConfig, SynthesisParams, require_params
+from omni_tts.engine import heap
 from omni_tts.engine.audio_stage import AudioStage, fuse_codec
 from omni_tts.engine.cuda_graphs import GraphPool
 from omni_tts.engine.long_text import LongTextHandle
@@ -44,7 +45,6 @@ __all__ = ["AudioChunk", "Engine", "EngineSnapshot", "ModeStatus", "RequestHandl
 # The scheduler and code-to-wave threads share the GIL; a short switch interval keeps a thread that waits
 # for it from waiting a large part of a frame (a process-wide setting; it only ever lowers it).
 GIL_SWITCH_INTERVAL_S = 0.0005
-HEAP_TRIM_INTERVAL_S = 5.0
 _LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
@@ -91,7 +91,9 @@ class Engine:
         self._warmer = threading.Thread(target=self._warm_all, args=(order,), name="omni-tts-warm", daemon=True)
         if warm:
             self.start_warming()
-        threading.Thread(target=self._trim_heap_periodically, name="omni-tts-trim", daemon=True).start()
+        self._stop_trim = threading.Event()
+        threading.Thread(target=heap.trim_until, args=(self._stop_trim, self.stats.on_heap_trim),
+                         name="omni-tts-trim", daemon=True).start()
         _LIVE.add(self)
 
     @classmethod
@@ -99,6 +101,9 @@ class Engine:
                     wait: bool = True, warm: bool = True) -> Engine:
         """Load the model and start serving; `wait`: return once the default mode is warm (the others
         keep warming in the background)."""
+        if not isinstance(config, EngineConfig):
+            raise OmniTTSError(f"Engine.from_config takes an EngineConfig, e.g. load_preset('default') "
+                               f"(got {type(config).__name__})")
         t0 = time.perf_counter()
         model = load_model(config, progress)
         if progress:
@@ -113,6 +118,7 @@ class Engine:
         """Validate, prepare and queue a request; bad input raises an OmniTTSError at once. A text over the
         segment budget is spoken in segments (run unrecorded: the counters hold the caller's request once),
         behind a handle with the same interface."""
+        require_params(params)
         if self.draining and not self._closed:
             raise EngineError("the engine is shutting down: it takes no new requests; try another server")
         self._open.add(1)  # until the handle's end (`_ended`)
@@ -128,10 +134,14 @@ class Engine:
             raise
 
     def check(self, params: SynthesisParams) -> None:
-        """Raise the InputError `submit` would raise for these settings (a mode not resident included),
-        queueing nothing: a session checks its settings once, before its texts arrive."""
+        """Raise the InputError `submit` would raise for these settings (a mode not resident, a speaker,
+        language or task the checkpoint has not, a prompt that does not fit), queueing nothing: a session
+        checks its settings once, before its texts arrive."""
+        require_params(params)
         params.validate()
         self._scheduler(params.mode)
+        whole = dataclasses.replace(params, text=".") if over_budget(params.text) else params  # spoken in segments
+        self.model.prepare(whole, self.config.max_seq_len)
 
     def _ended(self, m: RequestMetrics) -> None:
         """A caller's request ended (not a segment's, not priming's): counted, and a finished one recorded."""
@@ -271,15 +281,6 @@ class Engine:
                 self.stats.capture[mode.value] = {k: sched.warm_report[k]
                                                   for k in ("seconds", "pool_bytes", "tree_pool_bytes")}
 
-    def _trim_heap_periodically(self) -> None:
-        """Hand freed heap pages back to the OS now and then (glibc): requests of many sizes on several
-        threads fragment the allocator's arenas, and RSS would otherwise creep up under varied load."""
-        trim = _malloc_trim()
-        while trim is not None and not self._closed:
-            time.sleep(HEAP_TRIM_INTERVAL_S)
-            trim(0)
-            self.stats.heap_trims += 1
-
     def wait_ready(self, mode: str | CompileMode | None = None, timeout: float | None = None) -> bool:
         """Block until `mode` (default: the engine's default mode) is warm; False on timeout."""
         return self._scheduler(mode).ready.wait(timeout)
@@ -382,6 +383,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        self._stop_trim.set()
         self.warmup.close()
         for sched in self.schedulers.values():  # every sched told first, so none starts a warm step meanwhile
             sched.stop(timeout=0)
@@ -393,16 +395,6 @@ class Engine:
 def _state(on: bool, error: str) -> str:
     """An optional accelerator for the snapshot: on, failed (why: it fell back), or off (not asked for)."""
     return "on" if on else f"failed: {error}" if error else "off"
-
-
-def _malloc_trim() -> Any:
-    """glibc's malloc_trim, or None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
 
 
 @atexit.register

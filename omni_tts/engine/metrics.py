@@ -145,6 +145,9 @@ class EngineStats:
             while len(self.recent) > self.history:
                 self.recent.popleft()
 
+    def on_heap_trim(self) -> None:
+        self.heap_trims += 1
+
     def count(self, mode: str, outcome: str) -> None:
         with self._lock:
             self.outcomes[(mode, outcome)] = self.outcomes.get((mode, outcome), 0) + 1

@@ -14,6 +14,7 @@ functions; tests hold them to it. Knows nothing about checkpoints' files, prompt
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_tts.errors import CheckpointError
+from omni_tts.errors import CheckpointError, OmniTTSError
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (q, k, v) -> attention output
 LayerAttend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # the same, given the layer
@@ -255,14 +256,36 @@ class LayerScale(nn.Module):
         return self.scale * x
 
 
+def device_memory(device: torch.device) -> tuple[int, str]:
+    """(bytes of memory, its name) of `device` as a whole: the GPU's, or the host's RAM (0 when unknown)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory, "GPU"
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "machine's memory"
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
+        return 0, "machine"
+
+
 class KVCache:
     """Static per-slot cache: k, v: [num_layers, num_slots, num_kv_heads, max_len, head_dim]."""
 
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, max_len: int, head_dim: int,
                  device: torch.device | str, dtype: torch.dtype) -> None:
         shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        need = 2 * num_layers * num_slots * num_kv_heads * max_len * head_dim * dtype.itemsize
+        have, where = device_memory(torch.device(device))
+        too_big = (f"the talker's KV cache for {num_slots} slots x {max_len} positions needs {need / 2**30:.1f} GiB"
+                   f"{f', more than the {have / 2**30:.1f} GiB of this {where}' if have else ''}: lower "
+                   "max_num_seqs or max_seq_len")
+        if have and need > have:
+            raise OmniTTSError(too_big)
+        try:
+            self.k = torch.zeros(shape, device=device, dtype=dtype)
+            self.v = torch.zeros(shape, device=device, dtype=dtype)
+        except (torch.OutOfMemoryError, RuntimeError) as e:  # the CPU allocator raises RuntimeError
+            if not isinstance(e, torch.OutOfMemoryError) and "allocate" not in str(e):
+                raise
+            raise OmniTTSError(too_big) from None
         self.max_len = max_len
 
     @property

@@ -18,7 +18,7 @@ from typing import Any
 
 from omni_tts.config import EngineConfig
 from omni_tts.errors import OmniTTSError
-from omni_tts.tools.args import add_engine_flags, engine_config
+from omni_tts.tools.args import add_engine_flags, engine_config, port_arg
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
 EXIT_USER_ERROR = 2
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_engine_flags(parser, "default", mode=True)
     g = parser.add_argument_group("serving")
     g.add_argument("--host", default=DEFAULT_HOST, help=f"bind address (default {DEFAULT_HOST})")
-    g.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    g.add_argument("--port", type=port_arg, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     r = parser.add_argument_group("scale-out on Ray Serve (needs requirements-serve.txt)")
     r.add_argument("--ray", action="store_true", help="serve through Ray Serve replicas, one engine each")
     r.add_argument("--replicas", type=int, default=1, help="replicas with --ray (fixed count; default 1)")

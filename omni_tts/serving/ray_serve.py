@@ -129,7 +129,8 @@ def app_builder(args: Mapping[str, Any]) -> Any:
     config = engine_config(argparse.Namespace(**flags))  # a bad preset or key fails here, not in every replica
     num = lambda k, kind: None if args.get(k) in (None, "") else kind(args[k])  # noqa: E731
     gpus = num("gpus_per_replica", float)
-    opts = deployment_options(config.max_num_seqs, num("replicas", int) or 1,
+    replicas = num("replicas", int)
+    opts = deployment_options(config.max_num_seqs, 1 if replicas is None else replicas,
                               _default_gpus(config.device) if gpus is None else gpus,
                               num("min_replicas", int), num("max_replicas", int), num("target_ongoing_requests", float))
     return serve.deployment(TTSReplica).options(**opts).bind(flags, str(args.get("host") or PUBLIC_HOST))

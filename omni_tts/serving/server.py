@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from omni_tts.errors import OmniTTSError
 from omni_tts.serving.settings import ServeSettings
 from omni_tts.serving.streams import StreamAborted
 
@@ -71,6 +73,18 @@ class _QuietAborts(logging.Filter):
 _QUIET_ABORTS = _QuietAborts()  # one instance: adding it again is a no-op
 
 
+def _check_bind(host: str, port: int) -> None:
+    """OmniTTSError naming why `host`:`port` cannot be listened on (taken, not an address of this machine,
+    not allowed), before uvicorn would log it and leave its thread."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            s.bind(infos[0][4])
+    except OSError as e:
+        raise OmniTTSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
 def config(app: Any, host: str, port: int, settings: ServeSettings) -> uvicorn.Config:
     """uvicorn's settings for `app` with the service's limits."""
     protocol = type("Protocol", (HeaderDeadlineH11,), {"header_timeout_s": settings.header_timeout_s})
@@ -97,12 +111,13 @@ class Server:
         return f"http://{host}:{self.port}"
 
     def start(self, timeout: float = 60.0) -> str:
-        """Serve in the background; -> the local URL once it listens (RuntimeError if it cannot)."""
+        """Serve in the background; -> the local URL once it listens (OmniTTSError naming why it cannot)."""
+        _check_bind(self.host, self.port)
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the HTTP server did not start on {self.host}:{self.port}")
+                raise OmniTTSError(f"the HTTP server did not start on {self.host}:{self.port} (see the log above)")
             time.sleep(0.02)
         return self.url
 
@@ -128,4 +143,6 @@ class Server:
     def stop(self, timeout: float | None = None) -> None:
         """Stop accepting, let open requests end (at most graceful_shutdown_s), then cut them."""
         self.server.should_exit = True
+        if self._thread.ident is None:  # never started (its address could not be bound)
+            return
         self._thread.join(timeout if timeout is not None else self.settings.graceful_shutdown_s + 5)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +42,28 @@ def bool_arg(s: str) -> bool:
     if v in ("false", "0", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got '{s}'")
+
+
+def positive_arg(s: str) -> float:
+    """A finite number above zero (a rate, a duration)."""
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{s}'") from None
+    if not 0 < v < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {s}")
+    return v
+
+
+def port_arg(s: str) -> int:
+    """A TCP port to listen on: 1..65535 (a larger number would wrap around to another port)."""
+    try:
+        port = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a port is a whole number, got '{s}'") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is from 1 to 65535, got {port}")
+    return port
 
 
 def add_model_flag(p: argparse.ArgumentParser) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from omni_tts.tools.args import positive_arg
 from omni_tts.tools.load import PROMPTS
 from omni_tts.tools.provenance import provenance
 
@@ -153,18 +154,19 @@ def sweep(measure: Any, low: float, high: float, steps: int, ttfp_slo_ms: float)
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--http", required=True, metavar="URL", help="the server (POST URL/v1/audio/speech, streamed pcm)")
-    p.add_argument("--rate", type=float, required=True, help="requests per second (with --sweep: the highest tried)")
-    p.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per rate (default 30)")
+    p.add_argument("--rate", type=positive_arg, required=True,
+                   help="requests per second (with --sweep: the highest tried)")
+    p.add_argument("--duration", type=positive_arg, default=30.0, help="seconds of arrivals per rate (default 30)")
     p.add_argument("--max-new-tokens", type=int, default=76, help="per request (frames + 1; default 76)")
     p.add_argument("--voice", default=None)
     p.add_argument("--mode", default=None, help="the compile mode each request names (default: the server's)")
     p.add_argument("--seed", type=int, default=0, help="arrival schedule and sampling seeds")
-    p.add_argument("--timeout", type=float, default=120.0, help="per request, seconds")
+    p.add_argument("--timeout", type=positive_arg, default=120.0, help="per request, seconds")
     p.add_argument("--tolerance-ms", type=float, default=100.0, help="a chunk later than playback needs by more is "
                    "an underrun (default 100)")
     p.add_argument("--sweep", action="store_true", help="bisect for the highest rate meeting "
                    "--ttfp-slo-ms, no underrun")
-    p.add_argument("--min-rate", type=float, default=0.5, help="--sweep's lowest rate (default 0.5)")
+    p.add_argument("--min-rate", type=positive_arg, default=0.5, help="--sweep's lowest rate (default 0.5)")
     p.add_argument("--steps", type=int, default=4, help="--sweep's bisection steps (default 4)")
     p.add_argument("--ttfp-slo-ms", type=float, default=50.0, help="--sweep's p95 TTFP target (default 50)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the command, commit, rates and results here")

@@ -57,7 +57,7 @@ def _utf8(args: argparse.Namespace) -> None:
 
 def _output(flag: str, path: str | None, force: bool, suffix: str) -> None:
     """An output file that can be written without losing anything: checked before any work is done."""
-    if not path:
+    if path is None:
         return
     p = Path(path)
     if p.is_dir():
@@ -110,9 +110,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         sf.write(args.out, wav, model.sample_rate, subtype="FLOAT")
         if args.codes_out:
-            np.save(args.codes_out, codes.numpy())
+            with open(args.codes_out, "wb") as f:  # np.save(name) would add .npy to a name ending in .NPY
+                np.save(f, codes.numpy())
     except (OSError, RuntimeError) as e:
         raise OmniTTSError(f"cannot write output ({str(e).splitlines()[0]})") from None
+    if args.save_voice and voice is not None:  # only once the request has been served: no file for a refused one
+        _save_voice(args.save_voice, voice)
     print(f"wrote {args.out}: {codes.shape[0]} frames, {len(wav) / model.sample_rate:.2f} s at "
           f"{model.sample_rate} Hz", file=sys.stderr)
     return 0
@@ -162,9 +165,11 @@ def _voice(args: argparse.Namespace, model, task: str, ref_wav):  # -> VoiceProm
     else:
         raise OmniTTSError("voice_clone needs --ref-audio FILE (with --ref-text, or --x-vector-only) "
                            "or --voice FILE.safetensors")
-    if args.save_voice:
-        try:
-            voice.save(args.save_voice)
-        except (OSError, RuntimeError, ValueError) as e:
-            raise OmniTTSError(f"cannot write {args.save_voice} ({str(e).splitlines()[0]})") from None
     return voice
+
+
+def _save_voice(path: str, voice) -> None:  # voice: VoicePrompt
+    try:
+        voice.save(path)
+    except (OSError, RuntimeError, ValueError) as e:
+        raise OmniTTSError(f"cannot write {path} ({str(e).splitlines()[0]})") from None

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from omni_tts.config import SynthesisParams
+from omni_tts.config import EMPTY_TEXT, SynthesisParams
 from omni_tts.errors import InputError
 from omni_tts.models import stretch
 from omni_tts.ui import files
@@ -184,6 +184,8 @@ def make_params(engine: Any, f: Mapping[str, Any], info: Mapping[str, Any] | Non
     """The request a form describes (Seed below 0 or empty: random). With `names` = API_NAMES, `max_len`
     is max_new_tokens and errors name the API's parameters."""
     task = TASK_IDS.get(f.get("task") or "", f.get("task") or "custom_voice")
+    if not str(f.get("text") or "").strip():  # said before a reference clip is asked for or encoded
+        raise InputError(EMPTY_TEXT)
     voice = voice_prompt(engine, f) if task == "voice_clone" else None
     seed = number(f, "seed", names["seed"], int)
     instruct = (f.get("instruct") or "").strip() or None
