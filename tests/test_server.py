@@ -80,9 +80,13 @@ def test_openai_client_gets_a_wav_and_a_pcm_stream(server):
 
 
 def test_sigterm_ends_the_server_cleanly(server):
+    """Exit status 0, after uvicorn's own graceful stop (it closes the listening socket first, so a late
+    client is refused rather than reset mid-request)."""
     _, proc = server
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
+    log = proc.stdout.read()
+    assert "Shutting down" in log and "Finished server process" in log, log[-2000:]
 
 
 def test_bad_flags_are_one_error_line():

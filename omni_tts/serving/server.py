@@ -102,7 +102,8 @@ class Server:
         self.settings = settings or ServeSettings()
         self.server = uvicorn.Server(config(app, host, port, self.settings))
         self.host, self.port = host, port
-        self._thread = threading.Thread(target=self.server.run, name="omni-tts-http", daemon=True)
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="omni-tts-http", daemon=True)
         logging.getLogger("uvicorn.error").addFilter(_QUIET_ABORTS)
 
     @property
@@ -116,15 +117,23 @@ class Server:
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
+            if self._ended.is_set() or time.monotonic() > deadline:
                 raise OmniTTSError(f"the HTTP server did not start on {self.host}:{self.port} (see the log above)")
             time.sleep(0.02)
         return self.url
 
+    def _run(self) -> None:
+        try:
+            self.server.run()
+        finally:
+            self._ended.set()
+
     def wait(self) -> None:
-        """Block until the server stops (in slices, so the caller's thread still takes signals)."""
-        while self._thread.is_alive():
-            self._thread.join(0.5)
+        """Block until the server stops (in slices, so the caller's thread still takes signals). On an event,
+        not the thread's join: a KeyboardInterrupt inside join can leave the thread marked as stopped while
+        it still runs (Python 3.11), and `stop` would then not wait for uvicorn's graceful exit."""
+        while not self._ended.wait(0.5):
+            pass
 
     def close(self, engine: Any, say: Callable[[str], None] | None = None) -> None:
         """Shut down in order: new requests are refused (503, /ready 503) while the accepted ones finish,
@@ -145,4 +154,4 @@ class Server:
         self.server.should_exit = True
         if self._thread.ident is None:  # never started (its address could not be bound)
             return
-        self._thread.join(timeout if timeout is not None else self.settings.graceful_shutdown_s + 5)
+        self._ended.wait(timeout if timeout is not None else self.settings.graceful_shutdown_s + 5)
