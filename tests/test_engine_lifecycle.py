@@ -27,7 +27,7 @@ from _fixtures import fixture_dir
 from omni_tts.config import EngineConfig, SynthesisParams, build_config
 from omni_tts.engine import offline
 from omni_tts.engine.engine import Engine
-from omni_tts.errors import Cancelled, CheckpointError, InputError, OmniTTSError
+from omni_tts.errors import Cancelled, CheckpointError, InputError, OmniTTSError, Overloaded
 
 
 # ------------------------------------------------------------------------------------------ cancel
@@ -125,6 +125,32 @@ def test_requests_submitted_at_once_take_the_slot_in_the_order_of_their_ids():
     finally:
         sys.setswitchinterval(old)
         eng.shutdown()
+
+def test_slots_being_admitted_are_not_counted_free_by_the_waiting_bound():
+    """max_num_seqs + max_waiting requests at most: while the scheduler starts a request it has taken from the
+    queue (its decoder is made before it joins the slots), that slot is not free to a new submit."""
+    eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=2, max_seq_len=512, max_waiting=2)
+    sched = eng.schedulers[eng.default_mode]
+    entered, release, make = threading.Event(), threading.Event(), sched._make_decoder
+
+    def held(prep):  # the first request's start holds here until the test has submitted the others
+        entered.set()
+        release.wait(TIMEOUT)
+        return make(prep)
+
+    sched._make_decoder = held
+    try:
+        handles = [eng.submit(greedy("taken into a slot", max_new_tokens=3))]
+        assert entered.wait(TIMEOUT)
+        handles += [eng.submit(greedy(f"waits {i}", max_new_tokens=3)) for i in range(3)]  # 1 slot + 2 places
+        with pytest.raises(Overloaded):
+            eng.submit(greedy("one too many", max_new_tokens=3))
+        release.set()
+        assert [h.result(TIMEOUT).metrics.status for h in handles] == ["done"] * 4
+    finally:
+        release.set()
+        eng.shutdown()
+
 
 # ------------------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("kw,match", [

@@ -161,3 +161,22 @@ def test_a_reader_that_falls_too_far_behind_ends_its_request(service):
         asyncio.run(run())
     m = ended.wait([started[1]])[0]
     assert m.outcome == "cancelled (slow reader)" and m.frames < LONG["max_new_tokens"] - 1
+
+
+def test_a_client_that_leaves_mid_body_is_a_quiet_499():
+    """The body's reader learns that the client left (Starlette's ClientDisconnect): an ApiError the route
+    answers with, not an unexpected error logged with its traceback."""
+    from starlette.requests import Request
+
+    from omni_tts.serving import speech
+    from omni_tts.serving.errors import ApiError
+
+    messages = iter([{"type": "http.request", "body": b'{"input":', "more_body": True}, {"type": "http.disconnect"}])
+
+    async def receive() -> dict:
+        return next(messages)
+
+    scope = {"type": "http", "method": "POST", "path": SPEECH, "headers": [(b"content-length", b"100")]}
+    with pytest.raises(ApiError) as e:
+        asyncio.run(speech._body(Request(scope, receive), ServeSettings()))
+    assert e.value.status == 499 and "left before its request body arrived" in e.value.message

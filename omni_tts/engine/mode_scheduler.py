@@ -43,6 +43,7 @@ class ModeScheduler:
         self._arriving_lock = threading.Lock()
         self.admit_hold_s = config.admit_hold_ms / 1000
         self.active: list[Request] = []  # index == slot (kept compact: slots 0..n-1)
+        self._admitting = 0  # taken from `waiting` for slots, not yet in `active` (their slots are not free)
         # one frame of lookahead: the step launched last and the requests in its rows
         self._pending: tuple[Any, list[Request]] | None = None
         self.state = "queued"  # queued -> warming -> ready | failed
@@ -77,7 +78,7 @@ class ModeScheduler:
         if bound is None:
             return
         waiting = self.waiting.qsize()
-        if waiting >= bound + max(self.runner.S - len(self.active), 0):
+        if waiting >= bound + max(self.runner.S - len(self.active) - self._admitting, 0):
             raise Overloaded(f"mode {self.mode.value} is busy: {waiting} requests are waiting for a slot (at most "
                              f"{bound}); try again shortly")
 
@@ -281,7 +282,10 @@ class ModeScheduler:
         """One pass: admissions, then one frame (or a short idle wait)."""
         held = self._holds()
         if not held:
-            self._admit()
+            try:
+                self._admit()
+            finally:
+                self._admitting = 0
         if not self.active:
             self._guard(self._settle)
             self._wake.wait(0.001 if held else 0.05)
@@ -324,6 +328,7 @@ class ModeScheduler:
         for up to 8). A batch that fails is retried one request at a time, so only the bad one fails."""
         batch: list[Request] = []
         while len(self.active) + len(batch) < self.runner.S and not self.waiting.empty():
+            self._admitting = len(batch) + 1  # before the queue shrinks: `check_room` never sees the slot free
             r = self.waiting.get()
             if r.handle.cancel_requested.is_set():
                 r.handle.fail_unstarted("cancelled")

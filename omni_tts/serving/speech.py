@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from omni_tts import voices
 from omni_tts.config import SynthesisParams
@@ -240,6 +241,8 @@ async def _body(request: Request, settings: ServeSettings) -> bytes:
         return await asyncio.wait_for(read(), settings.body_timeout_s)
     except TimeoutError:
         raise ApiError(408, f"the request body did not arrive within {settings.body_timeout_s:g} s") from None
+    except ClientDisconnect:  # nobody is left to answer: no error worth a traceback
+        raise ApiError(499, "the client left before its request body arrived") from None
 
 
 class _Unsafe(Exception):
