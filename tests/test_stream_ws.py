@@ -194,3 +194,31 @@ def test_a_client_that_leaves_cancels_its_requests(server):
     until(lambda: sum(grown(before, engine.stats.outcomes).values()) >= 2, timeout=30,
           what="both sentences' ends counted")
     assert grown(before, engine.stats.outcomes) == {("eager", "cancelled (client gone)"): 2}
+
+
+def test_a_sentence_that_fails_is_the_sessions_last_word_naming_it():
+    """A sentence's request ends with an error (here the server's deadline, far shorter than the thousands
+    of frames asked): one error naming the sentence, no audio.done for it, no later sentence, close 1008."""
+    from omni_tts.engine.engine import Engine
+
+    engine = Engine.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), device="cpu", max_num_seqs=2,
+                                             max_seq_len=4096, mode="eager", request_timeout_s=0.3,
+                                             initial_chunk_frames=1, chunk_frames=2))
+    try:
+        with serve_app(build_app(engine)) as http, connect(http.replace("http://", "ws://") +
+                                                           "/v1/audio/speech/stream") as ws:
+            ws.send(json.dumps({**CONFIG, "max_new_tokens": 4000}))
+            ws.send(json.dumps({"type": "input.text", "text": "A long one. And another."}))
+            ws.send(json.dumps({"type": "input.done"}))
+            got = []
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    m = ws.recv(timeout=60)
+                    got.append(m if isinstance(m, bytes) else json.loads(m))
+        events = [m for m in got if isinstance(m, dict)]
+        assert events[0]["type"] == "audio.start" and events[0]["sentence_index"] == 0
+        assert events[-1]["type"] == "error" and events[-1]["sentence_index"] == 0
+        assert "deadline" in events[-1]["message"] and len(events) == 2
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    finally:
+        engine.shutdown()

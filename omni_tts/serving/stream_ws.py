@@ -8,7 +8,8 @@ sentence as soon as the text completes it, `{"type": "audio.start", "sentence_in
 first), `{"type": "audio.done", "sentence_index"}`, and after the last `{"type": "session.done",
 "total_sentences"}`; problems as `{"type": "error", "message", ...}`. A few sentences are synthesized
 ahead while earlier ones are sent, in order. When either side closes, every request of the session is
-cancelled; a request the engine refuses ends the session with its error. Owns the session's life
+cancelled; a request the engine refuses or that fails ends the session with its error (naming its
+sentence), the close code saying whether to try again (1013). Owns the session's life
 cycle; requests are made as the speech route makes them.
 """
 
@@ -38,6 +39,14 @@ from omni_tts.serving.speech import SpeechService, json_object, parse
 log = logging.getLogger("omni_tts.stream_ws")
 AHEAD = 2  # sentences synthesized at once per session: the next one is ready when the current one ends
 FORMATS = ("pcm", "wav")
+
+
+class SentenceFailed(ApiError):
+    """A sentence's request ended with an error: the session's last word, naming the sentence."""
+
+    def __init__(self, e: ApiError, index: int) -> None:
+        super().__init__(e.status, e.message, e.param, e.kind, e.retry_after_s)
+        self.sentence_index = index
 
 
 class Session:
@@ -137,7 +146,7 @@ class Session:
             try:
                 await self.ws.send_json({"type": "audio.start", "sentence_index": index, "sentence_text": sentence,
                                          "format": self.format})
-                await self._audio(handle)
+                await self._audio(handle, index)
                 await self.ws.send_json({"type": "audio.done", "sentence_index": index})
             finally:
                 with self.lock:
@@ -146,8 +155,9 @@ class Session:
                 index += 1
         await self.ws.send_json({"type": "session.done", "total_sentences": index})
 
-    async def _audio(self, handle: Any) -> None:
-        """The sentence's audio as binary frames as it is made (with speed != 1: at its end, stretched)."""
+    async def _audio(self, handle: Any, index: int) -> None:
+        """The sentence's audio as binary frames as it is made (with speed != 1: at its end, stretched); a
+        sentence that fails (past the deadline, a shutdown) ends the session with its error."""
         if self.format == "wav":
             await self.ws.send_bytes(wav_stream_header(handle.sample_rate))
         loop, chunks, kept = asyncio.get_running_loop(), iter(handle.stream()), []
@@ -158,8 +168,7 @@ class Session:
                 else:
                     kept.append(chunk.samples)
         except OmniTTSError as e:
-            await self.error(str(e))
-            return
+            raise SentenceFailed(from_engine(e, self.service.settings.retry_after_s), index) from None
         if kept:
             wav = stretch.change_speed(np.concatenate(kept), handle.sample_rate, self.speed)
             await self.ws.send_bytes(pcm_bytes(wav))
@@ -194,7 +203,7 @@ def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
             await ws.close()
         except ApiError as e:
             await _stop(tasks)  # nothing sent after the error: it is the session's last word
-            await _last_word(ws, session, e.message)
+            await _last_word(ws, session, e)
         except (WebSocketDisconnect, RuntimeError, OSError) as e:  # the client left (or a send found it gone)
             log.info("stream session ended: %s", type(e).__name__)
             session.cancel_all(CLIENT_GONE)
@@ -222,10 +231,13 @@ def _unexpected(message: dict[str, Any] | str) -> str:
     return f"unknown message {str(message)[:80]}: {takes}"
 
 
-async def _last_word(ws: WebSocket, session: Session, message: str) -> None:
-    """An error that ends the session: say it, then close (the client may have left already)."""
+async def _last_word(ws: WebSocket, session: Session, e: ApiError) -> None:
+    """An error that ends the session: say it, then close (the client may have left already) with the
+    code that says why: 1013 try again later (busy, shutting down), 1011 the server failed, 1008 a rule the
+    session broke (a bad message or setting, the server's deadline)."""
+    code = 1013 if e.status == 503 else 1011 if e.status == 500 else 1008
     try:
-        await session.error(message)
-        await ws.close(code=1008)
+        await session.error(e.message, getattr(e, "sentence_index", None))
+        await ws.close(code=code)
     except (WebSocketDisconnect, RuntimeError, OSError):
         pass
