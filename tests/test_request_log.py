@@ -61,3 +61,20 @@ def test_an_error_is_a_warning_with_its_message_and_the_log_can_be_turned_off(ca
         assert not [r for r in caplog.records if r.name == LOGGER]
     finally:
         engine.shutdown()
+
+
+def test_requests_a_shutdown_ends_are_warnings_that_say_so(caplog):
+    """Running and waiting requests the engine's shutdown ends: outcome 'cancelled (engine shut down)', a
+    warning with the message their callers get, not a quiet cancel."""
+    engine = Engine.from_config(tiny_config(max_num_seqs=1))
+    build_app(engine, ServeSettings())
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        running = engine.submit(params(fixed_frames=400))
+        next(iter(running.stream(timeout=WAIT_S)))
+        waiting = engine.submit(params(max_new_tokens=4))
+        engine.shutdown()
+    records = sorted((r for r in caplog.records if r.name == LOGGER), key=lambda r: r.getMessage())
+    assert [r.levelno for r in records] == [logging.WARNING, logging.WARNING]
+    for r, h in zip(records, sorted([running, waiting], key=lambda h: f"request #{h.id}")):
+        assert r.getMessage().startswith(f"request #{h.id} cancelled (engine shut down) (eager): ")
+        assert r.getMessage().endswith("the engine shut down")

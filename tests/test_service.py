@@ -228,6 +228,7 @@ def test_past_the_deadline_a_request_ends_with_a_clear_error_on_every_path(deadl
                       timeout=WAIT_S) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1]["type"] == "error" and "deadline" in events[-1]["error"]["message"]
+    assert (events[-1]["error"]["type"], events[-1]["error"]["code"]) == ("timeout", 504)  # as the whole clip's
     sse_id = int(r.headers["x-request-id"])
     with pytest.raises(httpx.RemoteProtocolError):  # a cut transfer, not a clean end of a short clip
         with httpx.stream("POST", url + "/v1/audio/speech", json={**LONG, "stream": True}, timeout=WAIT_S) as r:
@@ -268,6 +269,7 @@ def test_a_shutdown_ends_an_open_sse_stream_with_an_error_event():
             engine.shutdown()
             last = [json.loads(line[6:]) for line in lines if line.startswith("data: ")][-1]
         assert last["type"] == "error" and "shut down" in last["error"]["message"]
+        assert (last["error"]["type"], last["error"]["code"]) == ("server_error", 503)
         after = httpx.post(url + "/v1/audio/speech", json=SHORT, timeout=WAIT_S)
         assert after.status_code == 503 and "shut down" in after.json()["error"]["message"]
     finally:

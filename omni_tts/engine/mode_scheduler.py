@@ -22,7 +22,7 @@ from typing import Any
 from omni_tts.engine.audio_stage import AudioStage
 from omni_tts.engine.metrics import EngineStats, now
 from omni_tts.engine.model_runner import Runner
-from omni_tts.engine.request import Request
+from omni_tts.engine.request import SHUT_DOWN, Request
 from omni_tts.engine.warmup import WarmupCoordinator
 from omni_tts.errors import DeadlineExceeded, EngineError, OmniTTSError, Overloaded, as_engine_error, one_line
 from omni_tts.models.qwen3_tts import Prepared
@@ -248,8 +248,12 @@ class ModeScheduler:
                 self._iterate()
         self._pending = None
         for a in self.active:
+            a.handle.cancel(SHUT_DOWN)
             self._finish(a, "cancelled", EngineError("the engine shut down"))
-        self._refuse_waiting(EngineError("the engine shut down"), status="cancelled")
+        while not self.waiting.empty():
+            r = self.waiting.get()
+            r.handle.cancel(SHUT_DOWN)
+            r.handle.fail_unstarted("cancelled", EngineError("the engine shut down"))
         while not self._chores.empty():
             self._chores.get()[1].set_exception(EngineError("the engine shut down"))
 

@@ -22,6 +22,7 @@ from omni_tts.models.qwen3_tts import Prepared
 
 _DONE = object()
 CLIENT_GONE = "client gone"  # the cancel reason of a request whose caller went away
+SHUT_DOWN = "engine shut down"  # the cancel reason of a request the engine's shutdown ended
 
 
 @dataclass

@@ -3,14 +3,16 @@ it would log a stream when its headers go out, before anything is known of how i
 
 Owns `line(metrics)` (the request's id as the x-request-id header gives it, its outcome and mode, the
 audio it made, TTFP with its wait for a slot, E2E, RTF, and an error's message) and `attach(engine)`,
-which logs that line for every request the engine ends: INFO, WARNING for an error. Knows nothing about
-HTTP.
+which logs that line for every request the engine ends: INFO, WARNING for an error or a shutdown's end.
+Knows nothing about HTTP.
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any
+
+from omni_tts.engine.request import SHUT_DOWN
 
 log = logging.getLogger("omni_tts.requests")
 
@@ -24,13 +26,18 @@ def line(m: Any) -> str:
         parts.append(f"E2E {m.e2e_ms:.0f} ms")
     if m.rtf is not None:
         parts.append(f"RTF {m.rtf:.3f}")
-    if m.status == "error" and m.error:
+    if _failed(m) and m.error:
         parts.append(m.error)
     return ", ".join(parts)
 
 
+def _failed(m: Any) -> bool:
+    """An error, or a request the engine's shutdown ended: not what its caller asked for."""
+    return m.status == "error" or m.reason == SHUT_DOWN
+
+
 def _observe(m: Any) -> None:
-    log.log(logging.WARNING if m.status == "error" else logging.INFO, "%s", line(m))
+    log.log(logging.WARNING if _failed(m) else logging.INFO, "%s", line(m))
 
 
 def attach(engine: Any) -> None:

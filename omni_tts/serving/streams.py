@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 from omni_tts.engine.request import CLIENT_GONE
 from omni_tts.errors import OmniTTSError
 from omni_tts.serving.encoding import pcm_bytes, wav_stream_header
+from omni_tts.serving.errors import from_engine
 
 log = logging.getLogger("omni_tts.serving")
 SLOW_READER = "slow reader"
@@ -138,7 +139,8 @@ async def sse_body(feed: Feed) -> AsyncIterator[str]:
             yield _event({"type": "speech.audio.delta", "audio": audio})
     except OmniTTSError as e:
         log.warning("request #%s ended early: %s", handle.id, e)
-        yield _event({"type": "error", "error": {"message": str(e), "type": "server_error"}})
+        err = from_engine(e)  # typed as the whole clip's response would be: timeout, overloaded, server_error
+        yield _event({"type": "error", "error": {"message": err.message, "type": err.kind, "code": err.status}})
         return
     yield _event({"type": "speech.audio.done", "usage": usage(handle)})
 
