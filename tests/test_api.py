@@ -163,6 +163,7 @@ def test_malformed_json_is_a_400(server):
 @pytest.mark.parametrize("method, path, status, words", [
     ("GET", "/v1/audio/speech", 405, "GET is not a method of /v1/audio/speech (it takes: POST)"),
     ("POST", "/v1/audio/nothing", 404, "no route /v1/audio/nothing; the API: POST /v1/audio/speech"),
+    ("GET", "/v1/audio/speech/stream", 426, "/v1/audio/speech/stream is a WebSocket route"),
 ])
 def test_a_route_or_method_the_api_has_not_is_an_api_error(server, method, path, status, words):
     url, _ = server

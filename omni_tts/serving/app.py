@@ -96,4 +96,6 @@ def _answer_unknown_routes(app: FastAPI) -> None:
             r = ApiError(405, f"{request.method} is not a method of {path} (it takes: {', '.join(allow)})").response()
             r.headers["Allow"] = ", ".join(allow)
             return r
+        if any(r.matches({**request.scope, "type": "websocket"})[0] is Match.FULL for r in routes):
+            return ApiError(426, f"{path} is a WebSocket route: open it with a WebSocket client").response()
         return ApiError(404, f"no route {path}; the API: {ROUTES}", None, "not_found_error").response()
