@@ -68,7 +68,8 @@ class RequestHandle:
 
     # --- the caller's side ---
     def stream(self, timeout: float | None = None) -> Iterator[AudioChunk]:
-        """Yield chunks as they are made; raises the request's error (Cancelled included) at the end."""
+        """Yield chunks as they are made; raises the request's error (Cancelled included) at the end, and
+        queue.Empty when a chunk takes longer than `timeout` s (as `take`)."""
         while (chunk := self.take(timeout)) is not None:
             yield chunk
 
