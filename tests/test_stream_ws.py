@@ -222,3 +222,23 @@ def test_a_sentence_that_fails_is_the_sessions_last_word_naming_it():
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
     finally:
         engine.shutdown()
+
+
+def test_the_socket_is_read_while_sentences_wait_so_a_close_cancels_them(server):
+    """Thirty sentences queued behind the two that run: the client's close frame is still read at once (as
+    its pings are), so the session ends and the sentences not yet spoken are cancelled, not synthesized."""
+    url, engine = server
+    until(lambda: _idle(engine), timeout=30, what="an idle engine")
+    before = dict(engine.stats.outcomes)
+    text = " ".join(f"Sentence number {i} is here." for i in range(30))
+    with connect(url, close_timeout=60) as ws:
+        ws.send(json.dumps({**CONFIG, "max_new_tokens": 40}))
+        ws.send(json.dumps({"type": "input.text", "text": text}))
+        ws.send(json.dumps({"type": "input.done"}))
+        while not (isinstance(m := ws.recv(timeout=60), str) and json.loads(m)["type"] == "audio.done"):
+            pass
+    until(lambda: _idle(engine), timeout=30, what="the session's slots freed after the client closed")
+    until(lambda: not engine.schedulers[engine.default_mode].waiting.qsize(), timeout=30, what="nothing waiting")
+    grew = grown(before, engine.stats.outcomes)
+    # the first sentence, and those running or being submitted at the close: not the thirty
+    assert set(grew) <= {("eager", "done"), ("eager", "cancelled (client gone)")} and sum(grew.values()) <= 5

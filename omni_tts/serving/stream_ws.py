@@ -57,8 +57,9 @@ class Session:
         self.params: Any = None
         self.format, self.speed = "pcm", 1.0
         self.handles: set[Any] = set()  # submitted and not yet sent (guarded by lock: submits run in threads)
-        self.lock, self.closed = threading.Lock(), False
-        self.queue: asyncio.Queue = asyncio.Queue()
+        self.lock, self.closed, self.reason = threading.Lock(), False, ""  # reason: why it closed first
+        self.sentences: asyncio.Queue = asyncio.Queue()  # complete sentences not yet submitted (None: the end)
+        self.queue: asyncio.Queue = asyncio.Queue()  # (sentence, handle) submitted and not yet sent (None: the end)
         self.slots = asyncio.Semaphore(AHEAD)
         self.received = 0
 
@@ -80,11 +81,16 @@ class Session:
             raise from_engine(e, self.service.settings.retry_after_s) from None
 
     async def receive(self) -> None:
-        """Read text until input.done; queue each sentence as soon as it is complete."""
+        """Read the socket for as long as the session lasts (its pings and close frames are read only while
+        the app reads): text until input.done, each sentence handed to `submit` as soon as it is complete
+        (the session's text is bounded, so they never need to wait here), then only a close."""
         buffer, done = "", False
-        while not done:
-            message = await self._next_message()
+        while True:
+            message = await self._next_message(idle=not done)
             kind = message.get("type") if isinstance(message, dict) else None
+            if done:
+                await self.error("the text ended with input.done: wait for session.done, or close to stop")
+                continue
             if kind == "input.text" and isinstance(message.get("text"), str):
                 buffer += message["text"]
                 self.received += len(message["text"])
@@ -97,16 +103,22 @@ class Session:
             else:
                 await self.error(_unexpected(message))
                 continue
-            for sentence in sentences:
-                await self.slots.acquire()
-                await self.queue.put((sentence, await self._submit(sentence)))
+            for sentence in sentences + ([None] if done else []):
+                self.sentences.put_nowait(sentence)
+
+    async def submit(self) -> None:
+        """Submit the sentences in order, at most AHEAD of them not yet sent, then end the send queue."""
+        while (sentence := await self.sentences.get()) is not None:
+            await self.slots.acquire()
+            await self.queue.put((sentence, await self._submit(sentence)))
         await self.queue.put(None)
 
-    async def _next_message(self, first: bool = False) -> dict[str, Any] | str:
+    async def _next_message(self, first: bool = False, idle: bool = True) -> dict[str, Any] | str:
         """The next message as a JSON object, or what is wrong with it; ApiError when none comes in time (a
-        connection that sends nothing must not hold its place: the config is due as a request body is)."""
+        connection that sends nothing must not hold its place: the config is due as a request body is);
+        without `idle`, as long as it takes."""
         settings = self.service.settings
-        wait = settings.body_timeout_s if first else settings.ws_idle_timeout_s
+        wait = settings.body_timeout_s if first else settings.ws_idle_timeout_s if idle else None
         try:
             raw = await asyncio.wait_for(self.ws.receive(), wait)
         except asyncio.TimeoutError:
@@ -135,7 +147,7 @@ class Session:
         with self.lock:
             self.handles.add(handle)
             if self.closed:
-                handle.cancel()
+                handle.cancel(self.reason)
         return handle
 
     async def send(self) -> None:
@@ -181,9 +193,10 @@ class Session:
 
     def cancel_all(self, reason: str = "") -> None:
         with self.lock:
-            self.closed = True
+            if not self.closed:
+                self.closed, self.reason = True, reason
             for handle in self.handles:
-                handle.cancel(reason)
+                handle.cancel(self.reason)
 
 
 def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
@@ -198,8 +211,9 @@ def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
         try:
             first = await session._next_message(first=True)
             await session.configure(first if isinstance(first, dict) else {})
-            tasks = [asyncio.create_task(session.receive()), asyncio.create_task(session.send())]
-            await asyncio.gather(*tasks)
+            reader = asyncio.create_task(session.receive())
+            tasks = [reader, asyncio.create_task(session.submit()), asyncio.create_task(session.send())]
+            await _until_sent(tasks)
             await ws.close()
         except ApiError as e:
             await _stop(tasks)  # nothing sent after the error: it is the session's last word
@@ -212,6 +226,18 @@ def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
             await _stop(tasks)
 
     return r
+
+
+async def _until_sent(tasks: list[asyncio.Task]) -> None:
+    """Wait for the sender (the last task) to send session.done, then stop the reader (the first task); the
+    first failure of any task (the reader's WebSocketDisconnect when the client leaves, an ApiError) is
+    raised at once."""
+    pending = set(tasks)
+    while tasks[-1] in pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            t.result()  # raises the task's error; a reader only ends by raising
+    await _stop(tasks[:1])
 
 
 async def _stop(tasks: list[asyncio.Task]) -> None:
