@@ -132,9 +132,13 @@ def load(name: str) -> Any:
     from omni_tts.models.speaker import VoicePrompt
 
     path = voice_path(name)
+    gone = InputError(f"Saved voice '{name}' is not in the voice library any more")
     if not path.is_file():
-        raise InputError(f"Saved voice '{name}' is not in the voice library any more")
-    return VoicePrompt.load(path)
+        raise gone
+    try:
+        return VoicePrompt.load(path)
+    except InputError as e:  # deleted meanwhile, or a damaged file: named as the voice, not as a server path
+        raise gone if not path.is_file() else InputError(str(e).replace(str(path), f"'{name}'")) from None
 
 
 def delete(name: str) -> bool:

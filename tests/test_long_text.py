@@ -156,3 +156,26 @@ def test_the_speech_route_streams_a_long_text_as_one_clip(engine):
             pcm = np.frombuffer(b"".join(r.iter_bytes()), "<i2")
     expected = (np.clip(whole, -1, 1) * 32767).astype(np.int16)
     assert pcm.shape == expected.shape and np.abs(pcm.astype(int) - expected).max() <= 1
+
+
+def test_the_servers_deadline_holds_for_the_whole_long_text_and_its_codes_match_its_audio():
+    """request_timeout_s counts from the request's acceptance for every segment (each segment here takes a
+    fraction of it, the whole text several times it): the long text ends past the deadline with that error,
+    and the frames it reports are those of the audio it delivered."""
+    from omni_tts.engine.engine import Engine
+    from omni_tts.errors import DeadlineExceeded
+
+    eng = Engine.from_config(EngineConfig(model=str(fixture_dir("custom_voice")), device="cpu", max_num_seqs=4,
+                                          mode="eager", initial_chunk_frames=1, chunk_frames=2,
+                                          request_timeout_s=2.0))
+    try:
+        handle = eng.submit(SynthesisParams(text=mixed_text(4900), speaker="ryan", fixed_frames=20, seed=11))
+        with pytest.raises(DeadlineExceeded):
+            handle.result(timeout=120)
+        m, got = handle.metrics, handle.partial()
+        assert m.outcome == "error (deadline exceeded)" and len(handle.segments) > 20
+        assert all(h.metrics.accepted_at == m.accepted_at for h in handle._handles)
+        pauses, pause = got.wav.size - m.frames * 1920, round(PAUSE_S * eng.sample_rate)
+        assert len(got.codes) == m.frames and pauses >= 0 and pauses % pause == 0
+    finally:
+        eng.shutdown()

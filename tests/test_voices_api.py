@@ -208,6 +208,7 @@ def b64(audio: bytes) -> str:
     ({"ref_audio": b64(wav_bytes(0.05)), "x_vector_only_mode": True}, "ref_audio", "ref_audio: "),
     ({"ref_audio": b64(wav_bytes())}, "ref_text", "ref_text (the transcript of the reference audio) is required"),
     ({"ref_audio": b64(wav_bytes()), "ref_text": "x" * 5000}, "ref_text", "ref_text"),
+    ({"ref_audio": "data:audio/wav;base64"}, "ref_audio", "a data: URL carries its audio after a comma"),
 ])
 def test_a_bad_reference_clip_on_the_speech_route_is_named_as_its_field(base, extra, param, words):
     """The route writes the clip to a temporary file for the encoders: its errors name ref_audio (or
@@ -231,3 +232,13 @@ def test_a_saved_voice_is_found_whatever_the_case_and_refuses_a_clip_beside_it(b
     assert "voice 'zed' is a saved voice" in r.json()["error"]["message"]
     assert httpx.delete(url + "/v1/audio/voices/zED").json()["deleted"]
     assert not voices.exists("Zed")
+
+
+def test_a_damaged_saved_voice_is_named_as_the_voice_not_as_a_server_path(library):
+    (voices.voices_dir() / "broken.safetensors").write_bytes(b"not a safetensors file")
+    try:
+        with pytest.raises(voices.InputError) as e:
+            voices.load("broken")
+        assert "'broken'" in str(e.value) and str(voices.data_dir()) not in str(e.value)
+    finally:
+        voices.delete("broken")

@@ -150,7 +150,9 @@ class Engine:
             self.stats.on_finish(m)
         self._open.add(-1)
 
-    def _submit(self, params: SynthesisParams, recorded: bool = True) -> RequestHandle:
+    def _submit(self, params: SynthesisParams, recorded: bool = True,
+                accepted_at: float | None = None) -> RequestHandle:
+        """`accepted_at`: when the caller's request was accepted, if before now (a long text's segment)."""
         if self._closed:
             raise EngineError("the engine is shut down")
         params.validate()
@@ -160,7 +162,7 @@ class Engine:
             prep = self.model.prepare(params, self.config.max_seq_len)
             with self._queueing:  # ids follow the queue's order, so a mode's slots go in id order
                 rid = next(self._ids)
-                handle = RequestHandle(rid, params, RequestMetrics(rid, sched.mode.value, now(),
+                handle = RequestHandle(rid, params, RequestMetrics(rid, sched.mode.value, accepted_at or now(),
                                                                    sample_rate=self.model.sample_rate))
                 handle.max_frames = prep.max_frames  # the most frames it can make (its cap or the engine's room)
                 handle.on_finish = self._ended if recorded else None

@@ -5,12 +5,14 @@ by `omni_tts.models.segments`, each segment submitted as an ordinary request wit
 instruct and sampling (one seed for all, so a random seed is drawn once), a few segments ahead of the
 one being delivered, and their audio delivered in order with a fixed pause between segments. It has
 RequestHandle's interface (stream, cancel, result, metrics over the whole request); cancelling it
-cancels every segment. Knows nothing about schedulers: it only submits and reads handles.
+cancels every segment, and the server's deadline counts from the request's acceptance for every segment.
+Knows nothing about schedulers: it only submits and reads handles.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import secrets
 import threading
 from collections.abc import Callable
@@ -20,7 +22,7 @@ import numpy as np
 from omni_tts.config import SynthesisParams
 from omni_tts.engine.metrics import RequestMetrics, now
 from omni_tts.engine.request import AudioChunk, RequestHandle
-from omni_tts.errors import Cancelled, Overloaded, as_engine_error
+from omni_tts.errors import Cancelled, OmniTTSError, Overloaded, as_engine_error
 from omni_tts.models.segments import split_text
 
 # A fixed silence between segments, about the pause a reader leaves between sentences: generated pauses
@@ -37,20 +39,22 @@ def ahead(max_num_seqs: int) -> int:
 class LongTextHandle(RequestHandle):
     """A request whose text was split into segments; the caller uses it as any RequestHandle."""
 
-    def __init__(self, submit: Callable[[SynthesisParams], RequestHandle], params: SynthesisParams,
+    def __init__(self, submit: Callable[..., RequestHandle], params: SynthesisParams,
                  sample_rate: int, max_num_seqs: int,
                  on_finish: Callable[[RequestMetrics], None] | None = None) -> None:
         params.validate()
         self.segments = split_text(params.text)
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         self._parts = [dataclasses.replace(params, text=s, seed=seed) for s in self.segments]
-        self._submit, self._ahead = submit, ahead(max_num_seqs)
+        self._ahead = ahead(max_num_seqs)
         self._handles: list[RequestHandle] = []
         self._lock = threading.Lock()
         accepted = now()
+        # every segment counts its deadline (request_timeout_s) from this request's acceptance
+        self._submit = functools.partial(submit, accepted_at=accepted)
         try:  # in the caller's thread: a segment the engine refuses raises here, as submit does
             for part in self._parts[:self._ahead]:
-                self._handles.append(submit(part))
+                self._handles.append(self._submit(part))
         except Overloaded:  # the first one must get in; the others are submitted as their turn comes
             if not self._handles:
                 raise
@@ -109,7 +113,7 @@ class LongTextHandle(RequestHandle):
 
     def _segment(self, i: int) -> None:
         """Deliver segment i (after the pause that parts it from the one before) as this request's chunks."""
-        handle, m = self._handles[i], self.metrics
+        handle, m, delivered = self._handles[i], self.metrics, 0
         try:
             for n, chunk in enumerate(handle.stream()):
                 if m.started_at is None:
@@ -117,8 +121,9 @@ class LongTextHandle(RequestHandle):
                 if n == 0 and i > 0:
                     self._deliver(self._pause, 0)
                 self._deliver(chunk.samples, chunk.frames)
-        except Cancelled as e:  # keep the codes of the audio it delivered
-            self._all_codes.extend(getattr(e.partial, "codes", []))
+                delivered += chunk.frames
+        except OmniTTSError:  # cancelled or failed: keep the codes of the audio it delivered
+            self._all_codes.extend(handle.partial().codes[:delivered])
             raise
         self._all_codes.extend(handle.result().codes)
 

@@ -157,7 +157,11 @@ class SpeechService:
                                     "one for this request", "voice")
             raise ApiError(400, "task_type Base (voice clone) needs ref_audio: base64 audio or a data: URL",
                            "ref_audio")
-        data = req.ref_audio.split(",", 1)[1] if req.ref_audio.startswith("data:") else req.ref_audio
+        url = req.ref_audio.startswith("data:")
+        _, comma, data = req.ref_audio.partition(",") if url else ("", ",", req.ref_audio)
+        if not comma:
+            raise ApiError(400, "ref_audio: a data: URL carries its audio after a comma (data:audio/wav;base64,...)",
+                           "ref_audio")
         try:
             raw = base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
