@@ -180,3 +180,15 @@ def test_a_client_that_leaves_mid_body_is_a_quiet_499():
     with pytest.raises(ApiError) as e:
         asyncio.run(speech._body(Request(scope, receive), ServeSettings()))
     assert e.value.status == 499 and "left before its request body arrived" in e.value.message
+
+
+def test_a_body_that_is_not_json_is_refused_before_it_is_uploaded(service):
+    """With 'Expect: 100-continue' the client waits for the server's go-ahead before sending its body: a
+    non-JSON body gets its 415 at once, not a '100 Continue' asking for the upload first."""
+    url, _, _ = service
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as s:
+        s.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                  b"Content-Length: 100000\r\nExpect: 100-continue\r\n\r\n")
+        first = s.recv(4096).split(b"\r\n", 1)[0]
+    assert first == b"HTTP/1.1 415 Unsupported Media Type"

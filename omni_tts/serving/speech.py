@@ -184,6 +184,7 @@ class SpeechService:
             raise from_engine(e, self.settings.retry_after_s) from None
 
     async def speech(self, request: Request) -> Response:
+        check_json(request.headers.get("content-type"))
         req = parse(await _body(request, self.settings), request.headers.get("content-type"))
         try:
             handle = await run_in_threadpool(self.submit, req, self.settings.token_cap(
@@ -276,13 +277,19 @@ _DECODER = json.JSONDecoder(parse_int=_int, parse_float=_float, parse_constant=_
 _SPACE = " \t\n\r"
 
 
-def parse(body: bytes, content_type: str | None = "application/json") -> SpeechRequest:
-    """The JSON body as a SpeechRequest; anything else is an ApiError: 415 for a body that is not JSON,
-    400 naming the first bad field."""
+def check_json(content_type: str | None) -> None:
+    """ApiError 415 unless the body is declared JSON (checked before it is read: a client that sent
+    'Expect: 100-continue' is refused before it uploads)."""
     kind = (content_type or "").split(";")[0].strip().lower()
     if kind != "application/json" and not (kind.startswith("application/") and kind.endswith("+json")):
         raise ApiError(415, f"the body must be JSON sent as Content-Type: application/json (got "
                        f"'{kind or 'none'}')", kind="unsupported_media_type")
+
+
+def parse(body: bytes, content_type: str | None = "application/json") -> SpeechRequest:
+    """The JSON body as a SpeechRequest; anything else is an ApiError: 415 for a body that is not JSON,
+    400 naming the first bad field."""
+    check_json(content_type)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
