@@ -142,6 +142,7 @@ def test_encoded_formats_are_readable(server, fmt):
     ({"input": "hi", "stream": "yes"}, 400, "stream", "valid boolean"),  # no value turns into another type
     ({"input": "hi", "max_new_tokens": True}, 400, "max_new_tokens", "valid integer"),
     ({"input": "hi", "voice": {"name": "ryan"}}, 400, "voice", '{"id": "<name>"}'),
+    ({"input": "hi", "voice": {"id": "ryan", "name": "x"}}, 400, "voice", "and nothing else"),
     ({"input": "hi", "ref_audio": "!!!"}, 400, "ref_audio", "CustomVoice does not clone a voice"),
 ])
 def test_bad_requests_get_json_errors_and_the_server_keeps_serving(server, body, status, param, words):

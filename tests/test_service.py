@@ -224,6 +224,7 @@ def test_past_the_deadline_a_request_ends_with_a_clear_error_on_every_path(deadl
     assert engine.wait_ready(timeout=WAIT_S)
     whole = httpx.post(url + "/v1/audio/speech", json=LONG, timeout=WAIT_S)
     assert whole.status_code == 504 and "deadline" in whole.json()["error"]["message"]
+    whole_id = int(whole.headers["x-request-id"])  # named as a clip's answer would be
     with httpx.stream("POST", url + "/v1/audio/speech", json={**LONG, "stream_format": "sse"},
                       timeout=WAIT_S) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
@@ -234,9 +235,10 @@ def test_past_the_deadline_a_request_ends_with_a_clear_error_on_every_path(deadl
         with httpx.stream("POST", url + "/v1/audio/speech", json={**LONG, "stream": True}, timeout=WAIT_S) as r:
             for _ in r.iter_raw():
                 pass
-    outcomes = ended.wait([sse_id, int(r.headers["x-request-id"])])
+    outcomes = ended.wait([whole_id, sse_id, int(r.headers["x-request-id"])])
     assert {m.outcome for m in outcomes} == {"error (deadline exceeded)"}
     assert all(0 < m.frames < NATURAL_FRAMES for m in outcomes)
+    assert all(m.audio_samples == m.frames * 1920 for m in outcomes)  # its frames are those of its audio
 
 
 def test_a_request_that_waits_past_the_deadline_ends_without_a_slot():

@@ -230,7 +230,8 @@ def test_a_saved_voice_is_found_whatever_the_case_and_refuses_a_clip_beside_it(b
                                                    **SHORT}, timeout=120)
     assert r.status_code == 400 and r.json()["error"]["param"] == "ref_audio"
     assert "voice 'zed' is a saved voice" in r.json()["error"]["message"]
-    assert httpx.delete(url + "/v1/audio/voices/zED").json()["deleted"]
+    gone = httpx.delete(url + "/v1/audio/voices/zED").json()
+    assert gone["deleted"] and gone["id"] == "Zed"  # the voice as it was saved
     assert not voices.exists("Zed")
 
 

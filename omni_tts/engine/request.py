@@ -137,8 +137,9 @@ class RequestHandle:
         delivered audio holds, so its codes and audio agree."""
         m = self.metrics
         m.status, m.finished_at = status, now()
-        if status == "cancelled":
+        if status != "done":  # its codes are those of the audio it delivered (not frames made after the last chunk)
             codes = codes[:self._frames_delivered]
+        if status == "cancelled":
             why = f" ({self.cancel_reason})" if self.cancel_reason else ""
             error = error or Cancelled(f"request {self.id} was cancelled{why}")
             m.reason = self.cancel_reason or None

@@ -99,8 +99,8 @@ class SpeechService:
         if req.streamed and req.speed != 1.0:
             raise ApiError(400, f"speed {req.speed:g} cannot be streamed (the time-stretch needs the whole clip): "
                                 "ask for wav, flac, mp3, opus or aac without stream, or speed 1", "speed")
-        if isinstance(req.voice, dict) and not (isinstance(req.voice.get("id"), str) and req.voice["id"].strip()):
-            raise ApiError(400, "voice: an object names its voice as {\"id\": \"<name>\"}", "voice")
+        if isinstance(req.voice, dict) and (set(req.voice) != {"id"} or not req.voice["id"].strip()):
+            raise ApiError(400, "voice: an object names its voice as {\"id\": \"<name>\"} and nothing else", "voice")
         saved = self._saved_voice(req)
         if req.streamed and req.response_format not in STREAMABLE:
             raise ApiError(400, f"response_format '{req.response_format}' cannot be streamed; stream pcm or wav",
@@ -205,8 +205,10 @@ class SpeechService:
             return Response(status_code=499)  # nobody is left to read it
         try:
             result = handle.result(0)
-        except OmniTTSError as e:
-            raise from_engine(e, self.settings.retry_after_s) from None
+        except OmniTTSError as e:  # answered with the request's id, as its audio would have been
+            r = from_engine(e, self.settings.retry_after_s).response()
+            r.headers.update(headers)
+            return r
         wav = await run_in_threadpool(stretch.change_speed, result.wav, result.sample_rate, req.speed)
         body = await run_in_threadpool(encode, wav, result.sample_rate, req.response_format)
         return Response(body, media_type=MEDIA[req.response_format], headers=headers)

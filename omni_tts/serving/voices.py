@@ -118,9 +118,10 @@ class VoiceService:
             stem = voices.voice_name(name)
         except InputError as e:
             raise ApiError(400, f"name: {e}", "name") from None
+        stored = voices.voice_path(stem).name[:-len(voices.VOICE_SUFFIX)]  # as it was saved, whatever the case asked
         if not voices.delete(stem):
             raise ApiError(404, f"no saved voice named '{stem}'", "name", "not_found_error")
-        return {"id": stem, "object": "audio.voice.deleted", "deleted": True}
+        return {"id": stored, "object": "audio.voice.deleted", "deleted": True}
 
 
 def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:

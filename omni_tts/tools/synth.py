@@ -59,6 +59,8 @@ def _output(flag: str, path: str | None, force: bool, suffix: str) -> None:
     """An output file that can be written without losing anything: checked before any work is done."""
     if path is None:
         return
+    if not path.strip():
+        raise OmniTTSError(f"{flag} is empty: give a file name ending in {suffix}")
     p = Path(path)
     if p.is_dir():
         raise OmniTTSError(f"{flag} {path}: is a directory; give a file name ending in {suffix}")
