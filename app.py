@@ -61,6 +61,9 @@ def serve(engine: Any, demo: Any, host: str, port: int, share: bool = False, blo
     demo.max_threads = demo._queue.max_thread_count = max(40, 4 * n + 16)  # what launch(max_threads=) sets
     app = gr.mount_gradio_app(build_app(engine, settings), demo, "/", server_name=host, server_port=port,
                               css=layout.CSS, footer_links=["api"])
+    # Gradio refuses a file a client names but did not upload only once the page counts as launched, and
+    # mounting never sets that: without it any server path would be read as an "uploaded" clip
+    demo.has_launched = True
     server = Server(app, host, port, settings)
     url = server.start()
     if share:

@@ -203,3 +203,30 @@ def test_bench_measures_the_server_through_its_speech_route(server, capsys):
     ttfp = next(line for line in out.splitlines() if line.startswith("| Med TTFP (ms) | 1 |"))
     e2e = next(line for line in out.splitlines() if line.startswith("| Med E2E (ms) | 1 |"))
     assert 0 < float(ttfp.split("|")[3]) < float(e2e.split("|")[3])  # first bytes before the clip is finished
+
+
+def test_the_page_takes_only_files_a_client_uploaded(server, tmp_path):
+    """A file input naming a server path (no upload) is refused by Gradio's own check, which applies to the
+    mounted page too: no server file is read as a voice or copied into the page's cache."""
+    url, _ = server
+    deps = httpx.get(url + "/config", timeout=60).json()["dependencies"]
+    synth = next(d for d in deps if d.get("api_name") == "synthesize")
+    data = ["hi", "voice_clone", "", "auto", "", "", 0.9, 50, 1.0, 1.05, 5, -1, None, "", False,
+            {"path": str(FIXTURES / "custom_voice" / "config.json"), "meta": {"_type": "gradio.FileData"}}, 1.0]
+    assert len(data) == len(synth["inputs"])
+    join = httpx.post(url + "/gradio_api/queue/join", timeout=60,
+                      json={"fn_index": synth["id"], "session_hash": "notuploaded", "data": data})
+    assert join.status_code == 200, join.text
+    with httpx.stream("GET", url + "/gradio_api/queue/data", params={"session_hash": "notuploaded"},
+                      timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    done = next(e for e in events if e.get("msg") == "process_completed")
+    assert not done["success"] and "not uploaded by a user" in json.dumps(done)
+    from gradio_client import Client, handle_file  # an uploaded clip passes the check (this model then refuses it)
+
+    clip = tmp_path / "ref.wav"
+    sf.write(clip, np.load(FIXTURES / "base" / "golden_ref_audio.npy"), 24000)
+    with pytest.raises(Exception, match="cannot clone voices") as e:
+        Client(url, verbose=False).predict(text="hi", task="voice_clone", ref_audio=handle_file(str(clip)),
+                                           x_vector_only=True, api_name="/synthesize")
+    assert "not uploaded" not in str(e.value)
