@@ -68,7 +68,12 @@ def saved_voices() -> list[str]:
     """Names of the saved voices, newest first."""
     d = data_dir() / "voices"
     found = sorted(d.glob(f"*{VOICE_SUFFIX}"), key=_mtime, reverse=True) if d.is_dir() else []
-    return [p.name[: -len(VOICE_SUFFIX)] for p in found]
+    return [_stem(p) for p in found]
+
+
+def _stem(path: Path) -> str:
+    """A library file's voice name."""
+    return path.name[: -len(VOICE_SUFFIX)]
 
 
 def voice_path(name: str) -> Path:
@@ -101,13 +106,12 @@ def save(name: str, prompt: Any, meta: dict[str, Any] | None = None) -> dict[str
     is never overwritten: a name that is taken, or that differs from a saved one only in case or in
     characters the sanitising drops, raises VoiceExists."""
     stem = voice_name(name)
-    path = voice_path(stem)
     record = {"id": f"voice-{secrets.token_hex(6)}", "name": stem, "kind": "saved", "mode": prompt.mode,
               "ref_text": prompt.ref_text, "created_at": int(time.time()), **(meta or {})}
     with _create_lock:
-        taken = next((v for v in saved_voices() if v.lower() == stem.lower()), None)
-        if taken is not None or path.exists():
-            raise VoiceExists(f"Voice name '{stem}' is taken by a saved voice ('{taken or stem}'): delete it "
+        path = voice_path(stem)  # a saved voice's, whatever the case
+        if path.exists():
+            raise VoiceExists(f"Voice name '{stem}' is taken by a saved voice ('{_stem(path)}'): delete it "
                               f"first or pick another name")
         prompt.save(path)
         path.with_suffix(META_SUFFIX).write_text(json.dumps(record))
@@ -123,7 +127,7 @@ def describe(name: str) -> dict[str, Any]:
         record = json.loads(path.with_suffix(META_SUFFIX).read_text())
     except (OSError, ValueError):
         record = {}
-    stem = path.name[: -len(VOICE_SUFFIX)]
+    stem = _stem(path)
     return {"id": stem, "created_at": int(_mtime(path)), **record, "name": stem, "kind": "saved"}
 
 
@@ -141,11 +145,11 @@ def load(name: str) -> Any:
         raise gone if not path.is_file() else InputError(str(e).replace(str(path), f"'{name}'")) from None
 
 
-def delete(name: str) -> bool:
-    """Remove a saved voice; -> whether there was one."""
-    path = voice_path(name)
+def delete(name: str) -> str | None:
+    """Remove a saved voice; -> its name as it was saved, or None when there was none."""
     with _create_lock:
+        path = voice_path(name)
         found = path.is_file()
         path.unlink(missing_ok=True)
         path.with_suffix(META_SUFFIX).unlink(missing_ok=True)
-    return found
+    return _stem(path) if found else None

@@ -113,7 +113,7 @@ class LongTextHandle(RequestHandle):
 
     def _segment(self, i: int) -> None:
         """Deliver segment i (after the pause that parts it from the one before) as this request's chunks."""
-        handle, m, delivered = self._handles[i], self.metrics, 0
+        handle, m = self._handles[i], self.metrics
         try:
             for n, chunk in enumerate(handle.stream()):
                 if m.started_at is None:
@@ -121,9 +121,8 @@ class LongTextHandle(RequestHandle):
                 if n == 0 and i > 0:
                     self._deliver(self._pause, 0)
                 self._deliver(chunk.samples, chunk.frames)
-                delivered += chunk.frames
-        except OmniTTSError:  # cancelled or failed: keep the codes of the audio it delivered
-            self._all_codes.extend(handle.partial().codes[:delivered])
+        except OmniTTSError:  # cancelled or failed: keep its codes, those of the audio it delivered
+            self._all_codes.extend(handle.partial().codes)
             raise
         self._all_codes.extend(handle.result().codes)
 

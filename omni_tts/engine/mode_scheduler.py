@@ -250,16 +250,17 @@ class ModeScheduler:
         for a in self.active:
             a.handle.cancel(SHUT_DOWN)
             self._finish(a, "cancelled", EngineError("the engine shut down"))
-        while not self.waiting.empty():
-            r = self.waiting.get()
-            r.handle.cancel(SHUT_DOWN)
-            r.handle.fail_unstarted("cancelled", EngineError("the engine shut down"))
+        self._refuse_waiting(EngineError("the engine shut down"), cancel_reason=SHUT_DOWN)
         while not self._chores.empty():
             self._chores.get()[1].set_exception(EngineError("the engine shut down"))
 
-    def _refuse_waiting(self, err: OmniTTSError, status: str = "error") -> None:
+    def _refuse_waiting(self, err: OmniTTSError, cancel_reason: str = "") -> None:
+        """End every waiting request with `err`: an error, or with `cancel_reason` a cancel for that reason."""
         while not self.waiting.empty():
-            self.waiting.get().handle.fail_unstarted(status, err)
+            handle = self.waiting.get().handle
+            if cancel_reason:
+                handle.cancel(cancel_reason)
+            handle.fail_unstarted("cancelled" if cancel_reason else "error", err)
 
     def _sweep_waiting(self) -> None:
         """Requests that leave the queue without a slot: cancelled by their caller (a client gone frees its

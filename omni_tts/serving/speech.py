@@ -184,8 +184,8 @@ class SpeechService:
             raise from_engine(e, self.settings.retry_after_s) from None
 
     async def speech(self, request: Request) -> Response:
-        check_json(request.headers.get("content-type"))
-        req = parse(await _body(request, self.settings), request.headers.get("content-type"))
+        check_json(request.headers.get("content-type"))  # before the body: no upload for a refused one
+        req = parse(await _body(request, self.settings))
         try:
             handle = await run_in_threadpool(self.submit, req, self.settings.token_cap(
                 request.headers.get("authorization")))

@@ -118,8 +118,8 @@ class VoiceService:
             stem = voices.voice_name(name)
         except InputError as e:
             raise ApiError(400, f"name: {e}", "name") from None
-        stored = voices.voice_path(stem).name[:-len(voices.VOICE_SUFFIX)]  # as it was saved, whatever the case asked
-        if not voices.delete(stem):
+        stored = voices.delete(stem)  # as it was saved, whatever the case asked
+        if stored is None:
             raise ApiError(404, f"no saved voice named '{stem}'", "name", "not_found_error")
         return {"id": stored, "object": "audio.voice.deleted", "deleted": True}
 
