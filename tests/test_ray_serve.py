@@ -177,8 +177,9 @@ def test_deployment_options_and_the_config_file():
     from omni_tts.errors import OmniTTSError
     from omni_tts.serving.ray_serve import app_builder, deployment_options
 
-    fixed = deployment_options(8, replicas=3, gpus_per_replica=0.5)
+    fixed = deployment_options(8, replicas=3, gpus_per_replica=0.5, grace_s=4)
     assert fixed["num_replicas"] == 3 and fixed["ray_actor_options"]["num_gpus"] == 0.5
+    assert fixed["graceful_shutdown_timeout_s"] == 4  # a stopping replica's open requests get the server's grace
     assert fixed["max_ongoing_requests"] == 16 and "autoscaling_config" not in fixed
     auto = deployment_options(8, min_replicas=1, max_replicas=4)["autoscaling_config"]
     assert auto == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 1, "target_ongoing_requests": 8}
@@ -191,3 +192,7 @@ def test_deployment_options_and_the_config_file():
     assert app.import_path == "omni_tts.serving.ray_serve:app_builder" and "model" in app.args
     built = app_builder({**app.args, "model": ENGINE["model"], "device": "cpu"})
     assert built is not None
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMNI_TTS_SHUTDOWN_GRACE_S", "7")
+        graced = app_builder({**ENGINE, "device": "cpu"})
+    assert graced._bound_deployment._deployment_config.graceful_shutdown_timeout_s == 7

@@ -26,6 +26,7 @@ REPLICA_HEADER = "x-omni-tts-replica"
 APP_NAME = "omni-tts"
 ENGINE_KEYS = ("model", "preset", "set", "device", "dtype", "mode")  # the engine flags a replica builds its engine from
 HEALTH_PERIOD_S, HEALTH_TIMEOUT_S = 5.0, 30.0
+GRACE_POLL_S = 0.5  # how often a stopping replica looks whether its open requests have ended
 WARM_TIMEOUT_S = 1800.0  # a replica's first compile on a new machine takes minutes
 PUBLIC_HOST = "0.0.0.0"  # Ray's proxies listen on every node: the service's public-bind settings by default
 # The environment a Ray cluster is started with, per ingress. Ray reads it in the controller and proxies at
@@ -100,15 +101,18 @@ def serving_problem(engine: Any) -> str | None:
 
 def deployment_options(max_num_seqs: int, replicas: int = 1, gpus_per_replica: float = 0.0,
                        min_replicas: int | None = None, max_replicas: int | None = None,
-                       target_ongoing_requests: float | None = None) -> dict[str, Any]:
+                       target_ongoing_requests: float | None = None, grace_s: float = 10.0) -> dict[str, Any]:
     """Serve's options for the replicas: a fixed count, or autoscaling on ongoing requests between
-    min_replicas and max_replicas; each replica takes `max_num_seqs` slots' worth plus as many waiting."""
+    min_replicas and max_replicas; each replica takes `max_num_seqs` slots' worth plus as many waiting.
+    A stopping replica lets its open requests run for `grace_s` (the headless server's shutdown grace), then
+    Serve ends it, within the time Serve's own shutdown waits for its replicas."""
     if replicas < 1:
         raise OmniTTSError(f"--replicas must be >= 1 (got {replicas})")
     if gpus_per_replica < 0:
         raise OmniTTSError(f"--gpus-per-replica must be >= 0 (got {gpus_per_replica:g})")
     opts: dict[str, Any] = {"max_ongoing_requests": 2 * max_num_seqs, "health_check_period_s": HEALTH_PERIOD_S,
-                            "health_check_timeout_s": HEALTH_TIMEOUT_S,
+                            "health_check_timeout_s": HEALTH_TIMEOUT_S, "graceful_shutdown_timeout_s": grace_s,
+                            "graceful_shutdown_wait_loop_s": GRACE_POLL_S,
                             "ray_actor_options": {"num_gpus": gpus_per_replica, "num_cpus": 1}}
     if min_replicas is None and max_replicas is None:
         return {**opts, "num_replicas": replicas}
@@ -124,6 +128,7 @@ def app_builder(args: Mapping[str, Any]) -> Any:
     """The Serve application from string-ish args (`serve run omni_tts.serving.ray_serve:app_builder
     model=DIR` or deploy/ray-serve.yaml's `args`): the engine flags plus the replica options."""
     from omni_tts.serving.headless import engine_config
+    from omni_tts.serving.settings import ServeSettings
 
     flags = _flags(args)
     config = engine_config(argparse.Namespace(**flags))  # a bad preset or key fails here, not in every replica
@@ -132,7 +137,8 @@ def app_builder(args: Mapping[str, Any]) -> Any:
     replicas = num("replicas", int)
     opts = deployment_options(config.max_num_seqs, 1 if replicas is None else replicas,
                               _default_gpus(config.device) if gpus is None else gpus,
-                              num("min_replicas", int), num("max_replicas", int), num("target_ongoing_requests", float))
+                              num("min_replicas", int), num("max_replicas", int), num("target_ongoing_requests", float),
+                              ServeSettings.from_env(PUBLIC_HOST).graceful_shutdown_s)
     return serve.deployment(TTSReplica).options(**opts).bind(flags, str(args.get("host") or PUBLIC_HOST))
 
 
