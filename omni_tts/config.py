@@ -172,9 +172,6 @@ class ExperimentalConfig:
     # kernels, so reduce-overhead and default+cudagraph can be compared with the same kernels
     kernels: bool = True
     use_vllm_pool: bool = True  # default+cudagraph captures into vLLM's global graph pool when vllm is importable
-    # MiB: the Triton projections of a weight up to this size ask L2 for their weight rows before they wait
-    # for the previous kernel (programmatic dependent launch); 0: only the first tile loads early
-    l2_prefetch_mb: int = 0
 
 
 @dataclass
@@ -277,8 +274,6 @@ class EngineConfig:
             raise OmniTTSError(f"kernel_configs: no such file '{self.kernel_configs}' (write one with kernel-sweep)")
         if not 0 <= self.admit_hold_ms <= 1000:
             raise OmniTTSError(f"admit_hold_ms must be 0..1000 (got {self.admit_hold_ms})")
-        if not 0 <= self.experimental.l2_prefetch_mb <= 1024:
-            raise OmniTTSError(f"experimental.l2_prefetch_mb must be 0..1024 (got {self.experimental.l2_prefetch_mb})")
 
 
 # The preset keys and their types, read from the records' annotations ('experimental.KEY' for that section).

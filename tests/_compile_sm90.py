@@ -33,13 +33,12 @@ def signature(fn, args: dict, constexprs: dict) -> dict[str, str]:
     return sig
 
 
-def build(fn, args: dict, constexprs: dict, warps: int = 4, stages: int = 1, pdl: bool = False,
-          ptx_has: str = "") -> str:
+def build(fn, args: dict, constexprs: dict, warps: int = 4, stages: int = 1, pdl: bool = False) -> str:
     try:
         opts = {"num_warps": warps, "num_stages": stages, **({"launch_pdl": True} if pdl else {})}
-        kernel = triton.compile(ASTSource(fn, signature(fn, args, constexprs), constexprs),
-                                target=GPUTarget("cuda", 90, 32), options=opts)
-        return "ok" if ptx_has in kernel.asm["ptx"] else f"no '{ptx_has}' in the PTX"
+        triton.compile(ASTSource(fn, signature(fn, args, constexprs), constexprs), target=GPUTarget("cuda", 90, 32),
+                       options=opts)
+        return "ok"
     except Exception as e:  # the compiler's message, first lines
         return f"{type(e).__name__}: {str(e)[-600:]}"
 
@@ -47,7 +46,6 @@ def build(fn, args: dict, constexprs: dict, warps: int = 4, stages: int = 1, pdl
 def projections() -> dict[str, str]:
     args = dict(x_ptr=BF, idx_ptr=I64, nw_ptr=BF, w_ptr=BF, b_ptr=BF, res_ptr=BF, out_ptr=BF, eps=1e-6, sx=D)
     out = {}
-    layers.set_l2_prefetch(64)  # the prefetching variants: every predictor weight streams into L2 early
     for name, M, n, k, flags in (("qkv 1 row", 1, 4096, D, dict(NORM=True)),
                                  ("gate|up 8 rows", 8, 3072, D, dict(NORM=True, GLU=True)),
                                  ("down 64 rows", 64, D, 3072, dict(RES=True)),
@@ -55,12 +53,8 @@ def projections() -> dict[str, str]:
         BN, BK, stages, warps, vec = configs.config(M, n, k)
         cx = dict(M=M, N=n, K=k, NORM=False, BIAS=False, RES=False, GLU=False, GATHER=False, IEEE=False, VEC=vec,
                   PDL=True, BM=layers.next_pow2(M) if vec else min(layers.MAX_BM, max(16, layers.next_pow2(M))),
-                  BN=BN, BK=BK, PF=0)
+                  BN=BN, BK=BK)
         out[f"projection {name}"] = build(layers._proj_kernel, args, {**cx, **flags}, warps, stages, pdl=True)
-        w = torch.empty((2 if flags.get("GLU") else 1) * n, k, dtype=BF, device="meta")
-        if pf := layers.prefetch_lines(w, BN, BK, pdl=True):
-            out[f"projection {name}, L2 prefetch"] = build(layers._proj_kernel, args, {**cx, **flags, "PF": pf}, warps,
-                                                           stages, pdl=True, ptx_has="prefetch.global.L2")
     out["norm kernel"] = build(layers._norm_kernel, dict(x_ptr=BF, nw_ptr=BF, out_ptr=BF, eps=1e-6),
                                dict(K=D, BK=D, PDL=True), 4, pdl=True)
     return out

@@ -204,7 +204,6 @@ def test_synthesis_params_validate():
                                            ("codec_precision: fp8", "codec_precision must be auto, float32"),
                                            ("kernel_configs: /no/such.json", "kernel_configs: no such file"),
                                            ("admit_hold_ms: -1", "admit_hold_ms must be 0..1000"),
-                                           ("l2_prefetch_mb: -1", "experimental.l2_prefetch_mb must be 0..1024"),
                                            ("admit_hold_ms: 0.5", "must be an integer"),
                                            ("max_seq_len: 0.5", "must be an integer"),
                                            ("use_vllm_pool: 1", "'experimental.use_vllm_pool' must be true or false")])

@@ -123,22 +123,6 @@ def test_supports_only_small_steps_of_silu_layers() -> None:
     assert not kernels.supports(layer, kernels.MAX_ROWS + 1)
 
 
-def test_a_projection_asks_l2_for_its_weight_rows_only_under_pdl_and_within_the_limit() -> None:
-    gate_up = torch.empty(6144, 1024, dtype=torch.bfloat16, device="meta")  # the predictor's: 12 MiB
-    talker_gate_up = torch.empty(12288, 2048, dtype=torch.bfloat16, device="meta")  # 48 MiB
-    try:
-        kernels.set_l2_prefetch(16)
-        assert kernels.prefetch_lines(gate_up, 32, 256, pdl=True) == 32 * 1024 * 2 // 128  # 32 rows of 2 KiB
-        assert kernels.prefetch_lines(gate_up, 32, 256, pdl=False) == 0  # nothing to overlap with
-        assert kernels.prefetch_lines(gate_up, 4, 1024, pdl=True) == 0  # the first tile is the whole rows
-        assert kernels.prefetch_lines(talker_gate_up, 32, 256, pdl=True) == 0
-        kernels.set_l2_prefetch(64)
-        assert kernels.prefetch_lines(talker_gate_up, 32, 256, pdl=True) == 32 * 2048 * 2 // 128
-    finally:
-        kernels.set_l2_prefetch(0)
-    assert kernels.prefetch_lines(gate_up, 32, 256, pdl=True) == 0  # the default: no prefetch
-
-
 def _mixed_rows(n: int, cap: int, device: str = "cpu") -> sampling.SlotParams:
     """Greedy and sampled rows with top-k, top-p and temperature settings that fit a top-`cap` selection."""
     rows = [sampling.RowSettings(greedy=True),

@@ -83,16 +83,14 @@ class StepImpls:
         fast = self.talker
         if fast is None:
             return ""
-        from omni_tts.kernels import configs, layers
-
         if self.config.kernel_configs:
+            from omni_tts.kernels import configs
+
             configs.load_configs(self.config.kernel_configs)
-        prefetch_mb = self.config.experimental.l2_prefetch_mb
-        layers.set_l2_prefetch(prefetch_mb)
         on = self.cuda and self.config.experimental.kernels
         # a probe's outcome is kept per machine and per the inputs that decide it
         key = compile_cache.probe_key(batches=batches, dtype=dtype, on=on, configs=self.config.kernel_configs,
-                                      rows=kernel_choice.LIMITS, l2_prefetch_mb=prefetch_mb)
+                                      rows=kernel_choice.LIMITS)
         kept = compile_cache.load_probe(key)
         if kept is not None and set(kept) == {*fast.CHOICE, "notice"}:
             for name in fast.CHOICE:  # the kernels build at their first launch (Triton's cache) instead

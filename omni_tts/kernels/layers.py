@@ -16,8 +16,7 @@ whose weight reads mostly hit L2); a one-row step runs them as a multiply-and-su
 (`store_kv`) also serve omni_tts.kernels.talker and omni_tts.kernels.heads (the projection's input rows
 may be strided or gathered from a table). With `pdl` (programmatic dependent launch, Hopper+:
 `pdl_available`) each kernel loads what no kernel writes (its first weight tile) before
-`after_previous` waits for the previous kernel and lets the next one launch; with `set_l2_prefetch` a
-projection whose first tile is not its whole rows also asks L2 for the rest of them first. Launch configs per
+`after_previous` waits for the previous kernel and lets the next one launch. Launch configs per
 (rows, shape) come from omni_tts.kernels.configs. Numerics follow the reference: float32 accumulation,
 values rounded to the model dtype where the reference rounds (norm output, q/k after rope, each
 projection, SiLU, residual sums); the summation order differs, so results agree to the dtype's
@@ -57,9 +56,6 @@ MAX_BM = 64  # rows per program of a tensor-core projection: more rows split ove
 # from this many rows a layer's norms run as their own kernel: the projection's input tiles then stream
 # unchanged into its pipeline, which outweighs the extra launch; below, each norm is its projection's prologue
 NORM_KERNEL_ROWS = 33
-# a projection's weight of at most this many bytes is streamed into L2 before its kernel waits (0: never);
-# the preset key experimental.l2_prefetch_mb sets it per process (`set_l2_prefetch`)
-_l2_prefetch_bytes = 0
 
 
 def available() -> bool:
@@ -95,18 +91,6 @@ if triton is not None:
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
-
-    @triton.jit
-    def _prefetch_l2(w_ptr, row0, rows, K: tl.constexpr, LINES: tl.constexpr):
-        """Ask L2 for rows row0..row0+rows-1 of the row-major [*, K] matrix at w_ptr: one prefetch per 128-byte
-        line (LINES lines), a hint that loads nothing into registers."""
-        LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # elements per 128 bytes
-        base = w_ptr + row0.to(tl.int64) * K
-        for l0 in range(0, LINES, 256):
-            e = (l0 + tl.arange(0, 256)) * LINE
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                "=r,l,r", [base + e, (e < rows * K).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
     def _w_block(w_ptr, rn, nmask, kk, N: tl.constexpr, K: tl.constexpr, GLU: tl.constexpr):
@@ -153,25 +137,17 @@ if triton is not None:
                      N: tl.constexpr, K: tl.constexpr,
                      NORM: tl.constexpr, BIAS: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr,
                      GATHER: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PF: tl.constexpr):
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         """Program (N block, M block) of out[M, N] = epilogue(prologue(x[M, K]) @ w[N, K]^T), x's rows sx
         apart (GATHER: x is a table and row m is its row idx[m]). NORM: x is RMS-normed with nw first; GLU:
         w has 2N rows (gate then up) and out = silu(gate) * up; RES: out += res[M, N]. PDL (programmatic
-        dependent launch, Hopper+): the first weight tile loads while the previous kernel is still running
-        (PF > 0: after asking L2 for the program's PF lines of weight rows); everything that kernel writes (x,
-        idx, res) is read after gdc_wait."""
+        dependent launch, Hopper+): the first weight tile loads while the previous kernel is still running;
+        everything that kernel writes (x, idx, res) is read after gdc_wait."""
         dt = out_ptr.dtype.element_ty
         rm = tl.program_id(1) * BM + tl.arange(0, BM)
         rn = tl.program_id(0) * BN + tl.arange(0, BN)
         rk = tl.arange(0, BK)
         mmask, nmask = rm < M, rn < N
-        if PF > 0:
-            if tl.program_id(1) == 0:  # the other row blocks' programs find the same rows in L2
-                row0 = tl.program_id(0) * BN
-                rows = tl.minimum(BN, N - row0)
-                _prefetch_l2(w_ptr, row0, rows, K, PF)
-                if GLU:
-                    _prefetch_l2(w_ptr, N + row0, rows, K, PF)
         wk, wu = _w_block(w_ptr, rn, nmask, rk, N, K, GLU)  # [BN, BK]: weights never depend on the last kernel
         after_previous(PDL)
         if GATHER:
@@ -301,21 +277,6 @@ def launch_options(pdl: bool, warps: int, stages: int | None = None) -> dict[str
     return opts
 
 
-def set_l2_prefetch(mb: int) -> None:
-    """Stream the weight rows of projections whose weight is at most `mb` MiB into L2 before each kernel waits
-    for the previous one (under PDL; 0: none)."""
-    global _l2_prefetch_bytes
-    _l2_prefetch_bytes = mb << 20
-
-
-def prefetch_lines(w: torch.Tensor, BN: int, BK: int, pdl: bool) -> int:
-    """The 128-byte lines of weight rows each program of a projection over `w` [n, K] asks L2 for: none without
-    PDL, where the first tile already holds whole rows (BK >= K) or past `set_l2_prefetch`'s size."""
-    if not _l2_prefetch_bytes or not pdl or BK >= w.shape[1] or w.numel() * w.element_size() > _l2_prefetch_bytes:
-        return 0
-    return -(-BN * w.shape[1] * w.element_size() // 128)
-
-
 def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None = None,
           norm: Any = None, res: torch.Tensor | None = None, glu: bool = False, cfg: Config | None = None,
           pdl: bool = False, idx: torch.Tensor | None = None) -> torch.Tensor:
@@ -330,14 +291,13 @@ def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor |
         BK = max(32, BK // 2)
     dummy = x
     BM = next_pow2(M) if vec else min(MAX_BM, max(16, next_pow2(M)))
-    pf = 0 if _INTERPRET else prefetch_lines(w, BN, BK, pdl)  # the interpreter runs no inline PTX
     _proj_kernel[(triton.cdiv(n, BN), triton.cdiv(M, BM))](
         x, idx if idx is not None else dummy, norm.weight if norm is not None else dummy, w,
         bias if bias is not None else dummy, res if res is not None else dummy, out,
         float(norm.eps) if norm is not None else 0.0, x.stride(0), M=M, N=n, K=K,
         NORM=norm is not None, BIAS=bias is not None, RES=res is not None, GLU=glu, GATHER=idx is not None,
         IEEE=x.dtype == torch.float32 or _INTERPRET, VEC=vec, PDL=pdl,
-        BM=BM, BN=BN, BK=BK, PF=pf, **launch_options(pdl, warps, stages))
+        BM=BM, BN=BN, BK=BK, **launch_options(pdl, warps, stages))
     return out
 
 
