@@ -118,6 +118,13 @@ def test_a_run_gives_a_row_per_part_and_rows_and_the_json(tmp_path, capsys):
         assert res["busy"] == [] and "needs CUDA" in res["busy_skipped"] and "skipped" in printed
 
 
+def test_the_default_peak_bandwidth_follows_the_gpu_s_name():
+    assert roofline.default_peak_gbs("NVIDIA H100 80GB HBM3") == roofline.PEAK_GBS["H100"]
+    assert roofline.default_peak_gbs("NVIDIA H200") == roofline.PEAK_GBS["H200"]
+    assert roofline.default_peak_gbs("") == roofline.PEAK_GBS["H200"]
+    assert roofline.PEAK_GBS["H100"] < roofline.PEAK_GBS["H200"]
+
+
 def test_rows_that_are_not_positive_are_refused_naming_the_flag():
     ap = argparse.ArgumentParser()
     roofline.add_arguments(ap)

@@ -1,11 +1,12 @@
 """Each part of a frame against the GPU's memory bandwidth and its arithmetic peak, and how busy the GPU
 is under load.
 
-    omni-tts roofline --model DIR [--preset bench] [--mode M] [--rows 1 8 32 64] [--peak-gbs 4800]
+    omni-tts roofline --model DIR [--preset bench] [--mode M] [--rows 1 8 32 64] [--peak-gbs G]
         [--peak-tflops 989] [--kv-len L] [--busy 32 64] [--frames 75] [--json OUT]
 
 Per part and row count: time per call (CUDA events; perf_counter on a CPU), bytes read per call, achieved
-GB/s and the share of `--peak-gbs` (the GPU's datasheet bandwidth, H200: 4800 GB/s); FLOPs per call,
+GB/s and the share of `--peak-gbs` (the GPU's datasheet bandwidth: by default the H100's or H200's, from
+the device's name, else the H200's); FLOPs per call,
 achieved TFLOP/s and the share of the arithmetic peak in the precision the part's matmuls run in
 (`--peak-tflops` is the dense bfloat16 tensor-core peak, H200: 989; TF32 and float32 scale from it).
 Whichever share is higher says which roof a part is under. The byte model, from the model's actual
@@ -62,6 +63,8 @@ PARTS = ("talker step", "predictor frame", "code-to-wave")
 STEADY_HISTORY_FRAMES = 100  # a chunk this far into a request: the codec's attention window is full
 
 # Dense arithmetic peaks relative to bfloat16's (Hopper datasheet): what a part's matmuls run in.
+# datasheet HBM bandwidth (GB/s) of the SXM parts, by a word of the device's name
+PEAK_GBS = {"H200": 4800.0, "H100": 3350.0}
 PEAK_SHARE_OF_BF16 = {"bfloat16": 1.0, "float16": 1.0, "tf32": 0.5, "float32": 67 / 989}
 
 
@@ -271,6 +274,11 @@ def measured_config(args: argparse.Namespace, slots: int) -> Any:
     return engine_config(args, mode=mode, modes=[mode], max_num_seqs=slots)
 
 
+def default_peak_gbs(device_name: str) -> float:
+    """The datasheet bandwidth of the GPU named `device_name` (PEAK_GBS), the H200's for any other."""
+    return next((v for k, v in PEAK_GBS.items() if k in device_name.upper()), PEAK_GBS["H200"])
+
+
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     from omni_tts import Engine
     from omni_tts.errors import OmniTTSError
@@ -278,6 +286,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
 
     if min([*args.rows, *args.busy, args.iters]) < 1:
         raise OmniTTSError("--rows, --busy and --iters take positive integers")
+    if args.peak_gbs is None:
+        args.peak_gbs = default_peak_gbs(torch.cuda.get_device_name() if torch.cuda.is_available() else "")
     if min(args.peak_gbs, args.peak_tflops) <= 0:
         raise OmniTTSError("--peak-gbs and --peak-tflops take positive numbers")
     busy = list(args.busy or [])
@@ -308,7 +318,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     add_engine_flags(ap, "bench")
     ap.add_argument("--mode", default=None, help="compile mode measured (default: default+cudagraph, eager on CPU)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64], help="rows per call")
-    ap.add_argument("--peak-gbs", type=float, default=4800.0, help="the GPU's peak memory bandwidth, GB/s")
+    ap.add_argument("--peak-gbs", type=float, default=None,
+                    help="the GPU's peak memory bandwidth, GB/s (default: the H100's or H200's by the device's name)")
     ap.add_argument("--peak-tflops", type=float, default=989.0,
                     help="the GPU's dense bfloat16 tensor-core peak, TFLOP/s (TF32: half; float32 scaled)")
     ap.add_argument("--busy", type=int, nargs="*", default=[], metavar="C",
