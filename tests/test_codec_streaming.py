@@ -19,13 +19,7 @@ from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.models.codec.costs import chunk_costs
 from omni_tts.models.codec.decoder import CodecDecoder
 from omni_tts.models.codec.layers import CausalConv1d, CausalUpConv1d, WindowAttention, WindowTransformer
-from omni_tts.models.codec.streaming import (
-    DecodeShapes,
-    StreamingDecoder,
-    StreamingDecoderState,
-    decode_chunk,
-    decode_plans,
-)
+from omni_tts.models.codec.streaming import StreamingDecoder, StreamingDecoderState, decode_chunk, decode_plans
 
 STREAM_TOL = 1e-4  # streamed vs one-shot, float32 (as tests/test_codec.py)
 GOLDEN_TOL = 1e-3  # vs the official decode's waveforms (as tests/test_codec.py)
@@ -188,51 +182,6 @@ def test_several_chunks_of_one_stream_in_one_call_decode_in_order() -> None:
     assert float(np.abs(np.concatenate(out[id(a)]) - dec.decode(ca).numpy()).max()) <= STREAM_TOL
     full_b = torch.cat([random_codes(9, seed=9), cb])
     assert float(np.abs(np.concatenate(out[id(b)]) - dec.decode(full_b)[9 * upf:].numpy()).max()) <= STREAM_TOL
-
-
-def test_decode_shapes_pad_rows_to_a_bucket_and_split_frames_into_held_lengths() -> None:
-    shapes = DecodeShapes.for_slots(64, 25)
-    assert shapes.rows == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64) and shapes.frames == (1, 2, 4, 8, 16, 25)
-    assert DecodeShapes.for_slots(8, 25).rows == (1, 2, 4, 8) and DecodeShapes.for_slots(3, 6).frames == (1, 2, 4, 6)
-    assert [shapes.padded_rows(n) for n in (1, 3, 9, 33, 64, 65)] == [1, 4, 16, 40, 64, 65]
-    for n in range(1, 80):
-        parts = shapes.split(n)
-        assert sum(parts) == n and set(parts) <= set(shapes.frames) and parts == sorted(parts, reverse=True)
-    assert shapes.split(24) == [16, 8] and shapes.split(19) == [16, 2, 1] and shapes.split(50) == [25, 25]
-
-
-@pytest.mark.parametrize("schedule", [[1, 25], [3, 7], SCHEDULES["growth"]], ids=["1-25", "3-7", "growth"])
-def test_decodes_held_to_fixed_shapes_give_each_stream_its_one_shot_audio(schedule: list[int]) -> None:
-    """Several streams (one a voice clone) decoded with their batches padded to a row bucket and their
-    chunks cut into held lengths: each stream's chunks join to its one-shot decode, and no carried decode
-    runs a shape outside the held ones."""
-    dec = decoder("base")
-    upf = dec.decode_upsample_rate
-    shapes = DecodeShapes(rows=(1, 4), frames=(1, 2, 4))
-    seen: list[tuple[int, int]] = []
-    run = dec.decode_carried
-    dec.decode_carried = lambda codes, carry: (seen.append(tuple(codes.shape[:2])), run(codes, carry))[1]
-    try:
-        streams = [random_codes(n, seed=70 + n) for n in (31, 40, 9)]
-        pre = random_codes(12, seed=7)
-        decs = [StreamingDecoder(dec, schedule[0], schedule[-1], grow=len(schedule) > 1,
-                                 prefix_codes=pre if i == 1 else None) for i in range(3)]
-        out: list[list[np.ndarray]] = [[] for _ in decs]
-        for t in range(40):
-            plans = [d.plan_push(c[t: t + 1]) for d, c in zip(decs, streams)]
-            plans += [d.plan_flush() for d, c in zip(decs, streams) if t == c.shape[0] - 1]  # a stream's end
-            plans = [p for p in plans if p is not None]
-            wavs, _ = decode_plans(plans, shapes=shapes)
-            for plan, wav in zip(plans, wavs):
-                out[decs.index(plan.decoder)].append(plan.decoder.account(plan, wav))
-    finally:
-        del dec.decode_carried
-    assert seen and all(rows in shapes.rows and frames in shapes.frames for rows, frames in seen)
-    assert any(rows == 4 for rows, _ in seen)  # three streams padded to four rows
-    for i, codes in enumerate(streams):
-        full = torch.cat([pre, codes]) if i == 1 else codes
-        want = dec.decode(full)[(12 if i == 1 else 0) * upf:].numpy()
-        assert float(np.abs(np.concatenate(out[i]) - want).max()) <= STREAM_TOL, i
 
 
 @pytest.mark.parametrize("prefix", [0, 20, 130])

@@ -9,8 +9,7 @@ chunks of requests that started together share a length), then emits chunks and 
 order, so each request's chunks and its completion stay in order. A request that completes (done,
 failed or cancelled) drops its decoder state (`live_states` counts those held). On CUDA the first
 chunk of a plain request (the TTFP path) replays a CUDA graph per batch bucket (`FirstChunkGraphs`);
-a codec whose first call of a new shape is slow (bfloat16) is held to a few shapes, warmed before serving
-(`fix_shapes`); `drain()` lets the scheduler wait for an idle stage. Does not know: the runner, slots, sampling, or
+`drain()` lets the scheduler wait for an idle stage. Does not know: the runner, slots, sampling, or
 how the codec computes a chunk.
 """
 
@@ -29,7 +28,7 @@ from omni_tts.engine.metrics import EngineStats, now
 from omni_tts.engine.request import AudioChunk
 from omni_tts.errors import OmniTTSError, as_engine_error, one_line
 from omni_tts.models.codec.layers import Carry
-from omni_tts.models.codec.streaming import ChunkPlan, DecodeShapes, decode_plans
+from omni_tts.models.codec.streaming import ChunkPlan, decode_plans
 
 
 def _error(e: Exception) -> OmniTTSError:
@@ -54,18 +53,6 @@ def fuse_codec(codec: Any) -> str:
     except Exception as e:
         codec.set_fused(False)
         return one_line(e)
-
-
-def warm_shapes(codec: Any, shapes: DecodeShapes) -> None:
-    """Decode every carried (rows, frames) shape of `shapes` once, so no request pays a shape's first call."""
-    device = codec.quantizer["rvq_first"].tables.device
-    with torch.inference_mode():
-        for b in shapes.rows:
-            start: Carry = {}
-            codec.decode_carried(torch.zeros(b, 1, codec.num_quantizers, dtype=torch.long, device=device), start)
-            for n in shapes.frames:
-                carry = {k: v.clone() for k, v in start.items()}
-                codec.decode_carried(torch.zeros(b, n, codec.num_quantizers, dtype=torch.long, device=device), carry)
 
 
 class FirstChunkGraphs:
@@ -130,7 +117,6 @@ class AudioStage:
         self.device, self.stats, self.priority = device, stats, priority
         self.first: FirstChunkGraphs | None = None
         self.first_error = ""
-        self.shapes: DecodeShapes | None = None  # the shapes carried decodes are held to (None: any)
         # False: decode first chunks eagerly (a switch for isolating GPU issues)
         self.graphs_on = True
         self._jobs: queue.Queue[list[tuple] | None] = queue.Queue()
@@ -145,15 +131,6 @@ class AudioStage:
             self.first = FirstChunkGraphs(codec, frames, buckets, priority=self.priority)
         except Exception as e:  # never fatal: first chunks then decode eagerly
             self.first_error = one_line(e)
-
-    def fix_shapes(self, codec: Any, slots: int, chunk_frames: int) -> None:
-        """Hold carried decodes to `DecodeShapes.for_slots` and warm each shape (CUDA, a bfloat16 codec: its
-        convs' first call of a shape is several times a repeat's). Call while nothing decodes."""
-        if self.device.type != "cuda" or getattr(codec, "precision", "") != "bfloat16":
-            return
-        shapes = DecodeShapes.for_slots(slots, chunk_frames)
-        warm_shapes(codec, shapes)
-        self.shapes = shapes
 
     def live_states(self) -> int:
         """Requests whose decoder state this stage holds (each is dropped when its request completes)."""
@@ -217,7 +194,7 @@ class AudioStage:
                 steps.append(("chunk", a, plan))
         plans = [s[2] for s in steps if s[0] == "chunk"]
         t0 = now()
-        wavs, calls = decode_plans(plans, self.first if self.graphs_on else None, self.shapes) if plans else ([], 0)
+        wavs, calls = decode_plans(plans, self.first if self.graphs_on else None) if plans else ([], 0)
         self.stats.on_decode(sum(p.keep for plan in plans for p in plan.pieces), calls, now() - t0)
         results = iter(wavs)
         for step in steps:

@@ -258,10 +258,9 @@ class Engine:
         t.append(time.perf_counter())
         between(lambda: self._audio.capture_first_chunks(model.codec, self.config.initial_chunk_frames,
                                                          self.config.resolved_buckets()))
-        between(lambda: self._audio.fix_shapes(model.codec, self.config.max_num_seqs, self.config.chunk_frames))
         t.append(time.perf_counter())
         self._say(f"GPU set-up took {t[3] - t[0]:.1f} s: kernel probes {t[1] - t[0]:.1f} s, codec fuse "
-                  f"{t[2] - t[1]:.1f} s, first-chunk graphs and codec shapes {t[3] - t[2]:.1f} s")
+                  f"{t[2] - t[1]:.1f} s, first-chunk graphs {t[3] - t[2]:.1f} s")
 
     def _warm_all(self, order: list[CompileMode]) -> None:
         # a scheduler that needs no warm-up to serve (eager) serves from now on, before the GPU set-up

@@ -3,9 +3,7 @@ decoded once, many requests' chunks decoded as one batch.
 
 Owns: `StreamingDecoderState` (one stream's carried decoder state between chunks), `decode_chunk` (the next
 frames of several streams as one batched `CodecDecoder.decode_carried`, their states stacked and put
-back, optionally padded to a fixed row count), `DecodeShapes` (the few (rows, frames) shapes a codec whose
-first call of a new shape is slow is held to), `StreamingDecoder` (when a chunk is due; where the stream
-restarts: its first emitted frame after
+back), `StreamingDecoder` (when a chunk is due; where the stream restarts: its first emitted frame after
 a voice-clone prefix, which primes the state but is never emitted, and each official 300-frame segment,
 primed with the frames the one-shot decode gives it as context), `ChunkPlan` (a chunk owed, planned
 apart from decoding) and `decode_plans` (every plan's pieces, batched per round and chunk length, a
@@ -45,37 +43,6 @@ class StreamingDecoderState:
         return bool(self.carry)
 
 
-@dataclass(frozen=True)
-class DecodeShapes:
-    """The (rows, frames) shapes carried decodes are held to: a batch of n rows is padded to the first of
-    `rows` that holds it, and a piece of frames not in `frames` (which holds 1) is decoded as consecutive
-    pieces of the longest lengths in `frames` that fit: the same audio (a stream decodes the same whatever its
-    chunks), from a set of shapes small enough to warm before serving."""
-
-    rows: tuple[int, ...]
-    frames: tuple[int, ...]
-
-    @classmethod
-    def for_slots(cls, slots: int, chunk_frames: int) -> DecodeShapes:
-        """Rows 1, 2, 4 and each multiple of 8 up to `slots` (padding adds at most 7 rows); frames the powers
-        of two below `chunk_frames`, and `chunk_frames`."""
-        rows = sorted({r for r in (1, 2, 4) if r < slots} | set(range(8, slots, 8)) | {slots})
-        frames = sorted({1 << i for i in range(chunk_frames.bit_length()) if 1 << i < chunk_frames} | {chunk_frames})
-        return cls(tuple(rows), tuple(frames))
-
-    def padded_rows(self, n: int) -> int:
-        """The row count a batch of n rows decodes as (n itself past the largest)."""
-        return next((r for r in self.rows if r >= n), n)
-
-    def split(self, n: int) -> list[int]:
-        """n frames as lengths in `frames`, longest first, that sum to n."""
-        out = []
-        while n:
-            out.append(next(f for f in reversed(self.frames) if f <= n))
-            n -= out[-1]
-        return out
-
-
 def _stack(states: Sequence[StreamingDecoderState]) -> Carry:
     """The rows' carries as one batch carry; a row without an entry gets zeros (a stream's start)."""
     out: Carry = {}
@@ -87,19 +54,14 @@ def _stack(states: Sequence[StreamingDecoderState]) -> Carry:
 
 
 def decode_chunk(codec: CodecDecoder, codes: torch.Tensor, states: Sequence[StreamingDecoderState],
-                 fast: FastFirst | None = None, rows: int = 0) -> torch.Tensor:
+                 fast: FastFirst | None = None) -> torch.Tensor:
     """The next frames codes [B, N, Q] of B streams (row i continues states[i]) -> float32 [B, N*upsample],
-    those frames of each stream's one-shot decode. The states advance only if the whole batch decodes.
-    `rows` > B: the carried decode runs on that many rows, the extra ones streams that start on code 0."""
+    those frames of each stream's one-shot decode. The states advance only if the whole batch decodes."""
     got = fast(codec, codes) if fast is not None and not any(states) else None
     if got is None:
-        n = codes.shape[0]
-        if rows > n:  # padding rows are row-independent of the others: their audio is dropped
-            codes = torch.cat([codes, codes.new_zeros(rows - n, *codes.shape[1:])])
-            states = [*states, *(StreamingDecoderState() for _ in range(rows - n))]
         carry = _stack(states)
         with torch.inference_mode():
-            wav = codec.decode_carried(codec.prepare(codes), carry)[:n]
+            wav = codec.decode_carried(codec.prepare(codes), carry)
     else:
         wav, carry = got
     for i, s in enumerate(states):
@@ -131,26 +93,13 @@ class ChunkPlan:
     pieces: list[Piece]
 
 
-def _split(piece: Piece, shapes: DecodeShapes | None) -> list[Piece]:
-    """`piece` as consecutive pieces of `shapes`' lengths (the first restarts if it does)."""
-    n = piece.codes.shape[0]
-    if shapes is None or n in shapes.frames:
-        return [piece]
-    out, at = [], 0
-    for length in shapes.split(n):
-        out.append(Piece(piece.codes[at: at + length], piece.reset and at == 0, piece.keep))
-        at += length
-    return out
-
-
 def _decode_group(codec: CodecDecoder, rows: list[tuple[Piece, StreamingDecoderState]],
-                  fast: FastFirst | None, shapes: DecodeShapes | None = None) -> tuple[list[Any], int]:
+                  fast: FastFirst | None) -> tuple[list[Any], int]:
     """One batched decode of same-length pieces, each row's state advanced -> (per row: its host audio,
     None for a priming piece, or the exception; the decode calls made)."""
     try:
         run = [StreamingDecoderState() if p.reset else s for p, s in rows]
-        padded = shapes.padded_rows(len(rows)) if shapes is not None else 0
-        wav = decode_chunk(codec, torch.stack([p.codes for p, _ in rows]), run, fast, padded)
+        wav = decode_chunk(codec, torch.stack([p.codes for p, _ in rows]), run, fast)
         for (_, s), r in zip(rows, run):
             s.carry = r.carry
         host = list(to_host(wav)) if any(p.keep for p, _ in rows) else [None] * len(rows)
@@ -164,12 +113,10 @@ def _decode_group(codec: CodecDecoder, rows: list[tuple[Piece, StreamingDecoderS
     return out, 1 + len(rows)
 
 
-def decode_plans(plans: list[ChunkPlan], fast: FastFirst | None = None,
-                 shapes: DecodeShapes | None = None) -> tuple[list[torch.Tensor | Exception], int]:
+def decode_plans(plans: list[ChunkPlan], fast: FastFirst | None = None) -> tuple[list[torch.Tensor | Exception], int]:
     """Decode every plan's pieces: a decoder's plans in order, each round one piece of every decoder, as
     one batched decode per (codec, piece length, restart or not). `fast`, when given, is tried for the
-    batches of rows that start their stream (e.g. graphed first chunks); `shapes`, when given, holds the
-    other decodes to its shapes (the audio is the same).
+    batches of rows that start their stream (e.g. graphed first chunks).
 
     The decoder is row-independent, so a row decoded in a batch equals its decode alone. Returns, per
     plan, its float32 CPU audio [N*upsample] or the exception its decode raised (a failing batch is
@@ -178,7 +125,7 @@ def decode_plans(plans: list[ChunkPlan], fast: FastFirst | None = None,
     """
     queues: dict[int, list[tuple[int, Piece]]] = {}
     for i, plan in enumerate(plans):
-        queues.setdefault(id(plan.decoder), []).extend((i, q) for p in plan.pieces for q in _split(p, shapes))
+        queues.setdefault(id(plan.decoder), []).extend((i, p) for p in plan.pieces)
     audio: list[list[torch.Tensor]] = [[] for _ in plans]
     errors: dict[int, Exception] = {}  # plan index -> its error
     calls = 0
@@ -190,7 +137,7 @@ def decode_plans(plans: list[ChunkPlan], fast: FastFirst | None = None,
             groups.setdefault(shape, []).append((key, i, piece))
         for members in groups.values():
             codec = plans[members[0][1]].decoder.codec
-            wavs, n = _decode_group(codec, [(p, plans[i].decoder.state) for _, i, p in members], fast, shapes)
+            wavs, n = _decode_group(codec, [(p, plans[i].decoder.state) for _, i, p in members], fast)
             calls += n
             for (key, i, _), wav in zip(members, wavs):
                 if isinstance(wav, Exception):
