@@ -119,6 +119,30 @@ def test_connections_that_never_finish_their_headers_are_closed(service):
     assert httpx.get(url + "/health").status_code == 200
 
 
+def test_a_complete_header_block_over_the_limit_is_a_431_and_so_is_a_websocket_handshake_s(service):
+    """Sent in one write, a 100 KiB header block arrives complete, past uvicorn's bound on incomplete ones."""
+    url, _, _ = service
+    host, port = url.removeprefix("http://").split(":")
+    big = b"X-Big: " + b"x" * (100 << 10) + b"\r\n"
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + big + b"\r\n")
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            reply += s.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 431 "), reply[:80]
+    r = httpx.get(url + "/health", headers={"X-Fits": "x" * (32 << 10)}, timeout=WAIT_S)
+    assert r.status_code == 200  # under the limit: served
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    ws_url = url.replace("http", "ws") + "/v1/audio/speech/stream"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(ws_url, additional_headers={"X-Big": "x" * (100 << 10)}, open_timeout=WAIT_S)
+    assert refused.value.response.status_code == 431
+    with connect(ws_url, additional_headers={"X-Fits": "x" * 100}, open_timeout=WAIT_S):
+        pass  # the same handshake under the limit opens
+
+
 def test_oversized_headers_are_refused(service):
     url, _, _ = service
     try:

@@ -1,6 +1,7 @@
 """The uvicorn server that runs the service's app, with its limits set: connections and tasks at once,
-idle keep-alive, the size of a request's headers, a deadline for headers that never complete (uvicorn has
-none: a connection that sends part of a request line and waits would stay open), and a bounded shutdown.
+idle keep-alive, the size of a request's headers (incomplete: uvicorn's bound; complete: `HeaderLimit`), a
+deadline for headers that never complete (uvicorn has none: a connection that sends part of a request line
+and waits would stay open), and a bounded shutdown.
 
 Owns `Server` (start in a thread and wait until it listens, stop, wait, and `close`: the shutdown in
 order, draining the engine first) and the quiet abort of a stream that cannot finish
@@ -11,6 +12,7 @@ already logged its reason). Knows nothing about Gradio; of the engine, only `dra
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import threading
@@ -65,6 +67,32 @@ class HeaderDeadlineH11(H11Protocol):
             self.transport.close()
 
 
+class HeaderLimit:
+    """ASGI middleware: an HTTP request whose request line and headers, complete, exceed `limit` bytes is a
+    431. uvicorn's h11 bounds only headers still arriving: a large block sent in one write is parsed whole
+    (a WebSocket handshake is bounded by the websockets library's own limit)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and _header_bytes(scope) > self.limit:
+            body = json.dumps({"error": {"message": f"request headers over {self.limit} bytes",
+                                         "type": "invalid_request_error", "param": None, "code": 431}}).encode()
+            await send({"type": "http.response.start", "status": 431,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                                    (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+
+def _header_bytes(scope: dict) -> int:
+    """The request line's and headers' size as sent (each header 'name: value\r\n')."""
+    line = len(scope.get("method", "GET")) + len(scope.get("raw_path") or b"") + len(scope.get("query_string", b""))
+    return line + sum(len(k) + len(v) + 4 for k, v in scope.get("headers", []))
+
+
 class _QuietAborts(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.exc_info and isinstance(record.exc_info[1], StreamAborted))
@@ -88,7 +116,8 @@ def _check_bind(host: str, port: int) -> None:
 def config(app: Any, host: str, port: int, settings: ServeSettings) -> uvicorn.Config:
     """uvicorn's settings for `app` with the service's limits."""
     protocol = type("Protocol", (HeaderDeadlineH11,), {"header_timeout_s": settings.header_timeout_s})
-    return uvicorn.Config(app, host=host, port=port, http=protocol, log_config=None, access_log=False,
+    return uvicorn.Config(HeaderLimit(app, settings.max_header_bytes), host=host, port=port, http=protocol,
+                          log_config=None, access_log=False,
                           limit_concurrency=settings.limit_concurrency,
                           timeout_keep_alive=settings.timeout_keep_alive_s,
                           h11_max_incomplete_event_size=settings.max_header_bytes,
