@@ -1,5 +1,5 @@
-"""One mode's serving loop: its warm-up, admission into slots, the batched frame loop, leaving, failure
-isolation.
+"""One mode's serving loop: its warm-up (the steps: engine/mode_warmup.py), admission into slots, the
+batched frame loop, leaving, failure isolation.
 
 Each resident mode has a `ModeScheduler` with its own runner (slots, KV cache, graphs) and its own thread,
 so a slow mode never sets the frame pace of a fast one. Every scheduler launches onto the engine's one
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -21,14 +20,15 @@ from typing import Any
 
 from omni_tts.engine.audio_stage import AudioStage
 from omni_tts.engine.metrics import EngineStats, now
+from omni_tts.engine.mode_warmup import ModeWarmup
 from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import SHUT_DOWN, Request
 from omni_tts.engine.warmup import WarmupCoordinator
-from omni_tts.errors import DeadlineExceeded, EngineError, OmniTTSError, Overloaded, as_engine_error, one_line
+from omni_tts.errors import DeadlineExceeded, EngineError, OmniTTSError, Overloaded, as_engine_error
 from omni_tts.models.qwen3_tts import Prepared
 
 
-class ModeScheduler:
+class ModeScheduler(ModeWarmup):
     """Serves the requests of one mode with one runner on one thread."""
 
     def __init__(self, runner: Runner, config: Any, audio: AudioStage, stats: EngineStats,
@@ -95,26 +95,6 @@ class ModeScheduler:
                 self._arriving -= 1
             self._wake.set()
 
-    def warm(self, say: Callable[[str], None]) -> None:
-        """Compile and capture in this scheduler's own thread, and return when that is done (called by the
-        engine's warm-up thread, one mode at a time). Dynamo's settings and Inductor's graph trees are
-        per thread: what the thread that serves the mode records is what its requests replay. A scheduler
-        whose runner serves while warming (eager) serves from now on and warms between requests."""
-        self._say = say
-        self._warm_now.set()
-        self._wake.set()
-        self.ready.wait()
-
-    def serve_early(self) -> bool:
-        """Start serving before this scheduler's warm-up (a runner that serves while warming: eager's);
-        -> whether it does. Its warm steps wait for `warm`."""
-        if not self.runner.serves_while_warming or self._stop.is_set():
-            return False
-        self.state, self.serving = "warming", True
-        self.turn.start_serving()
-        self._wake.set()
-        return True
-
     def between_frames(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` in this scheduler's thread between two of its frames (none in flight, the audio stage
         drained) and return its result; its exception is raised here. For set-up work that must not
@@ -145,74 +125,6 @@ class ModeScheduler:
         with self._step_stream():
             self._guard(self._settle)  # a frame's failure is its requests', not the warm-up's
         self.audio.drain()
-
-    def _warm(self) -> list[Callable[[], None]]:
-        """Warm this scheduler; -> the warm steps still to run between requests (a scheduler that serves while it
-        warms), else [] once warm or failed."""
-        self.state, self._warm_t0 = "warming", time.perf_counter()
-        try:
-            self._take_turn()
-            if self.runner.impls.compiles(self.mode):  # here, not at thread start: serving eager needs no Dynamo
-                self.runner.impls.compile_settings()
-            with self._step_stream():
-                steps = self.runner.warm_steps(self._say)
-                self.warm_progress = (0, len(steps))
-                for _ in range(self.runner.steps_before_serving(len(steps))):
-                    self._take_turn()
-                    self._advance(steps)
-        except Exception as e:  # a mode that cannot warm fails its requests, never the engine
-            return self._warm_failed(e)
-        starts = bool(steps) and not self.serving  # serves from now, before the rest of its warm-up
-        self.serving = True
-        if starts:
-            self._say(f"{self.mode.value} serves after {time.perf_counter() - self._warm_t0:.1f} s; "
-                      f"{len(steps)} more warm steps run between requests")
-            self.turn.start_serving()  # its next warm step waits for the idle grace: a request may be waiting
-        if not steps:
-            self._warmed()
-        return steps
-
-    def _warm_step(self, steps: list[Callable[[], None]]) -> list[Callable[[], None]]:
-        """Run the next warm step between two frames (nothing of this scheduler in flight)."""
-        try:
-            self._quiesce()
-            with self._step_stream():
-                self._advance(steps)
-        except Exception as e:
-            return self._warm_failed(e)
-        self.turn.gave_way()
-        if not steps:
-            self._warmed()
-        return steps
-
-    def _take_turn(self) -> None:
-        """Wait for the other serving schedulers to give way; a shutdown meanwhile ends the warm-up."""
-        self.warmup.give_way(self.turn)
-        if self._stop.is_set():
-            raise EngineError("the engine shut down")
-
-    def _advance(self, steps: list[Callable[[], None]]) -> None:
-        """Run the first warm step and count it."""
-        steps.pop(0)()
-        self.warm_progress = (self.warm_progress[0] + 1, self.warm_progress[1])
-
-    def _warmed(self) -> None:
-        with self._step_stream():
-            self.warm_report = self.runner.warmed(time.perf_counter() - self._warm_t0, self._say)
-        self.state = "ready"
-        self.ready.set()
-        self._wake.set()
-        self.warmup.poke()
-
-    def _warm_failed(self, e: Exception) -> list[Callable[[], None]]:
-        self.state, self.error, self.serving = "failed", one_line(e), False
-        self.warmup.poke()
-        if not (self._stop.is_set() or self.warmup.closed):  # cut short by a shutdown: not a failure to report
-            self._say(f"{self.mode.value} failed to warm: {self.error}")
-        self._fail_active(EngineError(f"mode {self.mode.value} is unavailable: {self.error}"))
-        self.ready.set()
-        self._wake.set()
-        return []
 
     def stop(self, timeout: float = 30) -> None:
         self._stop.set()
