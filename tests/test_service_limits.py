@@ -143,6 +143,21 @@ def test_a_complete_header_block_over_the_limit_is_a_431_and_so_is_a_websocket_h
         pass  # the same handshake under the limit opens
 
 
+def test_a_request_framed_both_by_length_and_chunked_is_a_400_that_closes_the_connection(service):
+    url, _, _ = service
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(SHORT).encode()
+    chunked = b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as s:
+        s.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n" % len(body) + chunked)
+        reply = b""
+        while chunk := s.recv(65536):  # the server closes after its answer
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 400 ") and b"Transfer-Encoding" in reply, reply[:200]
+    assert httpx.post(url + SPEECH, json=SHORT, timeout=WAIT_S).status_code == 200  # one framing: served
+
+
 def test_oversized_headers_are_refused(service):
     url, _, _ = service
     try:

@@ -1,7 +1,7 @@
 """The uvicorn server that runs the service's app, with its limits set: connections and tasks at once,
-idle keep-alive, the size of a request's headers (incomplete: uvicorn's bound; complete: `HeaderLimit`), a
-deadline for headers that never complete (uvicorn has none: a connection that sends part of a request line
-and waits would stay open), and a bounded shutdown.
+idle keep-alive, the size of a request's headers (incomplete: uvicorn's bound; complete: `HeaderChecks`,
+which also refuses ambiguous body framing), a deadline for headers that never complete (uvicorn has none:
+a connection that sends part of a request line and waits would stay open), and a bounded shutdown.
 
 Owns `Server` (start in a thread and wait until it listens, stop, wait, and `close`: the shutdown in
 order, draining the engine first) and the quiet abort of a stream that cannot finish
@@ -67,24 +67,34 @@ class HeaderDeadlineH11(H11Protocol):
             self.transport.close()
 
 
-class HeaderLimit:
-    """ASGI middleware: an HTTP request whose request line and headers, complete, exceed `limit` bytes is a
-    431. uvicorn's h11 bounds only headers still arriving: a large block sent in one write is parsed whole
-    (a WebSocket handshake is bounded by the websockets library's own limit)."""
+class HeaderChecks:
+    """ASGI middleware for what uvicorn's h11 lets through: an HTTP request whose request line and headers,
+    complete, exceed `limit` bytes is a 431 (h11 bounds only headers still arriving, so a large block sent in
+    one write is parsed whole; a WebSocket handshake is bounded by the websockets library); one with both
+    Content-Length and Transfer-Encoding, whose framing two parsers may read apart, is a 400. Both close the
+    connection."""
 
     def __init__(self, app: Any, limit: int) -> None:
         self.app, self.limit = app, limit
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and _header_bytes(scope) > self.limit:
-            body = json.dumps({"error": {"message": f"request headers over {self.limit} bytes",
-                                         "type": "invalid_request_error", "param": None, "code": 431}}).encode()
-            await send({"type": "http.response.start", "status": 431,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-                                    (b"connection", b"close")]})
-            await send({"type": "http.response.body", "body": body})
-            return
+        if scope["type"] == "http":
+            names = {k.lower() for k, _ in scope.get("headers", [])}
+            if _header_bytes(scope) > self.limit:
+                return await _refuse(send, 431, f"request headers over {self.limit} bytes")
+            if {b"content-length", b"transfer-encoding"} <= names:
+                return await _refuse(send, 400, "a request may not carry both Content-Length and Transfer-Encoding")
         await self.app(scope, receive, send)
+
+
+async def _refuse(send: Any, status: int, message: str) -> None:
+    """An error in the API's JSON shape, then the connection closes."""
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                 "code": status}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _header_bytes(scope: dict) -> int:
@@ -116,7 +126,7 @@ def _check_bind(host: str, port: int) -> None:
 def config(app: Any, host: str, port: int, settings: ServeSettings) -> uvicorn.Config:
     """uvicorn's settings for `app` with the service's limits."""
     protocol = type("Protocol", (HeaderDeadlineH11,), {"header_timeout_s": settings.header_timeout_s})
-    return uvicorn.Config(HeaderLimit(app, settings.max_header_bytes), host=host, port=port, http=protocol,
+    return uvicorn.Config(HeaderChecks(app, settings.max_header_bytes), host=host, port=port, http=protocol,
                           log_config=None, access_log=False,
                           limit_concurrency=settings.limit_concurrency,
                           timeout_keep_alive=settings.timeout_keep_alive_s,
