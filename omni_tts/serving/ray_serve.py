@@ -105,7 +105,7 @@ def deployment_options(max_num_seqs: int, replicas: int = 1, gpus_per_replica: f
     """Serve's options for the replicas: a fixed count, or autoscaling on ongoing requests between
     min_replicas and max_replicas; each replica takes `max_num_seqs` slots' worth plus as many waiting.
     A stopping replica lets its open requests run for `grace_s` (the headless server's shutdown grace), then
-    Serve ends it, within the time Serve's own shutdown waits for its replicas."""
+    Serve ends it (behind HAProxy Ray keeps it at least for its direct-ingress draining period: README)."""
     if replicas < 1:
         raise OmniTTSError(f"--replicas must be >= 1 (got {replicas})")
     if gpus_per_replica < 0:

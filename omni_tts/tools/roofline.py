@@ -62,9 +62,9 @@ PARTS = ("talker step", "predictor frame", "code-to-wave")
 
 STEADY_HISTORY_FRAMES = 100  # a chunk this far into a request: the codec's attention window is full
 
-# Dense arithmetic peaks relative to bfloat16's (Hopper datasheet): what a part's matmuls run in.
 # datasheet HBM bandwidth (GB/s) of the SXM parts, by a word of the device's name
 PEAK_GBS = {"H200": 4800.0, "H100": 3350.0}
+# Dense arithmetic peaks relative to bfloat16's (Hopper datasheet): what a part's matmuls run in.
 PEAK_SHARE_OF_BF16 = {"bfloat16": 1.0, "float16": 1.0, "tf32": 0.5, "float32": 67 / 989}
 
 
