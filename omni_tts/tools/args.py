@@ -72,10 +72,12 @@ def add_model_flag(p: argparse.ArgumentParser) -> None:
                    "else the embedded demo, whose audio is noise)")
 
 
-def add_device_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default=None, help="auto (default: cuda when available), cpu, cuda or cuda:N")
+def add_device_flags(p: argparse.ArgumentParser, device: str = "auto (default: cuda when available), cpu",
+                     dtype: str = "auto: bfloat16 on CUDA, float32 on a CPU") -> None:
+    """--device and --dtype; `device` / `dtype`: their choices' help, saying what the command does without them."""
+    p.add_argument("--device", default=None, help=f"{device}, cuda or cuda:N")
     p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"],
-                   help="default auto: bfloat16 on CUDA, float32 on a CPU")
+                   help=f"default {dtype}")
 
 
 def add_engine_flags(p: argparse.ArgumentParser, preset: str = "default", mode: bool = False) -> None:

@@ -48,7 +48,7 @@ def add_make_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="directory to create (must not exist, or be empty)")
     p.add_argument("--type", default="custom_voice", help="custom_voice (default), voice_design or base (voice clone)")
     p.add_argument("--seed", type=int, default=0)
-    add_device_flags(p)
+    add_device_flags(p, device="cpu (default)", dtype="float32")
 
 
 def make(args: argparse.Namespace) -> int:
