@@ -119,6 +119,43 @@ def test_connections_that_never_finish_their_headers_are_closed(service):
     assert httpx.get(url + "/health").status_code == 200
 
 
+def test_a_connection_that_trickles_body_bytes_after_its_response_is_closed(service):
+    """A declared body the route never reads: each byte it trickles after the response stopped uvicorn's
+    keep-alive timer, so such connections stayed open for good (and enough of them took every slot)."""
+    url, _, _ = service
+    host, port = url.removeprefix("http://").split(":")
+    for framing in (b"Content-Length: 1000\r\n", b"Transfer-Encoding: chunked\r\n"):
+        with socket.create_connection((host, int(port)), timeout=WAIT_S) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + framing + b"\r\n")
+            reply = b""
+            while b"\r\n\r\n" not in reply:
+                reply += s.recv(65536)
+            assert reply.startswith(b"HTTP/1.1 200 ")
+            s.sendall(b"x" if framing.startswith(b"Content") else b"1\r\nx\r\n")  # then nothing more
+            assert _closed_by_server(s), framing
+    assert httpx.get(url + "/health").status_code == 200
+
+
+def test_headers_are_counted_as_the_fewest_bytes_they_took(service):
+    """Many small headers under the limit are served; a single write just over it is a 431."""
+    url, _, _ = service
+    host, port = url.removeprefix("http://").split(":")
+    many = b"".join(b"a%d:b\r\n" % i for i in range(7000))  # ~62 KB of headers, counted as they were sent
+
+    def send(block: bytes) -> bytes:
+        with socket.create_connection((host, int(port)), timeout=WAIT_S) as s:
+            s.sendall(block)
+            reply = b""
+            while b"\r\n" not in reply:
+                reply += s.recv(65536)
+            return reply
+
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\n"
+    assert len(head + many + b"\r\n") < 64 << 10 and send(head + many + b"\r\n").startswith(b"HTTP/1.1 200 ")
+    pad = (64 << 10) + 8 - len(head) - len(b"X-Big: \r\n\r\n")
+    assert send(head + b"X-Big: " + b"x" * pad + b"\r\n\r\n").startswith(b"HTTP/1.1 431 ")  # 8 bytes over
+
+
 def test_a_complete_header_block_over_the_limit_is_a_431_and_so_is_a_websocket_handshake_s(service):
     """Sent in one write, a 100 KiB header block arrives complete, past uvicorn's bound on incomplete ones."""
     url, _, _ = service

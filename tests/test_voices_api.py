@@ -177,6 +177,28 @@ def test_a_form_of_unknown_length_is_refused(base):
     assert r.status_code == 411 and "Content-Length" in r.json()["error"]["message"]
 
 
+def test_a_form_that_never_finishes_arriving_is_a_408(library):
+    """A voice upload whose body stops part-way is answered once the body deadline passes (and the
+    connection is freed) instead of holding its connection and task for good."""
+    import socket
+
+    engine = engine_for("base")
+    try:
+        with serve_app(build_app(engine, ServeSettings(body_timeout_s=0.5))) as url:
+            host, port = url.removeprefix("http://").split(":")
+            part = b'--x\r\nContent-Disposition: form-data; name="name"\r\n\r\nhalf'
+            with socket.create_connection((host, int(port)), timeout=30) as s:
+                s.sendall(b"POST /v1/audio/voices HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n"
+                          b"Content-Type: multipart/form-data; boundary=x\r\n\r\n" + part)  # then nothing more
+                reply = b""
+                while b"\r\n\r\n" not in reply:
+                    reply += s.recv(65536)
+            assert reply.startswith(b"HTTP/1.1 408 "), reply[:120]
+            assert httpx.get(url + "/v1/audio/voices").status_code == 200
+    finally:
+        engine.shutdown()
+
+
 def test_a_body_that_is_not_a_form_and_an_unknown_voice_are_named_as_such(base):
     """JSON sent to the upload route is refused as the wrong kind of body (not as an empty name), and a
     Base request naming a voice the library does not hold says so and lists the saved ones (not that a

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -30,8 +29,9 @@ from omni_tts.serving.streams import StreamAborted
 
 
 class HeaderDeadlineH11(H11Protocol):
-    """uvicorn's h11 protocol, plus: a connection whose next request's headers are not complete within
-    `header_timeout_s` of its first byte (or of the connection, for the first request) is closed."""
+    """uvicorn's h11 protocol, plus: a connection with no response under way and no keep-alive timer (its
+    next request's headers not complete, or bytes still arriving after its response, which stop uvicorn's
+    keep-alive timer) is closed `header_timeout_s` after its first byte (or the connection's start)."""
 
     header_timeout_s = 10.0
 
@@ -48,10 +48,13 @@ class HeaderDeadlineH11(H11Protocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def _idle(self) -> bool:
+        """No response under way and no keep-alive timer: nothing would ever close this connection."""
+        return self.timeout_keep_alive_task is None and (self.cycle is None or self.cycle.response_complete)
+
     def _arm(self) -> None:
-        """Start the deadline while a request's headers are incomplete (never restarted by more bytes)."""
-        waiting = self.conn.their_state is h11.IDLE and self.timeout_keep_alive_task is None
-        if not waiting:
+        """Start the deadline while the connection is idle (never restarted by more bytes)."""
+        if not self._idle():
             self._disarm()
         elif self._header_timer is None and not self.transport.is_closing():
             self._header_timer = self.loop.call_later(self.header_timeout_s, self._expire)
@@ -63,7 +66,7 @@ class HeaderDeadlineH11(H11Protocol):
 
     def _expire(self) -> None:
         self._header_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        if self._idle() and not self.transport.is_closing():
             self.transport.close()
 
 
@@ -98,9 +101,11 @@ async def _refuse(send: Any, status: int, message: str) -> None:
 
 
 def _header_bytes(scope: dict) -> int:
-    """The request line's and headers' size as sent (each header 'name: value\r\n')."""
-    line = len(scope.get("method", "GET")) + len(scope.get("raw_path") or b"") + len(scope.get("query_string", b""))
-    return line + sum(len(k) + len(v) + 4 for k, v in scope.get("headers", []))
+    """The fewest bytes the request line and headers took ('METHOD target HTTP/1.1', each header 'name:value',
+    CRLFs): what the parser dropped (whitespace around values) is not counted, so none is over-counted."""
+    query = scope.get("query_string", b"")
+    line = len(scope.get("method", "GET")) + len(scope.get("raw_path") or b"") + (len(query) + 1 if query else 0) + 12
+    return line + sum(len(k) + len(v) + 3 for k, v in scope.get("headers", [])) + 2
 
 
 class _QuietAborts(logging.Filter):

@@ -11,6 +11,7 @@ voices are made with the engine's public `voice_prompt` and kept in the library 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 from pathlib import Path
@@ -150,7 +151,10 @@ def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
                 raise ApiError(413, f"request body is {size} bytes; audio_sample may be at most "
                                     f"{MAX_SAMPLE_BYTES >> 20} MB", "audio_sample")
             try:
-                form = await request.form(max_files=1, max_fields=len(FORM_FIELDS))
+                form = await asyncio.wait_for(request.form(max_files=1, max_fields=len(FORM_FIELDS)),
+                                              settings.body_timeout_s)
+            except TimeoutError:
+                raise ApiError(408, f"the request body did not arrive within {settings.body_timeout_s:g} s") from None
             except Exception as e:  # noqa: BLE001 - starlette raises its own types for a malformed form
                 raise ApiError(400, f"the body is not a valid multipart form ({e})") from None
             try:
