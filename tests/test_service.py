@@ -213,9 +213,12 @@ def test_ready_answers_503_until_a_mode_serves(deadline_service):
     assert r.status_code == 503 and r.json() == {"ready": False, "draining": False, "modes": {"eager": {
         "state": "queued", "serving": False, "progress": [0, 0], "default": True}}}
     assert httpx.get(url + "/health").status_code == 200  # alive all the same
+    assert httpx.head(url + "/ready").status_code == 503 and httpx.head(url + "/health").status_code == 200
     engine.start_warming()
     assert engine.wait_ready(timeout=WAIT_S)
     assert httpx.get(url + "/ready").status_code == 200
+    head = httpx.head(url + "/ready")  # a HEAD probe: the status, no body
+    assert head.status_code == 200 and head.content == b""
 
 
 def test_past_the_deadline_a_request_ends_with_a_clear_error_on_every_path(deadline_service):

@@ -47,11 +47,13 @@ def build_app(engine: Any, settings: ServeSettings | None = None) -> FastAPI:
             log.error("unexpected error: %s: %s", type(e).__name__, e, exc_info=e)
         return ApiError(500, f"internal error: {type(e).__name__}", kind="server_error").response()
 
-    @app.get("/health")
+    probe = ["GET", "HEAD"]  # load balancers' health checks send either
+
+    @app.api_route("/health", methods=probe)
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/ready")
+    @app.api_route("/ready", methods=probe)
     def ready() -> Response:
         modes = {m: {"state": v.state, "serving": v.serving, "progress": list(v.progress),
                      "default": v.is_default} for m, v in engine.modes().items() if v.state != "unavailable"}
