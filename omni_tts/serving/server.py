@@ -12,7 +12,6 @@ already logged its reason). Knows nothing about Gradio; of the engine, only `dra
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import socket
 import threading
@@ -24,6 +23,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from omni_tts.errors import OmniTTSError
+from omni_tts.serving.errors import ApiError
 from omni_tts.serving.settings import ServeSettings
 from omni_tts.serving.streams import StreamAborted
 
@@ -81,23 +81,19 @@ class HeaderChecks:
         self.app, self.limit = app, limit
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            names = {k.lower() for k, _ in scope.get("headers", [])}
-            if _header_bytes(scope) > self.limit:
-                return await _refuse(send, 431, f"request headers over {self.limit} bytes")
-            if {b"content-length", b"transfer-encoding"} <= names:
-                return await _refuse(send, 400, "a request may not carry both Content-Length and Transfer-Encoding")
-        await self.app(scope, receive, send)
+        refusal = self._refusal(scope) if scope["type"] == "http" else None
+        if refusal is None:
+            return await self.app(scope, receive, send)
+        response = refusal.response()
+        response.headers["connection"] = "close"
+        await response(scope, receive, send)
 
-
-async def _refuse(send: Any, status: int, message: str) -> None:
-    """An error in the API's JSON shape, then the connection closes."""
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": status}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-                            (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": body})
+    def _refusal(self, scope: dict) -> ApiError | None:
+        if _header_bytes(scope) > self.limit:
+            return ApiError(431, f"request headers over {self.limit} bytes")
+        if {b"content-length", b"transfer-encoding"} <= {k.lower() for k, _ in scope.get("headers", [])}:
+            return ApiError(400, "a request may not carry both Content-Length and Transfer-Encoding")
+        return None
 
 
 def _header_bytes(scope: dict) -> int:

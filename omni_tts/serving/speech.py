@@ -17,7 +17,8 @@ import base64
 import binascii
 import json
 import math
-from typing import Any, Literal
+from collections.abc import Awaitable
+from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -35,6 +36,7 @@ from omni_tts.serving.errors import ApiError, clip_error, from_engine
 from omni_tts.serving.settings import ServeSettings
 from omni_tts.ui import files, labels
 
+T = TypeVar("T")
 TASKS = {"customvoice": "custom_voice", "custom_voice": "custom_voice", "voicedesign": "voice_design",
          "voice_design": "voice_design", "base": "voice_clone", "voice_clone": "voice_clone"}
 API_TASKS = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "voice_clone": "Base"}
@@ -245,11 +247,17 @@ async def _body(request: Request, settings: ServeSettings) -> bytes:
         return bytes(out)
 
     try:
-        return await asyncio.wait_for(read(), settings.body_timeout_s)
-    except TimeoutError:
-        raise ApiError(408, f"the request body did not arrive within {settings.body_timeout_s:g} s") from None
+        return await body_in_time(read(), settings)
     except ClientDisconnect:  # nobody is left to answer: no error worth a traceback
         raise ApiError(499, "the client left before its request body arrived") from None
+
+
+async def body_in_time(reading: Awaitable[T], settings: ServeSettings) -> T:
+    """`reading` (a request body being read) awaited for at most body_timeout_s; past it, a 408."""
+    try:
+        return await asyncio.wait_for(reading, settings.body_timeout_s)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {settings.body_timeout_s:g} s") from None
 
 
 class _Unsafe(Exception):

@@ -11,7 +11,6 @@ voices are made with the engine's public `voice_prompt` and kept in the library 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import tempfile
 from pathlib import Path
@@ -26,7 +25,7 @@ from omni_tts import voices
 from omni_tts.errors import InputError, OmniTTSError
 from omni_tts.serving.errors import ApiError, clip_error
 from omni_tts.serving.settings import ADMIN_ENV, ServeSettings
-from omni_tts.serving.speech import SpeechService
+from omni_tts.serving.speech import SpeechService, body_in_time
 
 MAX_SAMPLE_BYTES = 10 << 20
 FORM_FIELDS = {"audio_sample", "name", "consent", "ref_text", "x_vector_only"}
@@ -151,10 +150,9 @@ def router(engine: Any, settings: ServeSettings | None = None) -> APIRouter:
                 raise ApiError(413, f"request body is {size} bytes; audio_sample may be at most "
                                     f"{MAX_SAMPLE_BYTES >> 20} MB", "audio_sample")
             try:
-                form = await asyncio.wait_for(request.form(max_files=1, max_fields=len(FORM_FIELDS)),
-                                              settings.body_timeout_s)
-            except TimeoutError:
-                raise ApiError(408, f"the request body did not arrive within {settings.body_timeout_s:g} s") from None
+                form = await body_in_time(request.form(max_files=1, max_fields=len(FORM_FIELDS)), settings)
+            except ApiError:
+                raise
             except Exception as e:  # noqa: BLE001 - starlette raises its own types for a malformed form
                 raise ApiError(400, f"the body is not a valid multipart form ({e})") from None
             try:
