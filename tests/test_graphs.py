@@ -149,7 +149,7 @@ def test_a_graph_survives_what_inductor_graph_trees_do_to_cublas_workspaces():
 def test_first_chunk_graphs_equal_the_eager_decode():
     from _fixtures import fixture_dir
 
-    from omni_tts.engine.audio_stage import FirstChunkGraphs
+    from omni_tts.engine.codec_graphs import FirstChunkGraphs
     from omni_tts.models.checkpoint import load_checkpoint
     from omni_tts.models.codec.decoder import CodecDecoder
 

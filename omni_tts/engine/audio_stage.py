@@ -8,9 +8,9 @@ with one batched carried-state decode per chunk length (`codec.decode_plans`: ea
 chunks of requests that started together share a length), then emits chunks and completions in job
 order, so each request's chunks and its completion stay in order. A request that completes (done,
 failed or cancelled) drops its decoder state (`live_states` counts those held). On CUDA the first
-chunk of a plain request (the TTFP path) replays a CUDA graph per batch bucket (`FirstChunkGraphs`);
-`drain()` lets the scheduler wait for an idle stage. Does not know: the runner, slots, sampling, or
-how the codec computes a chunk.
+chunk of a plain request (the TTFP path) and the chunks that continue streams replay CUDA graphs
+(`engine/codec_graphs.py`); `drain()` lets the scheduler wait for an idle stage. Does not know: the
+runner, slots, sampling, or how the codec computes a chunk.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, pick_bucket
+from omni_tts.engine.codec_graphs import CarriedChunkGraphs, ChunkGraphs, FirstChunkGraphs, codec_buckets
 from omni_tts.engine.metrics import EngineStats, now
 from omni_tts.engine.request import AudioChunk
 from omni_tts.errors import OmniTTSError, as_engine_error, one_line
@@ -55,55 +55,6 @@ def fuse_codec(codec: Any) -> str:
         return one_line(e)
 
 
-class FirstChunkGraphs:
-    """CUDA graphs of the codec's first-chunk decode (`frames` frames of streams that start: the chunk
-    every plain request starts with, so it decides TTFP) per batch bucket, returning the audio and the
-    carried state the streams continue from; ~900 eager kernel launches become one replay. Their own
-    pool, not the engine's shared one: they replay on the code-to-wave stream while the step graphs
-    replay on the scheduler's, and graphs sharing a pool must never run at the same time. Other chunks
-    (their state varies per request) decode eagerly."""
-
-    def __init__(self, codec: Any, frames: int, buckets: list[int], priority: bool = False) -> None:
-        """priority: replay on a high-priority stream (as the frame steps run), so a first chunk (TTFP) is
-        not queued behind other requests' later chunks."""
-        self.codec, self.frames = codec, frames
-        device = codec.quantizer["rvq_first"].tables.device
-        self.stream = torch.cuda.Stream(device, priority=-1) if priority else None
-        self.codes = torch.zeros(max(buckets), frames, codec.num_quantizers, dtype=torch.long, device=device)
-        self.keys: list[Any] = []  # the carry's layers, in the order of the graph's outputs after the audio
-        self.graph = BucketedGraph("codec first chunk", lambda b: (lambda: self._decode(b)), buckets,
-                                   GraphPool(use_vllm=False))
-        with torch.no_grad():  # outputs must not require grad (the codec's parameters do)
-            self.graph.capture()
-
-    def _decode(self, b: int) -> tuple[torch.Tensor, ...]:
-        carry: Carry = {}
-        wav = self.codec.decode_carried(self.codes[:b], carry)
-        self.keys = list(carry)
-        return (wav, *carry.values())
-
-    def __call__(self, codec: Any, rows: torch.Tensor) -> tuple[torch.Tensor, Carry] | None:
-        """rows [n, N, Q] host codes of streams that start -> (wav [n, N*upsample] (a view: copy it before the
-        next call), their carry), or None when this shape has no graph."""
-        n = rows.shape[0]
-        if codec is not self.codec or rows.shape[1] != self.frames or pick_bucket(n, self.graph.buckets) is None:
-            return None
-        if self.stream is None:
-            return self._replay(codec, rows)
-        current = torch.cuda.current_stream(self.stream.device)
-        self.stream.wait_stream(current)
-        with torch.cuda.stream(self.stream):
-            out = self._replay(codec, rows)
-        current.wait_stream(self.stream)
-        return out
-
-    def _replay(self, codec: Any, rows: torch.Tensor) -> tuple[torch.Tensor, Carry]:
-        n = rows.shape[0]
-        self.codes[:n].copy_(codec.prepare(rows))
-        wav, *state = self.graph.run(n)
-        return wav, {k: t.clone() for k, t in zip(self.keys, state)}  # the next replay overwrites the outputs
-
-
 class AudioStage:
     """Jobs, each a tuple about one request record `a` (engine._Active: handle, decoder, codes, chunks,
     failed): ("push", a, codes [n, 16]), ("flush", a), ("finish", a, status, error).
@@ -116,21 +67,28 @@ class AudioStage:
         other windows decode on this stage's own normal-priority stream."""
         self.device, self.stats, self.priority = device, stats, priority
         self.first: FirstChunkGraphs | None = None
-        self.first_error = ""
-        # False: decode first chunks eagerly (a switch for isolating GPU issues)
+        self.carried: CarriedChunkGraphs | None = None
+        self.first_error = self.carried_error = ""
+        # False: decode every chunk eagerly (a switch for isolating GPU issues)
         self.graphs_on = True
         self._jobs: queue.Queue[list[tuple] | None] = queue.Queue()
         self._live: dict[int, Any] = {}  # id -> request record whose decoder may hold carried state
         self._thread = threading.Thread(target=self._loop, name="omni-tts-code2wav", daemon=True)
         self._thread.start()
 
-    def capture_first_chunks(self, codec: Any, frames: int, buckets: list[int]) -> None:
-        """Graph the first chunks (CUDA only). Call while nothing decodes and no other thread captures:
-        two captures at once fail with 'operation not permitted when stream is capturing'."""
+    def capture_chunk_graphs(self, codec: Any, first_frames: int, buckets: list[int], lengths: list[int]) -> None:
+        """Graph the first chunks (`first_frames` frames, per bucket) and the chunks of `lengths` frames that
+        continue streams (per row bucket up to the largest bucket); CUDA only. Call while nothing decodes
+        and no other thread captures: two captures at once fail with 'operation not permitted when stream
+        is capturing'. A failure is never fatal: that kind of chunk then decodes eagerly."""
         try:
-            self.first = FirstChunkGraphs(codec, frames, buckets, priority=self.priority)
-        except Exception as e:  # never fatal: first chunks then decode eagerly
+            self.first = FirstChunkGraphs(codec, first_frames, buckets, priority=self.priority)
+        except Exception as e:
             self.first_error = one_line(e)
+        try:
+            self.carried = CarriedChunkGraphs(codec, lengths, codec_buckets(max(buckets)))
+        except Exception as e:
+            self.carried_error = one_line(e)
 
     def live_states(self) -> int:
         """Requests whose decoder state this stage holds (each is dropped when its request completes)."""
@@ -184,7 +142,8 @@ class AudioStage:
                 steps.append(job)
                 continue
             try:
-                plan = a.decoder.plan_push(torch.from_numpy(job[2])) if job[0] == "push" else a.decoder.plan_flush()
+                plan = (a.decoder.plan_push(torch.from_numpy(job[2])) if job[0] == "push"
+                        else a.decoder.plan_flush(final=True))
             except Exception as e:
                 broken.add(id(a))
                 steps.append(("fail", a, _error(e)))
@@ -194,7 +153,8 @@ class AudioStage:
                 steps.append(("chunk", a, plan))
         plans = [s[2] for s in steps if s[0] == "chunk"]
         t0 = now()
-        wavs, calls = decode_plans(plans, self.first if self.graphs_on else None) if plans else ([], 0)
+        fast = ChunkGraphs(self.first, self.carried) if self.graphs_on else None
+        wavs, calls = decode_plans(plans, fast) if plans else ([], 0)
         self.stats.on_decode(sum(p.keep for plan in plans for p in plan.pieces), calls, now() - t0)
         results = iter(wavs)
         for step in steps:

@@ -37,6 +37,7 @@ from omni_tts.engine.snapshot import EngineSnapshot, ModeStatus
 from omni_tts.engine.step_impl import StepImpls
 from omni_tts.engine.warmup import WarmupCoordinator, warm_order
 from omni_tts.errors import EngineError, InputError, OmniTTSError, Overloaded, one_line
+from omni_tts.models.codec.streaming import chunk_lengths
 from omni_tts.models.loading import load_model
 from omni_tts.models.qwen3_tts import Prepared, TTSModel
 from omni_tts.models.segments import over_budget
@@ -243,7 +244,7 @@ class Engine:
         return torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
 
     def _set_up_gpu(self, early: ModeScheduler | None) -> None:
-        """Kernel probes, codec fuse and first-chunk graphs: before any mode warms (every
+        """Kernel probes, codec fuse and the codec's chunk graphs: before any mode warms (every
         mode's talker captures with the kernels chosen here), after the page is up. With a scheduler serving
         already (`early`: eager, which uses none of these kernels), each part waits for its turn: the
         probes between its requests, the codec's changes between its frames."""
@@ -256,11 +257,13 @@ class Engine:
         t.append(time.perf_counter())
         self.codec_fused_error = between(lambda: fuse_codec(model.codec))
         t.append(time.perf_counter())
-        between(lambda: self._audio.capture_first_chunks(model.codec, self.config.initial_chunk_frames,
-                                                         self.config.resolved_buckets()))
+        cfg = self.config
+        lengths = chunk_lengths(cfg.initial_chunk_frames, cfg.chunk_frames, cfg.chunk_growth)
+        between(lambda: self._audio.capture_chunk_graphs(model.codec, cfg.initial_chunk_frames,
+                                                         cfg.resolved_buckets(), lengths))
         t.append(time.perf_counter())
         self._say(f"GPU set-up took {t[3] - t[0]:.1f} s: kernel probes {t[1] - t[0]:.1f} s, codec fuse "
-                  f"{t[2] - t[1]:.1f} s, first-chunk graphs {t[3] - t[2]:.1f} s")
+                  f"{t[2] - t[1]:.1f} s, chunk graphs {t[3] - t[2]:.1f} s")
 
     def _warm_all(self, order: list[CompileMode]) -> None:
         # a scheduler that needs no warm-up to serve (eager) serves from now on, before the GPU set-up
@@ -364,6 +367,7 @@ class Engine:
             enforce_eager=self.config.enforce_eager, codec_precision=getattr(codec, "precision", "not built"),
             codec_fused=_state(getattr(codec, "fused", False), self.codec_fused_error),
             first_chunk_graphs=_state(self._audio.first is not None, self._audio.first_error),
+            carried_chunk_graphs=_state(self._audio.carried is not None, self._audio.carried_error),
             steps=self.stats.steps, busy_slots_sum=self.stats.busy_slots_sum,
             memory=gpu_memory(self.device, pool, trees), capture=dict(self.stats.capture),
             model=self.model.describe())

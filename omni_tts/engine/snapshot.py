@@ -55,6 +55,7 @@ class EngineSnapshot:
     codec_precision: str  # the codec's matmul precision, or 'not built'
     codec_fused: str  # on | off | failed: why
     first_chunk_graphs: str  # on | off | failed: why
+    carried_chunk_graphs: str  # on | off | failed: why
     steps: int  # frames run so far, all modes
     busy_slots_sum: int  # rows over all those frames (occupancy between two snapshots)
     memory: dict[str, float]  # GiB figures (metrics.gpu_memory); {} without CUDA

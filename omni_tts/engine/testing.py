@@ -18,7 +18,8 @@ from typing import Any
 
 from omni_tts.config import CompileMode, EngineConfig
 from omni_tts.engine import compile_cache, offline
-from omni_tts.engine.audio_stage import FirstChunkGraphs, fuse_codec
+from omni_tts.engine.audio_stage import fuse_codec
+from omni_tts.engine.codec_graphs import FirstChunkGraphs
 from omni_tts.engine.metrics import gpu_memory, summarize
 from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.step_impl import StepImpls

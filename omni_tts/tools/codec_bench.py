@@ -1,11 +1,13 @@
 """`omni-tts codec-bench`: code-to-wave alone, set up as the engine sets it up (the checkpoint, device and
-`codec_precision` from the engine flags; the fused activations of `audio_stage.fuse_codec`): ms per carried
-chunk (`--chunk-frames` new frames of streams `--history` frames in) and per first chunk (`--first-frames`
-frames, empty state) at each --rows, and on CUDA the carried chunk's kernels at each --profile-rows grouped
-by name (calls, ms), largest first. With `--new-shapes N`: N carried chunks of (rows, frames) shapes this
-process has not decoded yet, as the engine's chunks come (rows up to the largest --rows, frames the chunk
-lengths of the preset's requests), each timed at its first call and again after all N: what a shape's
-first use costs (cuDNN picks and may build kernels per shape).
+`codec_precision` from the engine flags; the fused activations of `audio_stage.fuse_codec`): ms per
+carried chunk (`--chunk-frames` new frames of streams `--history` frames in) and per first chunk
+(`--first-frames` frames, empty state) at each --rows; on CUDA also the carried chunk through the engine's
+carried-chunk CUDA graph (`codec_graphs.CarriedChunkGraphs`: states gathered, replayed, copied back), and
+the host's share of each (ms from the call to its return: the launches), and the carried chunk's kernels
+at each --profile-rows grouped by name (calls, ms), largest first. With `--new-shapes N`: N carried chunks
+of (rows, frames) shapes this process has not decoded yet, as the engine's chunks come (rows up to the
+largest --rows, frames the chunk lengths of the preset's requests), each timed at its first call and again
+after all N: what a shape's first use costs (cuDNN picks and may build kernels per shape).
 
 Owns: the codec's set-up from a checkpoint alone (no talker is loaded), the timings and the grouping.
 Figures go to docs/benchmarks.md; nothing here changes what the engine runs.
@@ -15,13 +17,17 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from omni_tts.engine.codec_graphs import CarriedChunkGraphs, codec_buckets
 from omni_tts.errors import OmniTTSError
-from omni_tts.models.codec.streaming import chunk_after
+from omni_tts.models.codec.streaming import StreamingDecoderState, decode_chunk
+from omni_tts.models.codec.streaming import chunk_lengths as stream_chunk_lengths
 from omni_tts.tools.args import add_engine_flags, engine_config, run_to_json
 from omni_tts.tools.microbench import carried_chunk, time_ms
 from omni_tts.tools.provenance import provenance
@@ -54,6 +60,35 @@ def first_chunk(codec: Any, rows: int, frames: int) -> Callable[[], Any]:
     return run
 
 
+def graphed_chunk(graphs: CarriedChunkGraphs, codec: Any, rows: int, history: int, frames: int
+                  ) -> Callable[[], Any]:
+    """A call decoding the next `frames` frames of `rows` streams `history` frames in through `graphs`, as
+    the engine hands them over (host codes, one state per row, the states put back as it keeps them)."""
+    codes = torch.randint(0, 2048, (rows, history + frames, codec.num_quantizers))
+    states = [StreamingDecoderState() for _ in range(rows)]
+    decode_chunk(codec, codes[:, :history], states)
+    return lambda: _graphed(graphs, codec, codes[:, history:], states)  # the states stay where they were
+
+
+def _graphed(graphs: CarriedChunkGraphs, codec: Any, codes: torch.Tensor, states: list) -> Any:
+    got = graphs(codec, codes, states, False)
+    if got is None:
+        raise OmniTTSError(f"no carried-chunk graph covers {tuple(codes.shape[:2])} (rows, frames)")
+    return got
+
+
+def host_ms(fn: Callable[[], Any], iters: int) -> float:
+    """Median ms from calling fn to its return, the device idle at each call: the host's launch work."""
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(1000 * (time.perf_counter() - t0))
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def kernels(call: Callable[[], Any]) -> list[dict[str, Any]]:
     """The CUDA kernels (and copies) of one call of a warm `call`, grouped by name: calls and ms."""
     call()
@@ -72,12 +107,8 @@ def kernels(call: Callable[[], Any]) -> list[dict[str, Any]]:
 
 
 def chunk_lengths(config: Any) -> list[int]:
-    """The lengths of a request's chunks under the engine config: the first, then each next one as the
-    streaming decoder schedules it (`chunk_after`), until the lengths repeat."""
-    out = [config.initial_chunk_frames]
-    while (n := chunk_after(out[-1], config.chunk_frames, config.chunk_growth)) not in out:
-        out.append(n)
-    return sorted(out)
+    """The lengths of a request's chunks under the engine config (`streaming.chunk_lengths`)."""
+    return stream_chunk_lengths(config.initial_chunk_frames, config.chunk_frames, config.chunk_growth)
 
 
 def shape_pool(rows: list[int], lengths: list[int], chunk_frames: int, first_frames: int, history: int
@@ -115,11 +146,18 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                            "fused": codec.fused, "fused_off_because": why,
                            "chunk_frames": args.chunk_frames, "history": args.history,
                            "first_frames": args.first_frames, "rows": []}
+    cuda = device.type == "cuda"
+    graphs = CarriedChunkGraphs(codec, [args.chunk_frames], codec_buckets(max(args.rows))) if cuda else None
     for b in args.rows:
-        carried = time_ms(carried_chunk(codec, b, args.history, args.chunk_frames), args.iters)
-        first = time_ms(first_chunk(codec, b, args.first_frames), args.iters)
-        res["rows"].append({"rows": b, "carried_chunk_ms": carried, "first_chunk_ms": first})
-        say(f"rows {b}: carried chunk {carried:.3f} ms, first chunk {first:.3f} ms")
+        eager = carried_chunk(codec, b, args.history, args.chunk_frames)
+        row = {"rows": b, "carried_chunk_ms": time_ms(eager, args.iters),
+               "first_chunk_ms": time_ms(first_chunk(codec, b, args.first_frames), args.iters)}
+        if graphs is not None:
+            graphed = graphed_chunk(graphs, codec, b, args.history, args.chunk_frames)
+            row.update(carried_graph_ms=time_ms(graphed, args.iters), carried_host_ms=host_ms(eager, args.iters),
+                       carried_graph_host_ms=host_ms(graphed, args.iters))
+        res["rows"].append(row)
+        say(f"rows {b}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "rows"))
     if args.new_shapes:
         res["new_shapes"] = new_shapes(codec, args.new_shapes, pool, args.history)
         say(f"{args.new_shapes} new shapes: {res['new_shapes']['first_ms']:.1f} ms at their first calls, "
@@ -148,9 +186,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     res = run_to_json(args, run)
-    print("| rows | carried chunk (ms) | first chunk (ms) |\n|---|---|---|")
+    print("| rows | carried chunk (ms) | first chunk (ms) | carried, graphed (ms) | host: eager / graphed (ms) |\n"
+          "|---|---|---|---|---|")
     for r in res["rows"]:
-        print(f"| {r['rows']} | {r['carried_chunk_ms']:.3f} | {r['first_chunk_ms']:.3f} |")
+        graphed = (f"{r['carried_graph_ms']:.3f} | {r['carried_host_ms']:.3f} / {r['carried_graph_host_ms']:.3f}"
+                   if "carried_graph_ms" in r else "needs CUDA | needs CUDA")
+        print(f"| {r['rows']} | {r['carried_chunk_ms']:.3f} | {r['first_chunk_ms']:.3f} | {graphed} |")
     for b, top in res["profiles"].items():
         print(f"\nkernels of one carried chunk at {b} rows ({sum(k['ms'] for k in top):.2f} ms):")
         for k in top[:TOP_KERNELS]:

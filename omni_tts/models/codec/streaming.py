@@ -25,9 +25,10 @@ from omni_tts.models.codec.decoder import CodecDecoder
 from omni_tts.models.codec.layers import Carry
 from omni_tts.models.transfer import to_host
 
-# fast(codec, rows [B, N, Q] host codes) for rows that all start a stream: (wav [B, N*upsample], their
-# carry) or None (not covered: decode_carried runs)
-FastFirst = Callable[[Any, torch.Tensor], "tuple[torch.Tensor, Carry] | None"]
+# fast(codec, rows [B, N, Q] host codes, the rows' states (all empty: the rows start their streams; none
+# empty: they continue), final: no row decodes after this) -> (wav [B, N*upsample], the rows' new carry),
+# or None (not covered: decode_carried runs)
+FastDecode = Callable[[Any, torch.Tensor, "Sequence[StreamingDecoderState]", bool], "tuple[torch.Tensor, Carry] | None"]
 
 
 class StreamingDecoderState:
@@ -54,10 +55,13 @@ def _stack(states: Sequence[StreamingDecoderState]) -> Carry:
 
 
 def decode_chunk(codec: CodecDecoder, codes: torch.Tensor, states: Sequence[StreamingDecoderState],
-                 fast: FastFirst | None = None) -> torch.Tensor:
+                 fast: FastDecode | None = None, final: bool = False) -> torch.Tensor:
     """The next frames codes [B, N, Q] of B streams (row i continues states[i]) -> float32 [B, N*upsample],
-    those frames of each stream's one-shot decode. The states advance only if the whole batch decodes."""
-    got = fast(codec, codes) if fast is not None and not any(states) else None
+    those frames of each stream's one-shot decode. The states advance only if the whole batch decodes.
+    `fast` is tried for a batch whose states are all empty or all carried; `final`: no row decodes
+    after this call (its new state may be dropped)."""
+    started = [bool(s) for s in states]
+    got = fast(codec, codes, states, final) if fast is not None and len(set(started)) == 1 else None
     if got is None:
         carry = _stack(states)
         with torch.inference_mode():
@@ -72,11 +76,13 @@ def decode_chunk(codec: CodecDecoder, codes: torch.Tensor, states: Sequence[Stre
 @dataclass
 class Piece:
     """Frames [N, Q] a stream decodes in turn: after a restart (`reset`: an empty state) or where it left
-    off; `keep`: its audio is part of the chunk (else it only primes the state)."""
+    off; `keep`: its audio is part of the chunk (else it only primes the state); `last`: the stream's
+    last piece (its state is never read again)."""
 
     codes: torch.Tensor
     reset: bool
     keep: bool
+    last: bool = False
 
 
 @dataclass
@@ -94,12 +100,12 @@ class ChunkPlan:
 
 
 def _decode_group(codec: CodecDecoder, rows: list[tuple[Piece, StreamingDecoderState]],
-                  fast: FastFirst | None) -> tuple[list[Any], int]:
+                  fast: FastDecode | None) -> tuple[list[Any], int]:
     """One batched decode of same-length pieces, each row's state advanced -> (per row: its host audio,
     None for a priming piece, or the exception; the decode calls made)."""
     try:
         run = [StreamingDecoderState() if p.reset else s for p, s in rows]
-        wav = decode_chunk(codec, torch.stack([p.codes for p, _ in rows]), run, fast)
+        wav = decode_chunk(codec, torch.stack([p.codes for p, _ in rows]), run, fast, all(p.last for p, _ in rows))
         for (_, s), r in zip(rows, run):
             s.carry = r.carry
         host = list(to_host(wav)) if any(p.keep for p, _ in rows) else [None] * len(rows)
@@ -113,10 +119,10 @@ def _decode_group(codec: CodecDecoder, rows: list[tuple[Piece, StreamingDecoderS
     return out, 1 + len(rows)
 
 
-def decode_plans(plans: list[ChunkPlan], fast: FastFirst | None = None) -> tuple[list[torch.Tensor | Exception], int]:
+def decode_plans(plans: list[ChunkPlan], fast: FastDecode | None = None) -> tuple[list[torch.Tensor | Exception], int]:
     """Decode every plan's pieces: a decoder's plans in order, each round one piece of every decoder, as
-    one batched decode per (codec, piece length, restart or not). `fast`, when given, is tried for the
-    batches of rows that start their stream (e.g. graphed first chunks).
+    one batched decode per (codec, piece length, restart or not). `fast`, when given, is tried for each
+    batch first (e.g. CUDA graphs of the engine's chunk lengths).
 
     The decoder is row-independent, so a row decoded in a batch equals its decode alone. Returns, per
     plan, its float32 CPU audio [N*upsample] or the exception its decode raised (a failing batch is
@@ -157,6 +163,15 @@ def chunk_after(last: int, chunk_frames: int, grow: bool) -> int:
     return min(chunk_frames, 2 * last) if grow else chunk_frames
 
 
+def chunk_lengths(initial_chunk_frames: int, chunk_frames: int, grow: bool) -> list[int]:
+    """Every length a stream's chunks take (the last chunk excepted: it takes what is left): the first,
+    then each next one as `chunk_after` schedules it, until the lengths repeat."""
+    out = [initial_chunk_frames]
+    while (n := chunk_after(out[-1], chunk_frames, grow)) not in out:
+        out.append(n)
+    return sorted(out)
+
+
 class StreamingDecoder:
     """Per-request incremental decode: `push` frames as they arrive, `flush` at the end.
 
@@ -172,6 +187,8 @@ class StreamingDecoder:
     `plan_push` / `plan_flush` return the ChunkPlan that became due (frames [planned_frames, ...) are
     then promised to it), `decode_plans` decodes plans of many decoders, `account` takes each chunk's
     audio back in order. `push` / `flush` do all three for this decoder alone. `release` drops the state.
+    A final flush (`plan_flush(final=True)`) ends the stream: its state may be dropped, nothing more
+    may be pushed.
     """
 
     def __init__(self, codec: CodecDecoder, initial_chunk_frames: int = 2, chunk_frames: int = 12,
@@ -188,6 +205,7 @@ class StreamingDecoder:
         self.total_frames = 0  # frames in (prefix included)
         self.planned_frames = 0  # frames promised to a ChunkPlan
         self.emitted_frames = 0  # frames whose audio has been accounted
+        self.ended = False  # a final flush was planned
         if prefix_codes is not None:
             prefix = torch.as_tensor(prefix_codes).reshape(-1, codec.num_quantizers).long()  # prefix: [P, Q]
             self._codes.append(prefix)
@@ -196,6 +214,8 @@ class StreamingDecoder:
 
     def plan_push(self, codes_new: torch.Tensor | np.ndarray) -> ChunkPlan | None:
         """Add [n, Q] (or [Q]) frames; return the plan of the chunk that became due, or None."""
+        if self.ended:
+            raise ValueError("the stream has ended (final flush): nothing more can be pushed")
         new = torch.as_tensor(codes_new).reshape(-1, self.codec.num_quantizers).long()  # new: [n, Q]
         if new.shape[0]:
             self._codes.append(new)
@@ -210,11 +230,12 @@ class StreamingDecoder:
             return self.initial_chunk_frames
         return chunk_after(self._last_chunk, self.chunk_frames, self.grow)
 
-    def plan_flush(self) -> ChunkPlan | None:
-        """The plan of every frame not planned yet (None if there is none)."""
-        return self._plan() if self.total_frames > self.planned_frames else None
+    def plan_flush(self, final: bool = False) -> ChunkPlan | None:
+        """The plan of every frame not planned yet (None if there is none); `final`: the stream ends here."""
+        self.ended = self.ended or final
+        return self._plan(final) if self.total_frames > self.planned_frames else None
 
-    def _plan(self) -> ChunkPlan:
+    def _plan(self, final: bool = False) -> ChunkPlan:
         codec, start = self.codec, self.planned_frames
         codes = torch.cat(self._codes)  # codes: [total - _first, Q]
         pieces = []
@@ -225,6 +246,7 @@ class StreamingDecoder:
             if first < lo:
                 pieces.append(Piece(codes[first - self._first: lo - self._first], True, False))
             pieces.append(Piece(codes[lo - self._first: hi - self._first], reset and first == lo, True))
+        pieces[-1].last = final
         plan = ChunkPlan(self, start, self.total_frames, pieces)
         # a restart reads at most the receptive field back: keep that much before this plan (re-planned on failure)
         keep = max(self._first, start - max(codec.receptive_field_frames, codec.segment_context))
