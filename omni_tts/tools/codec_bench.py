@@ -26,10 +26,9 @@ import torch
 
 from omni_tts.engine.codec_graphs import CarriedChunkGraphs, codec_buckets
 from omni_tts.errors import OmniTTSError
-from omni_tts.models.codec.streaming import StreamingDecoderState, decode_chunk
 from omni_tts.models.codec.streaming import chunk_lengths as stream_chunk_lengths
 from omni_tts.tools.args import add_engine_flags, engine_config, run_to_json
-from omni_tts.tools.microbench import carried_chunk, time_ms
+from omni_tts.tools.microbench import carried_chunk, graphed_chunk, time_ms
 from omni_tts.tools.provenance import provenance
 
 TOP_KERNELS = 25
@@ -58,23 +57,6 @@ def first_chunk(codec: Any, rows: int, frames: int) -> Callable[[], Any]:
         with torch.inference_mode():
             return codec.decode_carried(codes, {})
     return run
-
-
-def graphed_chunk(graphs: CarriedChunkGraphs, codec: Any, rows: int, history: int, frames: int
-                  ) -> Callable[[], Any]:
-    """A call decoding the next `frames` frames of `rows` streams `history` frames in through `graphs`, as
-    the engine hands them over (host codes, one state per row, the states put back as it keeps them)."""
-    codes = torch.randint(0, 2048, (rows, history + frames, codec.num_quantizers))
-    states = [StreamingDecoderState() for _ in range(rows)]
-    decode_chunk(codec, codes[:, :history], states)
-    return lambda: _graphed(graphs, codec, codes[:, history:], states)  # the states stay where they were
-
-
-def _graphed(graphs: CarriedChunkGraphs, codec: Any, codes: torch.Tensor, states: list) -> Any:
-    got = graphs(codec, codes, states, False)
-    if got is None:
-        raise OmniTTSError(f"no carried-chunk graph covers {tuple(codes.shape[:2])} (rows, frames)")
-    return got
 
 
 def host_ms(fn: Callable[[], Any], iters: int) -> float:

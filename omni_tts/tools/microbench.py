@@ -24,6 +24,8 @@ import torch
 from omni_tts.config import CompileMode, EngineConfig, SynthesisParams
 from omni_tts.engine import testing
 from omni_tts.engine.testing import gpu_memory
+from omni_tts.errors import OmniTTSError
+from omni_tts.models.codec.streaming import StreamingDecoderState, decode_chunk
 from omni_tts.tools.args import add_engine_flags, engine_config, progress
 from omni_tts.tools.bench import device_modes
 from omni_tts.tools.load import PROMPTS
@@ -69,6 +71,23 @@ def carried_chunk(codec: Any, b: int, history: int, frames: int) -> Callable[[],
         with torch.inference_mode():
             return codec.decode_carried(codes[:, history:], dict(carry))
     return run
+
+
+def graphed_chunk(graphs: Any, codec: Any, rows: int, history: int, frames: int) -> Callable[[], Any]:
+    """A call decoding the next `frames` frames of `rows` streams `history` frames in through `graphs`
+    (`codec_graphs.CarriedChunkGraphs`), as the engine hands them over (host codes, one state per row);
+    the states are not advanced: each call decodes the same chunk."""
+    codes = torch.randint(0, 2048, (rows, history + frames, codec.num_quantizers))
+    states = [StreamingDecoderState() for _ in range(rows)]
+    decode_chunk(codec, codes[:, :history], states)
+    return lambda: _graphed(graphs, codec, codes[:, history:], states)  # the states stay where they were
+
+
+def _graphed(graphs: Any, codec: Any, codes: torch.Tensor, states: list) -> Any:
+    got = graphs(codec, codes, states, False)
+    if got is None:
+        raise OmniTTSError(f"no carried-chunk graph covers {tuple(codes.shape[:2])} (rows, frames)")
+    return got
 
 
 def step_callables(runner: Any, b: int, kv_len: int | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:

@@ -19,7 +19,8 @@ tensors (their element sizes as loaded):
   of the 15 heads once; other: the code embeddings are gathers, so 16 embedding rows per row (code 0 from
   the talker's table, codes 1..15 from the predictor's). Its 16-position KV cache is left out (tiny).
 - code-to-wave per call: a chunk of `chunk_frames` new frames well into a request, decoded from its
-  carried state (`CodecDecoder.decode_carried`, as the audio stage does), batch = rows; every decoder
+  carried state (`CodecDecoder.decode_carried`; timed on CUDA as the audio stage runs it, the chunk's
+  graph replay with the states gathered and copied back), batch = rows; every decoder
   parameter once per call (a decode runs every layer); other: every leaf module's input and output
   tensors once (the unfused module graph, counted with forward hooks on one call; the carried state is
   among the inputs), i.e. activations as eager ops would move them. Per frame = per call divided by the chunk's frames.
@@ -52,9 +53,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from omni_tts.engine.codec_graphs import CarriedChunkGraphs, codec_buckets
 from omni_tts.models.codec.costs import chunk_costs
 from omni_tts.tools.args import add_engine_flags, engine_config, run_to_json
-from omni_tts.tools.microbench import carried_chunk, fill_slots, step_callables, time_ms
+from omni_tts.tools.microbench import carried_chunk, fill_slots, graphed_chunk, step_callables, time_ms
 from omni_tts.tools.provenance import provenance
 
 PARTS = ("talker step", "predictor frame", "code-to-wave")
@@ -168,6 +170,8 @@ def measure_parts(runner: Any, config: Any, rows: Sequence[int], peaks: tuple[fl
     model = runner.model
     fill_slots(runner, max(rows), (model.speakers() or [None])[0])
     precision = precision_of(model)
+    graphs = (CarriedChunkGraphs(model.codec, [config.chunk_frames], codec_buckets(max(rows)))
+              if model.codec.quantizer["rvq_first"].tables.is_cuda else None)
     out = []
     for b in rows:
         cp, talker = step_callables(runner, b, kv_len)
@@ -180,8 +184,11 @@ def measure_parts(runner: Any, config: Any, rows: Sequence[int], peaks: tuple[fl
         chunk = carried_chunk(model.codec, b, STEADY_HISTORY_FRAMES, frames)
         moved = codec_bytes(model.codec, chunk)
         flops = chunk_costs(model.ckpt.codec_config, b, frames).flops
+        if graphs is not None:  # what the engine runs on CUDA: the chunk's graph replay
+            chunk = graphed_chunk(graphs, model.codec, b, STEADY_HISTORY_FRAMES, frames)
         ms = time_ms(chunk, max(1, iters // 2))
-        out.append(_row("code-to-wave", b, frames, ms, moved, flops, peaks, model.codec.precision))
+        out.append(_row("code-to-wave", b, frames, ms, moved, flops, peaks, model.codec.precision,
+                        graphed=graphs is not None))
         say(" | ".join(f"{r['part']} {r['ms_per_call']:.3f} ms" for r in out[-3:]) + f" (rows {b})")
     return out
 
