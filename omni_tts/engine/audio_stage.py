@@ -28,7 +28,7 @@ from omni_tts.engine.metrics import EngineStats, now
 from omni_tts.engine.request import AudioChunk
 from omni_tts.errors import OmniTTSError, as_engine_error, one_line
 from omni_tts.models.codec.layers import Carry
-from omni_tts.models.codec.streaming import ChunkPlan, decode_plans
+from omni_tts.models.codec.streaming import ChunkPlan, chunk_lengths, decode_plans
 
 
 def _error(e: Exception) -> OmniTTSError:
@@ -76,15 +76,17 @@ class AudioStage:
         self._thread = threading.Thread(target=self._loop, name="omni-tts-code2wav", daemon=True)
         self._thread.start()
 
-    def capture_chunk_graphs(self, codec: Any, first_frames: int, buckets: list[int], lengths: list[int]) -> None:
-        """Graph the first chunks (`first_frames` frames, per bucket) and the chunks of `lengths` frames that
-        continue streams (per row bucket up to the largest bucket); CUDA only. Call while nothing decodes
+    def capture_chunk_graphs(self, codec: Any, config: Any) -> None:
+        """Graph the first chunks (per batch bucket of the EngineConfig `config`) and the chunks that continue
+        streams (per length its chunk schedule takes and row bucket); CUDA only. Call while nothing decodes
         and no other thread captures: two captures at once fail with 'operation not permitted when stream
         is capturing'. A failure is never fatal: that kind of chunk then decodes eagerly."""
+        buckets = config.resolved_buckets()
         try:
-            self.first = FirstChunkGraphs(codec, first_frames, buckets, priority=self.priority)
+            self.first = FirstChunkGraphs(codec, config.initial_chunk_frames, buckets, priority=self.priority)
         except Exception as e:
             self.first_error = one_line(e)
+        lengths = chunk_lengths(config.initial_chunk_frames, config.chunk_frames, config.chunk_growth)
         try:
             self.carried = CarriedChunkGraphs(codec, lengths, codec_buckets(max(buckets)))
         except Exception as e:

@@ -37,7 +37,6 @@ from omni_tts.engine.snapshot import EngineSnapshot, ModeStatus
 from omni_tts.engine.step_impl import StepImpls
 from omni_tts.engine.warmup import WarmupCoordinator, warm_order
 from omni_tts.errors import EngineError, InputError, OmniTTSError, Overloaded, one_line
-from omni_tts.models.codec.streaming import chunk_lengths
 from omni_tts.models.loading import load_model
 from omni_tts.models.qwen3_tts import Prepared, TTSModel
 from omni_tts.models.segments import over_budget
@@ -257,10 +256,7 @@ class Engine:
         t.append(time.perf_counter())
         self.codec_fused_error = between(lambda: fuse_codec(model.codec))
         t.append(time.perf_counter())
-        cfg = self.config
-        lengths = chunk_lengths(cfg.initial_chunk_frames, cfg.chunk_frames, cfg.chunk_growth)
-        between(lambda: self._audio.capture_chunk_graphs(model.codec, cfg.initial_chunk_frames,
-                                                         cfg.resolved_buckets(), lengths))
+        between(lambda: self._audio.capture_chunk_graphs(model.codec, self.config))
         t.append(time.perf_counter())
         self._say(f"GPU set-up took {t[3] - t[0]:.1f} s: kernel probes {t[1] - t[0]:.1f} s, codec fuse "
                   f"{t[2] - t[1]:.1f} s, chunk graphs {t[3] - t[2]:.1f} s")
