@@ -21,10 +21,9 @@ from omni_tts.models.codec.streaming import StreamingDecoderState
 
 
 def codec_buckets(max_rows: int) -> list[int]:
-    """Row buckets of carried chunks: 1, 2, 4, 8, then every multiple of 8 (a padded row costs a row's
-    whole decode, so coarse buckets would waste most at many rows), and max_rows."""
-    small = [b for b in (1, 2, 4, 8) if b < max_rows]
-    return sorted({*small, *range(16, max_rows, 8), max_rows})
+    """Row buckets of carried chunks: every count to 8, then every second one, and max_rows. A padded row
+    costs a whole row's decode, which at many rows outweighs what the graph saves."""
+    return sorted({*range(1, min(8, max_rows)), *range(8, max_rows, 2), max_rows})
 
 
 class FirstChunkGraphs:
