@@ -310,7 +310,8 @@ def test_engine_panel_shows_both_graph_pools_on_a_gpu(engine):
     private one) side by side (CPU engine; its snapshot given a GPU's memory figures)."""
     snap = dataclasses.replace(engine.snapshot(), memory={
         "allocated_gib": 3.0, "reserved_gib": 4.0, "peak_gib": 3.5, "graph_pool_gib": 1.25, "graph_pool_share": 0.31,
-        "tree_pool_gib": 0.5})
+        "tree_pool_gib": 0.5, "codec_graph_pool_gib": 2.5})
     text = formatting.engine_markdown(snap)
     assert "CUDA-graph pool 1.25 GiB" in text and "Inductor graph-tree pool 0.50 GiB" in text
+    assert "codec chunk graphs 2.50 GiB" in text
     assert "runs on" in formatting.engine_markdown(engine.snapshot())  # no GPU figures on a CPU

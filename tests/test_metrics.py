@@ -113,7 +113,8 @@ def test_gpu_memory_is_empty_off_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_memory_on_cuda_reports_the_pool_share():
     x = torch.empty(1 << 20, device="cuda")  # noqa: F841 (held while measuring)
-    mem = gpu_memory("cuda", pool_bytes=1 << 20, tree_pool_bytes=1 << 21)
+    mem = gpu_memory("cuda", pool_bytes=1 << 20, tree_pool_bytes=1 << 21, codec_pool_bytes=1 << 22)
+    assert mem["codec_graph_pool_gib"] == pytest.approx((1 << 22) / (1 << 30))
     assert mem["allocated_gib"] > 0 and mem["reserved_gib"] >= mem["allocated_gib"]
     assert mem["graph_pool_gib"] == pytest.approx((1 << 20) / (1 << 30))
     assert mem["tree_pool_gib"] == pytest.approx((1 << 21) / (1 << 30))

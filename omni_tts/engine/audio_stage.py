@@ -92,6 +92,10 @@ class AudioStage:
         except Exception as e:
             self.carried_error = one_line(e)
 
+    def graph_pool_bytes(self) -> int:
+        """GPU memory the chunk graphs' pools took at their capture."""
+        return sum(g.pool_bytes for g in (self.first, self.carried) if g is not None)
+
     def live_states(self) -> int:
         """Requests whose decoder state this stage holds (each is dropped when its request completes)."""
         return len(self._live)

@@ -44,7 +44,7 @@ class FirstChunkGraphs:
         self.graph = BucketedGraph("codec first chunk", lambda b: (lambda: self._decode(b)), buckets,
                                    GraphPool(use_vllm=False))
         with torch.no_grad():  # outputs must not require grad (the codec's parameters do)
-            self.graph.capture()
+            self.pool_bytes = self.graph.capture().pool_bytes
 
     def _decode(self, b: int) -> tuple[torch.Tensor, ...]:
         carry: Carry = {}
@@ -96,12 +96,13 @@ class CarriedChunkGraphs:
             self.codes = {n: torch.zeros(rows, n, codec.num_quantizers, dtype=torch.long, device=device)
                           for n in self.lengths}
         self.graphs: dict[int, BucketedGraph] = {}
+        self.pool_bytes = 0  # reserved-memory growth over the captures
         if capture:
             pool = GraphPool(use_vllm=False)
             for n in reversed(self.lengths):  # the longest first: the others reuse its pool blocks
                 self.graphs[n] = BucketedGraph(f"codec chunk of {n} frames", self._fn(n), self.buckets, pool)
                 with torch.no_grad():
-                    self.graphs[n].capture()
+                    self.pool_bytes += self.graphs[n].capture().pool_bytes
 
     def _fn(self, n: int) -> Any:
         return lambda b: (lambda: self._decode(n, b))

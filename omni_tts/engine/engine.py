@@ -365,8 +365,8 @@ class Engine:
             first_chunk_graphs=_state(self._audio.first is not None, self._audio.first_error),
             carried_chunk_graphs=_state(self._audio.carried is not None, self._audio.carried_error),
             steps=self.stats.steps, busy_slots_sum=self.stats.busy_slots_sum,
-            memory=gpu_memory(self.device, pool, trees), capture=dict(self.stats.capture),
-            model=self.model.describe())
+            memory=gpu_memory(self.device, pool, trees, self._audio.graph_pool_bytes()),
+            capture=dict(self.stats.capture), model=self.model.describe())
 
     def drain(self, timeout: float) -> bool:
         """Refuse new requests (EngineError) and wait up to `timeout` s for the accepted ones to end; ->

@@ -90,9 +90,10 @@ class RequestMetrics:
         return d
 
 
-def gpu_memory(device: torch.device | str | None, pool_bytes: int = 0, tree_pool_bytes: int = 0) -> dict[str, float]:
-    """Allocated / reserved / peak (GiB), the engine's graph pools and their share, and Inductor's
-    graph-tree pool (reduce-overhead), or {} without CUDA."""
+def gpu_memory(device: torch.device | str | None, pool_bytes: int = 0, tree_pool_bytes: int = 0,
+               codec_pool_bytes: int = 0) -> dict[str, float]:
+    """Allocated / reserved / peak (GiB), the engine's graph pools and their share, Inductor's graph-tree
+    pool (reduce-overhead) and the codec's chunk graphs' pools, or {} without CUDA."""
     if device is None or torch.device(device).type != "cuda" or not torch.cuda.is_available():
         return {}
     gib = float(1 << 30)
@@ -104,6 +105,7 @@ def gpu_memory(device: torch.device | str | None, pool_bytes: int = 0, tree_pool
         "graph_pool_gib": pool_bytes / gib,
         "graph_pool_share": (pool_bytes / reserved) if reserved else 0.0,
         "tree_pool_gib": tree_pool_bytes / gib,
+        "codec_graph_pool_gib": codec_pool_bytes / gib,
     }
 
 

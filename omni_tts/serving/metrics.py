@@ -109,6 +109,9 @@ def _memory(snap: Any) -> Iterator[Metric]:
     for mode, cap in sorted(snap.capture.items()):
         pools.add_metric([mode], float(cap.get("pool_bytes", 0) or 0) + float(cap.get("tree_pool_bytes", 0) or 0))
     yield pools
+    if "codec_graph_pool_gib" in mem:
+        yield GaugeMetricFamily("omni_tts_codec_graph_pool_bytes", "CUDA-graph pools of the codec's chunk graphs",
+                                value=mem["codec_graph_pool_gib"] * GIB)
 
 
 def _modes(modes: dict[str, Any]) -> Iterator[Metric]:

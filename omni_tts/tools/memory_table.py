@@ -60,6 +60,7 @@ def _memory(engine: Any) -> dict[str, Any]:
     return {"peak_allocated_gib": torch.cuda.max_memory_allocated(engine.device) / GIB,
             "peak_reserved_gib": torch.cuda.max_memory_reserved(engine.device) / GIB,
             "graph_pool_gib": mem["graph_pool_gib"], "tree_pool_gib": mem["tree_pool_gib"],
+            "codec_graph_pool_gib": mem.get("codec_graph_pool_gib", 0.0),
             "total_gib": torch.cuda.get_device_properties(engine.device).total_memory / GIB}
 
 
@@ -145,7 +146,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         if "gpu" in r:  # a CPU: no GPU figures
             figures = f"{r['gpu']} (host peak RSS {r['host_peak_rss_gib']:.2f}) | - | -"
         else:
-            pools = r["graph_pool_gib"] + r["tree_pool_gib"]
+            pools = r["graph_pool_gib"] + r["tree_pool_gib"] + r.get("codec_graph_pool_gib", 0.0)
             figures = (f"{r['peak_allocated_gib']:.2f}{' until stopped' if stopped else ''} | "
                        f"{r['peak_reserved_gib']:.2f} | {pools:.2f}")
         last = r["error"] if stopped else "; ".join(f"{m}: {why}" for m, why in r["failed"].items()) or "-"

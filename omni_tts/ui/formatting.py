@@ -78,7 +78,8 @@ def engine_markdown(snap: EngineSnapshot) -> str:
     if mem:
         memory = (f"{mem['allocated_gib']:.2f} GiB in use · {mem['reserved_gib']:.2f} GiB reserved · "
                   f"peak {mem['peak_gib']:.2f} GiB · CUDA-graph pool {mem['graph_pool_gib']:.2f} GiB · "
-                  f"Inductor graph-tree pool {mem.get('tree_pool_gib', 0.0):.2f} GiB")
+                  f"Inductor graph-tree pool {mem.get('tree_pool_gib', 0.0):.2f} GiB · "
+                  f"codec chunk graphs {mem.get('codec_graph_pool_gib', 0.0):.2f} GiB")
     else:
         memory = f"none (runs on {snap.device})"
     calls = snap.decode_calls
