@@ -55,7 +55,7 @@ def test_carried_chunks_through_the_buffers_equal_the_one_shot_decode() -> None:
     """Streams continue through padded row buckets (3 rows in a 4-row bucket, then 2 rows over the stale
     third and fourth), each with its own history; every row's audio equals its one-shot decode."""
     dec = codec()
-    graphs = CarriedChunkGraphs(dec, [2, 5], codec_buckets(4), capture=False)
+    graphs = CarriedChunkGraphs(dec, [2, 5], codec_buckets(4))
     streams = codes_of(3, 18, seed=1)
     states = [StreamingDecoderState() for _ in range(3)]
     decode_chunk(dec, streams[:, :1], states)  # first chunks, eagerly
@@ -73,11 +73,12 @@ def test_carried_chunks_through_the_buffers_equal_the_one_shot_decode() -> None:
         stream = torch.cat(got[i]).numpy()
         assert float(np.abs(stream - full[i, upf:end * upf].numpy()).max()) <= STREAM_TOL
     assert all(len(s.carry) == len(graphs.keys) for s in states)
+    assert graphs.replays == {(5, 5): 3, (2, 2): 1}  # every continuing chunk went through the buffers
 
 
 def test_a_last_chunk_pads_to_a_graphed_length_and_drops_its_state() -> None:
     dec = codec()
-    graphs = CarriedChunkGraphs(dec, [5], codec_buckets(2), capture=False)
+    graphs = CarriedChunkGraphs(dec, [5], codec_buckets(2))
     streams = codes_of(2, 9, seed=2)
     states = [StreamingDecoderState() for _ in range(2)]
     decode_chunk(dec, streams[:, :5], states)
@@ -88,11 +89,12 @@ def test_a_last_chunk_pads_to_a_graphed_length_and_drops_its_state() -> None:
     assert carry == {} and wav.shape == (2, 4 * upf)
     assert float((wav - dec.decode(streams)[:, 5 * upf:]).abs().max()) <= STREAM_TOL
     assert graphs(dec, codes_of(3, 5, seed=4), [*states, states[0]], final=False) is None  # above the bucket
+    assert graphs.replays == {(5, 4): 1}
 
 
 def test_plans_decode_through_the_graphs_as_eagerly_and_a_final_flush_ends_the_stream() -> None:
     dec = codec()
-    graphs = CarriedChunkGraphs(dec, chunk_lengths(1, 4, False), codec_buckets(4), capture=False)
+    graphs = CarriedChunkGraphs(dec, chunk_lengths(1, 4, False), codec_buckets(4))
     codes = codes_of(2, 11, seed=5)
     out = []
     for fast in (None, ChunkGraphs(None, graphs)):
@@ -109,6 +111,7 @@ def test_plans_decode_through_the_graphs_as_eagerly_and_a_final_flush_ends_the_s
         out.append([np.concatenate(a) for a in audio])
         with pytest.raises(ValueError, match="the stream has ended"):
             decoders[0].plan_push(codes[0, :1])
+    assert graphs.replays == {(4, 4): 2, (4, 2): 1}  # both streams: chunks of 4, 4, then the last 2 padded
     full = dec.decode(codes).numpy()
     for eager, graphed, want in zip(out[0], out[1], full):
         assert float(np.abs(eager - want).max()) <= STREAM_TOL and float(np.abs(graphed - want).max()) <= STREAM_TOL
@@ -118,19 +121,18 @@ def test_the_engine_decodes_through_carried_chunk_graphs_as_eagerly(_one_thread)
     """The audio stage with the carried-chunk buffers installed (run eagerly: a CPU): concurrent requests'
     audio equals the audio without them, and the buffers were used."""
     cfg = {"model": str(fixture_dir("custom_voice")), "mode": "eager", "device": "cpu", "max_num_seqs": 3,
-           "max_seq_len": 512, "initial_chunk_frames": 1, "chunk_frames": 4}
+           "max_seq_len": 512, "initial_chunk_frames": 1, "chunk_frames": 4, "chunk_growth": False}
     eng = Engine.from_config(build_config(cfg))
     try:
-        stage, used = eng._audio, []
-        graphs = CarriedChunkGraphs(eng.model.codec, [1, 4], codec_buckets(3), capture=False)
-        run = graphs._run
-        graphs._run = lambda length, n: used.append((length, n)) or run(length, n)  # count the calls
+        stage = eng._audio
+        graphs = CarriedChunkGraphs(eng.model.codec, [1, 4], codec_buckets(3))
         params = [SynthesisParams(text=f"request {i}", speaker="ryan", greedy=True, fixed_frames=6 + 3 * i)
                   for i in range(3)]
         want = [eng.submit(p).result(TIMEOUT).wav for p in params]
         stage.carried = graphs
         got = [h.result(TIMEOUT).wav for h in [eng.submit(p) for p in params]]
-        assert {length for length, _ in used} == {1, 4}  # chunks of 4, last chunks of 1 and 3 (padded)
+        # chunks of 4; last chunks of 1 (6 frames: 1 + 4 + 1) and 3, padded (12 frames: 1 + 4 + 4 + 3)
+        assert set(graphs.replays) == {(4, 4), (1, 1), (4, 3)}
         for g, w in zip(got, want):
             assert g.shape == w.shape and float(np.abs(g - w).max()) <= STREAM_TOL
         assert eng.snapshot().carried_chunk_graphs == "on" and stage.live_states() == 0
@@ -139,19 +141,21 @@ def test_the_engine_decodes_through_carried_chunk_graphs_as_eagerly(_one_thread)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_carried_chunk_graphs_equal_the_eager_decode_on_cuda() -> None:
+def test_carried_chunk_graphs_equal_the_one_shot_decode_on_cuda() -> None:
+    """Captured graphs: streams continue through two replays in a row (each row's state a copy the next
+    replay does not overwrite), then a padded last chunk; the audio equals the one-shot decode (TF32)."""
     dec = CodecDecoder.from_checkpoint(load_checkpoint(fixture_dir("custom_voice"))).cuda().set_precision("tf32")
-    graphs = CarriedChunkGraphs(dec, [3], codec_buckets(4))
-    assert graphs.graphs
-    streams = codes_of(3, 9, seed=6)
+    graphs = CarriedChunkGraphs.captured(dec, [3], codec_buckets(4))
+    assert sorted(graphs.graphs) == [3] and graphs.pool_bytes >= 0
+    streams = codes_of(3, 11, seed=6)
+    fast = ChunkGraphs(None, graphs)
     for rows in (3, 1):
         states = [StreamingDecoderState() for _ in range(rows)]
-        decode_chunk(dec, streams[:rows, :3], states)
-        eager = [StreamingDecoderState() for _ in range(rows)]
-        for s, e in zip(states, eager):
-            e.carry = dict(s.carry)
-        wav, carry = graphs(dec, streams[:rows, 3:6], states, final=False)
-        want = decode_chunk(dec, streams[:rows, 3:6], eager)
-        assert float((wav - want).abs().max()) <= 1e-3
-        assert all(float((carry[k].float() - torch.cat([e.carry[k] for e in eager]).float()).abs().max()) <= 1e-3
-                   for k in carry)
+        parts = [decode_chunk(dec, streams[:rows, :3], states)]
+        for at in (3, 6):
+            parts.append(decode_chunk(dec, streams[:rows, at:at + 3], states, fast).clone())
+        parts.append(decode_chunk(dec, streams[:rows, 9:11], states, fast, final=True).clone())
+        want = dec.decode(streams[:rows]).cuda()
+        assert float((torch.cat(parts, dim=1) - want).abs().max()) <= 1e-3
+        assert not any(states)  # the padded last chunk dropped the states
+    assert graphs.replays == {(3, 3): 4, (3, 2): 2}

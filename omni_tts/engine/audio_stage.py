@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
@@ -26,9 +27,13 @@ import torch
 from omni_tts.engine.codec_graphs import CarriedChunkGraphs, ChunkGraphs, FirstChunkGraphs, codec_buckets
 from omni_tts.engine.metrics import EngineStats, now
 from omni_tts.engine.request import AudioChunk
-from omni_tts.errors import OmniTTSError, as_engine_error, one_line
+from omni_tts.errors import EngineError, OmniTTSError, as_engine_error, one_line
 from omni_tts.models.codec.layers import Carry
 from omni_tts.models.codec.streaming import ChunkPlan, chunk_lengths, decode_plans
+
+
+def _now(fn: Callable[[], Any]) -> Any:
+    return fn()
 
 
 def _error(e: Exception) -> OmniTTSError:
@@ -76,19 +81,29 @@ class AudioStage:
         self._thread = threading.Thread(target=self._loop, name="omni-tts-code2wav", daemon=True)
         self._thread.start()
 
-    def capture_chunk_graphs(self, codec: Any, config: Any) -> None:
+    def capture_chunk_graphs(self, codec: Any, config: Any, between: Callable[[Callable[[], Any]], Any] = _now
+                             ) -> None:
         """Graph the first chunks (per batch bucket of the EngineConfig `config`) and the chunks that continue
-        streams (per length its chunk schedule takes and row bucket); CUDA only. Call while nothing decodes
-        and no other thread captures: two captures at once fail with 'operation not permitted when stream
-        is capturing'. A failure is never fatal: that kind of chunk then decodes eagerly."""
+        streams (per length its chunk schedule takes and row bucket); CUDA only. Each part runs through
+        `between` (the engine's: between an early scheduler's frames, so serving pauses one part at a time)
+        while nothing decodes and no other thread captures: two captures at once fail with 'operation not
+        permitted when stream is capturing'. A failure is never fatal: that kind of chunk decodes eagerly."""
         buckets = config.resolved_buckets()
         try:
-            self.first = FirstChunkGraphs(codec, config.initial_chunk_frames, buckets, priority=self.priority)
+            self.first = between(lambda: FirstChunkGraphs(codec, config.initial_chunk_frames, buckets,
+                                                          priority=self.priority))
+        except EngineError:
+            raise
         except Exception as e:
             self.first_error = one_line(e)
         lengths = chunk_lengths(config.initial_chunk_frames, config.chunk_frames, config.chunk_growth)
         try:
-            self.carried = CarriedChunkGraphs(codec, lengths, codec_buckets(max(buckets)))
+            graphs = between(lambda: CarriedChunkGraphs(codec, lengths, codec_buckets(max(buckets))))
+            for n in reversed(graphs.lengths):  # the longest first: the others reuse its pool blocks
+                between(lambda n=n: graphs.capture(n))
+            self.carried = graphs
+        except EngineError:
+            raise
         except Exception as e:
             self.carried_error = one_line(e)
 

@@ -19,11 +19,15 @@ from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool, pick_bucket
 from omni_tts.models.codec.layers import Carry
 from omni_tts.models.codec.streaming import StreamingDecoderState
 
+CARRIED_MAX_ROWS = 64  # above this a chunk is bound by the GPU's work, not its launches: eager
+
 
 def codec_buckets(max_rows: int) -> list[int]:
-    """Row buckets of carried chunks: every count to 8, then every second one, and max_rows. A padded row
-    costs a whole row's decode, which at many rows outweighs what the graph saves."""
-    return sorted({*range(1, min(8, max_rows)), *range(8, max_rows, 2), max_rows})
+    """Row buckets of carried chunks: every count to 8, then every second one, and max_rows (at most
+    CARRIED_MAX_ROWS). A padded row costs a whole row's decode, which at many rows outweighs what the graph
+    saves."""
+    top = min(max_rows, CARRIED_MAX_ROWS)
+    return sorted({*range(1, min(8, top)), *range(8, top, 2), top})
 
 
 class FirstChunkGraphs:
@@ -78,13 +82,15 @@ class CarriedChunkGraphs:
     """Chunks of `lengths` frames that continue streams, one graph per (length, row bucket), all in one pool.
 
     The rows' states are concatenated into static carry buffers (one per carried layer, `buckets[-1]`
-    rows), the graph decodes from them and writes the new states back in place, and each row takes a copy.
-    A stream's last chunk, shorter than every length it could pad to, decodes padded with code-0 frames
-    at its end: causal, so its audio is the same; its state then holds the padding and is dropped.
-    With `capture=False` nothing is captured and each call runs the same function eagerly, padded to
-    its bucket (to check the buffers' logic where there is no GPU)."""
+    rows), the graph decodes from them, writes the new states back in place and the audio into one static
+    buffer per length, and each row takes a copy of its state. A stream's last chunk, shorter than every
+    length it could pad to, decodes padded with code-0 frames at its end: causal, so its audio is the same;
+    its state then holds the padding and is dropped. `replays` counts calls per (length, frames).
+    `capture(n)` captures one length's buckets (the longest first, so the others reuse its pool blocks);
+    until every length is captured, and without CUDA, each call runs the same function eagerly, padded to
+    its bucket (what the tests check where there is no GPU)."""
 
-    def __init__(self, codec: Any, lengths: Sequence[int], buckets: Sequence[int], capture: bool = True) -> None:
+    def __init__(self, codec: Any, lengths: Sequence[int], buckets: Sequence[int]) -> None:
         self.codec, self.lengths, self.buckets = codec, sorted(set(lengths)), sorted(set(buckets))
         device, rows = codec.quantizer["rvq_first"].tables.device, self.buckets[-1]
         with torch.inference_mode(False), torch.no_grad():  # buffers the graphs may write in place
@@ -95,24 +101,33 @@ class CarriedChunkGraphs:
             self.carry = {k: torch.zeros_like(v) for k, v in template.items()}  # [rows, ...] each
             self.codes = {n: torch.zeros(rows, n, codec.num_quantizers, dtype=torch.long, device=device)
                           for n in self.lengths}
+            self.wav = {n: torch.zeros(rows, n * codec.decode_upsample_rate, device=device) for n in self.lengths}
         self.graphs: dict[int, BucketedGraph] = {}
+        self.pool = GraphPool(use_vllm=False) if device.type == "cuda" else None
         self.pool_bytes = 0  # reserved-memory growth over the captures
-        if capture:
-            pool = GraphPool(use_vllm=False)
-            for n in reversed(self.lengths):  # the longest first: the others reuse its pool blocks
-                self.graphs[n] = BucketedGraph(f"codec chunk of {n} frames", self._fn(n), self.buckets, pool)
-                with torch.no_grad():
-                    self.pool_bytes += self.graphs[n].capture().pool_bytes
+        self.replays: dict[tuple[int, int], int] = {}
 
-    def _fn(self, n: int) -> Any:
-        return lambda b: (lambda: self._decode(n, b))
+    @classmethod
+    def captured(cls, codec: Any, lengths: Sequence[int], buckets: Sequence[int]) -> CarriedChunkGraphs:
+        """Built with every length captured (CUDA)."""
+        graphs = cls(codec, lengths, buckets)
+        for n in reversed(graphs.lengths):
+            graphs.capture(n)
+        return graphs
+
+    def capture(self, n: int) -> None:
+        graph = BucketedGraph(f"codec chunk of {n} frames", lambda b: (lambda: self._decode(n, b)), self.buckets,
+                              self.pool)
+        with torch.no_grad():
+            self.pool_bytes += graph.capture().pool_bytes
+        self.graphs[n] = graph
 
     def _decode(self, n: int, b: int) -> tuple[torch.Tensor]:
         carry = {k: self.carry[k][:b] for k in self.keys}
         wav = self.codec.decode_carried(self.codes[n][:b], carry)
         for k in self.keys:  # every read of the old state is queued before these writes
             self.carry[k][:b].copy_(carry[k])
-        return (wav,)
+        return (self.wav[n][:b].copy_(wav),)  # one buffer per length, not one output per graph
 
     def __call__(self, codec: Any, rows: torch.Tensor, states: Sequence[StreamingDecoderState],
                  final: bool) -> tuple[torch.Tensor, Carry] | None:
@@ -132,13 +147,14 @@ class CarriedChunkGraphs:
                 torch.cat([s.carry[k] for s in states], out=self.carry[k][:n])
             wav = self._run(length, n)[:, :frames * codec.decode_upsample_rate]
             carry = {} if frames < length else {k: self.carry[k][:n].clone() for k in self.keys}
+        self.replays[length, frames] = self.replays.get((length, frames), 0) + 1
         return wav, carry
 
     def _run(self, length: int, n: int) -> torch.Tensor:
-        if self.graphs:
+        if len(self.graphs) == len(self.lengths):
             return self.graphs[length].run(n)[0]
-        b = pick_bucket(n, self.buckets)
-        return self._decode(length, b)[0][:n]
+        out = self._decode(length, pick_bucket(n, self.buckets))[0][:n]
+        return out if out.is_cuda else out.clone()  # a CPU copy to the host would be the buffer itself
 
 
 class ChunkGraphs:

@@ -257,7 +257,7 @@ class Engine:
         self.codec_fused_error = between(lambda: fuse_codec(model.codec))
         t.append(time.perf_counter())
         if not self.config.enforce_eager:  # the all-eager baseline captures nothing
-            between(lambda: self._audio.capture_chunk_graphs(model.codec, self.config))
+            self._audio.capture_chunk_graphs(model.codec, self.config, between)
         t.append(time.perf_counter())
         self._say(f"GPU set-up took {t[3] - t[0]:.1f} s: kernel probes {t[1] - t[0]:.1f} s, codec fuse "
                   f"{t[2] - t[1]:.1f} s, chunk graphs {t[3] - t[2]:.1f} s")

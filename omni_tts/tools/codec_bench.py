@@ -129,7 +129,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                            "chunk_frames": args.chunk_frames, "history": args.history,
                            "first_frames": args.first_frames, "rows": []}
     cuda = device.type == "cuda"
-    graphs = CarriedChunkGraphs(codec, [args.chunk_frames], codec_buckets(max(args.rows))) if cuda else None
+    graphs = CarriedChunkGraphs.captured(codec, [args.chunk_frames], codec_buckets(max(args.rows))) if cuda else None
     for b in args.rows:
         eager = carried_chunk(codec, b, args.history, args.chunk_frames)
         row = {"rows": b, "carried_chunk_ms": time_ms(eager, args.iters),

@@ -170,7 +170,7 @@ def measure_parts(runner: Any, config: Any, rows: Sequence[int], peaks: tuple[fl
     model = runner.model
     fill_slots(runner, max(rows), (model.speakers() or [None])[0])
     precision = precision_of(model)
-    graphs = (CarriedChunkGraphs(model.codec, [config.chunk_frames], codec_buckets(max(rows)))
+    graphs = (CarriedChunkGraphs.captured(model.codec, [config.chunk_frames], codec_buckets(max(rows)))
               if model.codec.quantizer["rvq_first"].tables.is_cuda else None)
     out = []
     for b in rows:

@@ -106,9 +106,9 @@ def _decode_group(codec: CodecDecoder, rows: list[tuple[Piece, StreamingDecoderS
     try:
         run = [StreamingDecoderState() if p.reset else s for p, s in rows]
         wav = decode_chunk(codec, torch.stack([p.codes for p, _ in rows]), run, fast, all(p.last for p, _ in rows))
-        for (_, s), r in zip(rows, run):
-            s.carry = r.carry
         host = list(to_host(wav)) if any(p.keep for p, _ in rows) else [None] * len(rows)
+        for (_, s), r in zip(rows, run):  # only once the whole batch is out: a retry starts where it was
+            s.carry = r.carry
         return [w if p.keep else None for (p, _), w in zip(rows, host)], 1
     except Exception as e:
         if len(rows) == 1:
