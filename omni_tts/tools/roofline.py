@@ -184,11 +184,11 @@ def measure_parts(runner: Any, config: Any, rows: Sequence[int], peaks: tuple[fl
         chunk = carried_chunk(model.codec, b, STEADY_HISTORY_FRAMES, frames)
         moved = codec_bytes(model.codec, chunk)
         flops = chunk_costs(model.ckpt.codec_config, b, frames).flops
-        if graphs is not None:  # what the engine runs on CUDA: the chunk's graph replay
+        graphed = graphs is not None and b <= graphs.buckets[-1]  # what the engine runs: a replay, if graphed
+        if graphed:
             chunk = graphed_chunk(graphs, model.codec, b, STEADY_HISTORY_FRAMES, frames)
         ms = time_ms(chunk, max(1, iters // 2))
-        out.append(_row("code-to-wave", b, frames, ms, moved, flops, peaks, model.codec.precision,
-                        graphed=graphs is not None))
+        out.append(_row("code-to-wave", b, frames, ms, moved, flops, peaks, model.codec.precision, graphed=graphed))
         say(" | ".join(f"{r['part']} {r['ms_per_call']:.3f} ms" for r in out[-3:]) + f" (rows {b})")
     return out
 
