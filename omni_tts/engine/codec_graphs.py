@@ -1,4 +1,4 @@
-"""CUDA graphs of the codec's streamed decode: a chunk is one replay instead of ~900 eager launches from
+"""CUDA graphs of the codec's streamed decode: a chunk is one replay instead of an eager launch per op from
 the code-to-wave thread, which would otherwise hold the interpreter lock the scheduler needs between frames.
 
 Owns: `FirstChunkGraphs` (a stream's first chunk: empty state, per batch bucket; it decides TTFP),
