@@ -32,10 +32,6 @@ from omni_tts.models.codec.layers import Carry
 from omni_tts.models.codec.streaming import ChunkPlan, chunk_lengths, decode_plans
 
 
-def _now(fn: Callable[[], Any]) -> Any:
-    return fn()
-
-
 def _error(e: Exception) -> OmniTTSError:
     return as_engine_error(e, "audio decoding failed")
 
@@ -81,8 +77,7 @@ class AudioStage:
         self._thread = threading.Thread(target=self._loop, name="omni-tts-code2wav", daemon=True)
         self._thread.start()
 
-    def capture_chunk_graphs(self, codec: Any, config: Any, between: Callable[[Callable[[], Any]], Any] = _now
-                             ) -> None:
+    def capture_chunk_graphs(self, codec: Any, config: Any, between: Callable[[Callable[[], Any]], Any]) -> None:
         """Graph the first chunks (per batch bucket of the EngineConfig `config`) and the chunks that continue
         streams (per length its chunk schedule takes and row bucket); CUDA only. Each part runs through
         `between` (the engine's: between an early scheduler's frames, so serving pauses one part at a time)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from omni_tts.engine.codec_graphs import CarriedChunkGraphs, codec_buckets
+from omni_tts.engine.codec_graphs import CARRIED_MAX_ROWS, CarriedChunkGraphs, codec_buckets
 from omni_tts.errors import OmniTTSError
 from omni_tts.models.codec.streaming import chunk_lengths as stream_chunk_lengths
 from omni_tts.tools.args import add_engine_flags, engine_config, run_to_json
@@ -173,7 +173,7 @@ def main(args: argparse.Namespace) -> int:
     for r in res["rows"]:
         graphed = (f"{r['carried_graph_ms']:.3f} | {r['carried_host_ms']:.3f} / {r['carried_graph_host_ms']:.3f}"
                    if "carried_graph_ms" in r else "needs CUDA | needs CUDA" if not res["device"].startswith("cuda")
-                   else "not graphed (eager above 64 rows) | -")
+                   else f"not graphed (eager above {CARRIED_MAX_ROWS} rows) | -")
         print(f"| {r['rows']} | {r['carried_chunk_ms']:.3f} | {r['first_chunk_ms']:.3f} | {graphed} |")
     for b, top in res["profiles"].items():
         print(f"\nkernels of one carried chunk at {b} rows ({sum(k['ms'] for k in top):.2f} ms):")
