@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import pytest
 import torch
@@ -69,26 +68,6 @@ def test_code_to_wave_reads_every_decoder_parameter_once_per_call(model):
     assert weights == _size(codec)
     _, act_one = roofline.codec_bytes(codec, carried_chunk(codec, 1, 100, 25))
     assert act == 2 * act_one > 0  # activations scale with the batch
-
-
-def test_union_of_kernel_intervals():
-    assert roofline.union_seconds([(5, 6), (0, 2), (1, 3), (2.5, 2.7)]) == 4
-    trace = {"traceEvents": [{"cat": "kernel", "ts": 0, "dur": 2, "args": {"stream": 7}},
-                             {"cat": "cpu_op", "ts": 0, "dur": 50},
-                             {"cat": "kernel", "ts": 1, "dur": 3, "args": {"stream": 9}}]}
-    assert roofline.kernel_intervals(trace) == {7: [(0, 2)], 9: [(1, 4)]}
-
-
-def test_idle_gaps_are_binned_by_length_between_overlapping_kernels():
-    """Gaps between the union of intervals (us): overlapping and nested kernels leave none; each gap lands in
-    the bin of its length."""
-    iv = [(0, 10), (5, 8), (10.05, 20), (19, 30), (530, 600), (2600, 2700), (20_000, 20_001)]
-    g = roofline.idle_gaps(iv)
-    assert {k: v["count"] for k, v in g.items() if k != "total_s"} == {
-        "lt_0.1ms": 1, "lt_1ms": 1, "lt_10ms": 1, "ge_10ms": 1}
-    assert math.isclose(g["lt_1ms"]["s"], 500e-6) and math.isclose(g["ge_10ms"]["s"], 17_300e-6)
-    assert math.isclose(g["total_s"], (0.05 + 500 + 2000 + 17_300) / 1e6)
-    assert roofline.idle_gaps([])["total_s"] == 0
 
 
 def test_a_run_gives_a_row_per_part_and_rows_and_the_json(tmp_path, capsys):

@@ -31,22 +31,14 @@ runs its layers on 16 tokens a frame: two in its first step, one in each later s
 and their attention as the eager reference computes it; the codec's convolutions, matmuls and attention
 as `models.codec.costs.chunk_costs` counts them on the meta device.
 
-GPU busy share (`--busy c...`, CUDA only): the engine's closed loop (tools.load.run_load) at concurrency c
-under torch.profiler; the union of kernel intervals over the run's wall time, for all streams and for the
-busiest stream, and where the idle time lies: the gaps between kernels (of any stream) by length, so many
-short gaps (the host between launches) tell apart from a few long ones (waits between waves of requests:
-admission, prefill, a last chunk's decode). Owns the byte model, the table and the busy measurement; the
-timing and slot filling are tools.microbench's.
+GPU busy share (`--busy c...`, CUDA only): the engine's closed loop at concurrency c under torch.profiler
+(tools.gpu_busy: the busy share, the idle gaps by length and the kernels around the longer ones). Owns the
+byte model and the table; the timing and slot filling are tools.microbench's.
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
-import json
-import os
-import tempfile
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -56,6 +48,7 @@ from torch import nn
 from omni_tts.engine.codec_graphs import CarriedChunkGraphs, codec_buckets
 from omni_tts.models.codec.costs import chunk_costs
 from omni_tts.tools.args import add_engine_flags, engine_config, run_to_json
+from omni_tts.tools.gpu_busy import busy_share, report
 from omni_tts.tools.microbench import carried_chunk, fill_slots, graphed_chunk, step_callables, time_ms
 from omni_tts.tools.provenance import provenance
 
@@ -193,74 +186,6 @@ def measure_parts(runner: Any, config: Any, rows: Sequence[int], peaks: tuple[fl
     return out
 
 
-def merged(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The union of [start, end) intervals as disjoint intervals, in order."""
-    out: list[tuple[float, float]] = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
-def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
-    """Length of the union of [start, end) intervals."""
-    return sum(b - a for a, b in merged(intervals))
-
-
-GAP_BINS_MS = (0.1, 1.0, 10.0)  # idle gaps shorter than each bound, and the rest
-
-
-def idle_gaps(intervals: Iterable[tuple[float, float]]) -> dict[str, Any]:
-    """Gaps (in us) between the union of [start, end) intervals, from the first start to the last end ->
-    {"total_s", and per bin of GAP_BINS_MS: "lt_<ms>" / "ge_<ms>": {"count", "s"}}."""
-    edges = [b * 1000 for b in GAP_BINS_MS]
-    names = [f"lt_{b:g}ms" for b in GAP_BINS_MS] + [f"ge_{GAP_BINS_MS[-1]:g}ms"]
-    bins = {n: {"count": 0, "s": 0.0} for n in names}
-    spans = merged(intervals)
-    for (_, end), (start, _) in zip(spans, spans[1:]):
-        slot = bins[names[bisect.bisect_right(edges, start - end)]]
-        slot["count"] += 1
-        slot["s"] += (start - end) / 1e6
-    return {"total_s": sum(v["s"] for v in bins.values()), **bins}
-
-
-def kernel_intervals(trace: dict[str, Any]) -> dict[Any, list[tuple[float, float]]]:
-    """Chrome-trace kernel events -> {stream: [(start_us, end_us)]}."""
-    out: dict[Any, list[tuple[float, float]]] = {}
-    for e in trace.get("traceEvents", []):
-        if e.get("cat") == "kernel":
-            out.setdefault(e.get("args", {}).get("stream"), []).append((e["ts"], e["ts"] + e["dur"]))
-    return out
-
-
-def busy_share(engine: Any, concurrency: int, requests: int, make: Callable[[int], Any]) -> dict[str, Any]:
-    """The closed loop at `concurrency` under the profiler: share of wall time with a kernel running."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from omni_tts.tools.load import run_load
-
-    run_load(engine, concurrency, concurrency, make)  # warm-up, excluded
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        records, _ = run_load(engine, concurrency, requests, make)
-        torch.cuda.synchronize()
-        wall_us = (time.perf_counter() - t0) * 1e6
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            streams = kernel_intervals(json.load(f))
-    per_stream = {str(s): union_seconds(iv) / wall_us for s, iv in streams.items()}
-    every = [iv for ivs in streams.values() for iv in ivs]
-    return {"concurrency": concurrency, "requests": requests, "served": len(records), "wall_s": wall_us / 1e6,
-            "gpu_busy_share": union_seconds(every) / wall_us,
-            "busiest_stream_share": max(per_stream.values(), default=0.0), "by_stream": per_stream,
-            "idle_gaps": idle_gaps(every)}
-
-
 def table(rows: Sequence[dict[str, Any]], peak_gbs: float) -> str:
     """The markdown roofline table: bytes against `peak_gbs`, FLOPs against each row's arithmetic peak."""
     head = ["part", "rows", "frames/call", "ms/call", "ms/frame", "weights MB", "other MB", "GB/s",
@@ -343,10 +268,7 @@ def main(args: argparse.Namespace) -> int:
     res = run_to_json(args, run)
     print(table(res["rows"], args.peak_gbs))
     for b in res["busy"]:
-        gaps = ", ".join(f"{k.replace('_', ' ')} {v['count']} ({v['s']:.3f} s)"
-                         for k, v in b["idle_gaps"].items() if k != "total_s")
-        print(f"c={b['concurrency']}: GPU busy {100 * b['gpu_busy_share']:.1f} % of {b['wall_s']:.2f} s "
-              f"(busiest stream {100 * b['busiest_stream_share']:.1f} %); idle gaps: {gaps}")
+        print(report(b))
     if res.get("busy_skipped"):
         print(f"GPU busy share skipped: {res['busy_skipped']}")
     return 0

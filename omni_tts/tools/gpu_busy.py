@@ -1,0 +1,138 @@
+"""How busy the GPU is under the engine's closed loop, and where it idles.
+
+torch.profiler's kernel trace over a run of tools.load.run_load: the union of the kernels' intervals over
+the wall time, for all streams and for the busiest one; the idle gaps between them by length, so many
+short gaps (the host between launches) tell apart from a few long ones (waits between waves of requests:
+admission, prefill, a last chunk's decode); and the kernels that border the longer gaps (the one that
+ended last before a gap and the first after it, by name and stream), which say which hand-over idles: a
+frame's graph waiting for the host, the code-to-wave stream waiting for codes, a wave's last chunk.
+
+Owns reading the trace and the gap statistics; the load is tools.load's. CUDA only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+GAP_BINS_MS = (0.1, 1.0, 10.0)  # idle gaps shorter than each bound, and the rest
+BORDER_MIN_MS = 0.1  # gaps shorter than this are a graph's own kernel boundaries: not attributed
+BORDER_TOP = 8  # kernel pairs kept, the most idle time first
+
+Kernel = tuple[float, float, str, Any]  # start us, end us, name, stream
+
+
+def kernels(trace: dict[str, Any]) -> list[Kernel]:
+    """Chrome-trace kernel events -> [(start_us, end_us, name, stream)]."""
+    return [(e["ts"], e["ts"] + e["dur"], e.get("name", "?"), e.get("args", {}).get("stream"))
+            for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"]
+
+
+def kernel_intervals(trace: dict[str, Any]) -> dict[Any, list[tuple[float, float]]]:
+    """Chrome-trace kernel events -> {stream: [(start_us, end_us)]}."""
+    out: dict[Any, list[tuple[float, float]]] = {}
+    for start, end, _, stream in kernels(trace):
+        out.setdefault(stream, []).append((start, end))
+    return out
+
+
+def merged(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of [start, end) intervals as disjoint intervals, in order."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals."""
+    return sum(b - a for a, b in merged(intervals))
+
+
+def idle_gaps(intervals: Iterable[tuple[float, float]]) -> dict[str, Any]:
+    """Gaps (in us) between the union of [start, end) intervals, from the first start to the last end ->
+    {"total_s", and per bin of GAP_BINS_MS: "lt_<ms>" / "ge_<ms>": {"count", "s"}}."""
+    edges = [b * 1000 for b in GAP_BINS_MS]
+    names = [f"lt_{b:g}ms" for b in GAP_BINS_MS] + [f"ge_{GAP_BINS_MS[-1]:g}ms"]
+    bins = {n: {"count": 0, "s": 0.0} for n in names}
+    spans = merged(intervals)
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        slot = bins[names[bisect.bisect_right(edges, start - end)]]
+        slot["count"] += 1
+        slot["s"] += (start - end) / 1e6
+    return {"total_s": sum(v["s"] for v in bins.values()), **bins}
+
+
+def short_name(name: str, width: int = 60) -> str:
+    """A kernel's name without its return type, template arguments and parameters, at most `width` long."""
+    name = name.removeprefix("void ")
+    cut = min((i for i in (name.find("<"), name.find("(")) if i > 0), default=len(name))
+    return name[:cut][:width]
+
+
+def gap_borders(ks: Iterable[Kernel], min_ms: float = BORDER_MIN_MS, top: int = BORDER_TOP) -> list[dict[str, Any]]:
+    """Idle gaps of at least `min_ms` grouped by the kernels around them: the one that ended last before
+    the gap (any stream) and the first to start after it -> the `top` pairs by idle time, each {"before",
+    "after" ("name @ stream"), "count", "s", "max_ms"}."""
+    pairs: dict[tuple[str, str], dict[str, Any]] = {}
+    last: Kernel | None = None
+    for k in sorted(ks):
+        if last is not None and k[0] > last[1]:
+            gap_ms = (k[0] - last[1]) / 1000
+            if gap_ms >= min_ms:
+                key = (f"{short_name(last[2])} @ {last[3]}", f"{short_name(k[2])} @ {k[3]}")
+                p = pairs.setdefault(key, {"before": key[0], "after": key[1], "count": 0, "s": 0.0, "max_ms": 0.0})
+                p["count"] += 1
+                p["s"] += gap_ms / 1000
+                p["max_ms"] = max(p["max_ms"], gap_ms)
+        if last is None or k[1] > last[1]:
+            last = k
+    return sorted(pairs.values(), key=lambda p: -p["s"])[:top]
+
+
+def busy_share(engine: Any, concurrency: int, requests: int, make: Callable[[int], Any]) -> dict[str, Any]:
+    """The closed loop at `concurrency` under the profiler: share of wall time with a kernel running."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from omni_tts.tools.load import run_load
+
+    run_load(engine, concurrency, concurrency, make)  # warm-up, excluded
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        records, _ = run_load(engine, concurrency, requests, make)
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - t0) * 1e6
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    streams = kernel_intervals(trace)
+    per_stream = {str(s): union_seconds(iv) / wall_us for s, iv in streams.items()}
+    every = [iv for ivs in streams.values() for iv in ivs]
+    return {"concurrency": concurrency, "requests": requests, "served": len(records), "wall_s": wall_us / 1e6,
+            "gpu_busy_share": union_seconds(every) / wall_us,
+            "busiest_stream_share": max(per_stream.values(), default=0.0), "by_stream": per_stream,
+            "idle_gaps": idle_gaps(every), "gap_borders": gap_borders(kernels(trace))}
+
+
+def report(b: dict[str, Any], borders: int = 5) -> str:
+    """busy_share's result as text: the share, the gaps by length and the pairs of kernels that idle most."""
+    gaps = ", ".join(f"{k.replace('_', ' ')} {v['count']} ({v['s']:.3f} s)"
+                     for k, v in b["idle_gaps"].items() if k != "total_s")
+    lines = [f"c={b['concurrency']}: GPU busy {100 * b['gpu_busy_share']:.1f} % of {b['wall_s']:.2f} s "
+             f"(busiest stream {100 * b['busiest_stream_share']:.1f} %); idle gaps: {gaps}"]
+    lines += [f"  {p['s']:.3f} s in {p['count']} gaps (longest {p['max_ms']:.2f} ms): {p['before']} -> {p['after']}"
+              for p in b.get("gap_borders", [])[:borders]]
+    return "\n".join(lines)

@@ -1,0 +1,72 @@
+"""The GPU busy statistics of tools.gpu_busy on hand-made kernel traces: the union of kernel intervals, the
+idle gaps binned by length, and the longer gaps attributed to the kernels around them."""
+
+from __future__ import annotations
+
+import math
+
+from omni_tts.tools import gpu_busy
+
+
+def _trace(*events: tuple[float, float, str, int]) -> dict:
+    return {"traceEvents": [{"cat": "kernel", "ts": s, "dur": d, "name": n, "args": {"stream": st}}
+                            for s, d, n, st in events] + [{"cat": "cpu_op", "ts": 0, "dur": 99_999}]}
+
+
+def test_union_of_kernel_intervals():
+    assert gpu_busy.union_seconds([(5, 6), (0, 2), (1, 3), (2.5, 2.7)]) == 4
+    trace = _trace((0, 2, "a", 7), (1, 3, "b", 9))
+    assert gpu_busy.kernel_intervals(trace) == {7: [(0, 2)], 9: [(1, 4)]}
+    assert gpu_busy.kernels(trace) == [(0, 2, "a", 7), (1, 4, "b", 9)]
+
+
+def test_idle_gaps_are_binned_by_length_between_overlapping_kernels():
+    """Gaps between the union of intervals (us): overlapping and nested kernels leave none; each gap lands in
+    the bin of its length."""
+    iv = [(0, 10), (5, 8), (10.05, 20), (19, 30), (530, 600), (2600, 2700), (20_000, 20_001)]
+    g = gpu_busy.idle_gaps(iv)
+    assert {k: v["count"] for k, v in g.items() if k != "total_s"} == {
+        "lt_0.1ms": 1, "lt_1ms": 1, "lt_10ms": 1, "ge_10ms": 1}
+    assert math.isclose(g["lt_1ms"]["s"], 500e-6) and math.isclose(g["ge_10ms"]["s"], 17_300e-6)
+    assert math.isclose(g["total_s"], (0.05 + 500 + 2000 + 17_300) / 1e6)
+    assert gpu_busy.idle_gaps([])["total_s"] == 0
+
+
+def test_gaps_are_named_by_the_kernel_that_ended_last_and_the_next_to_start():
+    """A long kernel on another stream that outlasts a later-starting one is the gap's 'before'; a gap that
+    another stream's kernel fills is no gap; gaps under the bound are left out; pairs add up, most idle
+    time first."""
+    ks = gpu_busy.kernels(_trace(
+        (0, 500, "void codec_conv<float, 4>(float*)", 2),  # ends last: borders the first gap
+        (10, 20, "step_tail", 1),
+        (800, 10, "step_head", 1),        # gap of 300 us after codec_conv
+        (810, 5, "step_tail", 1),
+        (900, 200, "codec_conv", 2),      # fills what would be a gap on stream 1
+        (1000, 10, "step_head", 1),
+        (1150, 10, "step_tail", 1),        # 40 us after codec_conv: under the bound
+        (2160, 10, "step_head", 1),       # 1 ms after step_tail
+        (2500, 10, "step_head", 1)))      # 330 us after step_head
+    borders = gpu_busy.gap_borders(ks, min_ms=0.1)
+    assert [(p["before"], p["after"], p["count"]) for p in borders] == [
+        ("step_tail @ 1", "step_head @ 1", 1), ("step_head @ 1", "step_head @ 1", 1),
+        ("codec_conv @ 2", "step_head @ 1", 1)]
+    assert math.isclose(borders[0]["max_ms"], 1.0) and math.isclose(borders[2]["s"], 300e-6)
+    assert gpu_busy.gap_borders(ks, min_ms=0.1, top=1) == borders[:1]
+    twice = gpu_busy.gap_borders(ks + [(5000, 5010, "step_head", 1)], min_ms=0.1)
+    assert twice[0]["before"] == "step_head @ 1" and twice[0]["count"] == 2
+
+
+def test_short_kernel_names():
+    assert gpu_busy.short_name("void at::native::vectorized_elementwise_kernel<8, at::native::FillFunc>(int)") == (
+        "at::native::vectorized_elementwise_kernel")
+    assert gpu_busy.short_name("_proj_kernel") == "_proj_kernel"
+    assert gpu_busy.short_name("x" * 80, width=10) == "x" * 10
+
+
+def test_report_lists_the_gaps_and_their_borders():
+    ks = gpu_busy.kernels(_trace((0, 10, "a", 1), (2010, 10, "b", 1)))
+    iv = [(s, e) for s, e, _, _ in ks]
+    text = gpu_busy.report({"concurrency": 4, "gpu_busy_share": 0.5, "wall_s": 1.0, "busiest_stream_share": 0.5,
+                            "idle_gaps": gpu_busy.idle_gaps(iv), "gap_borders": gpu_busy.gap_borders(ks)})
+    assert "c=4: GPU busy 50.0 %" in text and "lt 10ms 1 (0.002 s)" in text
+    assert "0.002 s in 1 gaps (longest 2.00 ms): a @ 1 -> b @ 1" in text
