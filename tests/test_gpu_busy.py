@@ -35,7 +35,7 @@ def test_idle_gaps_are_binned_by_length_between_overlapping_kernels():
 def test_gaps_are_named_by_the_kernel_that_ended_last_and_the_next_to_start():
     """A long kernel on another stream that outlasts a later-starting one is the gap's 'before'; a gap that
     another stream's kernel fills is no gap; gaps under the bound are left out; pairs add up, most idle
-    time first."""
+    time first; kernels that tie in time sort whatever their streams."""
     ks = gpu_busy.kernels(_trace(
         (0, 500, "void codec_conv<float, 4>(float*)", 2),  # ends last: borders the first gap
         (10, 20, "step_tail", 1),
@@ -52,7 +52,7 @@ def test_gaps_are_named_by_the_kernel_that_ended_last_and_the_next_to_start():
         ("codec_conv @ 2", "step_head @ 1", 1)]
     assert math.isclose(borders[0]["max_ms"], 1.0) and math.isclose(borders[2]["s"], 300e-6)
     assert gpu_busy.gap_borders(ks, min_ms=0.1, top=1) == borders[:1]
-    twice = gpu_busy.gap_borders(ks + [(5000, 5010, "step_head", 1)], min_ms=0.1)
+    twice = gpu_busy.gap_borders(ks + [(5000, 5010, "step_head", 1), (5000, 5010, "step_head", None)], min_ms=0.1)
     assert twice[0]["before"] == "step_head @ 1" and twice[0]["count"] == 2
 
 

@@ -86,7 +86,7 @@ def gap_borders(ks: Iterable[Kernel], min_ms: float = BORDER_MIN_MS, top: int = 
     "after" ("name @ stream"), "count", "s", "max_ms"}."""
     pairs: dict[tuple[str, str], dict[str, Any]] = {}
     last: Kernel | None = None
-    for k in sorted(ks):
+    for k in sorted(ks, key=lambda k: (k[0], k[1])):  # by time only: streams may not compare
         if last is not None and k[0] > last[1]:
             gap_ms = (k[0] - last[1]) / 1000
             if gap_ms >= min_ms:
