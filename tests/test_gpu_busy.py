@@ -16,8 +16,8 @@ def _trace(*events: tuple[float, float, str, int]) -> dict:
 def test_union_of_kernel_intervals():
     assert gpu_busy.union_seconds([(5, 6), (0, 2), (1, 3), (2.5, 2.7)]) == 4
     trace = _trace((0, 2, "a", 7), (1, 3, "b", 9))
-    assert gpu_busy.kernel_intervals(trace) == {7: [(0, 2)], 9: [(1, 4)]}
     assert gpu_busy.kernels(trace) == [(0, 2, "a", 7), (1, 4, "b", 9)]
+    assert gpu_busy.kernel_intervals(gpu_busy.kernels(trace)) == {7: [(0, 2)], 9: [(1, 4)]}
 
 
 def test_idle_gaps_are_binned_by_length_between_overlapping_kernels():

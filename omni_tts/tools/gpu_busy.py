@@ -35,10 +35,10 @@ def kernels(trace: dict[str, Any]) -> list[Kernel]:
             for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"]
 
 
-def kernel_intervals(trace: dict[str, Any]) -> dict[Any, list[tuple[float, float]]]:
-    """Chrome-trace kernel events -> {stream: [(start_us, end_us)]}."""
+def kernel_intervals(ks: Iterable[Kernel]) -> dict[Any, list[tuple[float, float]]]:
+    """`kernels`' list -> {stream: [(start_us, end_us)]}."""
     out: dict[Any, list[tuple[float, float]]] = {}
-    for start, end, _, stream in kernels(trace):
+    for start, end, _, stream in ks:
         out.setdefault(stream, []).append((start, end))
     return out
 
@@ -117,14 +117,14 @@ def busy_share(engine: Any, concurrency: int, requests: int, make: Callable[[int
         path = os.path.join(d, "trace.json")
         prof.export_chrome_trace(path)
         with open(path) as f:
-            trace = json.load(f)
-    streams = kernel_intervals(trace)
+            ks = kernels(json.load(f))
+    streams = kernel_intervals(ks)
     per_stream = {str(s): union_seconds(iv) / wall_us for s, iv in streams.items()}
     every = [iv for ivs in streams.values() for iv in ivs]
     return {"concurrency": concurrency, "requests": requests, "served": len(records), "wall_s": wall_us / 1e6,
             "gpu_busy_share": union_seconds(every) / wall_us,
             "busiest_stream_share": max(per_stream.values(), default=0.0), "by_stream": per_stream,
-            "idle_gaps": idle_gaps(every), "gap_borders": gap_borders(kernels(trace))}
+            "idle_gaps": idle_gaps(every), "gap_borders": gap_borders(ks)}
 
 
 def report(b: dict[str, Any], borders: int = 5) -> str:
