@@ -354,3 +354,22 @@ def test_reduce_overhead_records_its_graph_trees_without_skipping() -> None:
     for codes, embeds in outs:  # the recorded run and its replays give the uncompiled loop's codes
         assert torch.equal(codes, ref[0])
         torch.testing.assert_close(embeds, ref[1], rtol=1e-4, atol=1e-4)
+
+
+def test_fed_tables_hold_each_codebooks_next_input_and_are_shared() -> None:
+    """The head kernels' fed tables: for every codebook but the last, row c is what the feed unit makes of
+    code c (its embedding through small_to_mtp_projection); made once per code predictor, so every mode's
+    path reads the same tensors."""
+    from omni_tts.kernels.heads import fed_table
+    from omni_tts.models.compiled.fast_path import predictor_feed
+    from omni_tts.models.compiled.kernel_choice import fed_tables
+
+    m, _ = model_and_fast()
+    cp = m.code_predictor
+    tables = fed_tables(cp)
+    assert fed_tables(cp) is tables and len(tables) == len(cp.codec_embedding) - 1
+    codes = torch.tensor([0, 7, cp.codec_embedding[0].weight.shape[0] - 1])
+    for j in (0, len(tables) - 1):
+        _, nxt = predictor_feed(cp.codec_embedding[j], cp.small_to_mtp_projection, codes)
+        torch.testing.assert_close(tables[j][codes], nxt[:, 0])
+    assert fed_table(cp.codec_embedding[0].weight, torch.nn.Identity()) is cp.codec_embedding[0].weight

@@ -170,7 +170,8 @@ def test_head_kernels_choose_like_the_sampling_module_for_many_draws() -> None:
         x = torch.randn(B, 1, D) * 3
         seed, frame = torch.arange(B) + 100 * f, torch.full((B,), f)
         esum = torch.zeros(B, 4)
-        got = head_kernels.head_choose(norm, head, x, sp, seed, frame, 2, table, esum)
+        got, nothing = head_kernels.head_choose(norm, head, x, sp, seed, frame, 2, table, esum)
+        assert nothing is None
         h = x[:, -1].float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
         want = sampling.choose(head(h).float(), sp, seed, frame, 2)
@@ -179,8 +180,10 @@ def test_head_kernels_choose_like_the_sampling_module_for_many_draws() -> None:
 
 
 def test_head_and_feed_kernels_equal_the_units_they_implement() -> None:
-    """omni_tts.kernels.heads.head_choose / feed against omni_tts.models.compiled.fast_path.predictor_head /
-    predictor_feed (run uncompiled) on the tiny checkpoint's real predictor head, embedding and projection."""
+    """omni_tts.kernels.heads.head_choose (with the codebook's fed table) against
+    omni_tts.models.compiled.fast_path.predictor_head / predictor_feed (run uncompiled) on the tiny
+    checkpoint's real predictor head, embedding and projection: the same codes, embedding sum and next
+    input."""
     from omni_tts.kernels import heads as head_kernels
     from omni_tts.models.compiled.fast_path import predictor_feed, predictor_head
 
@@ -193,13 +196,15 @@ def test_head_and_feed_kernels_equal_the_units_they_implement() -> None:
     seed, frame = torch.arange(B) * 13 + 1, torch.full((B,), 9)
     table = cp.codec_embedding[j].weight
     esum = torch.zeros(B, table.shape[1])
-    got = head_kernels.head_choose(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1, table, esum)
+    fed = head_kernels.fed_table(table, cp.small_to_mtp_projection)
+    got, got_next = head_kernels.head_choose(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1, table, esum,
+                                             fed=fed)
     want = predictor_head(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1)
     assert torch.equal(got, want) and len(set(want.tolist())) > 1
     e, nxt = predictor_feed(cp.codec_embedding[j], cp.small_to_mtp_projection, want)
     torch.testing.assert_close(esum, e.float())
-    torch.testing.assert_close(head_kernels.feed(table, cp.small_to_mtp_projection, want), nxt, rtol=1e-5,
-                               atol=1e-5)
+    assert got_next.shape == nxt.shape == (B, 1, cp.hidden_size)
+    torch.testing.assert_close(got_next, nxt, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("cut", ["sort", 1, 2, 4, 8])
@@ -227,7 +232,7 @@ def test_choice_kernel_top_k_cut_keeps_tied_values_like_the_sampling_module(cut:
         scale = torch.rsqrt(logits.pow(2).mean(-1, keepdim=True))  # the kernel RMS-normalises its input
         x = (logits / scale)[:, None]
         seed, frame = torch.arange(B) * 31 + f, torch.full((B,), f)
-        got = head_kernels.head_choose(norm, eye, x, sp, seed, frame, 5, table, torch.zeros(B, 4))
+        got = head_kernels.head_choose(norm, eye, x, sp, seed, frame, 5, table, torch.zeros(B, 4))[0]
         h = x[:, -1] * torch.rsqrt(x[:, -1].pow(2).mean(-1, keepdim=True))
         want = sampling.choose(h @ eye.weight.T, sp, seed, frame, 5)
         assert torch.equal(got, want)

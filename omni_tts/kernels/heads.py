@@ -11,9 +11,9 @@ Owns, for one codebook step of a frame (rows = batch):
      largest value, found by halving the values' range: no sort), with the noise of
      omni_tts.models.sampling.uniform_noise (the same counter-based hash, so a request's draws do not depend on
      the kernels); the chosen code's embedding row is added to the frame's running embedding sum (float32);
-  3. the next step's input: the chosen code's embedding gathered and projected by
-     `small_to_mtp_projection` (the projection kernel with a gather prologue).
-So a codebook step is three kernels instead of Inductor's ~9 (a sort-based top-k, a radix sort, the
+  3. in the same kernel, the next step's input: the chosen code's row of the codebook's `fed_table`
+     (`small_to_mtp_projection` applied to the whole embedding table once, at set-up).
+So a codebook step is two kernels instead of Inductor's ~9 (a sort-based top-k, a radix sort, the
 norm's separate reduction). The math is omni_tts.models.sampling.choose / warp_topk's (float32, same order
 of cuts); sums run in another order, so a value exactly on a top-p edge or a Gumbel tie could go the
 other way in the last bit, as between any two compiled versions. Only for rows whose settings fit a
@@ -95,10 +95,12 @@ if kernels.triton is not None:
 
     @triton.jit(do_not_specialize=["codebook"])  # one kernel for all codebooks (1 would be a constant)
     def _choose_kernel(logits_ptr, greedy_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, frame_ptr, codebook,
-                       table_ptr, esum_ptr, code_ptr, V: tl.constexpr, D: tl.constexpr, BV: tl.constexpr,
-                       CAP: tl.constexpr, BD: tl.constexpr, SAMPLE: tl.constexpr, SORT_BELOW: tl.constexpr,
-                       BITS: tl.constexpr, PDL: tl.constexpr):
-        """Program b: code_ptr[b] = this row's code (see the module docstring); esum[b] += table[code]."""
+                       table_ptr, esum_ptr, code_ptr, fed_ptr, next_ptr, V: tl.constexpr, D: tl.constexpr,
+                       BV: tl.constexpr, CAP: tl.constexpr, BD: tl.constexpr, DN: tl.constexpr, BDN: tl.constexpr,
+                       FED: tl.constexpr, SAMPLE: tl.constexpr, SORT_BELOW: tl.constexpr, BITS: tl.constexpr,
+                       PDL: tl.constexpr):
+        """Program b: code_ptr[b] = this row's code (see the module docstring); esum[b] += table[code];
+        with FED, next[b] = fed[code] (the next step's input, [DN])."""
         b = tl.program_id(0)
         i = tl.arange(0, BV)
         vm = i < V
@@ -123,40 +125,53 @@ if kernels.triton is not None:
         row = tl.load(table_ptr + pick.to(tl.int64) * D + d, mask=dm, other=0.0).to(tl.float32)
         acc = tl.load(esum_ptr + b * D + d, mask=dm, other=0.0)
         tl.store(esum_ptr + b * D + d, acc + row, mask=dm)
+        if FED:
+            dn = tl.arange(0, BDN)
+            nm = dn < DN
+            tl.store(next_ptr + b * DN + dn, tl.load(fed_ptr + pick.to(tl.int64) * DN + dn, mask=nm), mask=nm)
 
 
 def head_choose(norm: Any, head: Any, x: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tensor,
-                codebook: int, table: torch.Tensor, esum: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+                codebook: int, table: torch.Tensor, esum: torch.Tensor, pdl: bool = False,
+                fed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """CodePredictor's final norm + lm_head[codebook - 1] on the last position, then sampling.sample_codebook,
-    + the code's embedding added to esum, for rows that
-    `fits_topk(sp.topk_cap)` (or all greedy). x: [B, T, d] (the last position is used); table: this codebook's
-    embedding [V, D]; esum: [B, D] float32 (updated). -> codes [B] int64"""
+    + the code's embedding added to esum, for rows that `fits_topk(sp.topk_cap)` (or all greedy). x: [B, T, d]
+    (the last position is used); table: this codebook's embedding [V, D]; esum: [B, D] float32 (updated);
+    fed: `fed_table` of this codebook. -> (codes [B] int64, the next input fed[codes] [B, 1, d] or None)"""
     logits = kernels.projection(x[:, -1], head.weight, n=head.weight.shape[0], norm=norm, pdl=pdl)  # [B, V]
-    return choose(logits, sp, seed, frame, codebook, table, esum, pdl)
+    return choose(logits, sp, seed, frame, codebook, table, esum, pdl, fed)
 
 
 def choose(logits: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tensor, codebook: int,
-           table: torch.Tensor, esum: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+           table: torch.Tensor, esum: torch.Tensor, pdl: bool = False, fed: torch.Tensor | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The choice kernel alone: sampling.choose(logits.float(), ...) for rows that `fits_topk(sp.topk_cap)`,
-    plus table[code] added to esum [B, D] (float32). logits: [B, V] -> codes [B] int64"""
+    plus table[code] added to esum [B, D] (float32) and, with `fed` [V, d], the next input fed[code].
+    logits: [B, V] -> (codes [B] int64, [B, 1, d] or None)"""
     B, V = logits.shape
     D = table.shape[1]
     code = torch.empty(B, dtype=torch.long, device=logits.device)
+    nxt = torch.empty(B, 1, fed.shape[1], dtype=fed.dtype, device=logits.device) if fed is not None else None
+    DN = fed.shape[1] if fed is not None else 1
     sample = not sp.all_greedy
     sort_below = 1.0 if kernel_configs.CHOOSE_SORT_FREE else float("inf")  # inf: every row takes the sort
     _choose_kernel[(B,)](logits, sp.greedy, sp.temperature, sp.top_k, sp.top_p, seed, frame, codebook, table, esum,
-                         code, V=V, D=D, BV=next_pow2(V), CAP=min(next_pow2(sp.topk_cap or 1), next_pow2(V)),
-                         BD=next_pow2(D), SAMPLE=sample, SORT_BELOW=sort_below, BITS=kernel_configs.CHOOSE_BITS,
-                         PDL=pdl,
+                         code, fed if fed is not None else table, nxt if nxt is not None else esum,
+                         V=V, D=D, BV=next_pow2(V), CAP=min(next_pow2(sp.topk_cap or 1), next_pow2(V)),
+                         BD=next_pow2(D), DN=DN, BDN=next_pow2(DN), FED=fed is not None, SAMPLE=sample,
+                         SORT_BELOW=sort_below, BITS=kernel_configs.CHOOSE_BITS, PDL=pdl,
                          **kernels.launch_options(pdl, kernel_configs.CHOOSE_WARPS))
-    return code
+    return code, nxt
 
 
-def feed(table: torch.Tensor, proj: Any, code: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """CodePredictor's next input for a Linear `small_to_mtp_projection`: proj(table[code]).
-    code: [B] -> [B, 1, d]"""
-    out = kernels.projection(table, proj.weight, n=proj.weight.shape[0], bias=proj.bias, idx=code, pdl=pdl)  # [B, d]
-    return out[:, None]
+@torch.no_grad()
+def fed_table(table: torch.Tensor, proj: Any) -> torch.Tensor:
+    """The next step's input for every code of a codebook, computed once: `proj(table)` [V, d]
+    (`small_to_mtp_projection`: a Linear, or an Identity, which gives the table itself). Folds the feed
+    projection of every codebook step into the choice kernel's gather, for V x d more weights."""
+    if not isinstance(proj, torch.nn.Linear):
+        return table
+    return torch.nn.functional.linear(table, proj.weight, proj.bias)
 
 
 def supports(sp: Any, rows: int, vocab: int) -> bool:
@@ -175,14 +190,14 @@ def probe(cp: Any, batches: list[int], max_rows: int, cap: int, pdl: bool = Fals
     table = cp.codec_embedding[0].weight
 
     def build() -> str:
+        fed = fed_table(table, cp.small_to_mtp_projection)
         for b in (b for b in batches if b <= max_rows):
             sp = SlotParams.zeros(b, dev).rows(b, topk_cap=cap)
             x = torch.zeros(b, 1, cp.hidden_size, device=dev, dtype=cp.norm.weight.dtype)
             esum = torch.zeros(b, table.shape[1], device=dev)
             idx = torch.zeros(b, dtype=torch.long, device=dev)
-            code = head_choose(cp.norm, cp.lm_head[0], x, sp, idx, idx, 1, table, esum, pdl)
-            if isinstance(cp.small_to_mtp_projection, torch.nn.Linear):
-                feed(table, cp.small_to_mtp_projection, code, pdl)
+            for f in (fed, None):  # a step that feeds the next one, and the frame's last step
+                head_choose(cp.norm, cp.lm_head[0], x, sp, idx, idx, 1, table, esum, pdl, f)
         return ""
 
     return kernels.run_probe(dev, build)

@@ -14,7 +14,7 @@ rows cost about the same), at most MAX_BM rows a program (more rows take a secon
 whose weight reads mostly hit L2); a one-row step runs them as a multiply-and-sum over narrow weight tiles
 (more programs reading the weights at once). The projection kernel (`projection`) and the K/V store
 (`store_kv`) also serve omni_tts.kernels.talker and omni_tts.kernels.heads (the projection's input rows
-may be strided or gathered from a table). With `pdl` (programmatic dependent launch, Hopper+:
+may be strided). With `pdl` (programmatic dependent launch, Hopper+:
 `pdl_available`) each kernel loads what no kernel writes (its first weight tile) before
 `after_previous` waits for the previous kernel and lets the next one launch. Launch configs per
 (rows, shape) come from omni_tts.kernels.configs. Numerics follow the reference: float32 accumulation,
@@ -133,16 +133,16 @@ if triton is not None:
         tl.store(out_ptr + m * K + k, _normed(x, rstd, nw_ptr, k, kmask, dt), mask=kmask)
 
     @triton.jit
-    def _proj_kernel(x_ptr, idx_ptr, nw_ptr, w_ptr, b_ptr, res_ptr, out_ptr, eps, sx, M: tl.constexpr,
+    def _proj_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, res_ptr, out_ptr, eps, sx, M: tl.constexpr,
                      N: tl.constexpr, K: tl.constexpr,
                      NORM: tl.constexpr, BIAS: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr,
-                     GATHER: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr,
+                     IEEE: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         """Program (N block, M block) of out[M, N] = epilogue(prologue(x[M, K]) @ w[N, K]^T), x's rows sx
-        apart (GATHER: x is a table and row m is its row idx[m]). NORM: x is RMS-normed with nw first; GLU:
-        w has 2N rows (gate then up) and out = silu(gate) * up; RES: out += res[M, N]. PDL (programmatic
+        apart. NORM: x is RMS-normed with nw first; GLU: w has 2N rows (gate then up) and out = silu(gate) *
+        up; RES: out += res[M, N]. PDL (programmatic
         dependent launch, Hopper+): the first weight tile loads while the previous kernel is still running;
-        everything that kernel writes (x, idx, res) is read after gdc_wait."""
+        everything that kernel writes (x, res) is read after gdc_wait."""
         dt = out_ptr.dtype.element_ty
         rm = tl.program_id(1) * BM + tl.arange(0, BM)
         rn = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -150,10 +150,7 @@ if triton is not None:
         mmask, nmask = rm < M, rn < N
         wk, wu = _w_block(w_ptr, rn, nmask, rk, N, K, GLU)  # [BN, BK]: weights never depend on the last kernel
         after_previous(PDL)
-        if GATHER:
-            xoff = tl.load(idx_ptr + rm, mask=mmask, other=0).to(tl.int64) * K  # [BM] table rows
-        else:
-            xoff = rm.to(tl.int64) * sx
+        xoff = rm.to(tl.int64) * sx
         rstd = tl.zeros([BM], tl.float32)
         if NORM:
             ss = tl.zeros([BM], tl.float32)
@@ -279,12 +276,12 @@ def launch_options(pdl: bool, warps: int, stages: int | None = None) -> dict[str
 
 def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None = None,
           norm: Any = None, res: torch.Tensor | None = None, glu: bool = False, cfg: Config | None = None,
-          pdl: bool = False, idx: torch.Tensor | None = None) -> torch.Tensor:
+          pdl: bool = False) -> torch.Tensor:
     """x: [M, K] (rows may be strided; the last dim contiguous) -> [M, n] (see _proj_kernel); w: [n, K], or
-    [2n, K] with glu. idx: [M] row ids into the table x [rows, K] (then x's rows are gathered)."""
+    [2n, K] with glu."""
     assert x.stride(-1) == 1
     K = x.shape[1]
-    M = x.shape[0] if idx is None else idx.shape[0]
+    M = x.shape[0]
     out = torch.empty(M, n, device=x.device, dtype=x.dtype)
     BN, BK, stages, warps, vec = cfg or config(M, n, K)
     if x.element_size() > 2 and not vec:  # float32 tiles: half as wide, or the stages overflow shared memory
@@ -292,10 +289,10 @@ def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor |
     dummy = x
     BM = next_pow2(M) if vec else min(MAX_BM, max(16, next_pow2(M)))
     _proj_kernel[(triton.cdiv(n, BN), triton.cdiv(M, BM))](
-        x, idx if idx is not None else dummy, norm.weight if norm is not None else dummy, w,
+        x, norm.weight if norm is not None else dummy, w,
         bias if bias is not None else dummy, res if res is not None else dummy, out,
         float(norm.eps) if norm is not None else 0.0, x.stride(0), M=M, N=n, K=K,
-        NORM=norm is not None, BIAS=bias is not None, RES=res is not None, GLU=glu, GATHER=idx is not None,
+        NORM=norm is not None, BIAS=bias is not None, RES=res is not None, GLU=glu,
         IEEE=x.dtype == torch.float32 or _INTERPRET, VEC=vec, PDL=pdl,
         BM=BM, BN=BN, BK=BK, **launch_options(pdl, warps, stages))
     return out

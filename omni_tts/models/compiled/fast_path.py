@@ -24,7 +24,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from omni_tts.config import ModeSpec
@@ -32,7 +31,7 @@ from omni_tts.kernels import heads as head_kernels
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import talker as talker_kernels
 from omni_tts.models import sampling
-from omni_tts.models.compiled.kernel_choice import KernelChoice
+from omni_tts.models.compiled.kernel_choice import KernelChoice, fed_tables
 from omni_tts.models.compiled.packed_weights import fuse_layer
 from omni_tts.models.compiled.prefill import prefill_layer
 from omni_tts.models.compiled.units import linear, mlp_fused, out_proj, qkv_fused, small_attention
@@ -313,13 +312,14 @@ class FastPath(KernelChoice):
         head_kernels_on = (not traced and B <= self.head_kernel_rows
                            and head_kernels.supports(sp, B, cp.vocab_size))
         esum = e0.float() if head_kernels_on else None  # [B, D] running embedding sum (the kernels')
+        fed = fed_tables(cp) if head_kernels_on else []  # made at the first (warm-up) call
         codes, embeds = [], [e0]
         pos0 = 0  # x holds positions pos0.. (the first step: talker hidden and code 0 at 0 and 1)
         for j in range(self.n_pos - 1):
             x = self._layers(x, kc, vc, pos0, traced)  # [B, T, d]
             pos0 = j + 2  # the next input's position
             if head_kernels_on:
-                code, x = self._head_kernels(j, x, sp, seed, frame, esum, pos0 < self.n_pos)
+                code, x = self._head_kernels(j, x, sp, seed, frame, esum, fed[j] if pos0 < self.n_pos else None)
             else:
                 code, x, e = self._head_units(j, x, sp, seed, frame, pos0 < self.n_pos, traced)
                 embeds.append(e)
@@ -340,14 +340,9 @@ class FastPath(KernelChoice):
         return code, None, cp.codec_embedding[j](code)  # [B, D]
 
     def _head_kernels(self, j: int, x: torch.Tensor, sp: sampling.SlotParams, seed: torch.Tensor,
-                      frame: torch.Tensor, esum: torch.Tensor, feed: bool) -> tuple[torch.Tensor, Any]:
-        """Codebook j + 1's head, choice (its embedding added to esum) and (`feed`) the next input as
-        omni_tts.kernels.heads -> (code [B], the next input [B, 1, d] or None)."""
+                      frame: torch.Tensor, esum: torch.Tensor, fed: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
+        """Codebook j + 1's head, choice (its embedding added to esum) and, from the codebook's `fed` table,
+        the next input, as omni_tts.kernels.heads -> (code [B], the next input [B, 1, d] or None)."""
         cp = self.model.code_predictor
-        proj, table = cp.small_to_mtp_projection, cp.codec_embedding[j].weight  # table: [V, D]
-        code = head_kernels.head_choose(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1, table, esum,
-                                        self.kernel_pdl)  # [B]
-        if not feed:
-            return code, None
-        return code, (head_kernels.feed(table, proj, code, self.kernel_pdl) if isinstance(proj, nn.Linear)
-                      else proj(F.embedding(code, table)[:, None]))  # [B, 1, d]
+        return head_kernels.head_choose(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1, cp.codec_embedding[j].weight,
+                                        esum, self.kernel_pdl, fed)

@@ -8,6 +8,8 @@ kernels serve instead and a notice says why. Knows nothing about requests, graph
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +30,19 @@ TALKER_ATTEND_ROWS = 64
 # the limits above and the norm kernels' rows: a kept probe outcome holds for the same ones only
 LIMITS = (MAX_PREDICTOR_ROWS, kernels.NORM_KERNEL_ROWS, TALKER_KERNEL_ROWS, TALKER_PDL_ROWS, TALKER_ATTEND_LEN,
           TALKER_ATTEND_ROWS)
+
+
+_FED: weakref.WeakKeyDictionary[Any, list[torch.Tensor]] = weakref.WeakKeyDictionary()
+_FED_LOCK = threading.Lock()  # modes warm on threads of their own
+
+
+def fed_tables(cp: Any) -> list[torch.Tensor]:
+    """`heads.fed_table` of every codebook whose code feeds a next step (all but the last), made at the first
+    call for the code predictor `cp` and shared by every mode's path."""
+    with _FED_LOCK:
+        if cp not in _FED:
+            _FED[cp] = [head_kernels.fed_table(e.weight, cp.small_to_mtp_projection) for e in cp.codec_embedding[:-1]]
+        return _FED[cp]
 
 
 class KernelChoice:
