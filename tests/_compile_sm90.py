@@ -44,14 +44,14 @@ def build(fn, args: dict, constexprs: dict, warps: int = 4, stages: int = 1, pdl
 
 
 def projections() -> dict[str, str]:
-    args = dict(x_ptr=BF, idx_ptr=I64, nw_ptr=BF, w_ptr=BF, b_ptr=BF, res_ptr=BF, out_ptr=BF, eps=1e-6, sx=D)
+    args = dict(x_ptr=BF, nw_ptr=BF, w_ptr=BF, b_ptr=BF, res_ptr=BF, out_ptr=BF, eps=1e-6, sx=D)
     out = {}
     for name, M, n, k, flags in (("qkv 1 row", 1, 4096, D, dict(NORM=True)),
                                  ("gate|up 8 rows", 8, 3072, D, dict(NORM=True, GLU=True)),
                                  ("down 64 rows", 64, D, 3072, dict(RES=True)),
-                                 ("feed 4 rows", 4, D, 2048, dict(GATHER=True, BIAS=True))):
+                                 ("head 4 rows", 4, V, D, dict(NORM=True, BIAS=True))):
         BN, BK, stages, warps, vec = configs.config(M, n, k)
-        cx = dict(M=M, N=n, K=k, NORM=False, BIAS=False, RES=False, GLU=False, GATHER=False, IEEE=False, VEC=vec,
+        cx = dict(M=M, N=n, K=k, NORM=False, BIAS=False, RES=False, GLU=False, IEEE=False, VEC=vec,
                   PDL=True, BM=layers.next_pow2(M) if vec else min(layers.MAX_BM, max(16, layers.next_pow2(M))),
                   BN=BN, BK=BK)
         out[f"projection {name}"] = build(layers._proj_kernel, args, {**cx, **flags}, warps, stages, pdl=True)
@@ -69,10 +69,11 @@ def attention() -> dict[str, str]:
 
 def choice() -> dict[str, str]:
     args = dict(logits_ptr=BF, greedy_ptr=torch.int32, temp_ptr=F32, topk_ptr=I64, topp_ptr=F32, seed_ptr=I64,
-                frame_ptr=I64, codebook=3, table_ptr=BF, esum_ptr=F32, code_ptr=I64)
-    return {f"choice sample={s}": build(heads._choose_kernel, args, dict(V=V, D=2048, BV=V, CAP=64, BD=2048, SAMPLE=s,
-                                        SORT_BELOW=1.0, BITS=configs.CHOOSE_BITS, PDL=True), configs.CHOOSE_WARPS,
-                                        pdl=True) for s in (True, False)}
+                frame_ptr=I64, codebook=3, table_ptr=BF, esum_ptr=F32, code_ptr=I64, fed_ptr=BF, next_ptr=BF)
+    return {f"choice sample={s} fed={f}": build(heads._choose_kernel, args, dict(
+                V=V, D=2048, BV=V, CAP=64, BD=2048, DN=D, BDN=D, FED=f, SAMPLE=s, SORT_BELOW=1.0,
+                BITS=configs.CHOOSE_BITS, PDL=True), configs.CHOOSE_WARPS, pdl=True)
+            for s in (True, False) for f in (True, False)}
 
 
 def talker_attention() -> dict[str, str]:
