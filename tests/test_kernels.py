@@ -192,16 +192,22 @@ def test_head_and_feed_kernels_equal_the_units_they_implement() -> None:
     B, j = 5, 3
     sp = _mixed_rows(B, 8)
     torch.manual_seed(6)
+    bias = cp.small_to_mtp_projection.bias
+    kept = bias.detach().clone()
     x = torch.randn(B, 2, cp.hidden_size) * 2
     seed, frame = torch.arange(B) * 13 + 1, torch.full((B,), 9)
     table = cp.codec_embedding[j].weight
     esum = torch.zeros(B, table.shape[1])
-    fed = head_kernels.fed_table(table, cp.small_to_mtp_projection)
-    got, got_next = head_kernels.head_choose(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1, table, esum,
-                                             fed=fed)
-    want = predictor_head(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1)
+    try:
+        bias.data.copy_(torch.randn_like(bias))  # the fixture's bias is zero: a real one must reach the next input
+        fed = head_kernels.fed_table(table, cp.small_to_mtp_projection)
+        got, got_next = head_kernels.head_choose(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1, table, esum,
+                                                 fed=fed)
+        want = predictor_head(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1)
+        e, nxt = predictor_feed(cp.codec_embedding[j], cp.small_to_mtp_projection, want)
+    finally:
+        bias.data.copy_(kept)
     assert torch.equal(got, want) and len(set(want.tolist())) > 1
-    e, nxt = predictor_feed(cp.codec_embedding[j], cp.small_to_mtp_projection, want)
     torch.testing.assert_close(esum, e.float())
     assert got_next.shape == nxt.shape == (B, 1, cp.hidden_size)
     torch.testing.assert_close(got_next, nxt, rtol=1e-5, atol=1e-5)

@@ -36,8 +36,9 @@ def test_talker_and_predictor_bytes_are_the_parameters_they_read(model):
     assert weights == _size(*t.layers, t.norm, t.codec_head)
     assert kv == 8 * 128 * t.num_layers * 2 * t.num_kv_heads * t.head_dim * t.codec_head.weight.element_size()
     weights, emb = roofline.predictor_bytes(model, 8)
-    assert weights == 15 * _size(*cp.layers, cp.norm, cp.small_to_mtp_projection) + _size(*cp.lm_head)
-    assert emb == 8 * 16 * cp.codec_embedding[0].weight.shape[1] * cp.codec_embedding[0].weight.element_size()
+    assert weights == 15 * _size(*cp.layers, cp.norm) + _size(cp.small_to_mtp_projection, *cp.lm_head)
+    elt = cp.codec_embedding[0].weight.element_size()
+    assert emb == 8 * (16 * cp.codec_embedding[0].weight.shape[1] + 14 * cp.hidden_size) * elt
     assert roofline.talker_bytes(model, 16, 128)[0] == roofline.talker_bytes(model, 1, 64)[0]  # rows share a read
 
 

@@ -15,9 +15,10 @@ tensors (their element sizes as loaded):
 - talker step: every parameter of the talker's decoder layers, final norm and codec head, once per call
   (a GEMV reads each weight once whatever the rows); other: each row's key/value cache over the
   attention length the step runs (`Runner.kv_len`: the fast path's bucket, or --kv-len), all layers.
-- predictor frame (15 steps): the decoder layers, final norm and input projection fifteen times, each
-  of the 15 heads once; other: the code embeddings are gathers, so 16 embedding rows per row (code 0 from
-  the talker's table, codes 1..15 from the predictor's). Its 16-position KV cache is left out (tiny).
+- predictor frame (15 steps): the decoder layers and final norm fifteen times, the input projection once
+  (the first step's; later steps take their input as a row of a fed table: `heads.fed_table`), each of the
+  15 heads once; other: the code embeddings and fed rows are gathers, so 16 embedding rows and 14 fed
+  rows per row. Its 16-position KV cache is left out (tiny).
 - code-to-wave per call: a chunk of `chunk_frames` new frames well into a request, decoded from its
   carried state (`CodecDecoder.decode_carried`; timed on CUDA as the audio stage runs it, the chunk's
   graph replay with the states gathered and copied back), batch = rows; every decoder
@@ -77,13 +78,14 @@ def talker_bytes(model: Any, rows: int, kv_len: int) -> tuple[int, int]:
 
 
 def predictor_bytes(model: Any, rows: int) -> tuple[int, int]:
-    """(weight bytes, embedding-row bytes) one 15-step predictor frame reads for `rows` rows."""
+    """(weight bytes, embedding- and fed-row bytes) one 15-step predictor frame reads for `rows` rows."""
     cp = model.code_predictor
     steps = cp.num_groups - 1
-    per_step = nbytes(p for m in (cp.layers, cp.norm, cp.small_to_mtp_projection) for p in m.parameters())
-    weights = steps * per_step + nbytes(cp.lm_head.parameters())
+    per_step = nbytes(p for m in (cp.layers, cp.norm) for p in m.parameters())
+    weights = steps * per_step + nbytes(p for m in (cp.small_to_mtp_projection, cp.lm_head) for p in m.parameters())
     emb = cp.codec_embedding[0].weight
-    return weights, rows * (steps + 1) * emb.shape[1] * emb.element_size()
+    fed = (steps - 1) * cp.hidden_size * emb.element_size()
+    return weights, rows * ((steps + 1) * emb.shape[1] * emb.element_size() + fed)
 
 
 def linear_flops(tokens: int, *modules: nn.Module) -> int:

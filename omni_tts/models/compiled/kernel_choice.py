@@ -19,6 +19,7 @@ from omni_tts.kernels import heads as head_kernels
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import talker as talker_kernels
 from omni_tts.models import sampling
+from omni_tts.models.precision import exact
 
 MAX_PREDICTOR_ROWS = kernels.MAX_ROWS  # predictor steps of at most this many rows run the Triton layers
 TALKER_KERNEL_ROWS = 8  # talker steps of at most this many rows run the Triton layers (cuBLAS wins above)
@@ -41,7 +42,12 @@ def fed_tables(cp: Any) -> list[torch.Tensor]:
     call for the code predictor `cp` and shared by every mode's path."""
     with _FED_LOCK:
         if cp not in _FED:
-            _FED[cp] = [head_kernels.fed_table(e.weight, cp.small_to_mtp_projection) for e in cp.codec_embedding[:-1]]
+            device = cp.norm.weight.device
+            with exact(device):  # float32 tables as the feed unit computes them, not in TF32
+                tables = [head_kernels.fed_table(e.weight, cp.small_to_mtp_projection) for e in cp.codec_embedding[:-1]]
+            if device.type == "cuda":  # written before any stream of another thread reads them
+                torch.cuda.current_stream(device).synchronize()
+            _FED[cp] = tables
         return _FED[cp]
 
 
