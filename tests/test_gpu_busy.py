@@ -57,8 +57,22 @@ def test_gaps_are_named_by_the_kernel_that_ended_last_and_the_next_to_start():
 
 
 def test_short_kernel_names():
+    """PyTorch's kernels share a few names for every op: the op inside their template arguments tells them
+    apart (past the generic wrappers); other names keep their own."""
+    copy = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::"
+            "direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda(long)#1}>"
+            "(at::TensorIteratorBase&)::{lambda(int)#1}>(int, at::native::gpu_kernel_impl_nocast<>)")
+    mul = ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::BinaryFunctor"
+           "<float, float, float, at::native::binary_internal::MulFunctor<float> > >(at::TensorIteratorBase&)"
+           "::{lambda(int)#1}>(int, at::native::gpu_kernel_impl_nocast<>)")
+    assert gpu_busy.short_name(copy) == "elementwise_kernel[direct_copy_kernel_cuda]"
+    assert gpu_busy.short_name(mul) == "elementwise_kernel[MulFunctor]"
     assert gpu_busy.short_name("void at::native::vectorized_elementwise_kernel<8, at::native::FillFunc>(int)") == (
-        "at::native::vectorized_elementwise_kernel")
+        "vectorized_elementwise_kernel[FillFunc]")
+    assert gpu_busy.short_name("void at::native::(anonymous namespace)::indexSelectLargeIndex<float, long>(int)") == (
+        "indexSelectLargeIndex")
+    assert gpu_busy.short_name("void at::native::vectorized_gather_kernel<16, long>(char*, long*)") == (
+        "vectorized_gather_kernel")
     assert gpu_busy.short_name("_proj_kernel") == "_proj_kernel"
     assert gpu_busy.short_name("x" * 80, width=10) == "x" * 10
 

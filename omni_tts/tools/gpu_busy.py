@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -74,10 +75,22 @@ def idle_gaps(intervals: Iterable[tuple[float, float]]) -> dict[str, Any]:
 
 
 def short_name(name: str, width: int = 60) -> str:
-    """A kernel's name without its return type, template arguments and parameters, at most `width` long."""
-    name = name.removeprefix("void ")
+    """A kernel's name without its return type, namespaces, template arguments and parameters, at most
+    `width` long; a PyTorch kernel (at::native) adds in brackets the op its template arguments carry
+    (`elementwise_kernel[direct_copy_kernel_cuda]`), since its own name is the same for every op."""
+    name = name.removeprefix("void ").replace("(anonymous namespace)::", "")
     cut = min((i for i in (name.find("<"), name.find("(")) if i > 0), default=len(name))
-    return name[:cut][:width]
+    base, rest = name[:cut], name[cut:]
+    if base.startswith("at::native::"):
+        base = base.removeprefix("at::native::")
+        op = next((o for o in _NATIVE_OP.findall(rest) if o not in _NATIVE_WRAPPERS), "")
+        base = f"{base}[{op}]" if op else base
+    return base[:width]
+
+
+_NATIVE_OP = re.compile(r"at::native::(?:\w+::)*?(\w+)(?![\w:])")  # the last part of each at::native name
+_NATIVE_WRAPPERS = frozenset({"gpu_kernel_impl", "gpu_kernel_impl_nocast", "gpu_index_kernel", "BinaryFunctor",
+                              "UnaryFunctor", "AUnaryFunctor", "BUnaryFunctor", "OpaqueType"})
 
 
 def gap_borders(ks: Iterable[Kernel], min_ms: float = BORDER_MIN_MS, top: int = BORDER_TOP) -> list[dict[str, Any]]:
