@@ -1,9 +1,13 @@
 """The GPU busy statistics of tools.gpu_busy on hand-made kernel traces: the union of kernel intervals, the
-idle gaps binned by length, and the longer gaps attributed to the kernels around them."""
+idle gaps binned by length, the longer gaps attributed to the kernels around them and to the host phases
+that overlapped them; and the engine's host phases in a real profiler trace (CPU engine)."""
 
 from __future__ import annotations
 
+import json
 import math
+
+import torch
 
 from omni_tts.tools import gpu_busy
 
@@ -81,6 +85,62 @@ def test_report_lists_the_gaps_and_their_borders():
     ks = gpu_busy.kernels(_trace((0, 10, "a", 1), (2010, 10, "b", 1)))
     iv = [(s, e) for s, e, _, _ in ks]
     text = gpu_busy.report({"concurrency": 4, "gpu_busy_share": 0.5, "wall_s": 1.0, "busiest_stream_share": 0.5,
-                            "idle_gaps": gpu_busy.idle_gaps(iv), "gap_borders": gpu_busy.gap_borders(ks)})
+                            "idle_gaps": gpu_busy.idle_gaps(iv), "gap_borders": gpu_busy.gap_borders(ks),
+                            "host_phases": gpu_busy.gap_phases(ks, [(0, 1010, "take"), (500, 600, "admit")])})
     assert "c=4: GPU busy 50.0 %" in text and "lt 10ms 1 (0.002 s)" in text
     assert "0.002 s in 1 gaps (longest 2.00 ms): a @ 1 -> b @ 1" in text
+    assert "the host during the 0.002 s of gaps >= 0.1 ms: take 0.001 s, admit 0.000 s; in no phase 0.001 s" in text
+
+
+def test_host_phases_during_gaps_add_up_per_phase_and_leave_the_rest_unnamed():
+    """Each phase counts the idle time it overlapped, once even where its ranges overlap (two threads
+    preparing); phases of different threads may both count a stretch; gaps under the bound and time outside
+    the gaps count nothing; what no phase covered is `no_phase_s`. The log's clock (ns) becomes the
+    trace's (us after its base)."""
+    base = 1_000_000_000
+    trace = {**_trace((0, 100, "a", 1), (600, 100, "b", 1), (700, 50, "c", 1), (760, 100, "d", 1)),
+             "baseTimeNanoseconds": base}
+    log = [(base + 1000 * s, base + 1000 * e, name, tid) for s, e, name, tid in [
+        (50, 300, "take", 1),        # 200 us of the 500 us gap
+        (250, 350, "admit", 1),      # 100 us, 50 shared with take
+        (400, 550, "prepare", 2),    # 150 us
+        (450, 500, "prepare", 3),    # inside the one above
+        (740, 770, "launch", 1)]]    # over a 10 us gap: under the bound
+    ranges = gpu_busy.host_ranges(trace, log)
+    assert ranges[0] == (50, 300, "take") and len(ranges) == 5
+    got = gpu_busy.gap_phases(gpu_busy.kernels(trace), ranges, min_ms=0.1)
+    assert math.isclose(got["gaps_s"], 500e-6)
+    assert list(got["by_phase"]) == ["take", "prepare", "admit", "launch"]
+    assert [round(v * 1e6) for v in got["by_phase"].values()] == [200, 150, 100, 0]
+    assert math.isclose(got["no_phase_s"], (500 - 250 - 150) * 1e-6)  # 100-350 and 400-550 are covered
+    assert gpu_busy.gap_phases([], ranges)["gaps_s"] == 0.0
+
+
+def test_logged_phases_land_on_the_profilers_clock_and_an_engine_logs_each_thread(engine, tmp_path):
+    """A phase logged on this thread holds, on the trace's clock, the op the profiler recorded inside it;
+    a request served while the phases are recorded logs the engine's threads (prompt preparation,
+    admission, launches, taking frames, code-to-wave), launches one after another; nothing is logged
+    outside `recording_phases`."""
+    from _engine import TIMEOUT, case_params, golden_case
+    from torch.profiler import ProfilerActivity, profile
+
+    from omni_tts.engine.metrics import phase, recording_phases
+
+    with recording_phases() as log, profile(activities=[ProfilerActivity.CPU]) as prof:
+        with phase("probe"):
+            torch.ones(64).cumsum(0)
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    trace = json.loads(path.read_text())
+    (start, end, _), = [r for r in gpu_busy.host_ranges(trace, log) if r[2] == "probe"]
+    op = next(e for e in trace["traceEvents"] if e.get("name") == "aten::cumsum")
+    assert start <= op["ts"] and op["ts"] + op["dur"] <= end
+
+    with recording_phases() as log:
+        engine.synthesize(case_params(golden_case("custom_voice", 0)), timeout=TIMEOUT)
+    with phase("after"):
+        pass
+    assert {"prepare", "admit", "launch", "take", "audio"} == {p[2] for p in log}
+    assert len({p[3] for p in log}) >= 3  # the caller's, the scheduler's and the audio stage's threads
+    launches = sorted(p[:2] for p in log if p[2] == "launch")
+    assert len(launches) >= 2 and all(a[1] <= b[0] for a, b in zip(launches, launches[1:]))

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from omni_tts.engine.codec_graphs import CarriedChunkGraphs, ChunkGraphs, FirstChunkGraphs, codec_buckets
-from omni_tts.engine.metrics import EngineStats, now
+from omni_tts.engine.metrics import EngineStats, now, phase
 from omni_tts.engine.request import AudioChunk
 from omni_tts.errors import EngineError, OmniTTSError, as_engine_error, one_line
 from omni_tts.models.codec.layers import Carry
@@ -135,7 +135,8 @@ class AudioStage:
                 jobs = [job for item in batch if item is not None for job in item if job[0] != "barrier"]
                 barriers = [job[1] for item in batch if item is not None for job in item if job[0] == "barrier"]
                 try:
-                    self._run(jobs)
+                    with phase("audio"):
+                        self._run(jobs)
                 except Exception as e:  # a bug here must not leave these requests hanging
                     for a in {id(job[1]): job[1] for job in jobs}.values():
                         if not a.failed and not a.handle.done:

@@ -29,7 +29,7 @@ from omni_tts.engine import heap
 from omni_tts.engine.audio_stage import AudioStage, fuse_codec
 from omni_tts.engine.cuda_graphs import GraphPool
 from omni_tts.engine.long_text import LongTextHandle
-from omni_tts.engine.metrics import EngineStats, RequestMetrics, gpu_memory, now
+from omni_tts.engine.metrics import EngineStats, RequestMetrics, gpu_memory, now, phase
 from omni_tts.engine.mode_scheduler import ModeScheduler, Request
 from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import AudioChunk, OpenCount, RequestHandle, SynthesisResult
@@ -158,7 +158,7 @@ class Engine:
         params.validate()
         sched = self._scheduler(params.mode)
         sched.check_room()  # refused before its prompt is prepared; checked again as it joins the queue
-        with sched.arriving():
+        with sched.arriving(), phase("prepare"):
             prep = self.model.prepare(params, self.config.max_seq_len)
             with self._queueing:  # ids follow the queue's order, so a mode's slots go in id order
                 rid = next(self._ids)

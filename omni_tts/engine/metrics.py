@@ -2,7 +2,8 @@
 
 Owns the records and their arithmetic; cheap enough to leave on (host clocks only, plus
 torch.cuda memory counters that read allocator statistics without a device sync).
-Knows nothing about the model or the UI.
+Also logs the engine's host work by phase while a tool asks (`phase`, `recording_phases`), so a GPU
+trace can say what each thread did while the GPU idled. Knows nothing about the model or the UI.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import statistics
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,6 +22,39 @@ import torch
 
 def now() -> float:
     return time.perf_counter()
+
+
+_PHASES: list[tuple[int, int, str, int]] | None = None  # while recorded: (start ns, end ns, phase, thread)
+
+
+@contextmanager
+def _timed(name: str, log: list[tuple[int, int, str, int]]) -> Iterator[None]:
+    start = time.time_ns()  # the clock profiler traces count from (their baseTimeNanoseconds)
+    try:
+        yield
+    finally:
+        log.append((start, time.time_ns(), name, threading.get_ident()))
+
+
+def phase(name: str) -> AbstractContextManager:
+    """A stretch of the engine's host work (admission, a frame's launch, taking a frame, code-to-wave, a
+    prompt's preparation), logged while `recording_phases` runs, else nothing but a check. The profiler's
+    own ranges would not do: it records only the thread that started it."""
+    log = _PHASES
+    return _timed(name, log) if log is not None else nullcontext()
+
+
+@contextmanager
+def recording_phases() -> Iterator[list[tuple[int, int, str, int]]]:
+    """Log every thread's `phase` while the block runs: [(start ns, end ns, phase, thread id)] by
+    time.time_ns, in the order they ended."""
+    global _PHASES
+    log: list[tuple[int, int, str, int]] = []
+    _PHASES = log
+    try:
+        yield log
+    finally:
+        _PHASES = None
 
 
 @dataclass

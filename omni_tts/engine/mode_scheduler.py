@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from omni_tts.engine.audio_stage import AudioStage
-from omni_tts.engine.metrics import EngineStats, now
+from omni_tts.engine.metrics import EngineStats, now, phase
 from omni_tts.engine.mode_warmup import ModeWarmup
 from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.request import SHUT_DOWN, Request
@@ -243,6 +243,11 @@ class ModeScheduler(ModeWarmup):
     def _admit(self) -> None:
         """Take waiting requests into free slots; their prompts are prefilled together (one talker pass
         for up to 8). A batch that fails is retried one request at a time, so only the bad one fails."""
+        if not self.waiting.empty():
+            with phase("admit"):
+                self._admit_waiting()
+
+    def _admit_waiting(self) -> None:
         batch: list[Request] = []
         while len(self.active) + len(batch) < self.runner.S and not self.waiting.empty():
             self._admitting = len(batch) + 1  # before the queue shrinks: `check_room` never sees the slot free
@@ -276,7 +281,8 @@ class ModeScheduler(ModeWarmup):
 
     def _step(self) -> None:
         """Launch the next frame of every active request, then take in the frame launched before it."""
-        ticket = self.runner.launch(len(self.active))
+        with phase("launch"):
+            ticket = self.runner.launch(len(self.active))
         done, self._pending = self._pending, (ticket, list(self.active))
         if done is not None:
             self._take(*done)
@@ -292,6 +298,10 @@ class ModeScheduler(ModeWarmup):
         audio stage starts on them while the talker half still runs), then, once code 0 of the next frame
         is known, finished requests out of their slots (rows[i] held slot i at launch). A request that left
         after the launch ignores its row."""
+        with phase("take"):
+            self._take_rows(ticket, rows)
+
+    def _take_rows(self, ticket: Any, rows: list[Request]) -> None:
         codes = self.runner.collect_codes(ticket)  # [n, 16] int64: the frame just completed
         live = [(i, a) for i, a in enumerate(rows) if not a.left]
         self.stats.on_step(len(live))

@@ -6,6 +6,9 @@ short gaps (the host between launches) tell apart from a few long ones (waits be
 admission, prefill, a last chunk's decode); and the kernels that border the longer gaps (the one that
 ended last before a gap and the first after it, by name and stream), which say which hand-over idles: a
 frame's graph waiting for the host, the code-to-wave stream waiting for codes, a wave's last chunk.
+The engine's host work logged by phase in the same run (admission, a frame's launch, taking a frame's
+results, code-to-wave, a prompt's preparation: engine.metrics.phase) says what its threads did during
+those gaps.
 
 Owns reading the trace and the gap statistics; the load is tools.load's. CUDA only.
 """
@@ -23,17 +26,27 @@ from typing import Any
 
 import torch
 
+from omni_tts.engine.testing import recording_phases
+
 GAP_BINS_MS = (0.1, 1.0, 10.0)  # idle gaps shorter than each bound, and the rest
 BORDER_MIN_MS = 0.1  # gaps shorter than this are a graph's own kernel boundaries: not attributed
 BORDER_TOP = 8  # kernel pairs kept, the most idle time first
 
 Kernel = tuple[float, float, str, Any]  # start us, end us, name, stream
+HostRange = tuple[float, float, str]  # start us, end us, phase
 
 
 def kernels(trace: dict[str, Any]) -> list[Kernel]:
     """Chrome-trace kernel events -> [(start_us, end_us, name, stream)]."""
     return [(e["ts"], e["ts"] + e["dur"], e.get("name", "?"), e.get("args", {}).get("stream"))
             for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"]
+
+
+def host_ranges(trace: dict[str, Any], log: Iterable[tuple[int, int, str, int]]) -> list[HostRange]:
+    """`recording_phases`' log on the trace's clock (its ts are microseconds after baseTimeNanoseconds, of
+    the clock time.time_ns reads) -> [(start_us, end_us, phase)]."""
+    base = trace["baseTimeNanoseconds"]
+    return [((start - base) / 1000, (end - base) / 1000, name) for start, end, name, _ in log]
 
 
 def kernel_intervals(ks: Iterable[Kernel]) -> dict[Any, list[tuple[float, float]]]:
@@ -113,15 +126,46 @@ def gap_borders(ks: Iterable[Kernel], min_ms: float = BORDER_MIN_MS, top: int = 
     return sorted(pairs.values(), key=lambda p: -p["s"])[:top]
 
 
+def _overlap_us(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of the intersection of two lists of disjoint, ordered intervals."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def gap_phases(ks: Iterable[Kernel], ranges: Iterable[HostRange], min_ms: float = BORDER_MIN_MS
+               ) -> dict[str, Any]:
+    """What the host did during the idle gaps of at least `min_ms`: {"gaps_s", "by_phase": {phase: seconds
+    of those gaps it overlapped (phases of several threads overlap each other)}, "no_phase_s": seconds no
+    phase overlapped}, phases by overlap, most first."""
+    spans = merged((k[0], k[1]) for k in ks)
+    gaps = [(end, start) for (_, end), (start, _) in zip(spans, spans[1:]) if start - end >= min_ms * 1000]
+    by_name: dict[str, list[tuple[float, float]]] = {}
+    for start, end, name in ranges:
+        by_name.setdefault(name, []).append((start, end))
+    every = merged(iv for ivs in by_name.values() for iv in ivs)
+    total = sum(b - a for a, b in gaps)
+    shares = {n: _overlap_us(gaps, merged(iv)) / 1e6 for n, iv in by_name.items()}
+    return {"gaps_s": total / 1e6, "by_phase": dict(sorted(shares.items(), key=lambda p: -p[1])),
+            "no_phase_s": (total - _overlap_us(gaps, every)) / 1e6}
+
+
 def busy_share(engine: Any, concurrency: int, requests: int, make: Callable[[int], Any]) -> dict[str, Any]:
-    """The closed loop at `concurrency` under the profiler: share of wall time with a kernel running."""
+    """The closed loop at `concurrency` under the profiler: share of wall time with a kernel running, the
+    idle gaps, the kernels around them and what the engine's host did during them."""
     from torch.profiler import ProfilerActivity, profile
 
     from omni_tts.tools.load import run_load
 
     run_load(engine, concurrency, concurrency, make)  # warm-up, excluded
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with recording_phases() as log, profile(activities=[ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         records, _ = run_load(engine, concurrency, requests, make)
         torch.cuda.synchronize()
@@ -130,14 +174,16 @@ def busy_share(engine: Any, concurrency: int, requests: int, make: Callable[[int
         path = os.path.join(d, "trace.json")
         prof.export_chrome_trace(path)
         with open(path) as f:
-            ks = kernels(json.load(f))
+            trace = json.load(f)
+    ks = kernels(trace)
     streams = kernel_intervals(ks)
     per_stream = {str(s): union_seconds(iv) / wall_us for s, iv in streams.items()}
     every = [iv for ivs in streams.values() for iv in ivs]
     return {"concurrency": concurrency, "requests": requests, "served": len(records), "wall_s": wall_us / 1e6,
             "gpu_busy_share": union_seconds(every) / wall_us,
             "busiest_stream_share": max(per_stream.values(), default=0.0), "by_stream": per_stream,
-            "idle_gaps": idle_gaps(every), "gap_borders": gap_borders(ks)}
+            "idle_gaps": idle_gaps(every), "gap_borders": gap_borders(ks),
+            "host_phases": gap_phases(ks, host_ranges(trace, log))}
 
 
 def report(b: dict[str, Any], borders: int = 5) -> str:
@@ -148,4 +194,8 @@ def report(b: dict[str, Any], borders: int = 5) -> str:
              f"(busiest stream {100 * b['busiest_stream_share']:.1f} %); idle gaps: {gaps}"]
     lines += [f"  {p['s']:.3f} s in {p['count']} gaps (longest {p['max_ms']:.2f} ms): {p['before']} -> {p['after']}"
               for p in b.get("gap_borders", [])[:borders]]
+    if h := b.get("host_phases"):
+        phases = ", ".join(f"{n} {t:.3f} s" for n, t in h["by_phase"].items())
+        lines.append(f"  the host during the {h['gaps_s']:.3f} s of gaps >= {BORDER_MIN_MS} ms: "
+                     f"{phases or 'no phase'}; in no phase {h['no_phase_s']:.3f} s")
     return "\n".join(lines)
