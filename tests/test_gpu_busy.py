@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 
 import torch
 
@@ -94,26 +95,35 @@ def test_report_lists_the_gaps_and_their_borders():
 
 def test_host_phases_during_gaps_add_up_per_phase_and_leave_the_rest_unnamed():
     """Each phase counts the idle time it overlapped, once even where its ranges overlap (two threads
-    preparing); phases of different threads may both count a stretch; gaps under the bound and time outside
-    the gaps count nothing; what no phase covered is `no_phase_s`. The log's clock (ns) becomes the
-    trace's (us after its base)."""
+    preparing); phases of different threads may both count a stretch; a kernel of another stream shortens
+    a gap; a gap of exactly the bound counts, shorter ones and time outside the gaps count nothing; what no
+    phase covered is `no_phase_s`. The log's clock (ns) becomes the trace's (us after its base)."""
     base = 1_000_000_000
-    trace = {**_trace((0, 100, "a", 1), (600, 100, "b", 1), (700, 50, "c", 1), (760, 100, "d", 1)),
-             "baseTimeNanoseconds": base}
+    trace = {**_trace((0, 100, "a", 1), (0, 150, "codec", 2), (20, 30, "small", 3), (600, 100, "b", 1),
+                      (700, 50, "c", 1), (760, 100, "d", 1), (960, 10, "e", 1)), "baseTimeNanoseconds": base}
     log = [(base + 1000 * s, base + 1000 * e, name, tid) for s, e, name, tid in [
-        (50, 300, "take", 1),        # 200 us of the 500 us gap
+        (50, 300, "take", 1),        # 150 us of the 150-600 gap
         (250, 350, "admit", 1),      # 100 us, 50 shared with take
         (400, 550, "prepare", 2),    # 150 us
         (450, 500, "prepare", 3),    # inside the one above
-        (740, 770, "launch", 1)]]    # over a 10 us gap: under the bound
+        (740, 770, "launch", 1),     # over a 10 us gap: under the bound
+        (900, 1000, "audio", 4)]]    # 60 us of the 860-960 gap: 100 us, the bound
     ranges = gpu_busy.host_ranges(trace, log)
-    assert ranges[0] == (50, 300, "take") and len(ranges) == 5
+    assert ranges[0] == (50, 300, "take") and len(ranges) == 6
     got = gpu_busy.gap_phases(gpu_busy.kernels(trace), ranges, min_ms=0.1)
-    assert math.isclose(got["gaps_s"], 500e-6)
-    assert list(got["by_phase"]) == ["take", "prepare", "admit", "launch"]
-    assert [round(v * 1e6) for v in got["by_phase"].values()] == [200, 150, 100, 0]
-    assert math.isclose(got["no_phase_s"], (500 - 250 - 150) * 1e-6)  # 100-350 and 400-550 are covered
+    assert math.isclose(got["gaps_s"], 550e-6)
+    assert list(got["by_phase"]) == ["take", "prepare", "admit", "audio", "launch"]
+    assert [round(v * 1e6) for v in got["by_phase"].values()] == [150, 150, 100, 60, 0]
+    assert math.isclose(got["no_phase_s"], (550 - 200 - 150 - 60) * 1e-6)  # 150-350, 400-550, 900-960 covered
     assert gpu_busy.gap_phases([], ranges)["gaps_s"] == 0.0
+
+    # the clock check: runtime calls of threads that logged phases, inside their own thread's phases
+    calls = [(60, 1), (745, 1), (820, 1), (60, 9), (420, 2)]  # 820: no phase of thread 1; thread 9 logged none
+    trace["traceEvents"] += [{"cat": "cuda_runtime", "ts": ts, "dur": 2, "tid": tid, "name": "cudaGraphLaunch"}
+                             for ts, tid in calls]
+    assert gpu_busy.launches_in_phases(trace, log) == 3 / 4
+    assert gpu_busy.launches_in_phases({**trace, "baseTimeNanoseconds": base + 5_000_000}, log) == 0
+    assert gpu_busy.launches_in_phases(trace, []) is None
 
 
 def test_logged_phases_land_on_the_profilers_clock_and_an_engine_logs_each_thread(engine, tmp_path):
@@ -141,6 +151,13 @@ def test_logged_phases_land_on_the_profilers_clock_and_an_engine_logs_each_threa
     with phase("after"):
         pass
     assert {"prepare", "admit", "launch", "take", "audio"} == {p[2] for p in log}
+    assert threading.get_native_id() in {p[3] for p in log if p[2] == "prepare"}  # the OS ids traces use
+    with recording_phases() as outer:
+        with recording_phases() as inner, phase("inner"):
+            pass
+        with phase("outer"):
+            pass
+    assert [p[2] for p in inner] == ["inner"] and [p[2] for p in outer] == ["outer"]
     assert len({p[3] for p in log}) >= 3  # the caller's, the scheduler's and the audio stage's threads
     launches = sorted(p[:2] for p in log if p[2] == "launch")
     assert len(launches) >= 2 and all(a[1] <= b[0] for a, b in zip(launches, launches[1:]))

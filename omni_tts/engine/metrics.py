@@ -24,7 +24,7 @@ def now() -> float:
     return time.perf_counter()
 
 
-_PHASES: list[tuple[int, int, str, int]] | None = None  # while recorded: (start ns, end ns, phase, thread)
+_PHASES: list[tuple[int, int, str, int]] | None = None  # while recorded: (start ns, end ns, phase, OS thread id)
 
 
 @contextmanager
@@ -33,7 +33,7 @@ def _timed(name: str, log: list[tuple[int, int, str, int]]) -> Iterator[None]:
     try:
         yield
     finally:
-        log.append((start, time.time_ns(), name, threading.get_ident()))
+        log.append((start, time.time_ns(), name, threading.get_native_id()))  # the id traces name threads by
 
 
 def phase(name: str) -> AbstractContextManager:
@@ -46,15 +46,15 @@ def phase(name: str) -> AbstractContextManager:
 
 @contextmanager
 def recording_phases() -> Iterator[list[tuple[int, int, str, int]]]:
-    """Log every thread's `phase` while the block runs: [(start ns, end ns, phase, thread id)] by
-    time.time_ns, in the order they ended."""
+    """Log every thread's `phase` while the block runs: [(start ns, end ns, phase, OS thread id)] by
+    time.time_ns, in the order they ended (a phase that began inside the block may still end in it after)."""
     global _PHASES
-    log: list[tuple[int, int, str, int]] = []
+    outer, log = _PHASES, []
     _PHASES = log
     try:
         yield log
     finally:
-        _PHASES = None
+        _PHASES = outer
 
 
 @dataclass

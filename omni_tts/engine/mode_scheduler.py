@@ -243,7 +243,7 @@ class ModeScheduler(ModeWarmup):
     def _admit(self) -> None:
         """Take waiting requests into free slots; their prompts are prefilled together (one talker pass
         for up to 8). A batch that fails is retried one request at a time, so only the bad one fails."""
-        if not self.waiting.empty():
+        if not self.waiting.empty() and len(self.active) < self.runner.S:
             with phase("admit"):
                 self._admit_waiting()
 
