@@ -93,10 +93,7 @@ class AudioStage:
             self.first_error = one_line(e)
         lengths = chunk_lengths(config.initial_chunk_frames, config.chunk_frames, config.chunk_growth)
         try:
-            graphs = between(lambda: CarriedChunkGraphs(codec, lengths, codec_buckets(max(buckets))))
-            for n in reversed(graphs.lengths):  # the longest first: the others reuse its pool blocks
-                between(lambda n=n: graphs.capture(n))
-            self.carried = graphs
+            self.carried = CarriedChunkGraphs.captured(codec, lengths, codec_buckets(max(buckets)), between)
         except EngineError:
             raise
         except Exception as e:

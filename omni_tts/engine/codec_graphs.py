@@ -10,7 +10,7 @@ Does not know: requests, the engine, when chunks are due.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -108,11 +108,14 @@ class CarriedChunkGraphs:
         self.replays: dict[tuple[int, int], int] = {}
 
     @classmethod
-    def captured(cls, codec: Any, lengths: Sequence[int], buckets: Sequence[int]) -> CarriedChunkGraphs:
-        """Built with every length captured (CUDA)."""
-        graphs = cls(codec, lengths, buckets)
+    def captured(cls, codec: Any, lengths: Sequence[int], buckets: Sequence[int],
+                 between: Callable[[Callable[[], Any]], Any] = lambda part: part()) -> CarriedChunkGraphs:
+        """Built with every length captured (CUDA), the longest first (the others reuse its pool blocks);
+        the buffers and each length's capture run as parts through `between` (the engine's: between an early
+        scheduler's frames)."""
+        graphs = between(lambda: cls(codec, lengths, buckets))
         for n in reversed(graphs.lengths):
-            graphs.capture(n)
+            between(lambda n=n: graphs.capture(n))
         return graphs
 
     def capture(self, n: int) -> None:
