@@ -54,10 +54,10 @@ def launches_in_phases(trace: dict[str, Any], log: Iterable[tuple[int, int, str,
     threads which logged phases made, the share that lies inside a phase of the same thread (near 1 when
     the clocks agree: the engine's threads call the runtime in their phases; near 0 when they do not).
     None without such calls."""
-    base = trace["baseTimeNanoseconds"]
+    log = list(log)
     own: dict[int, list[tuple[float, float]]] = {}
-    for start, end, _, tid in log:
-        own.setdefault(tid, []).append(((start - base) / 1000, (end - base) / 1000))
+    for (start, end, _), (*_, tid) in zip(host_ranges(trace, log), log):
+        own.setdefault(tid, []).append((start, end))
     spans = {tid: merged(iv) for tid, iv in own.items()}
     starts = {tid: [a for a, _ in iv] for tid, iv in spans.items()}
     inside = total = 0
@@ -95,14 +95,19 @@ def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
     return sum(b - a for a, b in merged(intervals))
 
 
+def gaps(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The gaps [end, start) between the union of [start, end) intervals, in order."""
+    spans = merged(intervals)
+    return [(end, start) for (_, end), (start, _) in zip(spans, spans[1:])]
+
+
 def idle_gaps(intervals: Iterable[tuple[float, float]]) -> dict[str, Any]:
     """Gaps (in us) between the union of [start, end) intervals, from the first start to the last end ->
     {"total_s", and per bin of GAP_BINS_MS: "lt_<ms>" / "ge_<ms>": {"count", "s"}}."""
     edges = [b * 1000 for b in GAP_BINS_MS]
     names = [f"lt_{b:g}ms" for b in GAP_BINS_MS] + [f"ge_{GAP_BINS_MS[-1]:g}ms"]
     bins = {n: {"count": 0, "s": 0.0} for n in names}
-    spans = merged(intervals)
-    for (_, end), (start, _) in zip(spans, spans[1:]):
+    for end, start in gaps(intervals):
         slot = bins[names[bisect.bisect_right(edges, start - end)]]
         slot["count"] += 1
         slot["s"] += (start - end) / 1e6
@@ -167,16 +172,15 @@ def gap_phases(ks: Iterable[Kernel], ranges: Iterable[HostRange], min_ms: float 
     """What the host did during the idle gaps of at least `min_ms`: {"gaps_s", "by_phase": {phase: seconds
     of those gaps it overlapped (phases of several threads overlap each other)}, "no_phase_s": seconds no
     phase overlapped}, phases by overlap, most first."""
-    spans = merged((k[0], k[1]) for k in ks)
-    gaps = [(end, start) for (_, end), (start, _) in zip(spans, spans[1:]) if start - end >= min_ms * 1000]
+    idle = [(end, start) for end, start in gaps((k[0], k[1]) for k in ks) if start - end >= min_ms * 1000]
     by_name: dict[str, list[tuple[float, float]]] = {}
     for start, end, name in ranges:
         by_name.setdefault(name, []).append((start, end))
     every = merged(iv for ivs in by_name.values() for iv in ivs)
-    total = sum(b - a for a, b in gaps)
-    shares = {n: _overlap_us(gaps, merged(iv)) / 1e6 for n, iv in by_name.items()}
+    total = sum(b - a for a, b in idle)
+    shares = {n: _overlap_us(idle, merged(iv)) / 1e6 for n, iv in by_name.items()}
     return {"gaps_s": total / 1e6, "by_phase": dict(sorted(shares.items(), key=lambda p: -p[1])),
-            "no_phase_s": (total - _overlap_us(gaps, every)) / 1e6}
+            "no_phase_s": (total - _overlap_us(idle, every)) / 1e6}
 
 
 def busy_share(engine: Any, concurrency: int, requests: int, make: Callable[[int], Any]) -> dict[str, Any]:
@@ -213,10 +217,10 @@ def busy_share(engine: Any, concurrency: int, requests: int, make: Callable[[int
 
 def report(b: dict[str, Any], borders: int = 5) -> str:
     """busy_share's result as text: the share, the gaps by length and the pairs of kernels that idle most."""
-    gaps = ", ".join(f"{k.replace('_', ' ')} {v['count']} ({v['s']:.3f} s)"
-                     for k, v in b["idle_gaps"].items() if k != "total_s")
+    by_length = ", ".join(f"{k.replace('_', ' ')} {v['count']} ({v['s']:.3f} s)"
+                          for k, v in b["idle_gaps"].items() if k != "total_s")
     lines = [f"c={b['concurrency']}: GPU busy {100 * b['gpu_busy_share']:.1f} % of {b['wall_s']:.2f} s "
-             f"(busiest stream {100 * b['busiest_stream_share']:.1f} %); idle gaps: {gaps}"]
+             f"(busiest stream {100 * b['busiest_stream_share']:.1f} %); idle gaps: {by_length}"]
     lines += [f"  {p['s']:.3f} s in {p['count']} gaps (longest {p['max_ms']:.2f} ms): {p['before']} -> {p['after']}"
               for p in b.get("gap_borders", [])[:borders]]
     if h := b.get("host_phases"):
