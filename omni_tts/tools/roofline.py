@@ -20,11 +20,12 @@ tensors (their element sizes as loaded):
   15 heads once; other: the code embeddings and fed rows are gathers, so 16 embedding rows and 14 fed
   rows per row. Its 16-position KV cache is left out (tiny).
 - code-to-wave per call: a chunk of `chunk_frames` new frames well into a request, decoded from its
-  carried state (`CodecDecoder.decode_carried`; timed on CUDA as the audio stage runs it, the chunk's
-  graph replay with the states gathered and copied back), batch = rows; every decoder
+  carried state (`CodecDecoder.decode_carried`; timed on CUDA as the audio stage runs it, a replay of the
+  engine's own chunk graph with the states gathered and copied back), batch = rows; every decoder
   parameter once per call (a decode runs every layer); other: every leaf module's input and output
-  tensors once (the unfused module graph, counted with forward hooks on one call; the carried state is
-  among the inputs), i.e. activations as eager ops would move them. Per frame = per call divided by the chunk's frames.
+  tensors once (the unfused module graph, counted with forward hooks on a one-row call and times the rows:
+  each row's tensors are its own; the carried state is among the inputs), i.e. activations as eager ops
+  would move them. Per frame = per call divided by the chunk's frames.
 
 The FLOP model counts 2 per multiply-add of the matmuls and the attention (norms, activations, rope and
 sampling are left out): the talker's and predictor's linear layers per token they run on (the predictor
@@ -160,14 +161,21 @@ def _row(part: str, rows: int, frames: int, ms: float, moved: tuple[int, int], f
 
 
 def measure_parts(runner: Any, config: Any, rows: Sequence[int], peaks: tuple[float, float],
-                  say: Callable[[str], None], iters: int = 20, kv_len: int | None = None) -> list[dict[str, Any]]:
+                  say: Callable[[str], None], iters: int = 20, kv_len: int | None = None,
+                  graphs: CarriedChunkGraphs | None = None) -> list[dict[str, Any]]:
     """A row per (part, rows) on a warm runner (slots filled with real prefilled requests); the talker
-    attends over kv_len positions (default: what the rows' prompts need); peaks: (GB/s, bfloat16 TFLOP/s)."""
+    attends over kv_len positions (default: what the rows' prompts need); peaks: (GB/s, bfloat16 TFLOP/s);
+    graphs: the engine's continuing-chunk graphs, which code-to-wave replays (captured here if None, CUDA)."""
     model = runner.model
     fill_slots(runner, max(rows), (model.speakers() or [None])[0])
     precision = precision_of(model)
-    graphs = (CarriedChunkGraphs.captured(model.codec, [config.chunk_frames], codec_buckets(max(rows)))
-              if model.codec.quantizer["rvq_first"].tables.is_cuda else None)
+    frames = config.chunk_frames
+    if graphs is None or frames not in graphs.lengths:
+        graphs = (CarriedChunkGraphs.captured(model.codec, [frames], codec_buckets(max(rows)))
+                  if model.codec.quantizer["rvq_first"].tables.is_cuda else None)
+    # a chunk's activations are its rows' own: counted on one row, an eager decode of every row count
+    # would need many times the memory the graphs do
+    weights, per_row = codec_bytes(model.codec, carried_chunk(model.codec, 1, STEADY_HISTORY_FRAMES, frames))
     out = []
     for b in rows:
         cp, talker = step_callables(runner, b, kv_len)
@@ -176,15 +184,13 @@ def measure_parts(runner: Any, config: Any, rows: Sequence[int], peaks: tuple[fl
                         talker_flops(model, b, kv), peaks, precision, kv_len=kv))
         out.append(_row("predictor frame", b, 1, time_ms(cp, iters), predictor_bytes(model, b),
                         predictor_flops(model, b), peaks, precision))
-        frames = config.chunk_frames
-        chunk = carried_chunk(model.codec, b, STEADY_HISTORY_FRAMES, frames)
-        moved = codec_bytes(model.codec, chunk)
         flops = chunk_costs(model.ckpt.codec_config, b, frames).flops
         graphed = graphs is not None and b <= graphs.buckets[-1]  # what the engine runs: a replay, if graphed
-        if graphed:
-            chunk = graphed_chunk(graphs, model.codec, b, STEADY_HISTORY_FRAMES, frames)
+        chunk = (graphed_chunk(graphs, model.codec, b, STEADY_HISTORY_FRAMES, frames) if graphed
+                 else carried_chunk(model.codec, b, STEADY_HISTORY_FRAMES, frames))
         ms = time_ms(chunk, max(1, iters // 2))
-        out.append(_row("code-to-wave", b, frames, ms, moved, flops, peaks, model.codec.precision, graphed=graphed))
+        out.append(_row("code-to-wave", b, frames, ms, (weights, b * per_row), flops, peaks, model.codec.precision,
+                        graphed=graphed))
         say(" | ".join(f"{r['part']} {r['ms_per_call']:.3f} ms" for r in out[-3:]) + f" (rows {b})")
     return out
 
@@ -243,7 +249,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         if args.busy and not busy:
             res["busy_skipped"] = "needs CUDA"
         res["rows"] = measure_parts(sched.runner, config, args.rows, (args.peak_gbs, args.peak_tflops), say,
-                                    args.iters, args.kv_len)
+                                    args.iters, args.kv_len, sched.audio.carried)
         return res
     finally:
         engine.shutdown()
