@@ -49,28 +49,6 @@ def host_ranges(trace: dict[str, Any], log: Iterable[tuple[int, int, str, int]])
     return [((start - base) / 1000, (end - base) / 1000, name) for start, end, name, _ in log]
 
 
-def launches_in_phases(trace: dict[str, Any], log: Iterable[tuple[int, int, str, int]]) -> float | None:
-    """The check that the log and the trace share a clock: of the CUDA runtime calls (launches, waits) that
-    threads which logged phases made, the share that lies inside a phase of the same thread (near 1 when
-    the clocks agree: the engine's threads call the runtime in their phases; near 0 when they do not).
-    None without such calls."""
-    log = list(log)
-    own: dict[int, list[tuple[float, float]]] = {}
-    for (start, end, _), (*_, tid) in zip(host_ranges(trace, log), log):
-        own.setdefault(tid, []).append((start, end))
-    spans = {tid: merged(iv) for tid, iv in own.items()}
-    starts = {tid: [a for a, _ in iv] for tid, iv in spans.items()}
-    inside = total = 0
-    for e in trace.get("traceEvents", []):
-        tid = e.get("tid")
-        if e.get("cat") != "cuda_runtime" or tid not in spans:
-            continue
-        total += 1
-        i = bisect.bisect_right(starts[tid], e["ts"]) - 1
-        inside += i >= 0 and e["ts"] <= spans[tid][i][1]
-    return inside / total if total else None
-
-
 def kernel_intervals(ks: Iterable[Kernel]) -> dict[Any, list[tuple[float, float]]]:
     """`kernels`' list -> {stream: [(start_us, end_us)]}."""
     out: dict[Any, list[tuple[float, float]]] = {}
@@ -211,8 +189,7 @@ def busy_share(engine: Any, concurrency: int, requests: int, make: Callable[[int
             "gpu_busy_share": union_seconds(every) / wall_us,
             "busiest_stream_share": max(per_stream.values(), default=0.0), "by_stream": per_stream,
             "idle_gaps": idle_gaps(every), "gap_borders": gap_borders(ks),
-            "host_phases": {**gap_phases(ks, host_ranges(trace, log)),
-                            "launches_in_phases": launches_in_phases(trace, log)}}
+            "host_phases": gap_phases(ks, host_ranges(trace, log))}
 
 
 def report(b: dict[str, Any], borders: int = 5) -> str:
@@ -225,8 +202,6 @@ def report(b: dict[str, Any], borders: int = 5) -> str:
               for p in b.get("gap_borders", [])[:borders]]
     if h := b.get("host_phases"):
         phases = ", ".join(f"{n} {t:.3f} s" for n, t in h["by_phase"].items())
-        check = h.get("launches_in_phases")
         lines.append(f"  the host during the {h['gaps_s']:.3f} s of gaps >= {BORDER_MIN_MS} ms: "
-                     f"{phases or 'no phase'}; in no phase {h['no_phase_s']:.3f} s (runtime calls of the "
-                     f"engine's threads inside their phases: {'-' if check is None else f'{100 * check:.0f} %'})")
+                     f"{phases or 'no phase'}; in no phase {h['no_phase_s']:.3f} s")
     return "\n".join(lines)
