@@ -250,7 +250,8 @@ def test_mixed_load_bursts_over_the_modes_and_measures_a_mode_beside_another(tmp
 @pytest.mark.slow  # every step timed 20 times per bucket and variant: half a minute on a 2-core CPU
 def test_microbench_times_each_bucket_and_compares_greedy_codes(tmp_path, capsys):
     """The microbench on the tiny checkpoint (CPU, eager): step costs per bucket for both sampling
-    variants, prefill costs, and the greedy codes of the side-by-side requests agree with themselves."""
+    variants, prefill costs (with the host's cost of preparing prompts one at a time and 64 at once), and
+    the greedy codes of the side-by-side requests agree with themselves."""
     out = tmp_path / "mb.json"
     assert main(["microbench", "--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--modes", "eager",
                  "--buckets", "1", "2", "--frames", "2", "--skip-codec", "--json", str(out)]) == 0
@@ -261,6 +262,7 @@ def test_microbench_times_each_bucket_and_compares_greedy_codes(tmp_path, capsys
     for b in row["per_bucket"].values():
         assert b["cp_ms"] > 0 and b["talker_ms"] > 0 and b["cp_ms_full_sort"] > 0
     assert row["prefill"] and all(v > 0 for v in row["prefill"].values())
+    assert row["prefill"]["prepare_64_threads_ms"] > row["prefill"]["prepare_ms"]  # 64 prompts' host work, not one's
     assert row["agree_with_first_mode"]["identical"] == row["agree_with_first_mode"]["of"] == 2
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -207,7 +208,36 @@ def prefill_costs(runner: Any, speaker: str | None) -> dict[str, float]:
         ps = [SynthesisParams(text=PROMPTS[i], speaker=speaker, language="English", fixed_frames=8) for i in range(8)]
         out["x8_prompts_ms"] = time_ms(lambda: runner.prefill_batch(0, [runner.model.prepare(p, runner.max_len)
                                                                          for p in ps]), iters=10)
-    return out
+    return out | prepare_costs(runner.model, runner.max_len, speaker)
+
+
+def prepare_costs(model: Any, max_len: int, speaker: str | None, burst: int = 64) -> dict[str, float]:
+    """Host ms of preparing prompts (`TTSModel.prepare`, as a submitting thread runs it): one prompt (median),
+    and `burst` threads released together, one prompt each, until the last is done: what a wave of
+    closed-loop clients costs the host before their requests can be admitted."""
+    ps = [SynthesisParams(text=PROMPTS[i % len(PROMPTS)], speaker=speaker, language="English", fixed_frames=8)
+          for i in range(burst)]
+    for p in ps:
+        model.prepare(p, max_len)
+    times = []
+    for p in ps:
+        t0 = time.perf_counter()
+        model.prepare(p, max_len)
+        times.append(1000 * (time.perf_counter() - t0))
+    start = threading.Barrier(burst + 1)
+
+    def one(p: SynthesisParams) -> None:
+        start.wait()
+        model.prepare(p, max_len)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in ps]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return {"prepare_ms": sorted(times)[burst // 2], f"prepare_{burst}_threads_ms": 1000 * (time.perf_counter() - t0)}
 
 
 def greedy_codes(runner: Any, n: int, frames: int, speaker: str | None) -> list[torch.Tensor]:
