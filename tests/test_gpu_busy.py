@@ -118,7 +118,6 @@ def test_host_phases_during_gaps_add_up_per_phase_and_leave_the_rest_unnamed():
     assert gpu_busy.gap_phases([], ranges)["gaps_s"] == 0.0
 
 
-
 def test_logged_phases_land_on_the_profilers_clock_and_an_engine_logs_each_thread(engine, tmp_path):
     """A phase logged on this thread holds, on the trace's clock, the op the profiler recorded inside it;
     a request served while the phases are recorded logs the engine's threads (prompt preparation,

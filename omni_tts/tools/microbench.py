@@ -217,27 +217,33 @@ def prepare_costs(model: Any, max_len: int, speaker: str | None, burst: int = 64
     closed-loop clients costs the host before their requests can be admitted."""
     ps = [SynthesisParams(text=PROMPTS[i % len(PROMPTS)], speaker=speaker, language="English", fixed_frames=8)
           for i in range(burst)]
-    for p in ps:
-        model.prepare(p, max_len)
+    lengths = [model.prepare(p, max_len).prompt_len for p in ps]
     times = []
     for p in ps:
         t0 = time.perf_counter()
         model.prepare(p, max_len)
         times.append(1000 * (time.perf_counter() - t0))
-    start = threading.Barrier(burst + 1)
+    start, got = threading.Barrier(burst + 1, timeout=60), [None] * burst
 
-    def one(p: SynthesisParams) -> None:
+    def one(i: int) -> None:
         start.wait()
-        model.prepare(p, max_len)
+        try:
+            got[i] = model.prepare(ps[i], max_len).prompt_len
+        except Exception as e:  # re-raised below, not lost in the thread
+            got[i] = e
 
-    threads = [threading.Thread(target=one, args=(p,)) for p in ps]
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(burst)]
     for t in threads:
         t.start()
     start.wait()
     t0 = time.perf_counter()
     for t in threads:
         t.join()
-    return {"prepare_ms": sorted(times)[burst // 2], f"prepare_{burst}_threads_ms": 1000 * (time.perf_counter() - t0)}
+    wall = 1000 * (time.perf_counter() - t0)
+    if got != lengths:
+        err = next((g for g in got if isinstance(g, Exception)), None)
+        raise OmniTTSError(f"a burst's prompts were not all prepared as one at a time: {err or got}")
+    return {"prepare_ms": sorted(times)[burst // 2], f"prepare_{burst}_threads_ms": wall}
 
 
 def greedy_codes(runner: Any, n: int, frames: int, speaker: str | None) -> list[torch.Tensor]:

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from omni_tts.engine.codec_graphs import CarriedChunkGraphs, codec_buckets
+from omni_tts.engine.codec_graphs import CarriedChunkGraphs
 from omni_tts.models.codec.costs import chunk_costs
 from omni_tts.tools.args import add_engine_flags, engine_config, run_to_json
 from omni_tts.tools.gpu_busy import busy_share, report
@@ -165,14 +165,12 @@ def measure_parts(runner: Any, config: Any, rows: Sequence[int], peaks: tuple[fl
                   graphs: CarriedChunkGraphs | None = None) -> list[dict[str, Any]]:
     """A row per (part, rows) on a warm runner (slots filled with real prefilled requests); the talker
     attends over kv_len positions (default: what the rows' prompts need); peaks: (GB/s, bfloat16 TFLOP/s);
-    graphs: the engine's continuing-chunk graphs, which code-to-wave replays (captured here if None, CUDA)."""
+    graphs: the engine's continuing-chunk graphs, which code-to-wave replays as the audio stage does (None:
+    it decodes eagerly, as an engine without them does)."""
     model = runner.model
     fill_slots(runner, max(rows), (model.speakers() or [None])[0])
     precision = precision_of(model)
     frames = config.chunk_frames
-    if graphs is None or frames not in graphs.lengths:
-        graphs = (CarriedChunkGraphs.captured(model.codec, [frames], codec_buckets(max(rows)))
-                  if model.codec.quantizer["rvq_first"].tables.is_cuda else None)
     # a chunk's activations are its rows' own: counted on one row, an eager decode of every row count
     # would need many times the memory the graphs do
     weights, per_row = codec_bytes(model.codec, carried_chunk(model.codec, 1, STEADY_HISTORY_FRAMES, frames))
@@ -185,7 +183,7 @@ def measure_parts(runner: Any, config: Any, rows: Sequence[int], peaks: tuple[fl
         out.append(_row("predictor frame", b, 1, time_ms(cp, iters), predictor_bytes(model, b),
                         predictor_flops(model, b), peaks, precision))
         flops = chunk_costs(model.ckpt.codec_config, b, frames).flops
-        graphed = graphs is not None and b <= graphs.buckets[-1]  # what the engine runs: a replay, if graphed
+        graphed = graphs is not None and frames in graphs.lengths and b <= graphs.buckets[-1]  # as the engine
         chunk = (graphed_chunk(graphs, model.codec, b, STEADY_HISTORY_FRAMES, frames) if graphed
                  else carried_chunk(model.codec, b, STEADY_HISTORY_FRAMES, frames))
         ms = time_ms(chunk, max(1, iters // 2))
