@@ -89,7 +89,11 @@ def test_report_lists_the_gaps_and_their_borders():
                             "idle_gaps": gpu_busy.idle_gaps(iv), "gap_borders": gpu_busy.gap_borders(ks),
                             "host_phases": gpu_busy.gap_phases(ks, [(0, 1010, "take"), (500, 600, "admit")])})
     assert "c=4: GPU busy 50.0 %" in text and "lt 10ms 1 (0.002 s)" in text
-    assert "0.002 s in 1 gaps (longest 2.00 ms): a @ 1 -> b @ 1" in text
+    assert "0.002 s in 1 gaps (longest 2.00 ms): a @ 1 -> b @ 1\n" in text
+    borders = gpu_busy.gap_borders(ks, ranges=[(0, 1010, "take"), (500, 600, "admit")])
+    assert "a @ 1 -> b @ 1; host: take 0.001, admit 0.000" in gpu_busy.report(
+        {"concurrency": 4, "gpu_busy_share": 0.5, "wall_s": 1.0, "busiest_stream_share": 0.5,
+         "idle_gaps": gpu_busy.idle_gaps(iv), "gap_borders": borders})
     assert "the host during the 0.002 s of gaps >= 0.1 ms: take 0.001 s, admit 0.000 s; in no phase 0.001 s" in text
 
 
@@ -116,6 +120,13 @@ def test_host_phases_during_gaps_add_up_per_phase_and_leave_the_rest_unnamed():
     assert [round(v * 1e6) for v in got["by_phase"].values()] == [150, 150, 100, 60, 0]
     assert math.isclose(got["no_phase_s"], (550 - 200 - 150 - 60) * 1e-6)  # 150-350, 400-550, 900-960 covered
     assert gpu_busy.gap_phases([], ranges)["gaps_s"] == 0.0
+
+    # per pair of border kernels: the phases over that pair's gaps only, those that overlapped them
+    borders = gpu_busy.gap_borders(gpu_busy.kernels(trace), min_ms=0.1, ranges=ranges)
+    assert [(p["before"], p["after"]) for p in borders] == [("codec @ 2", "b @ 1"), ("d @ 1", "e @ 1")]
+    assert [{n: round(t * 1e6) for n, t in p["phases"].items()} for p in borders] == [
+        {"take": 150, "prepare": 150, "admit": 100}, {"audio": 60}]
+    assert "phases" not in gpu_busy.gap_borders(gpu_busy.kernels(trace), min_ms=0.1)[0]
 
 
 def test_logged_phases_land_on_the_profilers_clock_and_an_engine_logs_each_thread(engine, tmp_path):

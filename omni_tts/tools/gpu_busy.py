@@ -8,7 +8,7 @@ ended last before a gap and the first after it, by name and stream), which say w
 frame's graph waiting for the host, the code-to-wave stream waiting for codes, a wave's last chunk.
 The engine's host work logged by phase in the same run (admission, a frame's launch, taking a frame's
 results, code-to-wave, a prompt's preparation: engine.metrics.phase) says what its threads did during
-those gaps.
+those gaps, over them all and per pair of border kernels.
 
 Owns reading the trace and the gap statistics; the load is tools.load's. CUDA only.
 """
@@ -112,11 +112,14 @@ _NATIVE_WRAPPERS = frozenset({"gpu_kernel_impl", "gpu_kernel_impl_nocast", "gpu_
                               "func_wrapper_t"})
 
 
-def gap_borders(ks: Iterable[Kernel], min_ms: float = BORDER_MIN_MS, top: int = BORDER_TOP) -> list[dict[str, Any]]:
+def gap_borders(ks: Iterable[Kernel], min_ms: float = BORDER_MIN_MS, top: int = BORDER_TOP,
+                ranges: Iterable[HostRange] | None = None) -> list[dict[str, Any]]:
     """Idle gaps of at least `min_ms` grouped by the kernels around them: the one that ended last before
     the gap (any stream) and the first to start after it -> the `top` pairs by idle time, each {"before",
-    "after" ("name @ stream"), "count", "s", "max_ms"}."""
+    "after" ("name @ stream"), "count", "s", "max_ms"}; with the host's `ranges`, also "phases": the
+    seconds of the pair's gaps each phase overlapped (those that did, most first)."""
     pairs: dict[tuple[str, str], dict[str, Any]] = {}
+    spans: dict[tuple[str, str], list[tuple[float, float]]] = {}
     last: Kernel | None = None
     for k in sorted(ks, key=lambda k: (k[0], k[1])):  # by time only: streams may not compare
         if last is not None and k[0] > last[1]:
@@ -127,9 +130,15 @@ def gap_borders(ks: Iterable[Kernel], min_ms: float = BORDER_MIN_MS, top: int = 
                 p["count"] += 1
                 p["s"] += gap_ms / 1000
                 p["max_ms"] = max(p["max_ms"], gap_ms)
+                spans.setdefault(key, []).append((last[1], k[0]))
         if last is None or k[1] > last[1]:
             last = k
-    return sorted(pairs.values(), key=lambda p: -p["s"])[:top]
+    out = sorted(pairs.items(), key=lambda kv: -kv[1]["s"])[:top]
+    if ranges is not None:
+        by_name = _by_phase(ranges)
+        for key, p in out:
+            p["phases"] = {n: t for n, t in _phase_seconds(spans[key], by_name).items() if t > 0}
+    return [p for _, p in out]
 
 
 def _overlap_us(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
@@ -145,19 +154,30 @@ def _overlap_us(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> f
     return total
 
 
+def _by_phase(ranges: Iterable[HostRange]) -> dict[str, list[tuple[float, float]]]:
+    """Host ranges -> {phase: its ranges merged (several threads' overlaps counted once)}."""
+    by_name: dict[str, list[tuple[float, float]]] = {}
+    for start, end, name in ranges:
+        by_name.setdefault(name, []).append((start, end))
+    return {n: merged(iv) for n, iv in by_name.items()}
+
+
+def _phase_seconds(idle: list[tuple[float, float]], by_name: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+    """Seconds of the disjoint, ordered intervals `idle` each phase overlapped, most first."""
+    shares = {n: _overlap_us(idle, iv) / 1e6 for n, iv in by_name.items()}
+    return dict(sorted(shares.items(), key=lambda p: -p[1]))
+
+
 def gap_phases(ks: Iterable[Kernel], ranges: Iterable[HostRange], min_ms: float = BORDER_MIN_MS
                ) -> dict[str, Any]:
     """What the host did during the idle gaps of at least `min_ms`: {"gaps_s", "by_phase": {phase: seconds
     of those gaps it overlapped (phases of several threads overlap each other)}, "no_phase_s": seconds no
     phase overlapped}, phases by overlap, most first."""
     idle = [(end, start) for end, start in gaps((k[0], k[1]) for k in ks) if start - end >= min_ms * 1000]
-    by_name: dict[str, list[tuple[float, float]]] = {}
-    for start, end, name in ranges:
-        by_name.setdefault(name, []).append((start, end))
+    by_name = _by_phase(ranges)
     every = merged(iv for ivs in by_name.values() for iv in ivs)
     total = sum(b - a for a, b in idle)
-    shares = {n: _overlap_us(idle, merged(iv)) / 1e6 for n, iv in by_name.items()}
-    return {"gaps_s": total / 1e6, "by_phase": dict(sorted(shares.items(), key=lambda p: -p[1])),
+    return {"gaps_s": total / 1e6, "by_phase": _phase_seconds(idle, by_name),
             "no_phase_s": (total - _overlap_us(idle, every)) / 1e6}
 
 
@@ -181,15 +201,15 @@ def busy_share(engine: Any, concurrency: int, requests: int, make: Callable[[int
         prof.export_chrome_trace(path)
         with open(path) as f:
             trace = json.load(f)
-    ks = kernels(trace)
+    ks, ranges = kernels(trace), host_ranges(trace, log)
     streams = kernel_intervals(ks)
     per_stream = {str(s): union_seconds(iv) / wall_us for s, iv in streams.items()}
     every = [iv for ivs in streams.values() for iv in ivs]
     return {"concurrency": concurrency, "requests": requests, "served": len(records), "wall_s": wall_us / 1e6,
             "gpu_busy_share": union_seconds(every) / wall_us,
             "busiest_stream_share": max(per_stream.values(), default=0.0), "by_stream": per_stream,
-            "idle_gaps": idle_gaps(every), "gap_borders": gap_borders(ks),
-            "host_phases": gap_phases(ks, host_ranges(trace, log))}
+            "idle_gaps": idle_gaps(every), "gap_borders": gap_borders(ks, ranges=ranges),
+            "host_phases": gap_phases(ks, ranges)}
 
 
 def report(b: dict[str, Any], borders: int = 5) -> str:
@@ -199,6 +219,7 @@ def report(b: dict[str, Any], borders: int = 5) -> str:
     lines = [f"c={b['concurrency']}: GPU busy {100 * b['gpu_busy_share']:.1f} % of {b['wall_s']:.2f} s "
              f"(busiest stream {100 * b['busiest_stream_share']:.1f} %); idle gaps: {by_length}"]
     lines += [f"  {p['s']:.3f} s in {p['count']} gaps (longest {p['max_ms']:.2f} ms): {p['before']} -> {p['after']}"
+              + (f"; host: {', '.join(f'{n} {t:.3f}' for n, t in p['phases'].items())}" if p.get("phases") else "")
               for p in b.get("gap_borders", [])[:borders]]
     if h := b.get("host_phases"):
         phases = ", ".join(f"{n} {t:.3f} s" for n, t in h["by_phase"].items())
