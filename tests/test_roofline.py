@@ -18,7 +18,7 @@ from omni_tts.errors import OmniTTSError
 from omni_tts.models import sampling
 from omni_tts.models.loading import load_model
 from omni_tts.tools import roofline
-from omni_tts.tools.microbench import carried_chunk
+from omni_tts.tools.timing import carried_chunk
 
 
 def _size(*modules: torch.nn.Module) -> int:

@@ -28,8 +28,8 @@ from omni_tts.engine.codec_graphs import CARRIED_MAX_ROWS, CarriedChunkGraphs, c
 from omni_tts.errors import OmniTTSError
 from omni_tts.models.codec.streaming import chunk_lengths as stream_chunk_lengths
 from omni_tts.tools.args import add_engine_flags, engine_config, run_to_json
-from omni_tts.tools.microbench import carried_chunk, graphed_chunk, time_ms
 from omni_tts.tools.provenance import provenance
+from omni_tts.tools.timing import carried_chunk, graphed_chunk, time_ms
 
 TOP_KERNELS = 25
 

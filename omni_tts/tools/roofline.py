@@ -52,8 +52,9 @@ from omni_tts.engine.codec_graphs import CarriedChunkGraphs
 from omni_tts.models.codec.costs import chunk_costs
 from omni_tts.tools.args import add_engine_flags, engine_config, run_to_json
 from omni_tts.tools.gpu_busy import busy_share, report
-from omni_tts.tools.microbench import carried_chunk, fill_slots, graphed_chunk, step_callables, time_ms
+from omni_tts.tools.microbench import fill_slots, step_callables
 from omni_tts.tools.provenance import provenance
+from omni_tts.tools.timing import carried_chunk, graphed_chunk, time_ms
 
 PARTS = ("talker step", "predictor frame", "code-to-wave")
 
