@@ -1,0 +1,136 @@
+"""`omni-tts ab`: the same bench on several code trees, one process per (round, tree), interleaved.
+
+    omni-tts ab --revs main my-branch [--rounds 2] [--json OUT] -- --model CK --preset bench --concurrency 32 64
+
+Owns: unpacking each git revision's package into a folder of its own (`.` is the checkout as it is), running
+`bench` with the arguments after `--` from each folder in rounds whose order alternates (A B, then B A: a
+drift of the machine falls on both), and one table per mode and concurrency: each process's audio s/s and
+median TTFP, and the median over processes. Processes of one machine differ by about as much as a lever
+does, so a lever's before and after are told apart by several interleaved processes, not by one each.
+Knows nothing about what bench measures beyond its JSON's rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omni_tts.errors import OmniTTSError
+from omni_tts.tools.args import run_to_json
+from omni_tts.tools.provenance import ROOT, provenance
+
+WORKING_TREE = "."
+# `python -m omni_tts` with the package of the folder given first: -m would put the working directory first
+_FROM_FOLDER = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+                "runpy.run_module('omni_tts', run_name='__main__', alter_sys=True)")
+
+
+def unpack(rev: str, into: Path) -> Path:
+    """The folder whose omni_tts package `rev` names: the checkout itself for `.`, else `git archive` of the
+    package at rev unpacked under `into`."""
+    if rev == WORKING_TREE:
+        return ROOT
+    try:
+        tar = subprocess.run(["git", "archive", rev, "omni_tts"], cwd=ROOT, capture_output=True, check=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        why = (getattr(e, "stderr", b"") or b"").decode(errors="replace").strip() or e
+        raise OmniTTSError(f"ab: no package at revision '{rev}' ({why})") from None
+    folder = into / rev.replace("/", "_")
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        t.extractall(folder, filter="data")
+    return folder
+
+
+def order(revs: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, rev) in run order: the revs in turn, reversed every other round."""
+    return [(r, rev) for r in range(rounds) for rev in (revs if r % 2 == 0 else revs[::-1])]
+
+
+def bench_once(folder: Path, bench_args: list[str], out: Path, timeout: float) -> dict[str, Any]:
+    """One bench process importing the package in `folder` (ahead of the working directory, where relative
+    paths in bench's arguments still resolve): its JSON, or {"error": ...}."""
+    cmd = [sys.executable, "-c", _FROM_FOLDER, str(folder), "bench", *bench_args, "--json", str(out)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p = None
+    if out.is_file():  # bench rewrites its JSON after every row: a stopped process keeps what it finished
+        return json.loads(out.read_text())
+    return {"error": "timed out" if p is None else (p.stderr.strip().splitlines() or ["no output"])[-1]}
+
+
+def summary(runs: list[dict[str, Any]], revs: list[str]) -> list[dict[str, Any]]:
+    """Per rev, mode and concurrency: each process's audio s/s and median TTFP, and their medians."""
+    rows = []
+    for rev in revs:
+        cells: dict[tuple[str, str], list[dict[str, float]]] = {}
+        for run in (r for r in runs if r["rev"] == rev):
+            for mode, by_c in run["bench"].get("results", {}).items():
+                for c, res in by_c.items():
+                    if "audio_s_per_s" in res:
+                        cells.setdefault((mode, c), []).append(res)
+        for (mode, c), got in cells.items():
+            tput = [g["audio_s_per_s"] for g in got]
+            ttfp = [g["med_ttfp_ms"] for g in got]
+            rows.append({"rev": rev, "mode": mode, "concurrency": int(c), "audio_s_per_s": tput,
+                         "med_ttfp_ms": ttfp, "median_audio_s_per_s": statistics.median(tput),
+                         "median_ttfp_ms": statistics.median(ttfp)})
+    return sorted(rows, key=lambda r: (r["mode"], r["concurrency"], revs.index(r["rev"])))
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = ["| mode | c | rev | audio s/s per process | median | TTFP ms per process | median |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['mode']} | {r['concurrency']} | {r['rev']} | "
+                   f"{', '.join(f'{v:.1f}' for v in r['audio_s_per_s'])} | {r['median_audio_s_per_s']:.1f} | "
+                   f"{', '.join(f'{v:.1f}' for v in r['med_ttfp_ms'])} | {r['median_ttfp_ms']:.1f} |")
+    return "\n".join(out)
+
+
+def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
+    bench_args = [a for a in args.bench_args if a != "--"]
+    if "--json" in bench_args:
+        raise OmniTTSError("ab: give --json to ab, not to bench (ab writes one JSON per bench process)")
+    if len(set(args.revs)) != len(args.revs):
+        raise OmniTTSError("ab: each revision once")
+    with tempfile.TemporaryDirectory(prefix="omni-tts-ab-") as tmp:
+        trees = {rev: unpack(rev, Path(tmp)) for rev in args.revs}  # every rev checked before any run
+        runs = []
+        for i, (r, rev) in enumerate(order(args.revs, args.rounds)):
+            say(f"round {r + 1}: {rev}")
+            got = bench_once(trees[rev], bench_args, Path(tmp) / f"bench_{i}.json", args.timeout)
+            if "error" in got:
+                say(f"  {rev}: {got['error']}")
+            runs.append({"round": r, "rev": rev, "bench": got})
+    rows = summary(runs, args.revs)
+    print(table(rows))
+    return {**provenance(), "revs": args.revs, "rounds": args.rounds, "bench_args": bench_args, "runs": runs,
+            "summary": rows}
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--revs", nargs="+", required=True,
+                    help=f"git revisions to compare ('{WORKING_TREE}': the checkout as it is)")
+    ap.add_argument("--rounds", type=int, default=2, help="processes per revision, in alternating order")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per bench process")
+    ap.add_argument("--json", help="all runs' bench JSONs and the summary")
+    ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: bench's own arguments")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.rounds < 1:
+        raise OmniTTSError("ab: --rounds must be at least 1")
+    res = run_to_json(args, run)
+    return 0 if all("error" not in r["bench"] for r in res["runs"]) else 1
+

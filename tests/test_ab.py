@@ -1,0 +1,49 @@
+"""`omni-tts ab` on the tiny fixture (CPU): each revision's package runs in its own bench processes, in
+alternating order, and the summary holds each process's figures; a bad revision or argument is one line
+before anything runs."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+from _fixtures import fixture_dir, run_cli_process
+
+from omni_tts.tools.ab import order
+from omni_tts.tools.provenance import rev_digest, tree_digest
+
+BENCH = ["--model", str(fixture_dir("custom_voice")), "--preset", "all-eager", "--modes", "eager",
+         "--concurrency", "1", "--num-prompts", "2", "--fixed-frames", "3"]
+
+
+def test_rounds_alternate_the_order_of_the_revisions():
+    assert order(["a", "b"], 3) == [(0, "a"), (0, "b"), (1, "b"), (1, "a"), (2, "a"), (2, "b")]
+
+
+def test_each_revision_runs_its_own_package_in_interleaved_processes(tmp_path):
+    out = tmp_path / "ab.json"
+    p = run_cli_process("ab", "--revs", ".", "HEAD", "--rounds", "2", "--json", str(out), "--", *BENCH)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert [(r["round"], r["rev"]) for r in res["runs"]] == [(0, "."), (0, "HEAD"), (1, "HEAD"), (1, ".")]
+    digests = {".": tree_digest(), "HEAD": rev_digest("HEAD")}
+    for r in res["runs"]:  # the code each process ran is its revision's, whatever the checkout holds
+        assert r["bench"]["source_digest"] == digests[r["rev"]] and r["bench"]["complete"]
+        assert r["bench"]["results"]["eager"]["1"]["requests"] == 2
+    assert [(s["rev"], s["concurrency"]) for s in res["summary"]] == [(".", 1), ("HEAD", 1)]
+    for s in res["summary"]:
+        mine = [r["bench"]["results"]["eager"]["1"]["audio_s_per_s"] for r in res["runs"] if r["rev"] == s["rev"]]
+        assert sorted(s["audio_s_per_s"]) == sorted(mine) and s["median_audio_s_per_s"] == statistics.median(mine)
+    rows = [line for line in p.stdout.splitlines() if line.startswith("| eager |")]
+    assert len(rows) == 2 and rows[0].split("|")[3].strip() == "." and rows[1].split("|")[3].strip() == "HEAD"
+
+
+def test_an_unknown_revision_is_one_line_before_any_bench_runs():
+    p = run_cli_process("ab", "--revs", ".", "no-such-revision-here", "--", *BENCH)
+    assert p.returncode == 2 and "no-such-revision-here" in p.stderr
+    assert p.stderr.strip().count("\n") == 0 and "round" not in p.stderr and p.stdout == ""
+
+
+def test_bench_json_belongs_to_ab():
+    p = run_cli_process("ab", "--revs", ".", "--", *BENCH, "--json", "x.json")
+    assert p.returncode == 2 and "give --json to ab" in p.stderr and p.stdout == ""
