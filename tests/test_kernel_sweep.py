@@ -34,6 +34,17 @@ def test_whole_row_tiles_are_offered_for_one_or_two_rows_given_the_input_width()
     assert not any(c[1] >= 3072 for c in eight)
 
 
+def test_tensor_core_whole_row_tiles_are_offered_for_2_to_16_rows_of_narrow_inputs() -> None:
+    """Whole-row tensor-core tiles load a program's weights before the PDL wait, as one row's tiles do; only
+    where K fits (WHOLE_ROW_TC_K) and for the row counts that pad to one 16-row tile."""
+    K = kernel_sweep.WHOLE_ROW_TC_K
+    for rows in (2, 8, 16):
+        whole = [c for c in kernel_sweep.candidates(rows, quick=True, K=K) if c[1] >= K and not c[4]]
+        assert whole and all(c[0] >= 16 and c[2] == 1 for c in whole)
+    assert not any(c[1] >= K for c in kernel_sweep.candidates(32, quick=True, K=K))
+    assert not any(c[1] >= 2 * K and not c[4] for c in kernel_sweep.candidates(8, quick=True, K=2 * K))
+
+
 def test_fastest_picks_the_least_time() -> None:
     a, b, c = (16, 128, 3, 4, False), (32, 256, 4, 4, False), (8, 512, 3, 4, True)
     assert kernel_sweep.fastest({a: 5.0, b: 3.5, c: 4.0}) == b
