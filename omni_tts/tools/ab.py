@@ -47,7 +47,7 @@ def unpack(rev: str, into: Path) -> Path:
         raise OmniTTSError(f"ab: no package at revision '{rev}' ({why})") from None
     folder = into / rev.replace("/", "_")
     with tarfile.open(fileobj=io.BytesIO(tar)) as t:
-        t.extractall(folder, filter="data")
+        t.extractall(folder, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))  # Python < 3.10.12
     return folder
 
 
