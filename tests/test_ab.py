@@ -47,3 +47,12 @@ def test_an_unknown_revision_is_one_line_before_any_bench_runs():
 def test_bench_json_belongs_to_ab():
     p = run_cli_process("ab", "--revs", ".", "--", *BENCH, "--json", "x.json")
     assert p.returncode == 2 and "give --json to ab" in p.stderr and p.stdout == ""
+
+
+def test_a_bench_process_that_fails_is_an_error_in_its_run_and_the_exit_status(tmp_path):
+    out = tmp_path / "ab.json"
+    p = run_cli_process("ab", "--revs", ".", "--rounds", "1", "--json", str(out), "--",
+                        "--model", str(tmp_path / "no-such-checkpoint"), "--modes", "eager")
+    assert p.returncode == 1
+    (run,) = json.loads(out.read_text())["runs"]
+    assert "no-such-checkpoint" in run["bench"]["error"] and "results" not in run["bench"]

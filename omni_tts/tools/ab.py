@@ -58,15 +58,17 @@ def order(revs: list[str], rounds: int) -> list[tuple[int, str]]:
 
 def bench_once(folder: Path, bench_args: list[str], out: Path, timeout: float) -> dict[str, Any]:
     """One bench process importing the package in `folder` (ahead of the working directory, where relative
-    paths in bench's arguments still resolve): its JSON, or {"error": ...}."""
+    paths in bench's arguments still resolve): its JSON, with "error" where the process failed or timed out
+    (bench rewrites its JSON after every row, so a stopped process keeps the rows it finished)."""
     cmd = [sys.executable, "-c", _FROM_FOLDER, str(folder), "bench", *bench_args, "--json", str(out)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         p = None
-    if out.is_file():  # bench rewrites its JSON after every row: a stopped process keeps what it finished
-        return json.loads(out.read_text())
-    return {"error": "timed out" if p is None else (p.stderr.strip().splitlines() or ["no output"])[-1]}
+    got = json.loads(out.read_text()) if out.is_file() else {}
+    if p is None or p.returncode != 0:
+        got["error"] = "timed out" if p is None else (p.stderr.strip().splitlines() or ["no output"])[-1]
+    return got
 
 
 def summary(runs: list[dict[str, Any]], revs: list[str]) -> list[dict[str, Any]]:
@@ -99,7 +101,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
-    bench_args = [a for a in args.bench_args if a != "--"]
+    bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
     if "--json" in bench_args:
         raise OmniTTSError("ab: give --json to ab, not to bench (ab writes one JSON per bench process)")
     if len(set(args.revs)) != len(args.revs):
