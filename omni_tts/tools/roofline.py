@@ -35,8 +35,8 @@ as `models.codec.costs.chunk_costs` counts them on the meta device.
 
 GPU busy share (`--busy c...`, CUDA only): the engine's closed loop at concurrency c under torch.profiler
 (tools.gpu_busy: the busy share, the idle gaps by length, the kernels around the longer ones and what the
-engine's host threads did during them). Owns the byte model and the table; the timing and slot filling are
-tools.microbench's.
+engine's host threads did during them). Owns the byte model and the table; the timing is tools.timing's,
+the slot filling tools.microbench's.
 """
 
 from __future__ import annotations
