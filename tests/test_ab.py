@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 
 from _fixtures import fixture_dir, run_cli_process
 
 from omni_tts.tools.ab import order
-from omni_tts.tools.provenance import rev_digest, tree_digest
+from omni_tts.tools.provenance import ROOT, rev_digest, tree_digest
 
 BENCH = ["--model", str(fixture_dir("custom_voice")), "--preset", "all-eager", "--modes", "eager",
          "--concurrency", "1", "--num-prompts", "2", "--fixed-frames", "3"]
@@ -36,6 +37,20 @@ def test_each_revision_runs_its_own_package_in_interleaved_processes(tmp_path):
         assert sorted(s["audio_s_per_s"]) == sorted(mine) and s["median_audio_s_per_s"] == statistics.median(mine)
     rows = [line for line in p.stdout.splitlines() if line.startswith("| eager |")]
     assert len(rows) == 2 and rows[0].split("|")[3].strip() == "." and rows[1].split("|")[3].strip() == "HEAD"
+
+
+def test_a_folder_holding_a_package_runs_that_package(tmp_path):
+    tree = tmp_path / "exported"
+    tree.mkdir()
+    tar = subprocess.run(["git", "archive", "HEAD", "omni_tts"], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=tar, check=True)
+    with (tree / "omni_tts" / "config.py").open("a") as f:  # a change the checkout does not have
+        f.write("\n# exported for ab\n")
+    out = tmp_path / "ab.json"
+    p = run_cli_process("ab", "--revs", str(tree), "--rounds", "1", "--json", str(out), "--", *BENCH)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["bench"]["source_digest"] == tree_digest(tree / "omni_tts") != tree_digest()
 
 
 def test_an_unknown_revision_is_one_line_before_any_bench_runs():

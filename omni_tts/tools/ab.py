@@ -2,7 +2,8 @@
 
     omni-tts ab --revs main my-branch [--rounds 2] [--json OUT] -- --model CK --preset bench --concurrency 32 64
 
-Owns: unpacking each git revision's package into a folder of its own (`.` is the checkout as it is), running
+Owns: unpacking each git revision's package into a folder of its own (`.` is the checkout as it is; a folder
+holding an omni_tts package is used as it is, for machines the repository's history does not reach), running
 `bench` with the arguments after `--` from each folder in rounds whose order alternates (A B, then B A: a
 drift of the machine falls on both), and one table per mode and concurrency: each process's audio s/s and
 median TTFP, and the median over processes. Processes of one machine differ by about as much as a lever
@@ -35,10 +36,12 @@ _FROM_FOLDER = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
 
 
 def unpack(rev: str, into: Path) -> Path:
-    """The folder whose omni_tts package `rev` names: the checkout itself for `.`, else `git archive` of the
-    package at rev unpacked under `into`."""
+    """The folder whose omni_tts package `rev` names: the checkout itself for `.`, a folder holding an omni_tts
+    package as it is, else `git archive` of the package at rev unpacked under `into`."""
     if rev == WORKING_TREE:
         return ROOT
+    if (Path(rev) / "omni_tts" / "__init__.py").is_file():
+        return Path(rev).resolve()
     try:
         tar = subprocess.run(["git", "archive", rev, "omni_tts"], cwd=ROOT, capture_output=True, check=True,
                              timeout=60).stdout
@@ -123,7 +126,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--revs", nargs="+", required=True,
-                    help=f"git revisions to compare ('{WORKING_TREE}': the checkout as it is)")
+                    help=f"git revisions to compare ('{WORKING_TREE}': the checkout as it is; a folder holding an "
+                         "omni_tts package: that package)")
     ap.add_argument("--rounds", type=int, default=2, help="processes per revision, in alternating order")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per bench process")
     ap.add_argument("--json", help="all runs' bench JSONs and the summary")
