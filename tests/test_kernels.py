@@ -67,22 +67,24 @@ def test_kernel_layer_agrees_to_bfloat16_rounding(B: int, T: int, pos0: int) -> 
     torch.testing.assert_close(vc2.float(), vc1.float(), rtol=0.03, atol=0.05)
 
 
+# whole-row tiles over 2+ rows take each row in turn against the tile (ROWS); 3 and 5 rows leave masked rows
+@pytest.mark.parametrize("rows", [2, 3, 5, 8])
 @pytest.mark.parametrize("cfg", [(2, 128, 1, 4, True), (4, 256, 1, 8, True), (16, 32, 2, 4, False)])
-def test_projection_kernel_is_config_independent_including_whole_row_tiles(cfg: tuple) -> None:
+def test_projection_kernel_is_config_independent_including_whole_row_tiles(cfg: tuple, rows: int) -> None:
     """Norm + gate|up + SiLU and o + residual under a whole-row tile (BK >= K: one tile, loaded before the
     PDL wait on a GPU), a K-loop tile and a tensor-core tile: the same results as the reference ops."""
     m, _ = model_and_fast()
     layer = copy.deepcopy(m.code_predictor.layers[0]).float()
     _, _, w_gu = fuse_layer(layer)
     torch.manual_seed(5)
-    x = torch.randn(2, w_gu.shape[1])
+    x = torch.randn(rows, w_gu.shape[1])
     n = w_gu.shape[0] // 2
     h = layer.post_attention_layernorm(x)
     ref = torch.nn.functional.silu(h @ w_gu[:n].T) * (h @ w_gu[n:].T)
     got = kernels.projection(x, w_gu, n=n, norm=layer.post_attention_layernorm, glu=True, cfg=cfg)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     wd = layer.mlp.down_proj.weight
-    a = torch.randn(2, wd.shape[1])
+    a = torch.randn(rows, wd.shape[1])
     got = kernels.projection(a, wd, n=wd.shape[0], res=x, cfg=cfg)
     torch.testing.assert_close(got, x + a @ wd.T, rtol=1e-5, atol=1e-5)
 

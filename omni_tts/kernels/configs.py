@@ -18,15 +18,15 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-# Launch configs: (BN rows of the weight per program, BK columns per loop step, pipeline stages, warps,
-# multiply-and-sum instead of tensor cores) by (rows rounded up to a power of two, output width, input
-# width), from `python -m omni_tts.tools.kernel_sweep --quick --rows 1 8 32` on the H200 (weights cold in
-# L2) for the code predictor's shapes (both sizes) and the 1.7B talker's (the 0.6B talker's are the
-# predictor's). One-row entries use whole-row tiles (BK >= K: under programmatic dependent launch a
-# program's weights all load before it waits for the previous kernel) and were swept with PDL on, as the
-# engine launches one-row steps. 2..16 rows take the 8-row entry (the same 16-row tensor-core tile),
-# 17..32 the 32-row one, 33..128 their own or the 64-row one; untuned shapes `config`'s default. The
-# preset key kernel_configs names a JSON of more entries ("rows,n,K": [...]).
+# Launch configs: (BN rows of the weight per program, BK columns per loop step, pipeline stages, warps, multiply-
+# and-sum instead of tensor cores) by (rows rounded up to a power of two, output width, input width), from `python
+# -m omni_tts.tools.kernel_sweep --quick --rows 1 8 32` on the H200 (weights cold in L2) for the code predictor's
+# shapes (both sizes) and the 1.7B talker's (the 0.6B talker's are the predictor's). One-row entries use whole-row
+# tiles (BK >= K: under programmatic dependent launch a program's weights all load before it waits for the
+# previous kernel) and were swept with PDL on, as the engine launches one-row steps. Two rows of the predictor's
+# shapes take those entries too; other 2..16 rows the 8-row entry (the same 16-row tensor-core tile), 17..32 the
+# 32-row one, 33..128 their own or the 64-row one; untuned shapes `config`'s default. The preset key
+# kernel_configs names a JSON of more entries ("rows,n,K": [...]).
 Config = tuple[int, int, int, int, bool]
 # (n, K): one row (BN, BK, warps), multiply-and-sum, one stage; 8 rows and 32 rows (BN, BK, stages),
 # tensor cores, 4 warps
@@ -48,8 +48,12 @@ _SWEPT_WIDE: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (3072, 1024): ((32, 128, 3), (64, 128, 3)),
     (4096, 1024): ((32, 256, 3), (32, 128, 3)),
 }
+# two rows of the code predictor's shapes take its one-row entries (each row in turn against the whole-row
+# tile: omni_tts.kernels.layers' ROWS); from 4 rows, and in the 1.7B talker's shapes, tensor cores win
+_TWO_ROWS = ((1024, 2048), (1024, 3072), (3072, 1024), (4096, 1024))
 TUNED: dict[tuple[int, int, int], Config] = {
     **{(1, n, k): (bn, bk, 1, w, True) for (n, k), ((bn, bk, w), _, _) in _SWEPT.items()},
+    **{(2, n, k): (*_SWEPT[(n, k)][0][:2], 1, _SWEPT[(n, k)][0][2], True) for n, k in _TWO_ROWS},
     **{(rows, n, k): (*cfg[i], 4, False) for (n, k), cfg in _SWEPT.items() for rows, i in ((8, 1), (32, 2))},
     **{(rows, n, k): (*cfg[i], 4, False) for (n, k), cfg in _SWEPT_WIDE.items() for rows, i in ((64, 0), (128, 1))},
 }

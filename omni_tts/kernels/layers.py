@@ -9,19 +9,19 @@ writes and softmax pieces):
   4. post-attention RMSNorm + gate|up projection + SiLU(gate) * up
   5. down projection + residual
 From NORM_KERNEL_ROWS rows the two RMSNorms run as kernels of their own before 1 and 4 (seven kernels).
-The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16
-rows cost about the same), at most MAX_BM rows a program (more rows take a second column of programs,
-whose weight reads mostly hit L2); a one-row step runs them as a multiply-and-sum over narrow weight tiles
-(more programs reading the weights at once). The projection kernel (`projection`) and the K/V store
-(`store_kv`) also serve omni_tts.kernels.talker and omni_tts.kernels.heads (the projection's input rows
-may be strided). With `pdl` (programmatic dependent launch, Hopper+:
-`pdl_available`) each kernel loads what no kernel writes (its first weight tile) before
-`after_previous` waits for the previous kernel and lets the next one launch. Launch configs per
-(rows, shape) come from omni_tts.kernels.configs. Numerics follow the reference: float32 accumulation,
-values rounded to the model dtype where the reference rounds (norm output, q/k after rope, each
-projection, SiLU, residual sums); the summation order differs, so results agree to the dtype's
-rounding, not bit for bit. `predictor_layer` has the reference's contract except that the positions
-are a Python int (static per captured graph) and the mask is implied (causal).
+The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16 rows
+cost about the same), at most MAX_BM rows a program (more rows take a second column of programs, whose weight
+reads mostly hit L2); a one-row step runs them as a multiply-and-sum over narrow weight tiles (more programs
+reading the weights at once), and so does a two-row one, each row in turn against the tile. The projection
+kernel (`projection`) and the K/V store (`store_kv`) also serve omni_tts.kernels.talker and
+omni_tts.kernels.heads (the projection's input rows may be strided). With `pdl` (programmatic dependent
+launch, Hopper+: `pdl_available`) each kernel loads what no kernel writes (its first weight tile) before
+`after_previous` waits for the previous kernel and lets the next one launch. Launch configs per (rows, shape)
+come from omni_tts.kernels.configs. Numerics follow the reference: float32 accumulation, values rounded to the
+model dtype where the reference rounds (norm output, q/k after rope, each projection, SiLU, residual sums);
+the summation order differs, so results agree to the dtype's rounding, not bit for bit. `predictor_layer` has
+the reference's contract except that the positions are a Python int (static per captured graph) and the mask
+is implied (causal).
 Knows nothing about graphs, buckets, sampling or requests; which batch sizes use it is the caller's
 choice (`supports`). Runs on CUDA; tests run it in Triton's CPU interpreter (TRITON_INTERPRET=1)
 against the reference.
@@ -121,6 +121,30 @@ if triton is not None:
         return xk
 
     @triton.jit
+    def _rows_mac(x_ptr, nw_ptr, xoff, mmask, kk, rstd, wk, wu, K: tl.constexpr, NORM: tl.constexpr,
+                  GLU: tl.constexpr, dt: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+        """x's BM rows (offsets xoff, one whole-row tile each, normed with rstd under NORM) times the weight
+        tiles wk (and wu with GLU) [BN, BK], one row at a time -> [BM, BN] float32 twice (the second: zeros
+        without GLU). Registers hold the tiles and one row, not a [BM, BN, BK] product."""
+        mi = tl.arange(0, BM)
+        kmask = kk < K
+        acc = tl.zeros([BM, BN], tl.float32)
+        acc2 = tl.zeros([BM, BN], tl.float32)
+        for m in tl.static_range(BM):
+            here = mi == m
+            off = tl.sum(tl.where(here, xoff, 0), axis=0)
+            live = tl.sum(tl.where(here & mmask, 1, 0), axis=0) > 0
+            x = tl.load(x_ptr + off + kk, mask=kmask & live, other=0.0)
+            if NORM:
+                r = tl.sum(tl.where(here, rstd, 0.0), axis=0)
+                x = _normed(x.to(tl.float32), r, nw_ptr, kk, kmask, dt)
+            x = x.to(tl.float32)[None, :]
+            acc = tl.where(here[:, None], tl.sum(wk.to(tl.float32) * x, axis=1)[None, :], acc)
+            if GLU:
+                acc2 = tl.where(here[:, None], tl.sum(wu.to(tl.float32) * x, axis=1)[None, :], acc2)
+        return acc, acc2
+
+    @triton.jit
     def _norm_kernel(x_ptr, nw_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
         """Program m: out[m] = RMSNorm(x[m]) with weight nw, rounded as a projection's prologue rounds."""
         dt = out_ptr.dtype.element_ty
@@ -137,10 +161,11 @@ if triton is not None:
                      N: tl.constexpr, K: tl.constexpr,
                      NORM: tl.constexpr, BIAS: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr,
                      IEEE: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr = False):
         """Program (N block, M block) of out[M, N] = epilogue(prologue(x[M, K]) @ w[N, K]^T), x's rows sx
         apart. NORM: x is RMS-normed with nw first; GLU: w has 2N rows (gate then up) and out = silu(gate) *
-        up; RES: out += res[M, N]. PDL (programmatic
+        up; RES: out += res[M, N]. ROWS (a multiply-and-sum whole-row tile, BK >= K, over 2+ rows): the rows
+        one at a time against the one weight tile, not as a [BM, BN, BK] product. PDL (programmatic
         dependent launch, Hopper+): the first weight tile loads while the previous kernel is still running;
         everything that kernel writes (x, res) is read after gdc_wait."""
         dt = out_ptr.dtype.element_ty
@@ -160,18 +185,21 @@ if triton is not None:
                 xs = xs.to(tl.float32)
                 ss += tl.sum(xs * xs, axis=1)
             rstd = tl.rsqrt(ss / K + eps)  # [BM]
-        xk = _x_block(x_ptr, nw_ptr, xoff, mmask, rk, rstd, K, NORM, dt)  # [BM, BK]
-        acc = _mac(xk, wk, IEEE, VEC)  # [BM, BN]
-        acc2 = tl.zeros([BM, BN], tl.float32)
-        if GLU:
-            acc2 += _mac(xk, wu, IEEE, VEC)
-        for k0 in range(BK, K, BK):
-            kk = k0 + rk
-            wk, wu = _w_block(w_ptr, rn, nmask, kk, N, K, GLU)
-            xk = _x_block(x_ptr, nw_ptr, xoff, mmask, kk, rstd, K, NORM, dt)
-            acc += _mac(xk, wk, IEEE, VEC)
+        if ROWS:  # whole-row tile, a few rows: each row against the weight tile held in registers
+            acc, acc2 = _rows_mac(x_ptr, nw_ptr, xoff, mmask, rk, rstd, wk, wu, K, NORM, GLU, dt, BM, BN)
+        else:
+            xk = _x_block(x_ptr, nw_ptr, xoff, mmask, rk, rstd, K, NORM, dt)  # [BM, BK]
+            acc = _mac(xk, wk, IEEE, VEC)  # [BM, BN]
+            acc2 = tl.zeros([BM, BN], tl.float32)
             if GLU:
                 acc2 += _mac(xk, wu, IEEE, VEC)
+            for k0 in range(BK, K, BK):
+                kk = k0 + rk
+                wk, wu = _w_block(w_ptr, rn, nmask, kk, N, K, GLU)
+                xk = _x_block(x_ptr, nw_ptr, xoff, mmask, kk, rstd, K, NORM, dt)
+                acc += _mac(xk, wk, IEEE, VEC)
+                if GLU:
+                    acc2 += _mac(xk, wu, IEEE, VEC)
         if BIAS:
             acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
         y = acc.to(dt)
@@ -294,7 +322,7 @@ def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor |
         float(norm.eps) if norm is not None else 0.0, x.stride(0), M=M, N=n, K=K,
         NORM=norm is not None, BIAS=bias is not None, RES=res is not None, GLU=glu,
         IEEE=x.dtype == torch.float32 or _INTERPRET, VEC=vec, PDL=pdl,
-        BM=BM, BN=BN, BK=BK, **launch_options(pdl, warps, stages))
+        BM=BM, BN=BN, BK=BK, ROWS=vec and BM > 1 and BK >= K, **launch_options(pdl, warps, stages))
     return out
 
 
