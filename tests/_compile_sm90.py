@@ -55,12 +55,12 @@ def projections() -> dict[str, str]:
                   PDL=True, BM=layers.next_pow2(M) if vec else min(layers.MAX_BM, max(16, layers.next_pow2(M))),
                   BN=BN, BK=BK)
         out[f"projection {name}"] = build(layers._proj_kernel, args, {**cx, **flags}, warps, stages, pdl=True)
-    for M, n, k, flags in ((8, 3072, D, dict(NORM=True, GLU=True)), (4, D, 3072, dict(RES=True))):  # whole rows
-        BK = layers.next_pow2(k)
-        cx = dict(M=M, N=n, K=k, NORM=False, BIAS=False, RES=False, GLU=False, IEEE=False, VEC=True, PDL=True,
-                  BM=M, BN=4, BK=BK, ROWS=True)
-        out[f"projection {M} rows, whole-row tile {flags}"] = build(layers._proj_kernel, args, {**cx, **flags}, 8, 1,
-                                                                    pdl=True)
+    for n, k, flags in ((4096, D, dict(NORM=True)), (D, 2048, dict(RES=True)), (3072, D, dict(NORM=True, GLU=True)),
+                        (D, 3072, dict(RES=True))):  # the predictor's shapes at two rows: rows in turn, whole rows
+        BN, BK, stages, warps, vec = configs.config(2, n, k)
+        cx = dict(M=2, N=n, K=k, NORM=False, BIAS=False, RES=False, GLU=False, IEEE=False, VEC=vec, PDL=True,
+                  BM=2, BN=BN, BK=BK, ROWS=vec and BK >= k)
+        out[f"projection 2 rows {n}x{k}"] = build(layers._proj_kernel, args, {**cx, **flags}, warps, stages, pdl=True)
     out["norm kernel"] = build(layers._norm_kernel, dict(x_ptr=BF, nw_ptr=BF, out_ptr=BF, eps=1e-6),
                                dict(K=D, BK=D, PDL=True), 4, pdl=True)
     return out

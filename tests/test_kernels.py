@@ -89,6 +89,18 @@ def test_projection_kernel_is_config_independent_including_whole_row_tiles(cfg: 
     torch.testing.assert_close(got, x + a @ wd.T, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_whole_row_tiles_take_strided_rows_a_bias_and_a_ragged_last_tile(rows: int) -> None:
+    """Rows taken one at a time against a whole-row tile (ROWS) read input rows that are further apart than
+    their width, add the bias and leave out the weight rows past n in the last tile (n = 13, BN = 4)."""
+    torch.manual_seed(7)
+    K, n = 48, 13
+    x = torch.randn(rows, K + 5)[:, :K]  # rows K + 5 apart
+    w, b = torch.randn(n, K), torch.randn(n)
+    got = kernels.projection(x, w, n=n, bias=b, cfg=(4, 64, 1, 4, True))
+    torch.testing.assert_close(got, x @ w.T + b, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_norm_kernel_then_projection_equals_the_normed_prologue(dtype: torch.dtype) -> None:
     """From NORM_KERNEL_ROWS rows a normed projection runs the RMSNorm as its own kernel: the same values as

@@ -49,7 +49,9 @@ _SWEPT_WIDE: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (4096, 1024): ((32, 256, 3), (32, 128, 3)),
 }
 # two rows of the code predictor's shapes take its one-row entries (each row in turn against the whole-row
-# tile: omni_tts.kernels.layers' ROWS); from 4 rows, and in the 1.7B talker's shapes, tensor cores win
+# tile: omni_tts.kernels.layers' ROWS), a frame's first step at one request among them (two positions); from
+# 4 rows, and in the 1.7B talker's shapes, tensor cores win. Keyed by shape, so a 0.6B talker (the same
+# shapes) takes them too
 _TWO_ROWS = ((1024, 2048), (1024, 3072), (3072, 1024), (4096, 1024))
 TUNED: dict[tuple[int, int, int], Config] = {
     **{(1, n, k): (bn, bk, 1, w, True) for (n, k), ((bn, bk, w), _, _) in _SWEPT.items()},

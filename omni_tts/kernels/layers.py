@@ -9,22 +9,20 @@ writes and softmax pieces):
   4. post-attention RMSNorm + gate|up projection + SiLU(gate) * up
   5. down projection + residual
 From NORM_KERNEL_ROWS rows the two RMSNorms run as kernels of their own before 1 and 4 (seven kernels).
-The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16 rows
-cost about the same), at most MAX_BM rows a program (more rows take a second column of programs, whose weight
-reads mostly hit L2); a one-row step runs them as a multiply-and-sum over narrow weight tiles (more programs
-reading the weights at once), and so does a two-row one, each row in turn against the tile. The projection
-kernel (`projection`) and the K/V store (`store_kv`) also serve omni_tts.kernels.talker and
-omni_tts.kernels.heads (the projection's input rows may be strided). With `pdl` (programmatic dependent
-launch, Hopper+: `pdl_available`) each kernel loads what no kernel writes (its first weight tile) before
-`after_previous` waits for the previous kernel and lets the next one launch. Launch configs per (rows, shape)
-come from omni_tts.kernels.configs. Numerics follow the reference: float32 accumulation, values rounded to the
-model dtype where the reference rounds (norm output, q/k after rope, each projection, SiLU, residual sums);
-the summation order differs, so results agree to the dtype's rounding, not bit for bit. `predictor_layer` has
-the reference's contract except that the positions are a Python int (static per captured graph) and the mask
-is implied (causal).
-Knows nothing about graphs, buckets, sampling or requests; which batch sizes use it is the caller's
-choice (`supports`). Runs on CUDA; tests run it in Triton's CPU interpreter (TRITON_INTERPRET=1)
-against the reference.
+The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16 rows cost
+about the same), at most MAX_BM rows a program (more rows take a second column of programs, whose weight reads
+mostly hit L2); a one-row step runs them as a multiply-and-sum over narrow whole-row weight tiles (more programs
+reading the weights at once), as do two rows where omni_tts.kernels.configs says so (each row in turn against
+the tile). `projection` and `store_kv` also serve omni_tts.kernels.talker and omni_tts.kernels.heads (the
+projection's input rows may be strided). With `pdl` (programmatic dependent launch, Hopper+: `pdl_available`)
+each kernel loads what no kernel writes (its first weight tile) before `after_previous` waits for the previous
+kernel and lets the next one launch. Numerics follow the reference: float32 accumulation, values rounded to the
+model dtype where the reference rounds (norm output, q/k after rope, each projection, SiLU, residual sums); the
+summation order differs, so results agree to the dtype's rounding, not bit for bit. `predictor_layer` has the
+reference's contract except that the positions are a Python int (static per captured graph) and the mask is
+implied (causal).
+Knows nothing about graphs, buckets, sampling or requests; which batch sizes use it is the caller's choice
+(`supports`). Runs on CUDA; tests run it in Triton's CPU interpreter (TRITON_INTERPRET=1) against the reference.
 """
 
 from __future__ import annotations
@@ -121,23 +119,17 @@ if triton is not None:
         return xk
 
     @triton.jit
-    def _rows_mac(x_ptr, nw_ptr, xoff, mmask, kk, rstd, wk, wu, K: tl.constexpr, NORM: tl.constexpr,
+    def _rows_mac(x_ptr, nw_ptr, sx, M, kk, rstd, wk, wu, K: tl.constexpr, NORM: tl.constexpr,
                   GLU: tl.constexpr, dt: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-        """x's BM rows (offsets xoff, one whole-row tile each, normed with rstd under NORM) times the weight
-        tiles wk (and wu with GLU) [BN, BK], one row at a time -> [BM, BN] float32 twice (the second: zeros
-        without GLU). Registers hold the tiles and one row, not a [BM, BN, BK] product."""
-        mi = tl.arange(0, BM)
-        kmask = kk < K
-        acc = tl.zeros([BM, BN], tl.float32)
-        acc2 = tl.zeros([BM, BN], tl.float32)
+        """This program's BM rows of x (sx apart, whole rows, normed with rstd under NORM) times the weight
+        tiles wk (and wu with GLU) one row at a time -> [BM, BN] float32 twice (without GLU the second is 0)."""
+        first, mi, kmask = tl.program_id(1).to(tl.int64) * BM, tl.arange(0, BM), kk < K
+        acc, acc2 = tl.zeros([BM, BN], tl.float32), tl.zeros([BM, BN], tl.float32)
         for m in tl.static_range(BM):
             here = mi == m
-            off = tl.sum(tl.where(here, xoff, 0), axis=0)
-            live = tl.sum(tl.where(here & mmask, 1, 0), axis=0) > 0
-            x = tl.load(x_ptr + off + kk, mask=kmask & live, other=0.0)
+            x = tl.load(x_ptr + (first + m) * sx + kk, mask=kmask & (first + m < M), other=0.0)
             if NORM:
-                r = tl.sum(tl.where(here, rstd, 0.0), axis=0)
-                x = _normed(x.to(tl.float32), r, nw_ptr, kk, kmask, dt)
+                x = _normed(x.to(tl.float32), tl.sum(tl.where(here, rstd, 0.0), axis=0), nw_ptr, kk, kmask, dt)
             x = x.to(tl.float32)[None, :]
             acc = tl.where(here[:, None], tl.sum(wk.to(tl.float32) * x, axis=1)[None, :], acc)
             if GLU:
@@ -186,7 +178,7 @@ if triton is not None:
                 ss += tl.sum(xs * xs, axis=1)
             rstd = tl.rsqrt(ss / K + eps)  # [BM]
         if ROWS:  # whole-row tile, a few rows: each row against the weight tile held in registers
-            acc, acc2 = _rows_mac(x_ptr, nw_ptr, xoff, mmask, rk, rstd, wk, wu, K, NORM, GLU, dt, BM, BN)
+            acc, acc2 = _rows_mac(x_ptr, nw_ptr, sx, M, rk, rstd, wk, wu, K, NORM, GLU, dt, BM, BN)
         else:
             xk = _x_block(x_ptr, nw_ptr, xoff, mmask, rk, rstd, K, NORM, dt)  # [BM, BK]
             acc = _mac(xk, wk, IEEE, VEC)  # [BM, BN]
