@@ -48,14 +48,12 @@ _SWEPT_WIDE: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (3072, 1024): ((32, 128, 3), (64, 128, 3)),
     (4096, 1024): ((32, 256, 3), (32, 128, 3)),
 }
-# two rows of the code predictor's shapes take its one-row entries (each row in turn against the whole-row
-# tile: omni_tts.kernels.layers' ROWS), a frame's first step at one request among them (two positions); from
-# 4 rows, and in the 1.7B talker's shapes, tensor cores win. Keyed by shape, so a 0.6B talker (the same
-# shapes) takes them too
-_TWO_ROWS = ((1024, 2048), (1024, 3072), (3072, 1024), (4096, 1024))
+# the one-row entries also serve two rows of the code predictor's shapes (_SWEPT_WIDE's: each row in turn against
+# the whole-row tile, omni_tts.kernels.layers' ROWS; a frame's first step at one request is two positions); from
+# 4 rows, and in the 1.7B talker's shapes, tensor cores win. Keyed by shape, so a 0.6B talker takes them too
 TUNED: dict[tuple[int, int, int], Config] = {
-    **{(1, n, k): (bn, bk, 1, w, True) for (n, k), ((bn, bk, w), _, _) in _SWEPT.items()},
-    **{(2, n, k): (*_SWEPT[(n, k)][0][:2], 1, _SWEPT[(n, k)][0][2], True) for n, k in _TWO_ROWS},
+    **{(rows, n, k): (bn, bk, 1, w, True) for (n, k), ((bn, bk, w), _, _) in _SWEPT.items()
+       for rows in ((1, 2) if (n, k) in _SWEPT_WIDE else (1,))},
     **{(rows, n, k): (*cfg[i], 4, False) for (n, k), cfg in _SWEPT.items() for rows, i in ((8, 1), (32, 2))},
     **{(rows, n, k): (*cfg[i], 4, False) for (n, k), cfg in _SWEPT_WIDE.items() for rows, i in ((64, 0), (128, 1))},
 }
