@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 
 from _fixtures import fixture_dir, run_cli_process
 
-from omni_tts.tools.ab import order
-from omni_tts.tools.provenance import ROOT, rev_digest, tree_digest
+from omni_tts.tools.ab import order, unpack
+from omni_tts.tools.provenance import rev_digest, tree_digest
 
 BENCH = ["--model", str(fixture_dir("custom_voice")), "--preset", "all-eager", "--modes", "eager",
          "--concurrency", "1", "--num-prompts", "2", "--fixed-frames", "3"]
@@ -40,10 +39,7 @@ def test_each_revision_runs_its_own_package_in_interleaved_processes(tmp_path):
 
 
 def test_a_folder_holding_a_package_runs_that_package(tmp_path):
-    tree = tmp_path / "exported"
-    tree.mkdir()
-    tar = subprocess.run(["git", "archive", "HEAD", "omni_tts"], cwd=ROOT, capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=tar, check=True)
+    tree = unpack("HEAD", tmp_path)  # as a folder exported for a machine without the repository
     with (tree / "omni_tts" / "config.py").open("a") as f:  # a change the checkout does not have
         f.write("\n# exported for ab\n")
     out = tmp_path / "ab.json"

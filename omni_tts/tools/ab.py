@@ -27,7 +27,7 @@ from typing import Any
 
 from omni_tts.errors import OmniTTSError
 from omni_tts.tools.args import run_to_json
-from omni_tts.tools.provenance import ROOT, provenance
+from omni_tts.tools.provenance import ROOT, archive, provenance
 
 WORKING_TREE = "."
 # `python -m omni_tts` with the package of the folder given first: -m would put the working directory first
@@ -43,8 +43,7 @@ def unpack(rev: str, into: Path) -> Path:
     if (Path(rev) / "omni_tts" / "__init__.py").is_file():
         return Path(rev).resolve()
     try:
-        tar = subprocess.run(["git", "archive", rev, "omni_tts"], cwd=ROOT, capture_output=True, check=True,
-                             timeout=60).stdout
+        tar = archive(rev)
     except (OSError, subprocess.SubprocessError) as e:
         why = (getattr(e, "stderr", b"") or b"").decode(errors="replace").strip() or e
         raise OmniTTSError(f"ab: no package at revision '{rev}' ({why})") from None

@@ -43,10 +43,15 @@ def tree_digest(package: Path = PACKAGE) -> str:
                   if p.is_file() and "__pycache__" not in p.parts)
 
 
+def archive(rev: str, repo: Path = ROOT, name: str = "omni_tts") -> bytes:
+    """`git archive` of the folder `name` as commit `rev` of `repo` has it: a tar (CalledProcessError with
+    git's stderr for a revision git does not know)."""
+    return subprocess.run(["git", "archive", rev, name], cwd=repo, capture_output=True, check=True, timeout=60).stdout
+
+
 def rev_digest(rev: str, repo: Path = ROOT, name: str = "omni_tts") -> str:
     """The digest of the package folder `name` as commit `rev` of `repo` has it."""
-    tar = subprocess.run(["git", "archive", rev, name], cwd=repo, capture_output=True, check=True, timeout=60).stdout
-    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+    with tarfile.open(fileobj=io.BytesIO(archive(rev, repo, name))) as t:
         return digest((m.name[len(name) + 1:], t.extractfile(m).read()) for m in t.getmembers() if m.isfile())
 
 
