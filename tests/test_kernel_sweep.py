@@ -34,6 +34,14 @@ def test_whole_row_tiles_are_offered_for_one_or_two_rows_given_the_input_width()
     assert not any(c[1] >= 3072 for c in eight)
 
 
+def test_one_row_also_gets_one_weight_row_tiles_and_pipelined_pieces_narrower_than_its_input() -> None:
+    one, two = kernel_sweep.candidates(1, quick=True, K=6144), kernel_sweep.candidates(2, quick=True, K=6144)
+    pieces = {c for c in one if c[4] and c[1] in (1024, 2048)}
+    assert {c[0] for c in pieces} == {1, 2, 4} and {c[2] for c in pieces} == {2, 3}
+    assert (1, 8192, 1, 4, True) in one and not pieces & set(two)
+    assert not any(c[1] == 2048 and c[2] > 1 for c in kernel_sweep.candidates(1, quick=True, K=2048))
+
+
 def test_tensor_core_whole_row_tiles_are_offered_for_2_to_16_rows_of_narrow_inputs() -> None:
     """Whole-row tensor-core tiles load a program's weights before the PDL wait, as one row's tiles do; only
     where K fits (WHOLE_ROW_TC_K) and for the row counts that pad to one 16-row tile."""

@@ -44,7 +44,8 @@ def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Con
     multiply-and-sum tiles up to 8 rows (`quick`: 4 warps only and multiply-and-sum up to 2 rows, where the
     full sweep's picks fall). With the input width K, up to 2 rows also get whole-row tiles (BK >= K: a
     program's weights are one tile, all of it loaded before a PDL launch waits for the previous kernel), and
-    2..16 rows tensor-core tiles of whole rows where K <= WHOLE_ROW_TC_K (wider rows spill registers)."""
+    2..16 rows tensor-core tiles of whole rows where K <= WHOLE_ROW_TC_K (wider rows spill registers); one row
+    also one-weight-row tiles and pipelined loops over pieces of 1,024 or 2,048 columns."""
     warps = (4,) if quick else (4, 8)
     wide = rows > 32  # 64-row tiles: wider weight tiles, shorter steps (shared memory)
     bns, bks = ((16, 32, 64), (64, 128, 256)) if wide else ((16, 32), (128, 256))
@@ -53,6 +54,10 @@ def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Con
         out += [(bn, bk, st, wp, True) for bn, bk, st, wp in itertools.product((2, 4, 8), (256, 512), (3, 4), warps)]
     if K is not None and rows <= 2:
         out += [(bn, kernel_configs.next_pow2(K), 1, wp, True) for bn, wp in itertools.product((2, 4, 8), (4, 8))]
+    if K is not None and rows == 1:  # one weight row a program; rows of 1-2K-column pieces in a pipelined loop
+        out += [(1, kernel_configs.next_pow2(K), 1, wp, True) for wp in (4, 8)]
+        out += [(bn, bk, st, wp, True) for bn, bk, st, wp in itertools.product((1, 2, 4), (1024, 2048), (2, 3), (4, 8))
+                if bk < K]
     if K is not None and 2 <= rows <= 16 and K <= WHOLE_ROW_TC_K:
         out += [(bn, kernel_configs.next_pow2(K), 1, wp, False) for bn, wp in itertools.product((16, 32), warps)]
     return out
