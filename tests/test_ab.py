@@ -5,9 +5,13 @@ before anything runs."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import statistics
+import subprocess
+import sys
 
-from _fixtures import fixture_dir, run_cli_process
+from _fixtures import REPO, fixture_dir, run_cli_process
 
 from omni_tts.tools.ab import order, unpack
 from omni_tts.tools.provenance import rev_digest, tree_digest
@@ -25,6 +29,7 @@ def test_each_revision_runs_its_own_package_in_interleaved_processes(tmp_path):
     p = run_cli_process("ab", "--revs", ".", "HEAD", "--rounds", "2", "--json", str(out), "--", *BENCH)
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(out.read_text())
+    assert res["complete"] is True
     assert [(r["round"], r["rev"]) for r in res["runs"]] == [(0, "."), (0, "HEAD"), (1, "HEAD"), (1, ".")]
     digests = {".": tree_digest(), "HEAD": rev_digest("HEAD")}
     for r in res["runs"]:  # the code each process ran is its revision's, whatever the checkout holds
@@ -67,3 +72,21 @@ def test_a_bench_process_that_fails_is_an_error_in_its_run_and_the_exit_status(t
     assert p.returncode == 1
     (run,) = json.loads(out.read_text())["runs"]
     assert "no-such-checkpoint" in run["bench"]["error"] and "results" not in run["bench"]
+
+
+def test_a_comparison_stopped_midway_keeps_the_processes_it_finished(tmp_path):
+    out = tmp_path / "ab.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    p = subprocess.Popen([sys.executable, "-m", "omni_tts", "ab", "--revs", ".", "HEAD", "--rounds", "2", "--json",
+                          str(out), "--", *BENCH], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env=env)
+    try:
+        for line in p.stderr:  # a process's line comes once its run is in the JSON
+            if "audio s/s" in line:
+                break
+        p.send_signal(signal.SIGINT)  # as an operator's Ctrl-C: the running bench process is stopped too
+    finally:
+        p.communicate()
+    res = json.loads(out.read_text())
+    assert res["complete"] is False and "summary" not in res and 1 <= len(res["runs"]) < 4
+    assert res["runs"][0]["rev"] == "." and res["runs"][0]["bench"]["results"]["eager"]["1"]["requests"] == 2

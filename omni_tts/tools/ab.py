@@ -6,7 +6,8 @@ Owns: unpacking each git revision's package into a folder of its own (`.` is the
 holding an omni_tts package is used as it is, for machines the repository's history does not reach), running
 `bench` with the arguments after `--` from each folder in rounds whose order alternates (A B, then B A: a
 drift of the machine falls on both), and one table per mode and concurrency: each process's audio s/s and
-median TTFP, and the median over processes. Processes of one machine differ by about as much as a lever
+median TTFP, and the median over processes (the JSON is rewritten after every process, "complete" once all
+ran). Processes of one machine differ by about as much as a lever
 does, so a lever's before and after are told apart by several interleaved processes, not by one each.
 Knows nothing about what bench measures beyond its JSON's rows.
 """
@@ -110,17 +111,22 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         raise OmniTTSError("ab: each revision once")
     with tempfile.TemporaryDirectory(prefix="omni-tts-ab-") as tmp:
         trees = {rev: unpack(rev, Path(tmp)) for rev in args.revs}  # every rev checked before any run
-        runs = []
+        head = {**provenance(), "revs": args.revs, "rounds": args.rounds, "bench_args": bench_args}
+        runs: list[dict[str, Any]] = []
         for i, (r, rev) in enumerate(order(args.revs, args.rounds)):
             say(f"round {r + 1}: {rev}")
             got = bench_once(trees[rev], bench_args, Path(tmp) / f"bench_{i}.json", args.timeout)
             if "error" in got:
                 say(f"  {rev}: {got['error']}")
             runs.append({"round": r, "rev": rev, "bench": got})
+            for row in summary(runs[-1:], [rev]):
+                say(f"  {row['mode']} c={row['concurrency']}: {row['audio_s_per_s'][0]:.1f} audio s/s, "
+                    f"TTFP {row['med_ttfp_ms'][0]:.1f} ms")
+            if args.json:  # a stopped comparison keeps the processes it finished
+                Path(args.json).write_text(json.dumps({**head, "runs": runs, "complete": False}, indent=1))
     rows = summary(runs, args.revs)
     print(table(rows))
-    return {**provenance(), "revs": args.revs, "rounds": args.rounds, "bench_args": bench_args, "runs": runs,
-            "summary": rows}
+    return {**head, "runs": runs, "summary": rows, "complete": True}
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
