@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -119,11 +120,13 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
             if "error" in got:
                 say(f"  {rev}: {got['error']}")
             runs.append({"round": r, "rev": rev, "bench": got})
+            if args.json:  # a stopped comparison keeps the processes it finished (whole: written, then renamed)
+                part = Path(f"{args.json}.part")
+                part.write_text(json.dumps({**head, "runs": runs, "complete": False}, indent=1))
+                os.replace(part, args.json)
             for row in summary(runs[-1:], [rev]):
                 say(f"  {row['mode']} c={row['concurrency']}: {row['audio_s_per_s'][0]:.1f} audio s/s, "
                     f"TTFP {row['med_ttfp_ms'][0]:.1f} ms")
-            if args.json:  # a stopped comparison keeps the processes it finished
-                Path(args.json).write_text(json.dumps({**head, "runs": runs, "complete": False}, indent=1))
     rows = summary(runs, args.revs)
     print(table(rows))
     return {**head, "runs": runs, "summary": rows, "complete": True}
