@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_tts.errors import OmniTTSError
-from omni_tts.tools.args import run_to_json
+from omni_tts.tools.args import run_to_json, write_json
 from omni_tts.tools.provenance import ROOT, archive, provenance
 
 WORKING_TREE = "."
@@ -120,10 +119,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
             if "error" in got:
                 say(f"  {rev}: {got['error']}")
             runs.append({"round": r, "rev": rev, "bench": got})
-            if args.json:  # a stopped comparison keeps the processes it finished (whole: written, then renamed)
-                part = Path(f"{args.json}.part")
-                part.write_text(json.dumps({**head, "runs": runs, "complete": False}, indent=1))
-                os.replace(part, args.json)
+            if args.json:  # a stopped comparison keeps the processes it finished
+                write_json(args.json, {**head, "runs": runs, "complete": False})
             for row in summary(runs[-1:], [rev]):
                 say(f"  {row['mode']} c={row['concurrency']}: {row['audio_s_per_s'][0]:.1f} audio s/s, "
                     f"TTFP {row['med_ttfp_ms'][0]:.1f} ms")

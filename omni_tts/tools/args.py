@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -115,9 +116,17 @@ def progress() -> Callable[[str], None]:
     return lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", file=sys.stderr, flush=True)
 
 
+def write_json(path: str | Path, obj: Any) -> None:
+    """`obj` as JSON at `path`, whole or not at all: written beside it, then renamed over it (a tool stopped
+    mid-write leaves the last whole file)."""
+    part = Path(f"{path}.part")
+    part.write_text(json.dumps(obj, indent=1))
+    os.replace(part, path)
+
+
 def run_to_json(args: argparse.Namespace, run: Callable[[argparse.Namespace, Callable[[str], None]], Any]) -> Any:
     """A tool's run(args, progress lines on stderr), its result also written to --json when given."""
     res = run(args, progress())
     if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
+        write_json(args.json, res)
     return res
