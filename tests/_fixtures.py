@@ -43,11 +43,17 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["omni-tts", *args], code, out.getvalue(), err.getvalue())
 
 
-def run_cli_process(*args: str | bytes, text: bool = True, **env: str | None) -> subprocess.CompletedProcess:
-    """`python -m omni_tts ARGS` in a fresh process importing this checkout; `env`: variables to set for it
-    (None: unset); text=False keeps stdout and stderr as bytes."""
+def cli_env(**env: str | None) -> dict[str, str]:
+    """The environment of a fresh `python -m omni_tts` process importing this checkout, one thread per op;
+    `env`: variables to set for it (None: unset)."""
     environ = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     for k, v in env.items():
         environ.pop(k, None) if v is None else environ.__setitem__(k, v)
-    return subprocess.run([sys.executable, "-m", "omni_tts", *args], capture_output=True, text=text, env=environ,
+    return environ
+
+
+def run_cli_process(*args: str | bytes, text: bool = True, **env: str | None) -> subprocess.CompletedProcess:
+    """`python -m omni_tts ARGS` in a fresh process importing this checkout (`cli_env(**env)`); text=False
+    keeps stdout and stderr as bytes."""
+    return subprocess.run([sys.executable, "-m", "omni_tts", *args], capture_output=True, text=text, env=cli_env(**env),
                           cwd=REPO, timeout=300)

@@ -5,13 +5,12 @@ before anything runs."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import statistics
 import subprocess
 import sys
 
-from _fixtures import REPO, fixture_dir, run_cli_process
+from _fixtures import REPO, cli_env, fixture_dir, run_cli_process
 
 from omni_tts.tools.ab import order, unpack
 from omni_tts.tools.provenance import rev_digest, tree_digest
@@ -76,10 +75,9 @@ def test_a_bench_process_that_fails_is_an_error_in_its_run_and_the_exit_status(t
 
 def test_a_comparison_stopped_midway_keeps_the_processes_it_finished(tmp_path):
     out = tmp_path / "ab.json"
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     p = subprocess.Popen([sys.executable, "-m", "omni_tts", "ab", "--revs", ".", "HEAD", "--rounds", "2", "--json",
                           str(out), "--", *BENCH], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         env=env)
+                         env=cli_env(), cwd=REPO)
     try:
         for line in p.stderr:  # a process's line comes once its run is in the JSON
             if "audio s/s" in line:

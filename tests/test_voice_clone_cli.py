@@ -6,14 +6,13 @@ in-process calls of the same `main`."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import soundfile as sf
-from _fixtures import FIXTURES, REPO, fixture_dir
+from _fixtures import FIXTURES, REPO, cli_env, fixture_dir
 
 BASE = FIXTURES / "base"
 GOLDEN = BASE / "golden"
@@ -26,9 +25,8 @@ def ref_audio() -> np.ndarray:
 
 
 def _cli(*args: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     return subprocess.Popen([sys.executable, "-m", "omni_tts", "synth", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+                            stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=REPO)
 
 
 def _wait(procs: dict[str, subprocess.Popen]) -> dict[str, tuple[int, str]]:
