@@ -19,26 +19,27 @@ def next_pow2(n: int) -> int:
 
 
 # Launch configs: (BN rows of the weight per program, BK columns per loop step, pipeline stages, warps, multiply-
-# and-sum instead of tensor cores) by (rows rounded up to a power of two, output width, input width), from `python
-# -m omni_tts.tools.kernel_sweep --quick --rows 1 8 32` on the H200 (weights cold in L2) for the code predictor's
-# shapes (both sizes) and the 1.7B talker's (the 0.6B talker's are the predictor's). One-row entries use whole-row
-# tiles (BK >= K: under programmatic dependent launch a program's weights all load before it waits for the
-# previous kernel) and were swept with PDL on, as the engine launches one-row steps. Two rows of the predictor's
-# shapes take those entries too; other 2..16 rows the 8-row entry (the same 16-row tensor-core tile), 17..32 the
-# 32-row one, 33..128 their own or the 64-row one; untuned shapes `config`'s default. The preset key
-# kernel_configs names a JSON of more entries ("rows,n,K": [...]).
+# and-sum instead of tensor cores) by (rows rounded up to a power of two, output width, input width), from `python -m
+# omni_tts.tools.kernel_sweep --quick --rows 1 8 32` on the H200 (weights cold in L2) for the code predictor's shapes
+# (both sizes) and the 1.7B talker's (the 0.6B talker's are the predictor's). One-row entries use whole-row tiles (BK
+# >= K: under programmatic dependent launch a program's weights all load before it waits for the previous kernel) or,
+# for the widest rows, a pipelined loop over pieces of them, and were swept with PDL on, as the engine launches
+# one-row steps. Two rows of the predictor's shapes take those entries too; other 2..16 rows the 8-row entry (the
+# same 16-row tensor-core tile), 17..32 the 32-row one, 33..128 their own or the 64-row one; untuned shapes
+# `config`'s default. The preset key kernel_configs names a JSON of more entries ("rows,n,K": [...]).
 Config = tuple[int, int, int, int, bool]
-# (n, K): one row (BN, BK, warps), multiply-and-sum, one stage; 8 rows and 32 rows (BN, BK, stages),
-# tensor cores, 4 warps
-_SWEPT: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
-    (1024, 2048): ((8, 2048, 4), (16, 256, 4), (16, 256, 4)),
-    (1024, 3072): ((2, 4096, 8), (16, 256, 4), (16, 256, 4)),
-    (2048, 2048): ((4, 2048, 4), (16, 256, 4), (16, 256, 4)),
-    (2048, 6144): ((4, 8192, 8), (16, 256, 4), (16, 256, 4)),
-    (3072, 1024): ((4, 1024, 4), (32, 256, 3), (16, 256, 3)),
-    (4096, 1024): ((8, 1024, 4), (32, 256, 3), (32, 256, 4)),
-    (4096, 2048): ((8, 2048, 4), (32, 256, 4), (32, 256, 3)),
-    (6144, 2048): ((2, 2048, 4), (32, 256, 3), (16, 128, 3)),
+# (n, K): one row (BN, BK, stages, warps), multiply-and-sum; 8 rows and 32 rows (BN, BK, stages), tensor
+# cores, 4 warps. The 1.7B talker's o, gate|up and down one-row entries come from an H100's sweep of the
+# one-weight-row and pieced candidates (an H200's may pick others: `kernel-sweep --parts talker --rows 1`)
+_SWEPT: dict[tuple[int, int], tuple[tuple[int, ...], ...]] = {
+    (1024, 2048): ((8, 2048, 1, 4), (16, 256, 4), (16, 256, 4)),
+    (1024, 3072): ((2, 4096, 1, 8), (16, 256, 4), (16, 256, 4)),
+    (2048, 2048): ((2, 2048, 1, 4), (16, 256, 4), (16, 256, 4)),
+    (2048, 6144): ((2, 2048, 2, 4), (16, 256, 4), (16, 256, 4)),
+    (3072, 1024): ((4, 1024, 1, 4), (32, 256, 3), (16, 256, 3)),
+    (4096, 1024): ((8, 1024, 1, 4), (32, 256, 3), (32, 256, 4)),
+    (4096, 2048): ((8, 2048, 1, 4), (32, 256, 4), (32, 256, 3)),
+    (6144, 2048): ((2, 2048, 1, 8), (32, 256, 3), (16, 128, 3)),
 }
 # the code predictor's shapes at 64 and 128 rows (BN, BK, stages), tensor cores, 4 warps (`--rows 64 128`, with
 # the norms as kernels of their own from NORM_KERNEL_ROWS rows; 128 rows run as two 64-row program columns)
@@ -52,7 +53,7 @@ _SWEPT_WIDE: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
 # the whole-row tile, omni_tts.kernels.layers' ROWS; a frame's first step at one request is two positions); from
 # 4 rows, and in the 1.7B talker's shapes, tensor cores win. Keyed by shape, so a 0.6B talker takes them too
 TUNED: dict[tuple[int, int, int], Config] = {
-    **{(rows, n, k): (bn, bk, 1, w, True) for (n, k), ((bn, bk, w), _, _) in _SWEPT.items()
+    **{(rows, n, k): (bn, bk, st, w, True) for (n, k), ((bn, bk, st, w), _, _) in _SWEPT.items()
        for rows in ((1, 2) if (n, k) in _SWEPT_WIDE else (1,))},
     **{(rows, n, k): (*cfg[i], 4, False) for (n, k), cfg in _SWEPT.items() for rows, i in ((8, 1), (32, 2))},
     **{(rows, n, k): (*cfg[i], 4, False) for (n, k), cfg in _SWEPT_WIDE.items() for rows, i in ((64, 0), (128, 1))},
