@@ -11,16 +11,16 @@ writes and softmax pieces):
 From NORM_KERNEL_ROWS rows the two RMSNorms run as kernels of their own before 1 and 4 (seven kernels).
 The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16 rows cost
 about the same), at most MAX_BM rows a program (more rows take a second column of programs, whose weight reads
-mostly hit L2); a one-row step runs them as a multiply-and-sum over narrow whole-row weight tiles (more programs
-reading the weights at once), as do two rows where omni_tts.kernels.configs says so (each row in turn against
-the tile). `projection` and `store_kv` also serve omni_tts.kernels.talker and omni_tts.kernels.heads (the
-projection's input rows may be strided). With `pdl` (programmatic dependent launch, Hopper+: `pdl_available`)
-each kernel loads what no kernel writes (its first weight tile) before `after_previous` waits for the previous
-kernel and lets the next one launch. Numerics follow the reference: float32 accumulation, values rounded to the
-model dtype where the reference rounds (norm output, q/k after rope, each projection, SiLU, residual sums); the
-summation order differs, so results agree to the dtype's rounding, not bit for bit. `predictor_layer` has the
-reference's contract except that the positions are a Python int (static per captured graph) and the mask is
-implied (causal).
+mostly hit L2); a one-row step runs them as a multiply-and-sum over narrow weight tiles of whole rows, or of pieces
+of the widest rows in a pipelined loop (more programs reading the weights at once), as do two rows where
+omni_tts.kernels.configs says so (each row in turn against a whole-row tile). `projection` and `store_kv` also serve
+omni_tts.kernels.talker and omni_tts.kernels.heads (the projection's input rows may be strided). With `pdl`
+(programmatic dependent launch, Hopper+: `pdl_available`) each kernel loads what no kernel writes (its first weight
+tile) before `after_previous` waits for the previous kernel and lets the next one launch. Numerics follow the
+reference: float32 accumulation, values rounded to the model dtype where the reference rounds (norm output, q/k
+after rope, each projection, SiLU, residual sums); the summation order differs, so results agree to the dtype's
+rounding, not bit for bit. `predictor_layer` has the reference's contract except that the positions are a Python int
+(static per captured graph) and the mask is implied (causal).
 Knows nothing about graphs, buckets, sampling or requests; which batch sizes use it is the caller's choice
 (`supports`). Runs on CUDA; tests run it in Triton's CPU interpreter (TRITON_INTERPRET=1) against the reference.
 """
