@@ -53,8 +53,8 @@ def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Con
     if rows <= (2 if quick else 8):
         out += [(bn, bk, st, wp, True) for bn, bk, st, wp in itertools.product((2, 4, 8), (256, 512), (3, 4), warps)]
     if K is not None and rows <= 2:  # one row also one weight row a program
-        bns = (1, 2, 4, 8) if rows == 1 else (2, 4, 8)
-        out += [(bn, kernel_configs.next_pow2(K), 1, wp, True) for bn, wp in itertools.product(bns, (4, 8))]
+        row_bns = (1, 2, 4, 8) if rows == 1 else (2, 4, 8)
+        out += [(bn, kernel_configs.next_pow2(K), 1, wp, True) for bn, wp in itertools.product(row_bns, (4, 8))]
     if K is not None and rows == 1:  # rows of 1-2K-column pieces in a pipelined loop
         out += [(bn, bk, st, wp, True) for bn, bk, st, wp in itertools.product((1, 2, 4), (1024, 2048), (2, 3), (4, 8))
                 if bk < K]
