@@ -61,7 +61,7 @@ def test_fastest_picks_the_least_time() -> None:
 def test_written_configs_are_what_the_kernels_load(tmp_path, monkeypatch) -> None:
     best = {(8, 4096, 1024): (32, 256, 4, 4, False), (1, 1024, 3072): (4, 512, 4, 8, True)}
     f = tmp_path / "configs.json"
-    f.write_text(json.dumps(kernel_sweep.configs_json(best)))
+    kernel_sweep.write(best, str(f))
     monkeypatch.setattr(kernel_configs, "TUNED", {})
     monkeypatch.setattr(kernel_configs, "_INTERPRET", False)  # config() answers from the table, as on a GPU
     kernel_configs.load_configs(str(f))

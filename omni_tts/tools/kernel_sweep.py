@@ -35,6 +35,7 @@ from omni_tts.models.compiled.packed_weights import fuse_layer
 from omni_tts.tools.args import progress
 
 Config = kernel_configs.Config
+Picks = dict[tuple[int, int, int], Config]  # (rows, n, K) -> the fastest config
 WHOLE_ROW_TC_K = 1024  # sm_90: a 16-row bfloat16 tensor-core tile of 2,048 columns spills registers
 
 
@@ -68,7 +69,7 @@ def fastest(timings: dict[Config, float]) -> Config:
     return min(timings, key=lambda c: timings[c])
 
 
-def configs_json(best: dict[tuple[int, int, int], Config]) -> dict[str, list]:
+def configs_json(best: Picks) -> dict[str, list]:
     """{(rows, n, K): config} -> the kernel_configs format ({"rows,n,K": [BN, BK, stages, warps, vec]})."""
     return {f"{m},{n},{k}": list(cfg) for (m, n, k), cfg in sorted(best.items())}
 
@@ -117,19 +118,19 @@ def _launch(x: torch.Tensor, w: torch.Tensor, n: int, cfg: Config, pdl: bool, ar
 
 
 def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Sequence[str] = ("predictor",),
-          pdl: bool = True, quick: bool = False) -> dict[tuple[int, int, int], Config]:
+          pdl: bool = True, quick: bool = False, picked: Callable[[Picks], None] = lambda best: None) -> Picks:
     """The fastest config per (rows, shape); launches with PDL as the engine's: the predictor's at every row
-    count, the talker's up to TALKER_PDL_ROWS rows."""
-    best: dict[tuple[int, int, int], Config] = {}
+    count, the talker's up to TALKER_PDL_ROWS rows. `picked` gets the picks so far after each shape."""
+    best: Picks = {}
     pdl = pdl and kernels.pdl_available(torch.device("cuda"))
     for part in parts:
         pdl_rows = (kernels.MAX_ROWS if part == "predictor" else TALKER_PDL_ROWS) if pdl else 0
-        best.update(_sweep_part(size, part, rows, say, pdl_rows, quick))
+        _sweep_part(size, part, rows, say, pdl_rows, quick, best, picked)
     return best
 
 
-def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], None], pdl_rows: int, quick: bool
-                ) -> dict[tuple[int, int, int], Config]:
+def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], None], pdl_rows: int, quick: bool,
+                best: Picks, picked: Callable[[Picks], None]) -> None:
     dev, dt = torch.device("cuda"), torch.bfloat16
     layer = _layer(size, part, dev, dt)
     w_qkv, _, w_gu = fuse_layer(layer)
@@ -140,7 +141,6 @@ def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], 
               "gate_up": (I, D, w_gu, dict(norm=layer.post_attention_layernorm, glu=True)),
               "down": (D, I, layer.mlp.down_proj.weight, dict(res=True))}
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
-    best: dict[tuple[int, int, int], Config] = {}
     for m in rows:
         for name, (n, K, w, kw) in shapes.items():
             copies = max(2, math.ceil(3 * l2 / (w.numel() * w.element_size())))
@@ -159,7 +159,7 @@ def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], 
             say(f"{part} rows={m} {name} [{n}x{K}, {copies} weight copies]: {timings[pick]:.2f} us with {pick}; "
                 f"current {default}: {timings.get(default, float('nan')):.2f} us")
             del ws
-    return best
+            picked(best)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -177,8 +177,12 @@ def main(args: argparse.Namespace) -> int:
         raise OmniTTSError("the kernel sweep needs CUDA and triton (it times the kernels on this GPU)")
     if any(not 1 <= m <= kernels.MAX_ROWS for m in args.rows):
         raise OmniTTSError(f"--rows must be within 1..{kernels.MAX_ROWS}")
-    best = sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick)
-    with open(args.out, "w") as f:
-        json.dump(configs_json(best), f, indent=1)
+    sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick, lambda best: write(best, args.out))
     say(f"wrote {args.out}: run with --set kernel_configs={args.out}")
     return 0
+
+
+def write(best: Picks, path: str) -> None:
+    """The picks so far as `path` (rewritten after every shape: a sweep cut short keeps what it found)."""
+    with open(path, "w") as f:
+        json.dump(configs_json(best), f, indent=1)
