@@ -47,6 +47,8 @@ def projections() -> dict[str, str]:
     args = dict(x_ptr=BF, nw_ptr=BF, w_ptr=BF, b_ptr=BF, res_ptr=BF, out_ptr=BF, eps=1e-6, sx=D)
     out = {}
     for name, M, n, k, flags in (("qkv 1 row", 1, 4096, D, dict(NORM=True)),
+                                 ("qkv 8 rows", 8, 4096, D, dict(NORM=True)),  # tensor cores on whole rows
+                                 ("qkv 16 rows", 16, 4096, D, dict(NORM=True)),
                                  ("gate|up 8 rows", 8, 3072, D, dict(NORM=True, GLU=True)),
                                  ("down 64 rows", 64, D, 3072, dict(RES=True)),
                                  ("head 4 rows", 4, V, D, dict(NORM=True, BIAS=True))):

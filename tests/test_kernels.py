@@ -68,14 +68,14 @@ def test_kernel_layer_agrees_to_bfloat16_rounding(B: int, T: int, pos0: int) -> 
 
 
 # whole-row tiles over 2+ rows take each row in turn against the tile (ROWS); 3 and 5 rows leave masked rows
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 12])
 @pytest.mark.parametrize("cfg", [(2, 128, 1, 4, True), (4, 256, 1, 8, True), (16, 32, 2, 4, False),
-                                 (1, 64, 2, 4, True), (2, 16, 2, 4, True)])
+                                 (1, 64, 2, 4, True), (2, 16, 2, 4, True), (16, 256, 1, 4, False)])
 def test_projection_kernel_is_config_independent_including_whole_row_tiles(cfg: tuple, rows: int) -> None:
     """Norm + gate|up + SiLU and o + residual under a whole-row tile (BK >= K: one tile, loaded before the
     PDL wait on a GPU), K-loop tiles (one of a single weight row; one of two weight rows over 2-4 pieces of
-    a row, as the 1.7B talker's one-row down projection runs) and a tensor-core tile: the same results as
-    the reference ops."""
+    a row, as the 1.7B talker's one-row down projection runs), a tensor-core tile and a tensor-core tile of
+    whole rows (as the predictor's q|k|v runs at 3..16 rows): the same results as the reference ops."""
     m, _ = model_and_fast()
     layer = copy.deepcopy(m.code_predictor.layers[0]).float()
     _, _, w_gu = fuse_layer(layer)

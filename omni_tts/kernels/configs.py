@@ -24,9 +24,9 @@ def next_pow2(n: int) -> int:
 # (both sizes) and the 1.7B talker's (the 0.6B talker's are the predictor's). One-row entries use whole-row tiles (BK
 # >= K: under programmatic dependent launch a program's weights all load before it waits for the previous kernel) or,
 # for the widest rows, a pipelined loop over pieces of them, and were swept with PDL on, as the engine launches
-# one-row steps. Two rows of the predictor's shapes take those entries too; other 2..16 rows the 8-row entry (the
-# same 16-row tensor-core tile), 17..32 the 32-row one, 33..128 their own or the 64-row one; untuned shapes
-# `config`'s default. The preset key kernel_configs names a JSON of more entries ("rows,n,K": [...]).
+# one-row steps. Two rows of the predictor's shapes take those entries too; other 2..16 rows their own or the 8-row
+# entry (the same 16-row tensor-core tile), 17..32 the 32-row one, 33..128 their own or the 64-row one; untuned
+# shapes `config`'s default. The preset key kernel_configs names a JSON of more entries ("rows,n,K": [...]).
 Config = tuple[int, int, int, int, bool]
 # (n, K): one row (BN, BK, stages, warps), multiply-and-sum; 8 rows and 32 rows (BN, BK, stages), tensor
 # cores, 4 warps. The 1.7B talker's o, gate|up and down one-row entries come from an H100's sweep of the
@@ -37,9 +37,15 @@ _SWEPT: dict[tuple[int, int], tuple[tuple[int, ...], ...]] = {
     (2048, 2048): ((2, 2048, 1, 4), (16, 256, 4), (16, 256, 4)),
     (2048, 6144): ((2, 2048, 2, 4), (16, 256, 4), (16, 256, 4)),
     (3072, 1024): ((4, 1024, 1, 4), (32, 256, 3), (16, 256, 3)),
-    (4096, 1024): ((8, 1024, 1, 4), (32, 256, 3), (32, 256, 4)),
+    (4096, 1024): ((8, 1024, 1, 4), (32, 1024, 1), (32, 256, 4)),
     (4096, 2048): ((8, 2048, 1, 4), (32, 256, 4), (32, 256, 3)),
     (6144, 2048): ((2, 2048, 1, 8), (32, 256, 3), (16, 128, 3)),
+}
+# the code predictor's q|k|v at 5..16 rows runs tensor-core tiles of whole rows (BK >= K: a program's weights all
+# load before the PDL wait), 3..4 rows a K loop: an H100's sweep (`kernel-sweep --rows 4 8 16`) picked these
+_ROWS_4_16: dict[tuple[int, int, int], tuple[int, int, int]] = {
+    (4, 4096, 1024): (32, 256, 3),
+    (16, 4096, 1024): (16, 1024, 1),
 }
 # the code predictor's shapes at 64 and 128 rows (BN, BK, stages), tensor cores, 4 warps (`--rows 64 128`, with
 # the norms as kernels of their own from NORM_KERNEL_ROWS rows; 128 rows run as two 64-row program columns)
@@ -57,6 +63,7 @@ TUNED: dict[tuple[int, int, int], Config] = {
        for rows in ((1, 2) if (n, k) in _SWEPT_WIDE else (1,))},
     **{(rows, n, k): (*cfg[i], 4, False) for (n, k), cfg in _SWEPT.items() for rows, i in ((8, 1), (32, 2))},
     **{(rows, n, k): (*cfg[i], 4, False) for (n, k), cfg in _SWEPT_WIDE.items() for rows, i in ((64, 0), (128, 1))},
+    **{key: (*cfg, 4, False) for key, cfg in _ROWS_4_16.items()},
 }
 
 
