@@ -30,7 +30,8 @@ def next_pow2(n: int) -> int:
 Config = tuple[int, int, int, int, bool]
 # (n, K): one row (BN, BK, stages, warps), multiply-and-sum; 8 rows and 32 rows (BN, BK, stages), tensor
 # cores, 4 warps. The 1.7B talker's o, gate|up and down one-row entries come from an H100's sweep of the
-# one-weight-row and pieced candidates (an H200's may pick others: `kernel-sweep --parts talker --rows 1`)
+# one-weight-row and pieced candidates (an H200's may pick others: `kernel-sweep --parts talker --rows 1`), and
+# so does the predictor's q|k|v 8-row entry (whole rows, below)
 _SWEPT: dict[tuple[int, int], tuple[tuple[int, ...], ...]] = {
     (1024, 2048): ((8, 2048, 1, 4), (16, 256, 4), (16, 256, 4)),
     (1024, 3072): ((2, 4096, 1, 8), (16, 256, 4), (16, 256, 4)),

@@ -10,7 +10,7 @@ writes and softmax pieces):
   5. down projection + residual
 From NORM_KERNEL_ROWS rows the two RMSNorms run as kernels of their own before 1 and 4 (seven kernels).
 The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16 rows cost
-about the same), at most MAX_BM rows a program (more rows take a second column of programs, whose weight reads
+about the same; a tile may hold whole rows of narrow inputs, loaded at once), at most MAX_BM rows a program (more rows take a second column of programs, whose weight reads
 mostly hit L2); a one-row step runs them as a multiply-and-sum over narrow weight tiles of whole rows, or of pieces
 of the widest rows in a pipelined loop (more programs reading the weights at once), as do two rows where
 omni_tts.kernels.configs says so (each row in turn against a whole-row tile). `projection` and `store_kv` also serve
