@@ -10,10 +10,11 @@ writes and softmax pieces):
   5. down projection + residual
 From NORM_KERNEL_ROWS rows the two RMSNorms run as kernels of their own before 1 and 4 (seven kernels).
 The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16 rows cost
-about the same; a tile may hold whole rows of narrow inputs, loaded at once), at most MAX_BM rows a program (more rows take a second column of programs, whose weight reads
-mostly hit L2); a one-row step runs them as a multiply-and-sum over narrow weight tiles of whole rows, or of pieces
-of the widest rows in a pipelined loop (more programs reading the weights at once), as do two rows where
-omni_tts.kernels.configs says so (each row in turn against a whole-row tile). `projection` and `store_kv` also serve
+about the same; a tile may hold whole rows of narrow inputs, loaded at once), at most MAX_BM rows a program (more
+rows take a second column of programs, whose weight reads mostly hit L2); a one-row step runs them as a
+multiply-and-sum over narrow weight tiles of whole rows, or of pieces of the widest rows in a pipelined loop (more
+programs reading the weights at once), as do two rows where omni_tts.kernels.configs says so (each row in turn
+against a whole-row tile). `projection` and `store_kv` also serve
 omni_tts.kernels.talker and omni_tts.kernels.heads (the projection's input rows may be strided). With `pdl`
 (programmatic dependent launch, Hopper+: `pdl_available`) each kernel loads what no kernel writes (its first weight
 tile) before `after_previous` waits for the previous kernel and lets the next one launch. Numerics follow the
