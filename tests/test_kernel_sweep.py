@@ -86,3 +86,50 @@ def test_sweep_refuses_without_cuda(capsys) -> None:
     assert main(["kernel-sweep", "--out", "unused.json"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "needs CUDA" in err and err.count("\n") == 1
+
+
+def test_the_in_layer_sweep_times_candidates_where_they_run_and_keeps_the_fastest(monkeypatch) -> None:
+    """The layer-step sweep on the CPU (Triton's interpreter; a stand-in for the CUDA-graph timer that runs a
+    layer step and scores the table as the step would read it): while a candidate is timed the table answers
+    it for its shape and the picks so far for the shapes before; each pick is the best-scored candidate, and
+    the table is itself again afterwards."""
+    monkeypatch.setattr(kernel_configs, "_INTERPRET", False)  # config() answers from the table, as on a GPU
+    before = dict(kernel_configs.TUNED)
+    cpu, rows = torch.device("cpu"), 8
+    layer = kernel_sweep._layer("tiny", "predictor", cpu, torch.float32)
+    w_qkv, _, w_gu = kernel_sweep.fuse_layer(layer)
+    D = layer.input_layernorm.weight.shape[0]
+    shapes = [(w_qkv.shape[0], D), (D, layer.self_attn.o_proj.in_features), (w_gu.shape[0] // 2, D),
+              (D, layer.mlp.down_proj.in_features)]
+
+    def cost(cfg: tuple) -> float:
+        return cfg[0] * 1000 + cfg[1] + cfg[2] / 10 + cfg[3] / 100 + cfg[4] / 2
+
+    ran: list[torch.Tensor] = []
+
+    def timer(steps, launches: int) -> float:
+        if not ran:  # one real layer step under the candidate's config
+            ran.append(steps[0]())
+        return sum(cost(kernel_configs.config(rows, n, K)) for n, K in shapes)
+
+    seen: list[int] = []
+    best: dict = {}
+    kernel_sweep._sweep_in_layer("tiny", [rows], lambda line: None, False, True, best,
+                                 lambda picks: seen.append(len(picks)), dev=cpu, dt=torch.float32, timer=timer)
+    assert ran[0].shape == (rows, 1, D) and torch.isfinite(ran[0]).all()
+    assert seen == list(range(1, len(set(shapes)) + 1))  # o and down share a shape here: one entry, timed once
+    for n, K in shapes:
+        offered = [kernel_configs.config(rows, n, K), *kernel_sweep.candidates(rows, True, K)]
+        assert best[(rows, n, K)] == min(offered, key=cost)
+    assert kernel_configs.TUNED == before
+
+
+def test_a_table_override_holds_inside_its_block_only(monkeypatch) -> None:
+    monkeypatch.setattr(kernel_configs, "_INTERPRET", False)
+    before = dict(kernel_configs.TUNED)
+    new, fresh = (4, 128, 2, 8, True), (3, 4096, 1024)
+    assert fresh not in before
+    with kernel_configs.override({(8, 4096, 1024): new, fresh: new}):
+        assert kernel_configs.config(8, 4096, 1024) == new and kernel_configs.config(3, 4096, 1024) != new
+        assert kernel_configs.TUNED[fresh] == new
+    assert kernel_configs.TUNED == before

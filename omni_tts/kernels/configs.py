@@ -1,14 +1,17 @@
 """Launch configs of omni_tts.kernels.layers' projection kernel, per (rows, output width, input width).
 
 Owns: the table swept on an H200 (`TUNED`), extra entries from the JSON that the preset key kernel_configs
-names (what `python -m omni_tts.tools.kernel_sweep` writes for the GPU at hand), and the lookup with its
-fallbacks (`config`). Knows nothing about the kernels' code, models or devices.
+names (what `python -m omni_tts.tools.kernel_sweep` writes for the GPU at hand), the lookup with its
+fallbacks (`config`) and entries set for a block only (`override`, a sweep's). Knows nothing about the
+kernels' code, models or devices.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 
 # Triton's CPU interpreter: its cost is per program, so fewer, larger programs there
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -94,6 +97,19 @@ def load_configs(path: str) -> None:
                 continue
             m, n, k = (int(v) for v in key.split(","))
             TUNED[(m, n, k)] = (int(value[0]), int(value[1]), int(value[2]), int(value[3]), bool(value[4]))
+
+
+@contextlib.contextmanager
+def override(entries: dict[tuple[int, int, int], Config]) -> Iterator[None]:
+    """The table with these entries for the block's duration (a sweep timing candidates where they run)."""
+    saved = {key: TUNED[key] for key in entries if key in TUNED}
+    TUNED.update(entries)
+    try:
+        yield
+    finally:
+        for key in entries:
+            TUNED.pop(key, None)
+        TUNED.update(saved)
 
 
 def config(M: int, n: int, K: int) -> Config:

@@ -2,7 +2,7 @@
 the preset key kernel_configs loads (and that kernel_configs.TUNED is updated from).
 
     omni-tts kernel-sweep [--size 1.7B] [--parts predictor talker] [--rows 1 2 8 16 32 64 128]
-        [--no-pdl] [--quick] [--out kernel_configs.json]
+        [--no-pdl] [--quick] [--in-layer] [--out kernel_configs.json]
 
 Owns: the candidate configs per row count, timing each of a decoder layer's four projections (q|k|v
 after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual; a norm as
@@ -12,13 +12,17 @@ programmatic dependent launch where the GPU has it: the predictor's always, the 
 the engine's TALKER_PDL_ROWS), in a CUDA graph of back-to-back launches whose weights rotate through
 enough copies to overflow the L2 cache (inside a frame 150 MB of predictor weights stream from HBM; a
 sweep that keeps one copy hot in a 50 MB L2 picks configs for the wrong regime),
-and the choice of the fastest per (rows, shape). Weights are random at the size's shapes (values don't change speed).
+and the choice of the fastest per (rows, shape); with --in-layer, each candidate of the predictor's shapes timed
+inside whole layer steps instead (under PDL a kernel overlaps the ones before it, which differ in a frame).
+Weights are random at the size's shapes (values don't change speed).
 Knows nothing about the engine, requests or graphs pools.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import itertools
 import json
 import math
@@ -118,15 +122,66 @@ def _launch(x: torch.Tensor, w: torch.Tensor, n: int, cfg: Config, pdl: bool, ar
 
 
 def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Sequence[str] = ("predictor",),
-          pdl: bool = True, quick: bool = False, picked: Callable[[Picks], None] = lambda best: None) -> Picks:
+          pdl: bool = True, quick: bool = False, picked: Callable[[Picks], None] = lambda best: None,
+          in_layer: bool = False) -> Picks:
     """The fastest config per (rows, shape); launches with PDL as the engine's: the predictor's at every row
-    count, the talker's up to TALKER_PDL_ROWS rows. `picked` gets the picks so far after each shape."""
+    count, the talker's up to TALKER_PDL_ROWS rows. `picked` gets the picks so far after each shape.
+    `in_layer`: the predictor's picks by its whole layer step's time (`_sweep_in_layer`)."""
     best: Picks = {}
     pdl = pdl and kernels.pdl_available(torch.device("cuda"))
+    if in_layer:
+        _sweep_in_layer(size, rows, say, pdl, quick, best, picked)
+        return best
     for part in parts:
         pdl_rows = (kernels.MAX_ROWS if part == "predictor" else TALKER_PDL_ROWS) if pdl else 0
         _sweep_part(size, part, rows, say, pdl_rows, quick, best, picked)
     return best
+
+
+def _sweep_in_layer(size: str, rows: Sequence[int], say: Callable[[str], None], pdl: bool, quick: bool,
+                    best: Picks, picked: Callable[[Picks], None], dev: torch.device | None = None,
+                    dt: torch.dtype = torch.bfloat16, timer: Callable[..., float] = _graph_us) -> None:
+    """Each candidate of one projection timed inside a CUDA graph of whole predictor layer steps (one position
+    a row, the other projections at their entries or this sweep's picks so far), as a frame runs them: a
+    kernel's cost there depends on the kernels before it (under PDL a whole-row tile loads its weights while
+    they run), which launches after copies of itself do not show."""
+    dev = dev or torch.device("cuda")
+    first = _layer(size, "predictor", dev, dt)
+    size_b = sum(p.numel() * p.element_size() for p in first.parameters())
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size if dev.type == "cuda" else 0
+    copies = max(2, math.ceil(3 * l2 / size_b))
+    layers = [first] + [copy.deepcopy(first) for _ in range(copies - 1)]  # cold L2, as inside a frame
+    packed = [fuse_layer(layer) for layer in layers]
+    a, D, P = first.self_attn, first.input_layernorm.weight.shape[0], 16
+    cos = torch.ones(1, P, a.head_dim, device=dev, dtype=dt)
+    sin = torch.zeros_like(cos)  # rope values do not change the speed
+    w_qkv, _, w_gu = packed[0]
+    I = first.mlp.down_proj.in_features  # noqa: E741 (the paper's name)
+    shapes: dict[tuple[int, int], str] = {}  # projections of one shape share its entry: timed together
+    for name, shape in (("qkv", (w_qkv.shape[0], D)), ("o", (D, a.o_proj.in_features)),
+                        ("gate_up", (w_gu.shape[0] // 2, D)), ("down", (D, I))):
+        shapes[shape] = f"{shapes[shape]}, {name}" if shape in shapes else name
+    for m in rows:
+        x = torch.randn(m, 1, D, device=dev, dtype=dt)
+        kc = torch.zeros(m, a.kv_heads, P, a.head_dim, device=dev, dtype=dt)
+        vc = torch.zeros_like(kc)
+        steps = [functools.partial(kernels.predictor_layer, layer, *w, x, cos, sin, kc, vc, P // 2, pdl)
+                 for layer, w in zip(layers, packed)]
+        for (n, K), name in shapes.items():
+            key = (kernel_configs.next_pow2(m), n, K)
+            current = kernel_configs.config(m, n, K)
+            timings: dict[Config, float] = {}
+            for cfg in dict.fromkeys([current, *candidates(m, quick, K)]):
+                try:
+                    with kernel_configs.override({**best, key: cfg}):
+                        timings[cfg] = timer(steps, launches=2 * copies)
+                except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
+                    say(f"  {name} rows={m} {cfg}: {type(e).__name__}")
+            best[key] = fastest(timings)
+            say(f"predictor rows={m} {name} [{n}x{K}] in the layer step ({copies} layer copies): "
+                f"{timings[best[key]]:.2f} us with {best[key]}; current {current}: "
+                f"{timings.get(current, float('nan')):.2f} us")
+            picked(best)
 
 
 def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], None], pdl_rows: int, quick: bool,
@@ -168,6 +223,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 16, 32, 64, 128])
     ap.add_argument("--no-pdl", action="store_true", help="time launches without programmatic dependent launch")
     ap.add_argument("--quick", action="store_true", help="fewer candidates (4 warps only)")
+    ap.add_argument("--in-layer", action="store_true",
+                    help="time each candidate inside the predictor's whole layer step, as a frame runs it "
+                         "(the predictor's shapes only)")
     ap.add_argument("--out", default="kernel_configs.json")
 
 
@@ -177,7 +235,8 @@ def main(args: argparse.Namespace) -> int:
         raise OmniTTSError("the kernel sweep needs CUDA and triton (it times the kernels on this GPU)")
     if any(not 1 <= m <= kernels.MAX_ROWS for m in args.rows):
         raise OmniTTSError(f"--rows must be within 1..{kernels.MAX_ROWS}")
-    sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick, lambda best: write(best, args.out))
+    sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick, lambda best: write(best, args.out),
+          args.in_layer)
     say(f"wrote {args.out}: run with --set kernel_configs={args.out}")
     return 0
 
