@@ -88,7 +88,8 @@ def test_sweep_refuses_without_cuda(capsys) -> None:
     assert err.startswith("error: ") and "needs CUDA" in err and err.count("\n") == 1
 
 
-def test_the_in_layer_sweep_times_candidates_where_they_run_and_keeps_the_fastest(monkeypatch) -> None:
+@pytest.mark.parametrize("part", ["predictor", "talker"])
+def test_the_in_layer_sweep_times_candidates_where_they_run_and_keeps_the_fastest(monkeypatch, part: str) -> None:
     """The layer-step sweep on the CPU (Triton's interpreter; a stand-in for the CUDA-graph timer that runs a
     layer step and scores the table as the step would read it): while a candidate is timed the table answers
     it for its shape and the picks so far for the shapes before; each pick is the best-scored candidate, and
@@ -96,7 +97,7 @@ def test_the_in_layer_sweep_times_candidates_where_they_run_and_keeps_the_fastes
     monkeypatch.setattr(kernel_configs, "_INTERPRET", False)  # config() answers from the table, as on a GPU
     before = dict(kernel_configs.TUNED)
     cpu, rows = torch.device("cpu"), 8
-    layer = kernel_sweep._layer("tiny", "predictor", cpu, torch.float32)
+    layer = kernel_sweep._layer("tiny", part, cpu, torch.float32)
     w_qkv, _, w_gu = kernel_sweep.fuse_layer(layer)
     D = layer.input_layernorm.weight.shape[0]
     shapes = [(w_qkv.shape[0], D), (D, layer.self_attn.o_proj.in_features), (w_gu.shape[0] // 2, D),
@@ -114,10 +115,10 @@ def test_the_in_layer_sweep_times_candidates_where_they_run_and_keeps_the_fastes
 
     seen: list[int] = []
     best: dict = {}
-    kernel_sweep._sweep_in_layer("tiny", [rows], lambda line: None, False, True, best,
+    kernel_sweep._sweep_in_layer("tiny", part, [rows], lambda line: None, False, True, best,
                                  lambda picks: seen.append(len(picks)), dev=cpu, dt=torch.float32, timer=timer)
     assert ran[0].shape == (rows, 1, D) and torch.isfinite(ran[0]).all()
-    assert seen == list(range(1, len(set(shapes)) + 1))  # o and down share a shape here: one entry, timed once
+    assert seen == list(range(1, len(set(shapes)) + 1))  # tiny projections may share a shape: one entry, timed once
     for n, K in shapes:
         offered = [kernel_configs.config(rows, n, K), *kernel_sweep.candidates(rows, True, K)]
         assert best[(rows, n, K)] == min(offered, key=cost)

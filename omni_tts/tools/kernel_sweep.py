@@ -12,8 +12,8 @@ programmatic dependent launch where the GPU has it: the predictor's always, the 
 the engine's TALKER_PDL_ROWS), in a CUDA graph of back-to-back launches whose weights rotate through
 enough copies to overflow the L2 cache (inside a frame 150 MB of predictor weights stream from HBM; a
 sweep that keeps one copy hot in a 50 MB L2 picks configs for the wrong regime),
-and the choice of the fastest per (rows, shape); with --in-layer, each candidate of the predictor's shapes timed
-inside whole layer steps instead (under PDL a kernel overlaps the ones before it, which differ in a frame).
+and the choice of the fastest per (rows, shape); with --in-layer, each candidate timed inside whole layer steps
+instead (under PDL a kernel overlaps the ones before it, which differ in a frame).
 Weights are random at the size's shapes (values don't change speed).
 Knows nothing about the engine, requests or graphs pools.
 """
@@ -34,7 +34,8 @@ import torch
 from omni_tts.errors import OmniTTSError
 from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import layers as kernels
-from omni_tts.models.compiled.kernel_choice import TALKER_PDL_ROWS
+from omni_tts.kernels import talker as talker_kernels
+from omni_tts.models.compiled.kernel_choice import TALKER_KERNEL_ROWS, TALKER_PDL_ROWS
 from omni_tts.models.compiled.packed_weights import fuse_layer
 from omni_tts.tools.args import progress
 
@@ -126,47 +127,43 @@ def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Seq
           in_layer: bool = False) -> Picks:
     """The fastest config per (rows, shape); launches with PDL as the engine's: the predictor's at every row
     count, the talker's up to TALKER_PDL_ROWS rows. `picked` gets the picks so far after each shape.
-    `in_layer`: the predictor's picks by its whole layer step's time (`_sweep_in_layer`)."""
+    `in_layer`: the picks by the whole layer step's time (`_sweep_in_layer`; the talker's up to
+    TALKER_KERNEL_ROWS rows, where its Triton layers run)."""
     best: Picks = {}
     pdl = pdl and kernels.pdl_available(torch.device("cuda"))
-    if in_layer:
-        _sweep_in_layer(size, rows, say, pdl, quick, best, picked)
-        return best
     for part in parts:
+        if in_layer:
+            part_rows = [m for m in rows if part == "predictor" or m <= TALKER_KERNEL_ROWS]  # Inductor's above
+            _sweep_in_layer(size, part, part_rows, say, pdl, quick, best, picked)
+            continue
         pdl_rows = (kernels.MAX_ROWS if part == "predictor" else TALKER_PDL_ROWS) if pdl else 0
         _sweep_part(size, part, rows, say, pdl_rows, quick, best, picked)
     return best
 
 
-def _sweep_in_layer(size: str, rows: Sequence[int], say: Callable[[str], None], pdl: bool, quick: bool,
+def _sweep_in_layer(size: str, part: str, rows: Sequence[int], say: Callable[[str], None], pdl: bool, quick: bool,
                     best: Picks, picked: Callable[[Picks], None], dev: torch.device | None = None,
                     dt: torch.dtype = torch.bfloat16, timer: Callable[..., float] = _graph_us) -> None:
-    """Each candidate of one projection timed inside a CUDA graph of whole predictor layer steps (one position
-    a row, the other projections at their entries or this sweep's picks so far), as a frame runs them: a
-    kernel's cost there depends on the kernels before it (under PDL a whole-row tile loads its weights while
-    they run), which launches after copies of itself do not show."""
+    """Each candidate of one projection timed inside a CUDA graph of whole layer steps (one position a row, the
+    other projections at their entries or this sweep's picks so far), as a frame runs them: a kernel's cost
+    there depends on the kernels before it (under PDL a whole-row tile loads its weights while they run),
+    which launches after copies of itself do not show. `pdl`: the predictor's at every row count, the
+    talker's up to TALKER_PDL_ROWS rows, as the engine launches them."""
     dev = dev or torch.device("cuda")
-    first = _layer(size, "predictor", dev, dt)
+    first = _layer(size, part, dev, dt)
     size_b = sum(p.numel() * p.element_size() for p in first.parameters())
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size if dev.type == "cuda" else 0
     copies = max(2, math.ceil(3 * l2 / size_b))
     layers = [first] + [copy.deepcopy(first) for _ in range(copies - 1)]  # cold L2, as inside a frame
     packed = [fuse_layer(layer) for layer in layers]
-    a, D, P = first.self_attn, first.input_layernorm.weight.shape[0], 16
-    cos = torch.ones(1, P, a.head_dim, device=dev, dtype=dt)
-    sin = torch.zeros_like(cos)  # rope values do not change the speed
     w_qkv, _, w_gu = packed[0]
-    I = first.mlp.down_proj.in_features  # noqa: E741 (the paper's name)
+    D, I = first.mlp.down_proj.out_features, first.mlp.down_proj.in_features  # noqa: E741 (the paper's names)
     shapes: dict[tuple[int, int], str] = {}  # projections of one shape share its entry: timed together
-    for name, shape in (("qkv", (w_qkv.shape[0], D)), ("o", (D, a.o_proj.in_features)),
+    for name, shape in (("qkv", (w_qkv.shape[0], D)), ("o", (D, first.self_attn.o_proj.in_features)),
                         ("gate_up", (w_gu.shape[0] // 2, D)), ("down", (D, I))):
         shapes[shape] = f"{shapes[shape]}, {name}" if shape in shapes else name
     for m in rows:
-        x = torch.randn(m, 1, D, device=dev, dtype=dt)
-        kc = torch.zeros(m, a.kv_heads, P, a.head_dim, device=dev, dtype=dt)
-        vc = torch.zeros_like(kc)
-        steps = [functools.partial(kernels.predictor_layer, layer, *w, x, cos, sin, kc, vc, P // 2, pdl)
-                 for layer, w in zip(layers, packed)]
+        steps = _layer_steps(part, layers, packed, m, pdl and (part == "predictor" or m <= TALKER_PDL_ROWS))
         for (n, K), name in shapes.items():
             key = (kernel_configs.next_pow2(m), n, K)
             current = kernel_configs.config(m, n, K)
@@ -178,10 +175,33 @@ def _sweep_in_layer(size: str, rows: Sequence[int], say: Callable[[str], None], 
                 except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
                     say(f"  {name} rows={m} {cfg}: {type(e).__name__}")
             best[key] = fastest(timings)
-            say(f"predictor rows={m} {name} [{n}x{K}] in the layer step ({copies} layer copies): "
+            say(f"{part} rows={m} {name} [{n}x{K}] in the layer step ({copies} layer copies): "
                 f"{timings[best[key]]:.2f} us with {best[key]}; current {current}: "
                 f"{timings.get(current, float('nan')):.2f} us")
             picked(best)
+
+
+def _layer_steps(part: str, layers: list[Any], packed: list[tuple], m: int, pdl: bool) -> list[Callable[[], Any]]:
+    """One layer step of m rows per layer copy, at one position a row, as the engine's Triton path launches it:
+    the predictor's over its 16 cache positions, the talker's over a 128-position kv bucket."""
+    first = layers[0]
+    a, D, w = first.self_attn, first.input_layernorm.weight.shape[0], first.input_layernorm.weight
+    P = 16 if part == "predictor" else 128
+    x = torch.randn(m, 1, D, device=w.device, dtype=w.dtype)
+    kc = torch.zeros(m, a.kv_heads, P, a.head_dim, device=w.device, dtype=w.dtype)
+    vc = torch.zeros_like(kc)
+    if part == "predictor":
+        cos = torch.ones(1, P, a.head_dim, device=w.device, dtype=w.dtype)  # rope values do not change the speed
+        return [functools.partial(kernels.predictor_layer, layer, *ws, x, cos, torch.zeros_like(cos), kc, vc,
+                                  P // 2, pdl) for layer, ws in zip(layers, packed)]
+    cos = torch.ones(m, 1, a.head_dim, device=w.device, dtype=w.dtype)
+    pos = torch.full((m,), P // 2, dtype=torch.long, device=w.device)
+
+    def step(layer: Any, ws: tuple) -> torch.Tensor:
+        att = talker_kernels.talker_attend(layer, ws[0], ws[1], x, cos, torch.zeros_like(cos), kc, vc, pos, P, pdl)
+        return talker_kernels.talker_attn_out(layer, ws[2], x, att, pdl)
+
+    return [functools.partial(step, layer, ws) for layer, ws in zip(layers, packed)]
 
 
 def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], None], pdl_rows: int, quick: bool,
@@ -224,8 +244,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-pdl", action="store_true", help="time launches without programmatic dependent launch")
     ap.add_argument("--quick", action="store_true", help="fewer candidates (4 warps only)")
     ap.add_argument("--in-layer", action="store_true",
-                    help="time each candidate inside the predictor's whole layer step, as a frame runs it "
-                         "(the predictor's shapes only)")
+                    help="time each candidate inside whole layer steps, as a frame runs them (the talker's up to "
+                         "the rows its Triton layers serve)")
     ap.add_argument("--out", default="kernel_configs.json")
 
 
