@@ -100,8 +100,7 @@ def test_the_in_layer_sweep_times_candidates_where_they_run_and_keeps_the_fastes
     layer = kernel_sweep._layer("tiny", part, cpu, torch.float32)
     w_qkv, _, w_gu = kernel_sweep.fuse_layer(layer)
     D = layer.input_layernorm.weight.shape[0]
-    shapes = [(w_qkv.shape[0], D), (D, layer.self_attn.o_proj.in_features), (w_gu.shape[0] // 2, D),
-              (D, layer.mlp.down_proj.in_features)]
+    shapes = list(kernel_sweep.projection_shapes(layer, w_qkv, w_gu).values())
 
     def cost(cfg: tuple) -> float:
         return cfg[0] * 1000 + cfg[1] + cfg[2] / 10 + cfg[3] / 100 + cfg[4] / 2

@@ -79,6 +79,13 @@ def configs_json(best: Picks) -> dict[str, list]:
     return {f"{m},{n},{k}": list(cfg) for (m, n, k), cfg in sorted(best.items())}
 
 
+def projection_shapes(layer: Any, w_qkv: torch.Tensor, w_gu: torch.Tensor) -> dict[str, tuple[int, int]]:
+    """(output width n, input width K) of a decoder layer's four projections (w_*: fuse_layer(layer)'s)."""
+    D, I = layer.mlp.down_proj.out_features, layer.mlp.down_proj.in_features  # noqa: E741 (the paper's names)
+    return {"qkv": (w_qkv.shape[0], D), "o": (D, layer.self_attn.o_proj.in_features),
+            "gate_up": (w_gu.shape[0] // 2, D), "down": (D, I)}
+
+
 def _layer(size: str, part: str, device: torch.device, dtype: torch.dtype) -> Any:
     from omni_tts.models.checkpoint_maker import make_configs
     from omni_tts.models.layers import DecoderLayer
@@ -156,11 +163,8 @@ def _sweep_in_layer(size: str, part: str, rows: Sequence[int], say: Callable[[st
     copies = max(2, math.ceil(3 * l2 / size_b))
     layers = [first] + [copy.deepcopy(first) for _ in range(copies - 1)]  # cold L2, as inside a frame
     packed = [fuse_layer(layer) for layer in layers]
-    w_qkv, _, w_gu = packed[0]
-    D, I = first.mlp.down_proj.out_features, first.mlp.down_proj.in_features  # noqa: E741 (the paper's names)
     shapes: dict[tuple[int, int], str] = {}  # projections of one shape share its entry: timed together
-    for name, shape in (("qkv", (w_qkv.shape[0], D)), ("o", (D, first.self_attn.o_proj.in_features)),
-                        ("gate_up", (w_gu.shape[0] // 2, D)), ("down", (D, I))):
+    for name, shape in projection_shapes(first, packed[0][0], packed[0][2]).items():
         shapes[shape] = f"{shapes[shape]}, {name}" if shape in shapes else name
     for m in rows:
         steps = _layer_steps(part, layers, packed, m, pdl and (part == "predictor" or m <= TALKER_PDL_ROWS))
@@ -195,10 +199,10 @@ def _layer_steps(part: str, layers: list[Any], packed: list[tuple], m: int, pdl:
         return [functools.partial(kernels.predictor_layer, layer, *ws, x, cos, torch.zeros_like(cos), kc, vc,
                                   P // 2, pdl) for layer, ws in zip(layers, packed)]
     cos = torch.ones(m, 1, a.head_dim, device=w.device, dtype=w.dtype)
-    pos = torch.full((m,), P // 2, dtype=torch.long, device=w.device)
+    sin, pos = torch.zeros_like(cos), torch.full((m,), P // 2, dtype=torch.long, device=w.device)
 
-    def step(layer: Any, ws: tuple) -> torch.Tensor:
-        att = talker_kernels.talker_attend(layer, ws[0], ws[1], x, cos, torch.zeros_like(cos), kc, vc, pos, P, pdl)
+    def step(layer: Any, ws: tuple) -> torch.Tensor:  # no allocation of its own beside the kernels' outputs
+        att = talker_kernels.talker_attend(layer, ws[0], ws[1], x, cos, sin, kc, vc, pos, P, pdl)
         return talker_kernels.talker_attn_out(layer, ws[2], x, att, pdl)
 
     return [functools.partial(step, layer, ws) for layer, ws in zip(layers, packed)]
@@ -209,12 +213,11 @@ def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], 
     dev, dt = torch.device("cuda"), torch.bfloat16
     layer = _layer(size, part, dev, dt)
     w_qkv, _, w_gu = fuse_layer(layer)
-    D, I = layer.mlp.down_proj.out_features, layer.mlp.down_proj.in_features  # noqa: E741 (the paper's names)
-    A = layer.self_attn.o_proj.in_features
-    shapes = {"qkv": (w_qkv.shape[0], D, w_qkv, dict(norm=layer.input_layernorm)),
-              "o": (D, A, layer.self_attn.o_proj.weight, dict(res=True)),
-              "gate_up": (I, D, w_gu, dict(norm=layer.post_attention_layernorm, glu=True)),
-              "down": (D, I, layer.mlp.down_proj.weight, dict(res=True))}
+    dims = projection_shapes(layer, w_qkv, w_gu)
+    shapes = {"qkv": (*dims["qkv"], w_qkv, dict(norm=layer.input_layernorm)),
+              "o": (*dims["o"], layer.self_attn.o_proj.weight, dict(res=True)),
+              "gate_up": (*dims["gate_up"], w_gu, dict(norm=layer.post_attention_layernorm, glu=True)),
+              "down": (*dims["down"], layer.mlp.down_proj.weight, dict(res=True))}
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     for m in rows:
         for name, (n, K, w, kw) in shapes.items():
