@@ -63,6 +63,14 @@ def projections() -> dict[str, str]:
         cx = dict(M=2, N=n, K=k, NORM=False, BIAS=False, RES=False, GLU=False, IEEE=False, VEC=vec, PDL=True,
                   BM=2, BN=BN, BK=BK, ROWS=vec and BK >= k)
         out[f"projection 2 rows {n}x{k}"] = build(layers._proj_kernel, args, {**cx, **flags}, warps, stages, pdl=True)
+    for M, n, k, flags in ((M, n, k, f) for M in (1, 2) for n, k, f in (  # the 1.7B talker's at one and two rows
+            (4096, 2048, dict(NORM=True)), (2048, 2048, dict(RES=True)), (6144, 2048, dict(NORM=True, GLU=True)),
+            (2048, 6144, dict(RES=True)))):
+        BN, BK, stages, warps, vec = configs.config(M, n, k)
+        cx = dict(M=M, N=n, K=k, NORM=False, BIAS=False, RES=False, GLU=False, IEEE=False, VEC=vec, PDL=True,
+                  BM=layers.next_pow2(M) if vec else 16, BN=BN, BK=BK, ROWS=vec and M > 1 and BK >= k)
+        out[f"talker projection {M} rows {n}x{k}"] = build(layers._proj_kernel, {**args, "sx": k}, {**cx, **flags},
+                                                          warps, stages, pdl=True)
     out["norm kernel"] = build(layers._norm_kernel, dict(x_ptr=BF, nw_ptr=BF, out_ptr=BF, eps=1e-6),
                                dict(K=D, BK=D, PDL=True), 4, pdl=True)
     return out

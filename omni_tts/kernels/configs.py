@@ -32,24 +32,34 @@ def next_pow2(n: int) -> int:
 # shapes `config`'s default. The preset key kernel_configs names a JSON of more entries ("rows,n,K": [...]).
 Config = tuple[int, int, int, int, bool]
 # (n, K): one row (BN, BK, stages, warps), multiply-and-sum; 8 rows and 32 rows (BN, BK, stages), tensor
-# cores, 4 warps. The 1.7B talker's o, gate|up and down one-row entries come from an H100's sweep of the
-# one-weight-row and pieced candidates (an H200's may pick others: `kernel-sweep --parts talker --rows 1`), and
-# so does the predictor's q|k|v 8-row entry (whole rows, below)
+# cores, 4 warps. The 1.7B talker's gate|up and down one-row entries come from an H100's sweep of the
+# one-weight-row and pieced candidates (an H200's may pick others: `kernel-sweep --parts talker --rows 1`), its
+# o one-row entry and the predictor's q|k|v 8-row one (whole rows) from an H100's sweeps inside layer steps
 _SWEPT: dict[tuple[int, int], tuple[tuple[int, ...], ...]] = {
     (1024, 2048): ((8, 2048, 1, 4), (16, 256, 4), (16, 256, 4)),
     (1024, 3072): ((2, 4096, 1, 8), (16, 256, 4), (16, 256, 4)),
-    (2048, 2048): ((2, 2048, 1, 4), (16, 256, 4), (16, 256, 4)),
+    (2048, 2048): ((4, 2048, 1, 4), (16, 256, 4), (16, 256, 4)),
     (2048, 6144): ((2, 2048, 2, 4), (16, 256, 4), (16, 256, 4)),
     (3072, 1024): ((4, 1024, 1, 4), (32, 256, 3), (16, 256, 3)),
     (4096, 1024): ((8, 1024, 1, 4), (32, 1024, 1), (32, 256, 4)),
     (4096, 2048): ((8, 2048, 1, 4), (32, 256, 4), (32, 256, 3)),
     (6144, 2048): ((2, 2048, 1, 8), (32, 256, 3), (16, 128, 3)),
 }
-# the code predictor's q|k|v at 5..16 rows runs tensor-core tiles of whole rows (BK >= K: a program's weights all
-# load before the PDL wait), 3..4 rows a K loop: an H100's sweep (`kernel-sweep --rows 4 8 16`) picked these
-_ROWS_4_16: dict[tuple[int, int, int], tuple[int, int, int]] = {
-    (4, 4096, 1024): (32, 256, 3),
-    (16, 4096, 1024): (16, 1024, 1),
+# picked inside whole layer steps (`kernel-sweep --in-layer --rows 2 4 8 16`, an H100), where a frame runs
+# them: the isolated sweep misranks candidates there both ways. The predictor's q|k|v from 3 rows on tensor-core
+# tiles of whole rows (a program's weights all load before the PDL wait; 8 rows: _SWEPT's entry); the talker's
+# two rows each row in turn against whole-row tiles, as at one row
+_IN_LAYER: dict[tuple[int, int, int], Config] = {
+    (2, 4096, 1024): (4, 1024, 1, 4, True),
+    (2, 1024, 2048): (8, 2048, 1, 8, True),
+    (4, 4096, 1024): (32, 1024, 1, 4, False),
+    (16, 4096, 1024): (32, 1024, 1, 4, False),
+    (16, 1024, 2048): (16, 256, 3, 4, False),
+    (16, 1024, 3072): (32, 256, 4, 4, False),
+    (2, 4096, 2048): (2, 2048, 1, 4, True),
+    (2, 2048, 2048): (2, 2048, 1, 4, True),
+    (2, 6144, 2048): (2, 2048, 1, 4, True),
+    (2, 2048, 6144): (2, 8192, 1, 4, True),
 }
 # the code predictor's shapes at 64 and 128 rows (BN, BK, stages), tensor cores, 4 warps (`--rows 64 128`, with
 # the norms as kernels of their own from NORM_KERNEL_ROWS rows; 128 rows run as two 64-row program columns)
@@ -60,14 +70,14 @@ _SWEPT_WIDE: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {
     (4096, 1024): ((32, 256, 3), (32, 128, 3)),
 }
 # the one-row entries also serve two rows of the code predictor's shapes (_SWEPT_WIDE's: each row in turn against
-# the whole-row tile, omni_tts.kernels.layers' ROWS; a frame's first step at one request is two positions); from
-# 4 rows, and in the 1.7B talker's shapes, tensor cores win. Keyed by shape, so a 0.6B talker takes them too
+# the whole-row tile, omni_tts.kernels.layers' ROWS; a frame's first step at one request is two positions) unless
+# _IN_LAYER has its own; from 4 rows tensor cores win. Keyed by shape, so a 0.6B talker takes the predictor's
 TUNED: dict[tuple[int, int, int], Config] = {
     **{(rows, n, k): (bn, bk, st, w, True) for (n, k), ((bn, bk, st, w), _, _) in _SWEPT.items()
        for rows in ((1, 2) if (n, k) in _SWEPT_WIDE else (1,))},
     **{(rows, n, k): (*cfg[i], 4, False) for (n, k), cfg in _SWEPT.items() for rows, i in ((8, 1), (32, 2))},
     **{(rows, n, k): (*cfg[i], 4, False) for (n, k), cfg in _SWEPT_WIDE.items() for rows, i in ((64, 0), (128, 1))},
-    **{key: (*cfg, 4, False) for key, cfg in _ROWS_4_16.items()},
+    **_IN_LAYER,
 }
 
 
