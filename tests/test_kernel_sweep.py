@@ -26,12 +26,14 @@ def test_tiles_above_32_rows_are_wider_and_shorter() -> None:
     assert {c[0] for c in narrow} == {16, 32} and not any(c[4] for c in wide)
 
 
-def test_whole_row_tiles_are_offered_for_one_or_two_rows_given_the_input_width() -> None:
-    one, eight = kernel_sweep.candidates(1, quick=True, K=3072), kernel_sweep.candidates(8, K=3072)
-    whole = [c for c in one if c[1] >= 3072]
-    assert whole and all(c[1] == 4096 and c[4] for c in whole)  # BK: the power of two covering K
+def test_whole_row_tiles_are_offered_up_to_8_rows_given_the_input_width() -> None:
+    one, eight = kernel_sweep.candidates(1, quick=True, K=3072), kernel_sweep.candidates(8, quick=True, K=3072)
+    for cands in (one, eight):
+        whole = [c for c in cands if c[1] >= 3072]
+        assert whole and all(c[1] == 4096 and c[4] for c in whole)  # BK: the power of two covering K
     assert set(kernel_sweep.candidates(1, quick=True)) < set(one)
-    assert not any(c[1] >= 3072 for c in eight)
+    assert {c[0] for c in eight if c[1] >= 3072} == {2, 4, 8}  # no one-weight-row tiles past one row
+    assert not any(c[1] >= 3072 for c in kernel_sweep.candidates(16, K=3072))
 
 
 def test_one_row_also_gets_one_weight_row_tiles_and_pipelined_pieces_narrower_than_its_input() -> None:

@@ -46,10 +46,10 @@ WHOLE_ROW_TC_K = 1024  # sm_90: a 16-row bfloat16 tensor-core tile of 2,048 colu
 
 def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Config]:
     """(BN, BK, stages, warps, multiply-and-sum) to try for `rows` rows: tensor-core tiles always (wider and
-    shorter ones above 32 rows), narrow
-    multiply-and-sum tiles up to 8 rows (`quick`: 4 warps only and multiply-and-sum up to 2 rows, where the
-    full sweep's picks fall). With the input width K, up to 2 rows also get whole-row tiles (BK >= K: a
-    program's weights are one tile, all of it loaded before a PDL launch waits for the previous kernel), and
+    shorter ones above 32 rows), narrow multiply-and-sum tiles up to 8 rows (`quick`: 4 warps only and
+    multiply-and-sum up to 2 rows, where the full sweep's picks fall). With the input width K, up to
+    TALKER_KERNEL_ROWS rows also whole-row tiles (BK >= K: a program's weights are one tile, all of it loaded
+    before a PDL launch waits for the previous kernel; from 2 rows each input row in turn against it), and
     2..16 rows tensor-core tiles of whole rows where K <= WHOLE_ROW_TC_K (wider rows spill registers); one row
     also one-weight-row tiles and pipelined loops over pieces of 1,024 or 2,048 columns."""
     warps = (4,) if quick else (4, 8)
@@ -58,7 +58,7 @@ def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Con
     out = [(bn, bk, st, wp, False) for bn, bk, st, wp in itertools.product(bns, bks, (3, 4), warps)]
     if rows <= (2 if quick else 8):
         out += [(bn, bk, st, wp, True) for bn, bk, st, wp in itertools.product((2, 4, 8), (256, 512), (3, 4), warps)]
-    if K is not None and rows <= 2:  # one row also one weight row a program
+    if K is not None and rows <= TALKER_KERNEL_ROWS:  # whole rows a program; one row also one weight row
         row_bns = (1, 2, 4, 8) if rows == 1 else (2, 4, 8)
         out += [(bn, kernel_configs.next_pow2(K), 1, wp, True) for bn, wp in itertools.product(row_bns, (4, 8))]
     if K is not None and rows == 1:  # rows of 1-2K-column pieces in a pipelined loop
