@@ -1,7 +1,7 @@
 """Launch configs of omni_tts.kernels.layers' projection kernel, per (rows, output width, input width).
 
-Owns: the swept table (`TUNED`, by shape then rows), extra entries from the JSON that the preset key kernel_configs
-names (what `python -m omni_tts.tools.kernel_sweep` writes for the GPU at hand), the lookup with its
+Owns: the swept table (`TUNED`, by shape then rows), extra entries from the JSON that the preset key
+kernel_configs names (what `omni-tts kernel-sweep` writes for the GPU at hand), the lookup with its
 fallbacks (`config`) and entries set for a block only (`override`, a sweep's). Knows nothing about the
 kernels' code, models or devices.
 """
