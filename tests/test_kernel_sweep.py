@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from omni_tts.kernels import configs as kernel_configs
+from omni_tts.models.compiled import kernel_choice
 from omni_tts.tools import kernel_sweep
 from omni_tts.tools.cli import main
 
@@ -73,6 +74,12 @@ def test_written_configs_are_what_the_kernels_load(tmp_path, monkeypatch) -> Non
     monkeypatch.setattr(kernel_configs, "CHOOSE_BITS", 2)
     kernel_configs.load_configs(str(f))
     assert kernel_configs.CHOOSE_WARPS == 16 and kernel_configs.CHOOSE_BITS == 4 and kernel_configs.TUNED == best
+    monkeypatch.setattr(kernel_configs, "TALKER_PDL_ROWS", 1)
+    kernel_sweep.write(best, str(f), {"talker_pdl_rows": 4})  # a sweep run with --talker-pdl-rows 4
+    limits = kernel_choice.limits()
+    kernel_configs.load_configs(str(f))
+    assert kernel_configs.TALKER_PDL_ROWS == 4 and kernel_configs.TUNED == best
+    assert kernel_choice.limits() != limits  # a probe kept under the other PDL rows does not hold
     assert kernel_configs.config(5, 4096, 1024) == (32, 256, 4, 4, False)  # 5 rows use the 8-row entry
     assert kernel_configs.config(12, 4096, 1024) == (32, 256, 4, 4, False)  # so do 9..16 (same 16-row tile)
     assert kernel_configs.config(1, 1024, 3072) == (4, 512, 4, 8, True)
@@ -135,3 +142,9 @@ def test_a_table_override_holds_inside_its_block_only(monkeypatch) -> None:
         assert kernel_configs.config(8, 4096, 1024) == new and kernel_configs.config(3, 4096, 1024) != new
         assert kernel_configs.TUNED[fresh] == new
     assert kernel_configs.TUNED == before
+
+
+def test_talker_pdl_rows_past_the_talkers_triton_rows_are_refused(capsys) -> None:
+    assert main(["kernel-sweep", "--talker-pdl-rows", "9", "--out", "unused.json"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--talker-pdl-rows must be within 0..8" in err and err.count("\n") == 1

@@ -90,7 +90,7 @@ class StepImpls:
         on = self.cuda and self.config.experimental.kernels
         # a probe's outcome is kept per machine and per the inputs that decide it
         key = compile_cache.probe_key(batches=batches, dtype=dtype, on=on, configs=self.config.kernel_configs,
-                                      rows=kernel_choice.LIMITS)
+                                      rows=kernel_choice.limits())
         kept = compile_cache.load_probe(key)
         if kept is not None and set(kept) == {*fast.CHOICE, "notice"}:
             for name in fast.CHOICE:  # the kernels build at their first launch (Triton's cache) instead

@@ -1,9 +1,10 @@
 """Launch configs of omni_tts.kernels.layers' projection kernel, per (rows, output width, input width).
 
-Owns: the swept table (`TUNED`, by shape then rows), extra entries from the JSON that the preset key
-kernel_configs names (what `omni-tts kernel-sweep` writes for the GPU at hand), the lookup with its
-fallbacks (`config`) and entries set for a block only (`override`, a sweep's). Knows nothing about the
-kernels' code, models or devices.
+Owns: the swept table (`TUNED`, by shape then rows), the launch options beside it (the choice kernel's
+warps and search, the talker's rows under programmatic dependent launch), extra entries and options from
+the JSON that the preset key kernel_configs names (what `omni-tts kernel-sweep` writes for the GPU at
+hand), the lookup with its fallbacks (`config`) and entries set for a block only (`override`, a sweep's).
+Knows nothing about the kernels' code, models or devices.
 """
 
 from __future__ import annotations
@@ -84,21 +85,19 @@ CHOOSE_BITS = 2
 # rows with top-p 1 find top-k's cut as the k-th largest value (no sort); False: the top-64 sort for every
 # row (the JSON's "choose_sort_free" key)
 CHOOSE_SORT_FREE = True
+# talker steps of at most this many rows launch their Triton layers with programmatic dependent launch (the
+# JSON's "talker_pdl_rows" key): it pays where whole-row tiles load their weights before the wait
+TALKER_PDL_ROWS = 1
+# the JSON's keys that set one of the values above, and their types
+_SCALARS = {"choose_warps": int, "choose_bits": int, "choose_sort_free": bool, "talker_pdl_rows": int}
 
 
 def load_configs(path: str) -> None:
     """Add a kernel sweep's JSON (tools/kernel_sweep.py) to the table: the preset key `kernel_configs`."""
-    global CHOOSE_WARPS, CHOOSE_SORT_FREE, CHOOSE_BITS
     with open(path) as f:
         for key, value in json.load(f).items():
-            if key == "choose_warps":
-                CHOOSE_WARPS = int(value)
-                continue
-            if key == "choose_bits":
-                CHOOSE_BITS = int(value)
-                continue
-            if key == "choose_sort_free":
-                CHOOSE_SORT_FREE = bool(value)
+            if key in _SCALARS:
+                globals()[key.upper()] = _SCALARS[key](value)
                 continue
             m, n, k = (int(v) for v in key.split(","))
             TUNED[(m, n, k)] = (int(value[0]), int(value[1]), int(value[2]), int(value[3]), bool(value[4]))

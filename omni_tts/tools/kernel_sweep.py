@@ -2,14 +2,14 @@
 the preset key kernel_configs loads (and that kernel_configs.TUNED is updated from).
 
     omni-tts kernel-sweep [--size 1.7B] [--parts predictor talker] [--rows 1 2 8 16 32 64 128]
-        [--no-pdl] [--quick] [--in-layer] [--out kernel_configs.json]
+        [--no-pdl] [--quick] [--in-layer] [--talker-pdl-rows N] [--out kernel_configs.json]
 
 Owns: the candidate configs per row count, timing each of a decoder layer's four projections (q|k|v
 after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual; a norm as
 its own kernel first from kernels.NORM_KERNEL_ROWS rows, as a layer step runs it; the code
 predictor's and / or the talker's shapes) per candidate, launched as the engine launches them (with
 programmatic dependent launch where the GPU has it: the predictor's always, the talker's up to
-the engine's TALKER_PDL_ROWS), in a CUDA graph of back-to-back launches whose weights rotate through
+kernel_configs.TALKER_PDL_ROWS), in a CUDA graph of back-to-back launches whose weights rotate through
 enough copies to overflow the L2 cache (inside a frame 150 MB of predictor weights stream from HBM; a
 sweep that keeps one copy hot in a 50 MB L2 picks configs for the wrong regime),
 and the choice of the fastest per (rows, shape); with --in-layer, each candidate timed inside whole layer steps
@@ -35,7 +35,7 @@ from omni_tts.errors import OmniTTSError
 from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import talker as talker_kernels
-from omni_tts.models.compiled.kernel_choice import TALKER_KERNEL_ROWS, TALKER_PDL_ROWS
+from omni_tts.models.compiled.kernel_choice import TALKER_KERNEL_ROWS
 from omni_tts.models.compiled.packed_weights import fuse_layer
 from omni_tts.tools.args import progress
 
@@ -133,7 +133,7 @@ def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Seq
           pdl: bool = True, quick: bool = False, picked: Callable[[Picks], None] = lambda best: None,
           in_layer: bool = False) -> Picks:
     """The fastest config per (rows, shape); launches with PDL as the engine's: the predictor's at every row
-    count, the talker's up to TALKER_PDL_ROWS rows. `picked` gets the picks so far after each shape.
+    count, the talker's up to kernel_configs.TALKER_PDL_ROWS rows. `picked` gets the picks so far after each shape.
     `in_layer`: the picks by the whole layer step's time (`_sweep_in_layer`; the talker's up to
     TALKER_KERNEL_ROWS rows, where its Triton layers run)."""
     best: Picks = {}
@@ -143,7 +143,7 @@ def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Seq
             part_rows = [m for m in rows if part == "predictor" or m <= TALKER_KERNEL_ROWS]  # Inductor's above
             _sweep_in_layer(size, part, part_rows, say, pdl, quick, best, picked)
             continue
-        pdl_rows = (kernels.MAX_ROWS if part == "predictor" else TALKER_PDL_ROWS) if pdl else 0
+        pdl_rows = (kernels.MAX_ROWS if part == "predictor" else kernel_configs.TALKER_PDL_ROWS) if pdl else 0
         _sweep_part(size, part, rows, say, pdl_rows, quick, best, picked)
     return best
 
@@ -155,7 +155,7 @@ def _sweep_in_layer(size: str, part: str, rows: Sequence[int], say: Callable[[st
     other projections at their entries or this sweep's picks so far), as a frame runs them: a kernel's cost
     there depends on the kernels before it (under PDL a whole-row tile loads its weights while they run),
     which launches after copies of itself do not show. `pdl`: the predictor's at every row count, the
-    talker's up to TALKER_PDL_ROWS rows, as the engine launches them."""
+    talker's up to kernel_configs.TALKER_PDL_ROWS rows, as the engine launches them."""
     dev = dev or torch.device("cuda")
     first = _layer(size, part, dev, dt)
     size_b = sum(p.numel() * p.element_size() for p in first.parameters())
@@ -167,7 +167,8 @@ def _sweep_in_layer(size: str, part: str, rows: Sequence[int], say: Callable[[st
     for name, shape in projection_shapes(first, packed[0][0], packed[0][2]).items():
         shapes[shape] = f"{shapes[shape]}, {name}" if shape in shapes else name
     for m in rows:
-        steps = _layer_steps(part, layers, packed, m, pdl and (part == "predictor" or m <= TALKER_PDL_ROWS))
+        on = pdl and (part == "predictor" or m <= kernel_configs.TALKER_PDL_ROWS)
+        steps = _layer_steps(part, layers, packed, m, on)
         for (n, K), name in shapes.items():
             key = (kernel_configs.next_pow2(m), n, K)
             current = kernel_configs.config(m, n, K)
@@ -249,22 +250,31 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--in-layer", action="store_true",
                     help="time each candidate inside whole layer steps, as a frame runs them (the talker's up to "
                          "the rows its Triton layers serve)")
+    ap.add_argument("--talker-pdl-rows", type=int, metavar="N",
+                    help="time the talker's steps of up to N rows with programmatic dependent launch, as the engine "
+                         "then launches them (written to the JSON; default: the table's)")
     ap.add_argument("--out", default="kernel_configs.json")
 
 
 def main(args: argparse.Namespace) -> int:
     say = progress()
+    if args.talker_pdl_rows is not None and not 0 <= args.talker_pdl_rows <= TALKER_KERNEL_ROWS:
+        raise OmniTTSError(f"--talker-pdl-rows must be within 0..{TALKER_KERNEL_ROWS}")
     if not torch.cuda.is_available() or not kernels.available():
         raise OmniTTSError("the kernel sweep needs CUDA and triton (it times the kernels on this GPU)")
     if any(not 1 <= m <= kernels.MAX_ROWS for m in args.rows):
         raise OmniTTSError(f"--rows must be within 1..{kernels.MAX_ROWS}")
-    sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick, lambda best: write(best, args.out),
-          args.in_layer)
+    extra = {}
+    if args.talker_pdl_rows is not None:
+        kernel_configs.TALKER_PDL_ROWS = extra["talker_pdl_rows"] = args.talker_pdl_rows
+    sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick,
+          lambda best: write(best, args.out, extra), args.in_layer)
     say(f"wrote {args.out}: run with --set kernel_configs={args.out}")
     return 0
 
 
-def write(best: Picks, path: str) -> None:
-    """The picks so far as `path` (rewritten after every shape: a sweep cut short keeps what it found)."""
+def write(best: Picks, path: str, extra: dict[str, Any] | None = None) -> None:
+    """The picks so far, and `extra` keys (e.g. talker_pdl_rows), as `path` (rewritten after every shape: a
+    sweep cut short keeps what it found)."""
     with open(path, "w") as f:
-        json.dump(configs_json(best), f, indent=1)
+        json.dump({**configs_json(best), **(extra or {})}, f, indent=1)

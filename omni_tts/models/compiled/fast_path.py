@@ -232,7 +232,7 @@ class FastPath(KernelChoice):
         h = x[:, None]  # [b, 1, D]
         for i, (layer, (w_qkv, b_qkv, w_gu)) in enumerate(zip(talker.layers, self.talker_w)):
             kc, vc = cache.k[i, :b], cache.v[i, :b]  # [b, Hkv, M, hd]
-            if attend and tri:  # programmatic dependent launch up to `talker_pdl_rows` (TALKER_PDL_ROWS)
+            if attend and tri:  # programmatic dependent launch up to `talker_pdl_rows` (configs.TALKER_PDL_ROWS)
                 a = talker_kernels.talker_attend(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, L, pdl)
             else:
                 q = (talker_kernels.talker_attn_in(layer, w_qkv, b_qkv, h, cos, sin, kc, vc, pos, pdl) if tri

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import heads as head_kernels
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import talker as talker_kernels
@@ -23,14 +24,17 @@ from omni_tts.models.precision import exact
 
 MAX_PREDICTOR_ROWS = kernels.MAX_ROWS  # predictor steps of at most this many rows run the Triton layers
 TALKER_KERNEL_ROWS = 8  # talker steps of at most this many rows run the Triton layers (cuBLAS wins above)
-TALKER_PDL_ROWS = 1  # ...with programmatic dependent launch only at one row (whole-row tiles; it costs above)
 # the talker's attention as a Triton kernel over kv lengths up to TALKER_ATTEND_LEN (SDPA above, where it was
 # not measured), for steps of up to TALKER_ATTEND_ROWS rows (past TALKER_KERNEL_ROWS: after the compiled unit)
 TALKER_ATTEND_LEN = 1025
 TALKER_ATTEND_ROWS = 64
-# the limits above and the norm kernels' rows: a kept probe outcome holds for the same ones only
-LIMITS = (MAX_PREDICTOR_ROWS, kernels.NORM_KERNEL_ROWS, TALKER_KERNEL_ROWS, TALKER_PDL_ROWS, TALKER_ATTEND_LEN,
-          TALKER_ATTEND_ROWS)
+
+
+def limits() -> tuple[int, ...]:
+    """The limits above, the norm kernels' rows and the talker's PDL rows (kernel_configs.TALKER_PDL_ROWS, which
+    a configs JSON may set): a kept probe outcome holds for the same ones only."""
+    return (MAX_PREDICTOR_ROWS, kernels.NORM_KERNEL_ROWS, TALKER_KERNEL_ROWS, kernel_configs.TALKER_PDL_ROWS,
+            TALKER_ATTEND_LEN, TALKER_ATTEND_ROWS)
 
 
 _FED: weakref.WeakKeyDictionary[Any, list[torch.Tensor]] = weakref.WeakKeyDictionary()
@@ -84,7 +88,7 @@ class KernelChoice:
         self.talker_attend_len = TALKER_ATTEND_LEN if on else 0
         self.talker_attend_rows = TALKER_ATTEND_ROWS if on else 0
         self.kernel_pdl = on and kernels.pdl_available(self.model.device)
-        self.talker_pdl_rows = TALKER_PDL_ROWS if self.kernel_pdl else 0
+        self.talker_pdl_rows = kernel_configs.TALKER_PDL_ROWS if self.kernel_pdl else 0
         self.head_kernel_rows = 0
         notices = []
         if self.talker_kernel_rows:
