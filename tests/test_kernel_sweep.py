@@ -75,11 +75,17 @@ def test_written_configs_are_what_the_kernels_load(tmp_path, monkeypatch) -> Non
     kernel_configs.load_configs(str(f))
     assert kernel_configs.CHOOSE_WARPS == 16 and kernel_configs.CHOOSE_BITS == 4 and kernel_configs.TUNED == best
     monkeypatch.setattr(kernel_configs, "TALKER_PDL_ROWS", 1)
+    monkeypatch.setattr(kernel_configs, "TALKER_KERNEL_ROWS", 8)
     kernel_sweep.write(best, str(f), {"talker_pdl_rows": 4})  # a sweep run with --talker-pdl-rows 4
     limits = kernel_choice.limits()
     kernel_configs.load_configs(str(f))
     assert kernel_configs.TALKER_PDL_ROWS == 4 and kernel_configs.TUNED == best
     assert kernel_choice.limits() != limits  # a probe kept under the other PDL rows does not hold
+    kernel_sweep.write(best, str(f), {"talker_kernel_rows": 32})  # --talker-kernel-rows 32
+    limits = kernel_choice.limits()
+    kernel_configs.load_configs(str(f))
+    assert kernel_configs.TALKER_KERNEL_ROWS == 32 and kernel_configs.TALKER_PDL_ROWS == 4
+    assert kernel_choice.limits() != limits
     assert kernel_configs.config(5, 4096, 1024) == (32, 256, 4, 4, False)  # 5 rows use the 8-row entry
     assert kernel_configs.config(12, 4096, 1024) == (32, 256, 4, 4, False)  # so do 9..16 (same 16-row tile)
     assert kernel_configs.config(1, 1024, 3072) == (4, 512, 4, 8, True)
@@ -144,7 +150,15 @@ def test_a_table_override_holds_inside_its_block_only(monkeypatch) -> None:
     assert kernel_configs.TUNED == before
 
 
-def test_talker_pdl_rows_past_the_talkers_triton_rows_are_refused(capsys) -> None:
-    assert main(["kernel-sweep", "--talker-pdl-rows", "9", "--out", "unused.json"]) == 2
+@pytest.mark.parametrize("argv,refusal", [
+    (["--talker-pdl-rows", "9"], "--talker-pdl-rows must be within 0..8 (the talker's Triton rows)"),
+    (["--talker-kernel-rows", "4", "--talker-pdl-rows", "6"], "--talker-pdl-rows must be within 0..4"),
+    (["--talker-kernel-rows", "200"], "--talker-kernel-rows must be within 0..128"),
+    (["--talker-kernel-rows", "16", "--talker-pdl-rows", "9"], None)])  # valid: refused later for want of CUDA
+def test_talker_rows_past_their_bounds_are_refused(capsys, monkeypatch, argv: list, refusal: str | None) -> None:
+    if refusal is None and torch.cuda.is_available():
+        pytest.skip("valid rows would run the sweep")
+    monkeypatch.setattr(kernel_configs, "TALKER_KERNEL_ROWS", 8)
+    assert main(["kernel-sweep", *argv, "--out", "unused.json"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "--talker-pdl-rows must be within 0..8" in err and err.count("\n") == 1
+    assert err.startswith("error: ") and err.count("\n") == 1 and (refusal or "needs CUDA") in err

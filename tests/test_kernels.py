@@ -299,10 +299,22 @@ def test_probe_builds_every_variant_or_says_why_not() -> None:
     assert err.startswith(("RuntimeError", "ValueError", "IndexError")) and "\n" not in err
 
 
+def test_a_configs_json_moves_the_talkers_kernel_rows(monkeypatch) -> None:
+    """kernel_configs.TALKER_KERNEL_ROWS (the JSON's talker_kernel_rows) is what use_kernels takes and reports."""
+    from omni_tts.kernels import configs as kernel_configs
+
+    monkeypatch.setattr(kernel_configs, "TALKER_KERNEL_ROWS", 16)
+    m, _ = model_and_fast()
+    fast = FastPath(m, None)
+    assert fast.use_kernels(True, [1, 16], [8], torch.float32) == ""
+    assert fast.talker_kernel_rows == 16 and "/ 16 talker rows" in fast.kernels_report()
+
+
 def test_fastpath_chooses_the_kernels_it_can_build_and_says_so() -> None:
     """FastPath.use_kernels (what the runner calls for default+cudagraph): builds each group for the given
     batches; a group that cannot run falls back with a notice; the panel line says what runs."""
-    from omni_tts.models.compiled.kernel_choice import TALKER_ATTEND_LEN, TALKER_ATTEND_ROWS, TALKER_KERNEL_ROWS
+    from omni_tts.kernels.configs import TALKER_KERNEL_ROWS
+    from omni_tts.models.compiled.kernel_choice import TALKER_ATTEND_LEN, TALKER_ATTEND_ROWS
 
     m, _ = model_and_fast()
     fast = FastPath(m, None)

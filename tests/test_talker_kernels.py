@@ -52,6 +52,15 @@ def test_talker_kernels_equal_the_inductor_path_units_in_float32() -> None:
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [16, 40])
+def test_talker_kernels_past_eight_rows_and_with_norm_kernels_equal_the_units(rows: int) -> None:
+    """Rows a configs JSON may move onto the kernels (talker_kernel_rows), from 33 rows with the norms as
+    kernels of their own."""
+    got = _talker_pair(torch.float32, [i % 12 for i in range(rows)])
+    for g, r in zip(got[:4], got[4:]):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+
+
 def test_talker_kernels_agree_to_bfloat16_rounding() -> None:
     got = _talker_pair(torch.bfloat16, [5, 9])
     for g, r in zip(got[:4], got[4:]):  # loosely, as for the predictor layer (the interpreter's bf16 rounding)

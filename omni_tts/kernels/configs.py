@@ -1,10 +1,10 @@
 """Launch configs of omni_tts.kernels.layers' projection kernel, per (rows, output width, input width).
 
 Owns: the swept table (`TUNED`, by shape then rows), the launch options beside it (the choice kernel's
-warps and search, the talker's rows under programmatic dependent launch), extra entries and options from
-the JSON that the preset key kernel_configs names (what `omni-tts kernel-sweep` writes for the GPU at
-hand), the lookup with its fallbacks (`config`) and entries set for a block only (`override`, a sweep's).
-Knows nothing about the kernels' code, models or devices.
+warps and search; the talker's rows on these kernels, and under programmatic dependent launch), extra
+entries and options from the JSON that the preset key kernel_configs names (what `omni-tts kernel-sweep`
+writes for the GPU at hand), the lookup with its fallbacks (`config`) and entries set for a block only
+(`override`, a sweep's). Knows nothing about the kernels' code, models or devices.
 """
 
 from __future__ import annotations
@@ -85,11 +85,14 @@ CHOOSE_BITS = 2
 # rows with top-p 1 find top-k's cut as the k-th largest value (no sort); False: the top-64 sort for every
 # row (the JSON's "choose_sort_free" key)
 CHOOSE_SORT_FREE = True
-# talker steps of at most this many rows launch their Triton layers with programmatic dependent launch (the
-# JSON's "talker_pdl_rows" key): it pays where whole-row tiles load their weights before the wait
+# talker steps of at most this many rows run its Triton layers, Inductor's compiled units above (the JSON's
+# "talker_kernel_rows" key); of those, steps of at most TALKER_PDL_ROWS rows launch with programmatic dependent
+# launch ("talker_pdl_rows"): it pays where whole-row tiles load their weights before the wait
+TALKER_KERNEL_ROWS = 8
 TALKER_PDL_ROWS = 1
 # the JSON's keys that set one of the values above, and their types
-_SCALARS = {"choose_warps": int, "choose_bits": int, "choose_sort_free": bool, "talker_pdl_rows": int}
+_SCALARS = {"choose_warps": int, "choose_bits": int, "choose_sort_free": bool, "talker_kernel_rows": int,
+            "talker_pdl_rows": int}
 
 
 def load_configs(path: str) -> None:

@@ -2,7 +2,8 @@
 the preset key kernel_configs loads (and that kernel_configs.TUNED is updated from).
 
     omni-tts kernel-sweep [--size 1.7B] [--parts predictor talker] [--rows 1 2 8 16 32 64 128]
-        [--no-pdl] [--quick] [--in-layer] [--talker-pdl-rows N] [--out kernel_configs.json]
+        [--no-pdl] [--quick] [--in-layer] [--talker-kernel-rows N] [--talker-pdl-rows N]
+        [--out kernel_configs.json]
 
 Owns: the candidate configs per row count, timing each of a decoder layer's four projections (q|k|v
 after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual; a norm as
@@ -35,20 +36,20 @@ from omni_tts.errors import OmniTTSError
 from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import talker as talker_kernels
-from omni_tts.models.compiled.kernel_choice import TALKER_KERNEL_ROWS
 from omni_tts.models.compiled.packed_weights import fuse_layer
 from omni_tts.tools.args import progress
 
 Config = kernel_configs.Config
 Picks = dict[tuple[int, int, int], Config]  # (rows, n, K) -> the fastest config
+MAS_ROWS = 8  # multiply-and-sum tiles (no tensor cores) are offered up to this many rows
 WHOLE_ROW_TC_K = 1024  # sm_90: a 16-row bfloat16 tensor-core tile of 2,048 columns spills registers
 
 
 def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Config]:
     """(BN, BK, stages, warps, multiply-and-sum) to try for `rows` rows: tensor-core tiles always (wider and
-    shorter ones above 32 rows), narrow multiply-and-sum tiles up to 8 rows (`quick`: 4 warps only and
-    multiply-and-sum up to 2 rows, where the full sweep's picks fall). With the input width K, up to
-    TALKER_KERNEL_ROWS rows also whole-row tiles (BK >= K: a program's weights are one tile, all of it loaded
+    shorter ones above 32 rows), narrow multiply-and-sum tiles up to MAS_ROWS rows (`quick`: 4 warps only and
+    multiply-and-sum up to 2 rows, where the full sweep's picks fall). With the input width K, up to MAS_ROWS
+    rows also whole-row tiles (BK >= K: a program's weights are one tile, all of it loaded
     before a PDL launch waits for the previous kernel; from 2 rows each input row in turn against it), and
     2..16 rows tensor-core tiles of whole rows where K <= WHOLE_ROW_TC_K (wider rows spill registers); one row
     also one-weight-row tiles and pipelined loops over pieces of 1,024 or 2,048 columns."""
@@ -56,9 +57,9 @@ def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Con
     wide = rows > 32  # 64-row tiles: wider weight tiles, shorter steps (shared memory)
     bns, bks = ((16, 32, 64), (64, 128, 256)) if wide else ((16, 32), (128, 256))
     out = [(bn, bk, st, wp, False) for bn, bk, st, wp in itertools.product(bns, bks, (3, 4), warps)]
-    if rows <= (2 if quick else 8):
+    if rows <= (2 if quick else MAS_ROWS):
         out += [(bn, bk, st, wp, True) for bn, bk, st, wp in itertools.product((2, 4, 8), (256, 512), (3, 4), warps)]
-    if K is not None and rows <= TALKER_KERNEL_ROWS:  # whole rows a program; one row also one weight row
+    if K is not None and rows <= MAS_ROWS:  # whole rows a program; one row also one weight row
         row_bns = (1, 2, 4, 8) if rows == 1 else (2, 4, 8)
         out += [(bn, kernel_configs.next_pow2(K), 1, wp, True) for bn, wp in itertools.product(row_bns, (4, 8))]
     if K is not None and rows == 1:  # rows of 1-2K-column pieces in a pipelined loop
@@ -135,12 +136,12 @@ def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Seq
     """The fastest config per (rows, shape); launches with PDL as the engine's: the predictor's at every row
     count, the talker's up to kernel_configs.TALKER_PDL_ROWS rows. `picked` gets the picks so far after each shape.
     `in_layer`: the picks by the whole layer step's time (`_sweep_in_layer`; the talker's up to
-    TALKER_KERNEL_ROWS rows, where its Triton layers run)."""
+    kernel_configs.TALKER_KERNEL_ROWS rows, where its Triton layers run)."""
     best: Picks = {}
     pdl = pdl and kernels.pdl_available(torch.device("cuda"))
     for part in parts:
         if in_layer:
-            part_rows = [m for m in rows if part == "predictor" or m <= TALKER_KERNEL_ROWS]  # Inductor's above
+            part_rows = [m for m in rows if part == "predictor" or m <= kernel_configs.TALKER_KERNEL_ROWS]
             _sweep_in_layer(size, part, part_rows, say, pdl, quick, best, picked)
             continue
         pdl_rows = (kernels.MAX_ROWS if part == "predictor" else kernel_configs.TALKER_PDL_ROWS) if pdl else 0
@@ -250,6 +251,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--in-layer", action="store_true",
                     help="time each candidate inside whole layer steps, as a frame runs them (the talker's up to "
                          "the rows its Triton layers serve)")
+    ap.add_argument("--talker-kernel-rows", type=int, metavar="N",
+                    help="run the talker's steps of up to N rows on the Triton layers (Inductor's above), in the "
+                         "sweep and in the engine (written to the JSON; default: the table's)")
     ap.add_argument("--talker-pdl-rows", type=int, metavar="N",
                     help="time the talker's steps of up to N rows with programmatic dependent launch, as the engine "
                          "then launches them (written to the JSON; default: the table's)")
@@ -258,13 +262,18 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     say = progress()
-    if args.talker_pdl_rows is not None and not 0 <= args.talker_pdl_rows <= TALKER_KERNEL_ROWS:
-        raise OmniTTSError(f"--talker-pdl-rows must be within 0..{TALKER_KERNEL_ROWS}")
+    if args.talker_kernel_rows is not None and not 0 <= args.talker_kernel_rows <= kernels.MAX_ROWS:
+        raise OmniTTSError(f"--talker-kernel-rows must be within 0..{kernels.MAX_ROWS}")
+    talker_rows = kernel_configs.TALKER_KERNEL_ROWS if args.talker_kernel_rows is None else args.talker_kernel_rows
+    if args.talker_pdl_rows is not None and not 0 <= args.talker_pdl_rows <= talker_rows:
+        raise OmniTTSError(f"--talker-pdl-rows must be within 0..{talker_rows} (the talker's Triton rows)")
     if not torch.cuda.is_available() or not kernels.available():
         raise OmniTTSError("the kernel sweep needs CUDA and triton (it times the kernels on this GPU)")
     if any(not 1 <= m <= kernels.MAX_ROWS for m in args.rows):
         raise OmniTTSError(f"--rows must be within 1..{kernels.MAX_ROWS}")
     extra = {}
+    if args.talker_kernel_rows is not None:
+        kernel_configs.TALKER_KERNEL_ROWS = extra["talker_kernel_rows"] = args.talker_kernel_rows
     if args.talker_pdl_rows is not None:
         kernel_configs.TALKER_PDL_ROWS = extra["talker_pdl_rows"] = args.talker_pdl_rows
     sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick,

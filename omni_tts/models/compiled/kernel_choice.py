@@ -1,8 +1,9 @@
 """Which hand-written Triton kernels a compiled path runs (`KernelChoice`, a base of FastPath): chosen
 once, when the engine sets up the GPU, by building each kernel group for every batch a capture will use.
 
-Owns the row limits per kernel group (predictor layers, predictor heads, talker layers) and whether
-they launch with programmatic dependent launch; where a group cannot be built on this GPU, Inductor's
+Owns the row limits per kernel group (predictor layers, predictor heads, talker layers: its rows on the
+kernels and under PDL from omni_tts.kernels.configs, which a configs JSON may set) and whether they launch
+with programmatic dependent launch; where a group cannot be built on this GPU, Inductor's
 kernels serve instead and a notice says why. Knows nothing about requests, graphs or modes.
 """
 
@@ -23,18 +24,18 @@ from omni_tts.models import sampling
 from omni_tts.models.precision import exact
 
 MAX_PREDICTOR_ROWS = kernels.MAX_ROWS  # predictor steps of at most this many rows run the Triton layers
-TALKER_KERNEL_ROWS = 8  # talker steps of at most this many rows run the Triton layers (cuBLAS wins above)
 # the talker's attention as a Triton kernel over kv lengths up to TALKER_ATTEND_LEN (SDPA above, where it was
-# not measured), for steps of up to TALKER_ATTEND_ROWS rows (past TALKER_KERNEL_ROWS: after the compiled unit)
+# not measured), for steps of up to TALKER_ATTEND_ROWS rows (past kernel_configs.TALKER_KERNEL_ROWS: after the
+# compiled unit)
 TALKER_ATTEND_LEN = 1025
 TALKER_ATTEND_ROWS = 64
 
 
 def limits() -> tuple[int, ...]:
-    """The limits above, the norm kernels' rows and the talker's PDL rows (kernel_configs.TALKER_PDL_ROWS, which
-    a configs JSON may set): a kept probe outcome holds for the same ones only."""
-    return (MAX_PREDICTOR_ROWS, kernels.NORM_KERNEL_ROWS, TALKER_KERNEL_ROWS, kernel_configs.TALKER_PDL_ROWS,
-            TALKER_ATTEND_LEN, TALKER_ATTEND_ROWS)
+    """The limits above, the norm kernels' rows and the talker's kernel and PDL rows (kernel_configs', which a
+    configs JSON may set): a kept probe outcome holds for the same ones only."""
+    return (MAX_PREDICTOR_ROWS, kernels.NORM_KERNEL_ROWS, kernel_configs.TALKER_KERNEL_ROWS,
+            kernel_configs.TALKER_PDL_ROWS, TALKER_ATTEND_LEN, TALKER_ATTEND_ROWS)
 
 
 _FED: weakref.WeakKeyDictionary[Any, list[torch.Tensor]] = weakref.WeakKeyDictionary()
@@ -84,7 +85,7 @@ class KernelChoice:
         -> '' or a notice saying what was turned off and why."""
         on = on and kernels.available()
         self.kernel_rows = MAX_PREDICTOR_ROWS if on else 0
-        self.talker_kernel_rows = TALKER_KERNEL_ROWS if on else 0
+        self.talker_kernel_rows = kernel_configs.TALKER_KERNEL_ROWS if on else 0
         self.talker_attend_len = TALKER_ATTEND_LEN if on else 0
         self.talker_attend_rows = TALKER_ATTEND_ROWS if on else 0
         self.kernel_pdl = on and kernels.pdl_available(self.model.device)
