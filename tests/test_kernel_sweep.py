@@ -103,15 +103,16 @@ def test_sweep_refuses_without_cuda(capsys) -> None:
     assert err.startswith("error: ") and "needs CUDA" in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("part", ["predictor", "talker"])
-def test_the_in_layer_sweep_times_candidates_where_they_run_and_keeps_the_fastest(monkeypatch, part: str) -> None:
+@pytest.mark.parametrize("part,rows", [("predictor", 8), ("talker", 8), ("predictor", 40), ("talker", 40)])
+def test_the_in_layer_sweep_times_candidates_where_they_run_and_keeps_the_fastest(monkeypatch, part: str,
+                                                                                  rows: int) -> None:
     """The layer-step sweep on the CPU (Triton's interpreter; a stand-in for the CUDA-graph timer that runs a
     layer step and scores the table as the step would read it): while a candidate is timed the table answers
     it for its shape and the picks so far for the shapes before; each pick is the best-scored candidate, and
     the table is itself again afterwards."""
     monkeypatch.setattr(kernel_configs, "_INTERPRET", False)  # config() answers from the table, as on a GPU
     before = dict(kernel_configs.TUNED)
-    cpu, rows = torch.device("cpu"), 8
+    cpu = torch.device("cpu")  # 40 rows: the norms as kernels of their own
     layer = kernel_sweep._layer("tiny", part, cpu, torch.float32)
     w_qkv, _, w_gu = kernel_sweep.fuse_layer(layer)
     D = layer.input_layernorm.weight.shape[0]
@@ -135,7 +136,7 @@ def test_the_in_layer_sweep_times_candidates_where_they_run_and_keeps_the_fastes
     assert seen == list(range(1, len(set(shapes)) + 1))  # tiny projections may share a shape: one entry, timed once
     for n, K in shapes:
         offered = [kernel_configs.config(rows, n, K), *kernel_sweep.candidates(rows, True, K)]
-        assert best[(rows, n, K)] == min(offered, key=cost)
+        assert best[(kernel_configs.next_pow2(rows), n, K)] == min(offered, key=cost)
     assert kernel_configs.TUNED == before
 
 
