@@ -43,8 +43,18 @@ def build(fn, args: dict, constexprs: dict, warps: int = 4, stages: int = 1, pdl
         return f"{type(e).__name__}: {str(e)[-600:]}"
 
 
+def projection(M: int, n: int, k: int, flags: dict) -> str:
+    """The projection kernel built as layers.projection launches it for M rows of an [n, k] weight under the
+    table's config (its BM and whole-row ROWS rule)."""
+    BN, BK, stages, warps, vec = configs.config(M, n, k)
+    BM = layers.next_pow2(M) if vec else min(layers.MAX_BM, max(16, layers.next_pow2(M)))
+    cx = dict(M=M, N=n, K=k, NORM=False, BIAS=False, RES=False, GLU=False, IEEE=False, VEC=vec, PDL=True, BM=BM,
+              BN=BN, BK=BK, ROWS=vec and BM > 1 and BK >= k)
+    args = dict(x_ptr=BF, nw_ptr=BF, w_ptr=BF, b_ptr=BF, res_ptr=BF, out_ptr=BF, eps=1e-6, sx=k)
+    return build(layers._proj_kernel, args, {**cx, **flags}, warps, stages, pdl=True)
+
+
 def projections() -> dict[str, str]:
-    args = dict(x_ptr=BF, nw_ptr=BF, w_ptr=BF, b_ptr=BF, res_ptr=BF, out_ptr=BF, eps=1e-6, sx=D)
     out = {}
     for name, M, n, k, flags in (("qkv 1 row", 1, 4096, D, dict(NORM=True)),
                                  ("qkv 8 rows", 8, 4096, D, dict(NORM=True)),  # tensor cores on whole rows
@@ -52,25 +62,14 @@ def projections() -> dict[str, str]:
                                  ("gate|up 8 rows", 8, 3072, D, dict(NORM=True, GLU=True)),
                                  ("down 64 rows", 64, D, 3072, dict(RES=True)),
                                  ("head 4 rows", 4, V, D, dict(NORM=True, BIAS=True))):
-        BN, BK, stages, warps, vec = configs.config(M, n, k)
-        cx = dict(M=M, N=n, K=k, NORM=False, BIAS=False, RES=False, GLU=False, IEEE=False, VEC=vec,
-                  PDL=True, BM=layers.next_pow2(M) if vec else min(layers.MAX_BM, max(16, layers.next_pow2(M))),
-                  BN=BN, BK=BK)
-        out[f"projection {name}"] = build(layers._proj_kernel, args, {**cx, **flags}, warps, stages, pdl=True)
+        out[f"projection {name}"] = projection(M, n, k, flags)
     for n, k, flags in ((4096, D, dict(NORM=True)), (D, 2048, dict(RES=True)), (3072, D, dict(NORM=True, GLU=True)),
                         (D, 3072, dict(RES=True))):  # the predictor's shapes at two rows: rows in turn, whole rows
-        BN, BK, stages, warps, vec = configs.config(2, n, k)
-        cx = dict(M=2, N=n, K=k, NORM=False, BIAS=False, RES=False, GLU=False, IEEE=False, VEC=vec, PDL=True,
-                  BM=2, BN=BN, BK=BK, ROWS=vec and BK >= k)
-        out[f"projection 2 rows {n}x{k}"] = build(layers._proj_kernel, args, {**cx, **flags}, warps, stages, pdl=True)
-    for M, n, k, flags in ((M, n, k, f) for M in (1, 2) for n, k, f in (  # the 1.7B talker's at one and two rows
-            (4096, 2048, dict(NORM=True)), (2048, 2048, dict(RES=True)), (6144, 2048, dict(NORM=True, GLU=True)),
-            (2048, 6144, dict(RES=True)))):
-        BN, BK, stages, warps, vec = configs.config(M, n, k)
-        cx = dict(M=M, N=n, K=k, NORM=False, BIAS=False, RES=False, GLU=False, IEEE=False, VEC=vec, PDL=True,
-                  BM=layers.next_pow2(M) if vec else 16, BN=BN, BK=BK, ROWS=vec and M > 1 and BK >= k)
-        out[f"talker projection {M} rows {n}x{k}"] = build(layers._proj_kernel, {**args, "sx": k}, {**cx, **flags},
-                                                          warps, stages, pdl=True)
+        out[f"projection 2 rows {n}x{k}"] = projection(2, n, k, flags)
+    for M in (1, 2):  # the 1.7B talker's at one and two rows
+        for n, k, flags in ((4096, 2048, dict(NORM=True)), (2048, 2048, dict(RES=True)),
+                            (6144, 2048, dict(NORM=True, GLU=True)), (2048, 6144, dict(RES=True))):
+            out[f"talker projection {M} rows {n}x{k}"] = projection(M, n, k, flags)
     out["norm kernel"] = build(layers._norm_kernel, dict(x_ptr=BF, nw_ptr=BF, out_ptr=BF, eps=1e-6),
                                dict(K=D, BK=D, PDL=True), 4, pdl=True)
     return out
