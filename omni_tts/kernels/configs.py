@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
+from typing import Any
 
 # Triton's CPU interpreter: its cost is per program, so fewer, larger programs there
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -98,12 +99,18 @@ _SCALARS = {"choose_warps": int, "choose_bits": int, "choose_sort_free": bool, "
 def load_configs(path: str) -> None:
     """Add a kernel sweep's JSON (tools/kernel_sweep.py) to the table: the preset key `kernel_configs`."""
     with open(path) as f:
-        for key, value in json.load(f).items():
-            if key in _SCALARS:
-                globals()[key.upper()] = _SCALARS[key](value)
-                continue
+        data = json.load(f)
+    set_options({key: value for key, value in data.items() if key in _SCALARS})
+    for key, value in data.items():
+        if key not in _SCALARS:
             m, n, k = (int(v) for v in key.split(","))
             TUNED[(m, n, k)] = (int(value[0]), int(value[1]), int(value[2]), int(value[3]), bool(value[4]))
+
+
+def set_options(values: dict[str, Any]) -> None:
+    """Set the launch options above by their JSON keys (choose_warps, talker_pdl_rows, ...)."""
+    for key, value in values.items():
+        globals()[key.upper()] = _SCALARS[key](value)
 
 
 @contextlib.contextmanager

@@ -159,9 +159,7 @@ def _sweep_in_layer(size: str, part: str, rows: Sequence[int], say: Callable[[st
     talker's up to kernel_configs.TALKER_PDL_ROWS rows, as the engine launches them."""
     dev = dev or torch.device("cuda")
     first = _layer(size, part, dev, dt)
-    size_b = sum(p.numel() * p.element_size() for p in first.parameters())
-    l2 = torch.cuda.get_device_properties(dev).L2_cache_size if dev.type == "cuda" else 0
-    copies = max(2, math.ceil(3 * l2 / size_b))
+    copies = _cold_copies(sum(p.numel() * p.element_size() for p in first.parameters()), dev)
     layers = [first] + [copy.deepcopy(first) for _ in range(copies - 1)]  # cold L2, as inside a frame
     packed = [fuse_layer(layer) for layer in layers]
     shapes: dict[tuple[int, int], str] = {}  # projections of one shape share its entry: timed together
@@ -185,6 +183,13 @@ def _sweep_in_layer(size: str, part: str, rows: Sequence[int], say: Callable[[st
                 f"{timings[best[key]]:.2f} us with {best[key]}; current {current}: "
                 f"{timings.get(current, float('nan')):.2f} us")
             picked(best)
+
+
+def _cold_copies(nbytes: int, dev: torch.device) -> int:
+    """How many copies of `nbytes` of weights a timed graph rotates through so that they overflow the L2 cache
+    three times over (at least two)."""
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size if dev.type == "cuda" else 0
+    return max(2, math.ceil(3 * l2 / nbytes))
 
 
 def _layer_steps(part: str, layers: list[Any], packed: list[tuple], m: int, pdl: bool) -> list[Callable[[], Any]]:
@@ -220,10 +225,9 @@ def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], 
               "o": (*dims["o"], layer.self_attn.o_proj.weight, dict(res=True)),
               "gate_up": (*dims["gate_up"], w_gu, dict(norm=layer.post_attention_layernorm, glu=True)),
               "down": (*dims["down"], layer.mlp.down_proj.weight, dict(res=True))}
-    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     for m in rows:
         for name, (n, K, w, kw) in shapes.items():
-            copies = max(2, math.ceil(3 * l2 / (w.numel() * w.element_size())))
+            copies = _cold_copies(w.numel() * w.element_size(), dev)
             ws = [w] + [w.clone() for _ in range(copies - 1)]  # cold L2, as inside a frame
             x = torch.randn(m, K, device=dev, dtype=dt)
             args = dict(kw, res=torch.randn(m, n, device=dev, dtype=dt)) if kw.get("res") else dict(kw)
@@ -271,11 +275,9 @@ def main(args: argparse.Namespace) -> int:
         raise OmniTTSError("the kernel sweep needs CUDA and triton (it times the kernels on this GPU)")
     if any(not 1 <= m <= kernels.MAX_ROWS for m in args.rows):
         raise OmniTTSError(f"--rows must be within 1..{kernels.MAX_ROWS}")
-    extra = {}
-    if args.talker_kernel_rows is not None:
-        kernel_configs.TALKER_KERNEL_ROWS = extra["talker_kernel_rows"] = args.talker_kernel_rows
-    if args.talker_pdl_rows is not None:
-        kernel_configs.TALKER_PDL_ROWS = extra["talker_pdl_rows"] = args.talker_pdl_rows
+    extra = {key: value for key, value in (("talker_kernel_rows", args.talker_kernel_rows),
+                                           ("talker_pdl_rows", args.talker_pdl_rows)) if value is not None}
+    kernel_configs.set_options(extra)  # as the engine will run with the JSON
     sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick,
           lambda best: write(best, args.out, extra), args.in_layer)
     say(f"wrote {args.out}: run with --set kernel_configs={args.out}")
