@@ -34,8 +34,8 @@ Config = tuple[int, int, int, int, bool]
 # Where each entry comes from: `kernel-sweep --quick` on an H200 (one projection's launches back to back,
 # weights cold in L2, PDL on at one row as the engine launches it), except those marked "H100" (the same sweep
 # on an H100) and "H100 in-layer" (`--in-layer`: each candidate timed inside whole layer steps, which ranks
-# some candidates otherwise than launches alone; an H200's may pick others). The predictor's shapes are both
-# sizes', and the 0.6B talker's too.
+# some candidates otherwise than launches alone; an H200's may pick others; the talker's up to 8 rows under
+# PDL, as TALKER_PDL_ROWS launches them). The predictor's shapes are both sizes', and the 0.6B talker's too.
 _BY_SHAPE: dict[tuple[int, int], dict[int, Config]] = {
     (4096, 1024): {  # the predictor's q|k|v
         1: (8, 1024, 1, 4, True),
@@ -49,30 +49,40 @@ _BY_SHAPE: dict[tuple[int, int], dict[int, Config]] = {
         2: (8, 2048, 1, 8, True),  # H100 in-layer
         8: (16, 256, 4, 4, False),
         16: (16, 256, 3, 4, False),  # H100 in-layer
-        32: (16, 256, 4, 4, False), 64: (32, 128, 4, 4, False), 128: (16, 128, 4, 4, False)},
+        32: (16, 256, 4, 4, False),
+        64: (16, 128, 4, 4, False),  # H100 in-layer
+        128: (16, 128, 4, 4, False)},
     (3072, 1024): {  # the predictor's gate|up
         1: (4, 1024, 1, 4, True), 2: (4, 1024, 1, 4, True), 8: (32, 256, 3, 4, False), 32: (16, 256, 3, 4, False),
-        64: (32, 128, 3, 4, False), 128: (64, 128, 3, 4, False)},
+        64: (32, 128, 4, 4, False),  # H100 in-layer
+        128: (64, 128, 3, 4, False)},
     (1024, 3072): {  # the predictor's down
         1: (2, 4096, 1, 8, True), 2: (2, 4096, 1, 8, True), 8: (16, 256, 4, 4, False),
         16: (32, 256, 4, 4, False),  # H100 in-layer
-        32: (16, 256, 4, 4, False), 64: (32, 128, 4, 4, False), 128: (32, 128, 4, 4, False)},
+        32: (16, 256, 4, 4, False),
+        64: (16, 256, 4, 4, False),  # H100 in-layer
+        128: (32, 128, 4, 4, False)},
     (4096, 2048): {  # the 1.7B talker's q|k|v
         1: (8, 2048, 1, 4, True),
         2: (2, 2048, 1, 4, True),  # H100 in-layer
+        4: (32, 256, 3, 4, False),  # H100 in-layer
         8: (32, 256, 4, 4, False), 32: (32, 256, 3, 4, False)},
     (2048, 2048): {  # the 1.7B talker's o
         1: (4, 2048, 1, 4, True),  # H100 in-layer
-        2: (2, 2048, 1, 4, True),  # H100 in-layer
-        8: (16, 256, 4, 4, False), 32: (16, 256, 4, 4, False)},
+        2: (8, 2048, 1, 8, True),  # H100 in-layer
+        4: (32, 256, 4, 4, False),  # H100 in-layer
+        8: (32, 256, 4, 4, False),  # H100 in-layer
+        32: (16, 256, 4, 4, False)},
     (6144, 2048): {  # the 1.7B talker's gate|up
         1: (2, 2048, 1, 8, True),  # H100
         2: (2, 2048, 1, 4, True),  # H100 in-layer
         8: (32, 256, 3, 4, False), 32: (16, 128, 3, 4, False)},
     (2048, 6144): {  # the 1.7B talker's down
         1: (2, 2048, 2, 4, True),  # H100: a pipelined loop over three pieces of a row
-        2: (2, 8192, 1, 4, True),  # H100 in-layer
-        8: (16, 256, 4, 4, False), 32: (16, 256, 4, 4, False)},
+        2: (2, 8192, 1, 8, True),  # H100 in-layer
+        4: (32, 256, 4, 4, False),  # H100 in-layer
+        8: (32, 256, 4, 4, False),  # H100 in-layer
+        32: (16, 256, 4, 4, False)},
 }
 TUNED: dict[tuple[int, int, int], Config] = {
     (rows, n, k): cfg for (n, k), by_rows in _BY_SHAPE.items() for rows, cfg in by_rows.items()}
@@ -88,9 +98,9 @@ CHOOSE_BITS = 2
 CHOOSE_SORT_FREE = True
 # talker steps of at most this many rows run its Triton layers, Inductor's compiled units above (the JSON's
 # "talker_kernel_rows" key); of those, steps of at most TALKER_PDL_ROWS rows launch with programmatic dependent
-# launch ("talker_pdl_rows"): it pays where whole-row tiles load their weights before the wait
+# launch ("talker_pdl_rows"): the next kernel's launch and weight loads overlap the previous kernel's tail
 TALKER_KERNEL_ROWS = 8
-TALKER_PDL_ROWS = 1
+TALKER_PDL_ROWS = 8
 # the JSON's keys that set one of the values above, and their types
 _SCALARS = {"choose_warps": int, "choose_bits": int, "choose_sort_free": bool, "talker_kernel_rows": int,
             "talker_pdl_rows": int}
