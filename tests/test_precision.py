@@ -1,6 +1,7 @@
-"""The TF32 switches under concurrent exact blocks and TF32 matmuls (omni_tts.models.precision): blocks on
-two threads overlap without one turning TF32 back on under the other, and a TF32 matmul call stays IEEE
-while any exact block is open. Driven by events, so every interleaving below is forced, not timed."""
+"""The TF32 switches under concurrent exact and TF32 blocks (omni_tts.models.precision): exact blocks on two
+threads overlap without one turning TF32 back on under the other, a TF32 block stays IEEE while any exact
+block is open, and no exact block opens under a TF32 block. Driven by events, so every interleaving below
+is forced, not timed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 
 import torch
 
-from omni_tts.models.precision import exact, tf32_matmul
+from omni_tts.models.precision import exact, tf32
 
 CUDA = torch.device("cuda")  # only its type is read: the switches exist in CPU builds too
 WAIT = 30.0
@@ -46,20 +47,55 @@ def test_overlapping_exact_blocks_keep_tf32_off_until_the_last_ends() -> None:
     assert switches() == before
 
 
-def test_a_tf32_matmul_is_ieee_while_an_exact_block_is_open_elsewhere() -> None:
+def matmul_tf32_in(block) -> bool:
+    with block:
+        return torch.backends.cuda.matmul.allow_tf32
+
+
+def test_a_tf32_block_is_ieee_while_an_exact_block_is_open_elsewhere() -> None:
     before = switches()
-    seen = lambda: torch.backends.cuda.matmul.allow_tf32  # noqa: E731
-    assert tf32_matmul(True, seen) is True and switches() == before
-    assert tf32_matmul(False, seen) is before[1]
+    assert matmul_tf32_in(tf32(CUDA)) is True and switches() == before
     held, leave = threading.Event(), threading.Event()
     t = in_thread(held, leave)
     try:
         assert held.wait(WAIT)
-        assert tf32_matmul(True, seen) is False
+        assert matmul_tf32_in(tf32(CUDA)) is False
     finally:
         leave.set()
     t.join(WAIT)
-    assert tf32_matmul(True, seen) is True and switches() == before
+    assert matmul_tf32_in(tf32(CUDA)) is True and switches() == before
+
+
+def test_no_exact_block_opens_under_a_tf32_block() -> None:
+    """An exact block asked for on another thread waits for the TF32 block to end; on the block's own
+    thread one may open inside it (re-entrant), and each restores what it found."""
+    before = switches()
+    entered, asked = threading.Event(), threading.Event()
+    inside: list[tuple[bool, bool]] = []
+
+    def other() -> None:
+        asked.set()
+        with exact(CUDA):
+            entered.set()
+            inside.append(switches())
+
+    with tf32(CUDA):
+        t = threading.Thread(target=other)
+        t.start()
+        assert asked.wait(WAIT)
+        t.join(0.2)  # not a timing decision: the block below must still see TF32 on either way
+        assert not entered.is_set() and torch.backends.cuda.matmul.allow_tf32 is True
+        with exact(CUDA):
+            assert switches() == (False, False)
+        assert torch.backends.cuda.matmul.allow_tf32 is True
+    t.join(WAIT)
+    assert entered.is_set() and inside == [(False, False)] and switches() == before
+
+
+def test_off_cuda_a_tf32_block_changes_nothing() -> None:
+    before = switches()
+    with tf32(torch.device("cpu")):
+        assert switches() == before
 
 
 def test_off_cuda_an_exact_block_changes_nothing() -> None:

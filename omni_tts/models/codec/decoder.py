@@ -53,7 +53,7 @@ from omni_tts.models.codec.layers import (
     snake,
 )
 from omni_tts.models.layers import ACTIVATIONS
-from omni_tts.models.precision import exact
+from omni_tts.models.precision import exact, tf32
 from omni_tts.models.transfer import to_device
 
 if TYPE_CHECKING:
@@ -69,8 +69,11 @@ PRECISIONS = ("float32", "tf32", "bfloat16")
 
 def _conv_precision(device: torch.device, precision: str) -> contextlib.AbstractContextManager[None]:
     """cuDNN runs float32 convs in TF32 by default (~5e-5 off here): 'float32' (exact) turns TF32 off for
-    the call, 'tf32' keeps it on; 'bfloat16' weights don't care. CPUs have no TF32."""
-    return exact(device) if precision == "float32" else contextlib.nullcontext()
+    the call, 'tf32' keeps it on and turns it on for the matmuls too (the transformers' linears, the
+    stride-8 up-conv's GEMM); 'bfloat16' weights don't care. CPUs have no TF32."""
+    if precision == "float32":
+        return exact(device)
+    return tf32(device) if precision == "tf32" else contextlib.nullcontext()
 
 
 def _decoder_sizes(codec_config: dict[str, Any], file: str) -> dict[str, Any]:
@@ -135,16 +138,13 @@ class CodecDecoder(nn.Module):
 
     def set_precision(self, precision: str) -> CodecDecoder:
         """'float32' (IEEE, exact: what the tests and the golden waveforms use), 'tf32' (float32 weights,
-        cuDNN TF32 convs on CUDA: ~5e-5 off, several times faster) or 'bfloat16' (weights and activations;
+        TF32 convs and matmuls on CUDA: ~5e-5 off, several times faster) or 'bfloat16' (weights and activations;
         one way: the rounded weights cannot go back to float32)."""
         if precision not in PRECISIONS:
             raise ValueError(f"codec precision must be one of {', '.join(PRECISIONS)} (got '{precision}')")
         if self.precision == "bfloat16" and precision != "bfloat16":
             raise ValueError("a bfloat16 codec cannot go back to float32 (its weights were rounded); load it again")
         self.to(torch.bfloat16 if precision == "bfloat16" else torch.float32)
-        for m in self.modules():
-            if isinstance(m, CausalUpConv1d):
-                m.tf32 = precision == "tf32"
         self.precision = precision
         return self
 

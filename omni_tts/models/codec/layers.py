@@ -31,7 +31,6 @@ from omni_tts.models.layers import (
     rope_cos_sin,
     rope_frequencies,
 )
-from omni_tts.models.precision import tf32_matmul
 
 CONVNEXT_LN_EPS = 1e-6
 SNAKE_EPS = 1e-9
@@ -122,7 +121,6 @@ class CausalUpConv1d(nn.Module):
         self.kernel, self.stride = kernel, stride
         self.reach = -(-kernel // stride) - 1  # input columns each piece needs from the previous one
         self.gemm = kernel == 2 * stride and stride >= GEMM_MIN_STRIDE
-        self.tf32 = False  # the GEMM in TF32 on CUDA (CodecDecoder.set_precision)
 
     def forward(self, x: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:
         return self._up(x, self.conv.bias, carry)  # [B, Cin, T] -> [B, Cout, T*s]
@@ -146,7 +144,7 @@ class CausalUpConv1d(nn.Module):
         b, c_in, t = x.shape
         w, s = self.conv.weight, self.stride  # w: [Cin, Cout, 2s]
         xp = carried(carry, self, x, 1) if carry is not None else F.pad(x, (1, 0))  # [B, Cin, 1 + T]
-        y = tf32_matmul(self.tf32 and x.is_cuda, lambda: torch.matmul(w.reshape(c_in, -1).t(), xp))
+        y = torch.matmul(w.reshape(c_in, -1).t(), xp)  # in TF32 under the tf32 codec's block
         y = y.view(b, w.shape[1], 2, s, t + 1)  # [B, Cout, 2, s, 1+T]
         out = x.new_empty(b, w.shape[1], t, s)
         with torch.no_grad():  # inference only; `out=` refuses tensors that track gradients
