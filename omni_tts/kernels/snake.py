@@ -8,10 +8,12 @@ first `pad` columns are zeros: the left padding of the causal conv that follows,
 padded copy of its input (a full pass over the largest tensors of the decoder); with `keep`, h too
 (the residual stream's next value). One read of each input and one write of each output, where the
 eager ops take a pass per bias add, residual add and padding. x may be any strided view (a transposed
-conv's trimmed output). One program per (row, block of samples): the per-channel constants are loaded
-once per program, and no element needs an integer division to find its channel (Inductor's
-dynamic-shape kernel for the same function did). Same math as the reference; the sum
-may be contracted to a fused multiply-add, so results agree to float rounding, not bit for bit.
+conv's trimmed output, a channels-last conv's output), and the output may be written channels last, the
+layout cuDNN's convs read without transposing it first. One program per (row, block of channels, block of
+samples): the per-channel constants are loaded once per program, and no element needs an integer
+division to find its channel (Inductor's dynamic-shape kernel for the same function did). Same math as
+the reference; the sum may be contracted to a fused multiply-add, so results agree to float rounding, not
+bit for bit.
 Knows nothing about models, windows or streaming. Tests run it in Triton's CPU interpreter.
 """
 
@@ -25,7 +27,7 @@ try:
 except ImportError:  # CPU-only installs: codec/layers.py uses the compiled or eager function
     triton = None
 
-BLOCK = 1024  # samples per program
+BLOCK_C, BLOCK_T = 16, 128  # channels x samples per program
 
 
 def available() -> bool:
@@ -33,50 +35,56 @@ def available() -> bool:
 
 
 if triton is not None:
-    # sizes, padding and row strides vary with every window shape: one compiled kernel for all of them
-    @triton.jit(do_not_specialize=["C", "T", "pad", "sxb", "sxc"])
+    # sizes, padding and batch strides vary with every window shape: one compiled kernel for all of them;
+    # the channel and sample strides stay specialised, so a unit stride (either layout) is known contiguous
+    @triton.jit(do_not_specialize=["C", "T", "pad", "sxb", "sob"])
     def _snake_kernel(x_ptr, bias_ptr, res_ptr, h_ptr, alpha_ptr, beta_ptr, out_ptr, C, T, pad, sxb, sxc, sxt,
-                      eps, BIAS: tl.constexpr, RES: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr,
-                      PADB: tl.constexpr):
-        """Program (row = b*C + c, block j): h = x[b, c, t] (+ bias[c]) (+ res[row, t]), each sum rounded
-        to the dtype as the eager adds round it; h[row, t] = h with KEEP; out[row, pad + t] = snake(h) for
-        t in block j. The first block also zeroes out[row, :pad]."""
+                      sob, soc, sot, eps, BIAS: tl.constexpr, RES: tl.constexpr, KEEP: tl.constexpr,
+                      BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, PADB: tl.constexpr):
+        """Program (row b, block of channels, block of samples j): h = x[b, c, t] (+ bias[c]) (+ res[b, c, t]),
+        each sum rounded to the dtype as the eager adds round it; h[b, c, t] = h with KEEP; out[b, c, pad + t]
+        = snake(h). The first sample block also zeroes out[b, c, :pad]. x and out are read and written
+        through their strides (channels first or channels last); res and h are contiguous [B, C, T]."""
         dt = out_ptr.dtype.element_ty
-        row = tl.program_id(0)
-        j = tl.program_id(1)
-        b = row // C
-        c = row % C
-        freq = tl.exp(tl.load(alpha_ptr + c).to(tl.float32))
-        gain = 1.0 / (tl.exp(tl.load(beta_ptr + c).to(tl.float32)) + eps)
-        t = j * BLOCK + tl.arange(0, BLOCK)
-        m = t < T
-        x = tl.load(x_ptr + b.to(tl.int64) * sxb + c.to(tl.int64) * sxc + t.to(tl.int64) * sxt, mask=m,
-                    other=0.0).to(tl.float32)
+        b = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        j = tl.program_id(2)
+        t = j * BLOCK_T + tl.arange(0, BLOCK_T)
+        mc = c < C
+        m = mc[:, None] & (t < T)[None, :]
+        freq = tl.exp(tl.load(alpha_ptr + c, mask=mc, other=0.0).to(tl.float32))[:, None]
+        gain = (1.0 / (tl.exp(tl.load(beta_ptr + c, mask=mc, other=0.0).to(tl.float32)) + eps))[:, None]
+        c64, t64 = c.to(tl.int64)[:, None], t.to(tl.int64)[None, :]
+        x = tl.load(x_ptr + b * sxb + c64 * sxc + t64 * sxt, mask=m, other=0.0).to(tl.float32)
         if BIAS:
-            x = (x + tl.load(bias_ptr + c).to(tl.float32)).to(dt).to(tl.float32)
+            x = (x + tl.load(bias_ptr + c, mask=mc, other=0.0).to(tl.float32)[:, None]).to(dt).to(tl.float32)
+        flat = (b * C + c64) * T + t64  # res and h: contiguous [B, C, T]
         if RES:
-            x = (tl.load(res_ptr + row.to(tl.int64) * T + t, mask=m, other=0.0).to(tl.float32) + x).to(dt)
-            x = x.to(tl.float32)
+            x = (tl.load(res_ptr + flat, mask=m, other=0.0).to(tl.float32) + x).to(dt).to(tl.float32)
         if KEEP:
-            tl.store(h_ptr + row.to(tl.int64) * T + t, x.to(dt), mask=m)
+            tl.store(h_ptr + flat, x.to(dt), mask=m)
         s = tl.sin(x * freq)
         y = x + gain * (s * s)
-        base = out_ptr + row.to(tl.int64) * (T + pad)
-        tl.store(base + pad + t, y.to(dt), mask=m)
+        base = out_ptr + b * sob + c64 * soc
+        tl.store(base + (pad + t64) * sot, y.to(dt), mask=m)
         if j == 0:
-            p = tl.arange(0, PADB)
-            tl.store(base + p, tl.zeros([PADB], tl.float32).to(dt), mask=p < pad)
+            p = tl.arange(0, PADB)[None, :]
+            tl.store(base + p * sot, tl.zeros([BLOCK_C, PADB], tl.float32).to(dt), mask=mc[:, None] & (p < pad))
 
 
 def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0, eps: float = 1e-9,
-          bias: torch.Tensor | None = None, res: torch.Tensor | None = None, keep: bool = False
-          ) -> tuple[torch.Tensor | None, torch.Tensor]:
+          bias: torch.Tensor | None = None, res: torch.Tensor | None = None, keep: bool = False,
+          channels_last: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
     """h = x (+ bias [C] per channel) (+ res [B, C, T], contiguous) -> (h [B, C, T] contiguous if `keep`
-    else None, snake(h) [B, C, pad + T] contiguous, zeros first). With keep and res, h is written over res
-    (and returned). x: [B, C, T], any strides; alpha / beta [C] (log scale). bias and res are what a conv
-    run without its bias and a residual add would add."""
+    else None, snake(h) [B, C, pad + T], zeros first: contiguous, or with `channels_last` a [B, pad + T, C]
+    contiguous tensor seen as [B, C, pad + T], the layout a channels-last conv reads without a transpose).
+    With keep and res, h is written over res (and returned). x: [B, C, T], any strides; alpha / beta [C]
+    (log scale). bias and res are what a conv run without its bias and a residual add would add."""
     B, C, T = x.shape
-    out = torch.empty(B, C, pad + T, dtype=x.dtype, device=x.device)
+    if channels_last:
+        out = torch.empty(B, pad + T, C, dtype=x.dtype, device=x.device).transpose(1, 2)
+    else:
+        out = torch.empty(B, C, pad + T, dtype=x.dtype, device=x.device)
     # h over res when both: each element is read, then written, by the same thread (and one 32-row window
     # holds ~0.8 GB per float32 tensor at 24 kHz; the caller's res is used up)
     h = (res if res is not None else torch.empty(B, C, T, dtype=x.dtype, device=x.device)) if keep else None
@@ -85,9 +93,10 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0
     if res is not None:
         assert res.shape == x.shape and res.is_contiguous()
     dummy = x
-    grid = (B * C, triton.cdiv(T, BLOCK))
+    grid = (B, triton.cdiv(C, BLOCK_C), triton.cdiv(T, BLOCK_T))
     _snake_kernel[grid](x, bias if bias is not None else dummy, res if res is not None else dummy,
                         h if h is not None else dummy, alpha, beta, out, C, T, pad, x.stride(0), x.stride(1),
-                        x.stride(2), eps, BIAS=bias is not None, RES=res is not None, KEEP=keep, BLOCK=BLOCK,
+                        x.stride(2), out.stride(0), out.stride(1), out.stride(2), eps, BIAS=bias is not None,
+                        RES=res is not None, KEEP=keep, BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T,
                         PADB=max(16, triton.next_power_of_2(max(pad, 1))))
     return h, out

@@ -90,9 +90,10 @@ class CausalConv1d(nn.Module):
 
     def pending(self, x: torch.Tensor, padded: bool = False, carry: Carry | None = None) -> Pending:
         """forward with the bias left to the next kernel (cuDNN adds it as a pass of its own)."""
-        c = self.conv
-        raw = F.conv1d(self._padded(x, padded, carry), c.weight, None, 1, 0, c.dilation, c.groups)
-        return Pending(raw, c.bias, None)  # raw: [B, Cout, T]
+        c, xp = self.conv, self._padded(x, padded, carry)
+        if channels_last(xp):
+            return Pending(conv_channels_last(xp, c.weight, dilation=c.dilation[0], groups=c.groups), c.bias, None)
+        return Pending(F.conv1d(xp, c.weight, None, 1, 0, c.dilation, c.groups), c.bias, None)  # [B, Cout, T]
 
     def _padded(self, x: torch.Tensor, padded: bool, carry: Carry | None) -> torch.Tensor:
         if self.reach == 0:
@@ -125,10 +126,19 @@ class CausalUpConv1d(nn.Module):
     def forward(self, x: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:
         return self._up(x, self.conv.bias, carry)  # [B, Cin, T] -> [B, Cout, T*s]
 
-    def pending(self, x: torch.Tensor, carry: Carry | None = None) -> Pending:
+    def pending(self, x: torch.Tensor, carry: Carry | None = None, padded: bool = False) -> Pending:
         """forward with the bias left to the next kernel; raw is a strided view of cuDNN's untrimmed output
-        or the GEMM form's own output."""
-        return Pending(self._up(x, None, carry), self.conv.bias, None)  # raw: [B, Cout, T*s]
+        or the GEMM form's own output. padded (cuDNN's form): x starts with `reach` zero columns."""
+        if not padded:
+            return Pending(self._up(x, None, carry), self.conv.bias, None)  # raw: [B, Cout, T*s]
+        if carry is not None:
+            refill(carry, self, x, self.reach)
+        t, skip = (x.shape[-1] - self.reach) * self.stride, self.reach * self.stride
+        if channels_last(x):
+            raw = conv_channels_last(x, self.conv.weight, stride=self.stride, transposed=True)
+        else:
+            raw = F.conv_transpose1d(x, self.conv.weight, None, self.stride)
+        return Pending(raw[..., skip: skip + t], self.conv.bias, None)
 
     def _up(self, x: torch.Tensor, bias: torch.Tensor | None, carry: Carry | None) -> torch.Tensor:
         if self.gemm:
@@ -154,6 +164,20 @@ class CausalUpConv1d(nn.Module):
 
     def lookback(self, j: int) -> int:
         return -((self.kernel - 1 - j) // self.stride)  # ceil((j - K + 1) / s)
+
+
+def channels_last(x: torch.Tensor) -> bool:  # x [B, C, T]: a SnakeBeta wrote it so for the conv after it
+    return x.shape[1] > 1 and x.stride(1) == 1 and x.stride(2) == x.shape[1]
+
+
+def conv_channels_last(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, dilation: int = 1, groups: int = 1,
+                       transposed: bool = False) -> torch.Tensor:
+    """A conv (no bias or padding) of a channels-last x [B, C, T] as a 2-D conv over [B, C, 1, T], which cuDNN
+    reads as it lies (conv1d would copy x to channels first, cuDNN transpose it back) -> [B, Cout, T'] alike."""
+    x4, w4 = x.unsqueeze(2), weight.unsqueeze(2)
+    if transposed:
+        return F.conv_transpose2d(x4, w4, None, (1, stride)).squeeze(2)
+    return F.conv2d(x4, w4, None, (1, stride), 0, (1, dilation), groups).squeeze(2)
 
 
 def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0) -> torch.Tensor:
@@ -197,11 +221,13 @@ class SnakeBeta(nn.Module):
         # compile per channel count of the compiled function)
         return self.impl(x, self.alpha.detach(), self.beta.detach(), pad)
 
-    def fused(self, p: Pending, pad: int = 0, keep: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def fused(self, p: Pending, pad: int = 0, keep: bool = False, last: bool = False
+              ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The sums of p and this activation as one Triton kernel (CUDA, or the interpreter): -> (the summed
-        tensor [B, C, T] if keep else None, the activation [B, C, pad + T] with the next conv's padding)."""
+        tensor [B, C, T] if keep else None, the activation [B, C, pad + T] with the next conv's padding,
+        laid out channels last if `last`)."""
         return codec_kernels.snake(p.raw, self.alpha.detach(), self.beta.detach(), pad, SNAKE_EPS,
-                                   p.bias, p.res, keep)
+                                   p.bias, p.res, keep, channels_last=last)
 
 
 class ResidualUnit(nn.Module):
@@ -216,9 +242,11 @@ class ResidualUnit(nn.Module):
 
     def pending(self, p: Pending, carry: Carry | None = None) -> Pending:
         """forward on a pending input, the output left pending: 2 element-wise kernels instead of 5 (the
-        convs' bias adds and the residual add move into the snakes)."""
-        x, s = self.act1.fused(p, self.conv1.reach, keep=True)  # x: [B, C, T] the unit's input, summed
-        _, s = self.act2.fused(self.conv1.pending(s, padded=True, carry=carry))  # s: [B, C, T]
+        convs' bias adds and the residual add move into the snakes), which write the undilated convs'
+        inputs channels last."""
+        undilated = self.conv1.conv.dilation[0] == 1  # dilated ones run slower on channels-last input
+        x, s = self.act1.fused(p, self.conv1.reach, keep=True, last=undilated)  # x: the unit's input, summed
+        _, s = self.act2.fused(self.conv1.pending(s, padded=True, carry=carry), last=True)  # s: [B, C, T]
         return self.conv2.pending(s)._replace(res=x)
 
     def lookback(self, j: int) -> int:
@@ -243,7 +271,10 @@ class VocoderStage(nn.Module):
     def pending(self, p: Pending, carry: Carry | None = None) -> Pending:
         """forward on a pending input, the output left pending (see ResidualUnit.pending)."""
         act, up, *units = self.block
-        p = up.pending(act.fused(p)[1], carry)  # [B, Cout, T*rate]
+        if up.gemm:
+            p = up.pending(act.fused(p)[1], carry)  # [B, Cout, T*rate]
+        else:  # cuDNN's transposed conv, on channels-last input with the carried column written in front
+            p = up.pending(act.fused(p, up.reach, last=True)[1], carry, padded=True)
         for unit in units:
             p = unit.pending(p, carry)
         return p
