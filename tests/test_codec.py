@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from _fixtures import FIXTURES, fixture_dir  # noqa: E402
 
 from omni_tts.errors import CheckpointError, InputError
 from omni_tts.models.checkpoint import load_checkpoint, load_weights
 from omni_tts.models.codec.decoder import CodecDecoder
-from omni_tts.models.codec.layers import CausalConv1d
+from omni_tts.models.codec.layers import CausalConv1d, CausalUpConv1d, channels_last
 from omni_tts.models.codec.streaming import StreamingDecoder, decode_plans
 
 MODELS = ("custom_voice", "voice_design", "base")
@@ -330,6 +331,29 @@ def test_a_conv_with_nothing_to_pad_does_not_copy_its_input() -> None:
     x = torch.randn(2, 8, 19)
     assert CausalConv1d(8, 6, 1)._padded(x, False, None) is x
     assert CausalConv1d(8, 6, 3)._padded(x, False, None).shape == (2, 8, 21)
+
+
+@pytest.mark.parametrize("stride", [3, 5])
+def test_a_transposed_conv_on_padded_channels_last_input_equals_its_forward(stride: int) -> None:
+    """CausalUpConv1d.pending(padded=True), cuDNN's form in the fused vocoder: an input with its reach of zero
+    columns in front, channels first or last, one pass or streamed with the carried column written into
+    those zeros, gives the forward's output (the bias left pending)."""
+    torch.manual_seed(stride)
+    up = CausalUpConv1d(6, 4, 2 * stride, stride).eval()
+    x = torch.randn(2, 6, 9)
+    want = up(x)
+    with torch.no_grad():
+        for last in (False, True):
+            def padded(piece: torch.Tensor) -> torch.Tensor:
+                xp = F.pad(piece, (up.reach, 0))
+                return xp.transpose(1, 2).contiguous().transpose(1, 2) if last else xp
+            p = up.pending(padded(x), padded=True)
+            assert channels_last(p.raw) == last
+            torch.testing.assert_close(p.raw + p.bias[:, None], want, rtol=1e-5, atol=1e-5)
+            carry: dict = {}
+            pieces = [up.pending(padded(x[..., a:b]), carry, padded=True) for a, b in ((0, 4), (4, 5), (5, 9))]
+            got = torch.cat([q.raw + q.bias[:, None] for q in pieces], dim=-1)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_precisions() -> None:

@@ -31,6 +31,22 @@ def test_snake_kernel_equals_the_eager_ops_on_strided_inputs(pad: int) -> None:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # sin may differ in the last bit
 
 
+def test_snake_kernel_reads_and_writes_channels_last() -> None:
+    """A channels-last input (a channels-last conv's output) in, the output written channels last with its
+    padding: the same values as the eager ops, laid out as a [B, pad + T, C] tensor seen as [B, C, pad + T],
+    and the summed h still channels first over res."""
+    torch.manual_seed(2)
+    x = (torch.randn(2, 2300, 20) * 3).transpose(1, 2)  # [B, C, T], channels last
+    alpha, beta, bias = torch.randn(20) * 0.5, torch.randn(20) * 0.5, torch.randn(20)
+    res = torch.randn(2, 20, 2300) * 3
+    want_h = res + (x + bias[None, :, None])
+    h, got = codec_kernels.snake(x, alpha, beta, 6, SNAKE_EPS, bias=bias, res=res.clone(), keep=True,
+                                 channels_last=True)
+    assert got.shape == (2, 20, 2306) and got.stride() == (2306 * 20, 1, 20) and h.is_contiguous()
+    assert torch.equal(h, want_h) and torch.equal(got[..., :6], torch.zeros(2, 20, 6))
+    torch.testing.assert_close(got, snake(want_h, alpha, beta, 6), rtol=1e-5, atol=1e-5)
+
+
 def test_decoder_with_the_kernel_decodes_as_with_the_eager_ops() -> None:
     """Every SnakeBeta through the kernel, each writing its conv's padding: the same audio."""
     dec = CodecDecoder.from_checkpoint(load_checkpoint(fixture_dir("custom_voice")))
