@@ -25,9 +25,18 @@ def test_a_run_gives_a_row_per_rows_and_the_json(tmp_path, capsys) -> None:
     assert all(r["carried_chunk_ms"] > 0 and r["first_chunk_ms"] > 0 for r in res["rows"])
     assert res["precision"] == "float32" and res["device"] == "cpu" and res["fused"] == (res["fused_off_because"] == "")
     assert res["profiles"] == {} and res["profiles_skipped"] == "needs CUDA"
-    assert res["source_digest"]
+    assert res["source_digest"] and res["cudnn_benchmark"] is False
     printed = capsys.readouterr().out
     assert "| 2 |" in printed and "kernel profiles skipped: needs CUDA" in printed
+
+
+def test_cudnn_autotuning_is_on_for_the_run_only(tmp_path) -> None:
+    out = tmp_path / "codec.json"
+    assert torch.backends.cudnn.benchmark is False
+    rc = cli(["codec-bench", "--model", str(fixture_dir("custom_voice")), "--device", "cpu", "--rows", "1",
+              "--chunk-frames", "2", "--history", "2", "--iters", "1", "--cudnn-benchmark", "--json", str(out)])
+    assert rc == 0 and json.loads(out.read_text())["cudnn_benchmark"] is True
+    assert torch.backends.cudnn.benchmark is False  # a process-wide switch, restored
 
 
 def test_the_first_chunk_call_decodes_its_frames_from_an_empty_state() -> None:

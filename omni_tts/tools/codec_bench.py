@@ -114,6 +114,16 @@ def new_shapes(codec: Any, n: int, pool: list[tuple[int, int]], history: int) ->
 
 
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
+    """The run with cuDNN's autotuning on for it if asked (a process-wide switch: restored after)."""
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark or saved
+    try:
+        return {**timed(args, say), "cudnn_benchmark": torch.backends.cudnn.benchmark}
+    finally:
+        torch.backends.cudnn.benchmark = saved
+
+
+def timed(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     if min([*args.rows, *args.profile_rows, args.iters, args.chunk_frames, args.first_frames, args.history]) < 1:
         raise OmniTTSError("--rows, --profile-rows, --iters and the frame counts take positive integers")
     config = engine_config(args)
@@ -163,6 +173,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--iters", type=int, default=10, help="timed calls per figure (the median is kept)")
     ap.add_argument("--new-shapes", type=int, default=0, metavar="N",
                     help="also time N carried chunks of new (rows, frames) shapes at their first call and again")
+    ap.add_argument("--cudnn-benchmark", action="store_true",
+                    help="let cuDNN time its algorithms for each new conv shape (the engine does not)")
     ap.add_argument("--json", default=None)
 
 
