@@ -133,20 +133,24 @@ class CausalUpConv1d(nn.Module):
             return Pending(self._up(x, None, carry), self.conv.bias, None)  # raw: [B, Cout, T*s]
         if carry is not None:
             refill(carry, self, x, self.reach)
-        t, skip = (x.shape[-1] - self.reach) * self.stride, self.reach * self.stride
-        if channels_last(x):
-            raw = conv_channels_last(x, self.conv.weight, stride=self.stride, transposed=True)
-        else:
-            raw = F.conv_transpose1d(x, self.conv.weight, None, self.stride)
-        return Pending(raw[..., skip: skip + t], self.conv.bias, None)
+        return Pending(self._transposed(x, None, self.reach), self.conv.bias, None)
 
     def _up(self, x: torch.Tensor, bias: torch.Tensor | None, carry: Carry | None) -> torch.Tensor:
         if self.gemm:
             return self._up_gemm(x, bias, carry)
-        t, skip = x.shape[-1] * self.stride, 0
         if carry is not None and self.reach:
-            x, skip = carried(carry, self, x, self.reach), self.reach * self.stride
-        return F.conv_transpose1d(x, self.conv.weight, bias, self.stride)[..., skip: skip + t]
+            return self._transposed(carried(carry, self, x, self.reach), bias, self.reach)
+        return self._transposed(x, bias, 0)
+
+    def _transposed(self, xp: torch.Tensor, bias: torch.Tensor | None, lead: int) -> torch.Tensor:
+        """cuDNN's transposed conv of xp [B, Cin, lead + T], whose first `lead` columns are the carried (or
+        zero) inputs, trimmed to the T*s outputs after their overlap: [B, Cout, T*s], a strided view."""
+        skip, t = lead * self.stride, (xp.shape[-1] - lead) * self.stride
+        if channels_last(xp):
+            y = conv_channels_last(xp, self.conv.weight, bias, stride=self.stride, transposed=True)
+        else:
+            y = F.conv_transpose1d(xp, self.conv.weight, bias, self.stride)
+        return y[..., skip: skip + t]
 
     def _up_gemm(self, x: torch.Tensor, bias: torch.Tensor | None, carry: Carry | None) -> torch.Tensor:
         """The same output from one GEMM: with K = 2s, output block t (s samples) is W[:, :, :s]^T x[t] +
@@ -170,14 +174,14 @@ def channels_last(x: torch.Tensor) -> bool:  # x [B, C, T]: a SnakeBeta wrote it
     return x.shape[1] > 1 and x.stride(1) == 1 and x.stride(2) == x.shape[1]
 
 
-def conv_channels_last(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, dilation: int = 1, groups: int = 1,
-                       transposed: bool = False) -> torch.Tensor:
-    """A conv (no bias or padding) of a channels-last x [B, C, T] as a 2-D conv over [B, C, 1, T], which cuDNN
-    reads as it lies (conv1d would copy x to channels first, cuDNN transpose it back) -> [B, Cout, T'] alike."""
+def conv_channels_last(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: int = 1,
+                       dilation: int = 1, groups: int = 1, transposed: bool = False) -> torch.Tensor:
+    """A conv (no padding) of a channels-last x [B, C, T] as a 2-D conv over [B, C, 1, T], which cuDNN reads
+    as it lies (conv1d would copy x to channels first, cuDNN transpose it back) -> [B, Cout, T'] alike."""
     x4, w4 = x.unsqueeze(2), weight.unsqueeze(2)
     if transposed:
-        return F.conv_transpose2d(x4, w4, None, (1, stride)).squeeze(2)
-    return F.conv2d(x4, w4, None, (1, stride), 0, (1, dilation), groups).squeeze(2)
+        return F.conv_transpose2d(x4, w4, bias, (1, stride)).squeeze(2)
+    return F.conv2d(x4, w4, bias, (1, stride), 0, (1, dilation), groups).squeeze(2)
 
 
 def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0) -> torch.Tensor:
