@@ -1,8 +1,11 @@
-"""omni_tts.kernels.snake: the Triton SnakeBeta (run here in Triton's CPU interpreter) against the function
-it implements, omni_tts.models.codec.layers.snake, alone (strided inputs, the conv padding it writes, the bias
-and residual sums it takes over) and inside the decoder (each activation alone, and the whole pending-sum vocoder)."""
+"""omni_tts.kernels.snake: the Triton SnakeBeta (in Triton's CPU interpreter, or on the GPU where there is one, with
+TF32 off) against the function it implements, omni_tts.models.codec.layers.snake, alone (strided inputs, the conv
+padding it writes, the bias and residual sums it takes over) and inside the decoder (each activation alone, and
+the whole pending-sum vocoder)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -15,13 +18,28 @@ from omni_tts.kernels import snake as codec_kernels  # noqa: E402
 from omni_tts.models.checkpoint import load_checkpoint  # noqa: E402
 from omni_tts.models.codec.decoder import CodecDecoder  # noqa: E402
 from omni_tts.models.codec.layers import SNAKE_EPS, SnakeBeta, snake  # noqa: E402
+from omni_tts.models.precision import exact  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(autouse=True)
+def _ieee() -> Iterator[None]:
+    """Float32 convs and matmuls in IEEE on a GPU too: TF32 would round the two paths' small differences
+    apart."""
+    with exact(DEV):
+        yield
+
+
+def _decoder() -> CodecDecoder:
+    return CodecDecoder.from_checkpoint(load_checkpoint(fixture_dir("custom_voice"))).to(DEV)
 
 
 @pytest.mark.parametrize("pad", [0, 6, 18])
 def test_snake_kernel_equals_the_eager_ops_on_strided_inputs(pad: int) -> None:
     torch.manual_seed(0)
-    base = torch.randn(2, 5, 2600) * 4
-    alpha, beta = torch.randn(5) * 0.5, torch.randn(5) * 0.5
+    base = (torch.randn(2, 5, 2600) * 4).to(DEV)
+    alpha, beta = (torch.randn(5) * 0.5).to(DEV), (torch.randn(5) * 0.5).to(DEV)
     permuted = base.transpose(0, 1).contiguous().transpose(0, 1)[..., 7:]  # rows in another memory order
     for x in (base, base[..., :2500], permuted):  # plain, trimmed, permuted
         h, got = codec_kernels.snake(x, alpha, beta, pad, SNAKE_EPS)
@@ -36,21 +54,21 @@ def test_snake_kernel_reads_and_writes_channels_last() -> None:
     padding: the same values as the eager ops, laid out as a [B, pad + T, C] tensor seen as [B, C, pad + T],
     and the summed h still channels first over res."""
     torch.manual_seed(2)
-    x = (torch.randn(2, 2300, 20) * 3).transpose(1, 2)  # [B, C, T], channels last
-    alpha, beta, bias = torch.randn(20) * 0.5, torch.randn(20) * 0.5, torch.randn(20)
-    res = torch.randn(2, 20, 2300) * 3
+    x = (torch.randn(2, 2300, 20) * 3).to(DEV).transpose(1, 2)  # [B, C, T], channels last
+    alpha, beta, bias = (t.to(DEV) for t in (torch.randn(20) * 0.5, torch.randn(20) * 0.5, torch.randn(20)))
+    res = (torch.randn(2, 20, 2300) * 3).to(DEV)
     want_h = res + (x + bias[None, :, None])
     h, got = codec_kernels.snake(x, alpha, beta, 6, SNAKE_EPS, bias=bias, res=res.clone(), keep=True,
                                  channels_last=True)
     assert got.shape == (2, 20, 2306) and got.stride() == (2306 * 20, 1, 20) and h.is_contiguous()
-    assert torch.equal(h, want_h) and torch.equal(got[..., :6], torch.zeros(2, 20, 6))
+    assert torch.equal(h, want_h) and torch.equal(got[..., :6], torch.zeros(2, 20, 6, device=DEV))
     torch.testing.assert_close(got, snake(want_h, alpha, beta, 6), rtol=1e-5, atol=1e-5)
 
 
 def test_decoder_with_the_kernel_decodes_as_with_the_eager_ops() -> None:
     """Every SnakeBeta through the kernel, each writing its conv's padding: the same audio."""
-    dec = CodecDecoder.from_checkpoint(load_checkpoint(fixture_dir("custom_voice")))
-    codes = torch.randint(0, 16, (2, 9, dec.num_quantizers), generator=torch.Generator().manual_seed(3))
+    dec = _decoder()
+    codes = torch.randint(0, 16, (2, 9, dec.num_quantizers), generator=torch.Generator().manual_seed(3)).to(DEV)
     ref = dec.decode_window(codes, 4)
     acts = [m for m in dec.modules() if isinstance(m, SnakeBeta)]
     for m in acts:
@@ -65,10 +83,10 @@ def test_snake_kernel_sums_bias_and_residual_as_the_eager_adds_do(dtype: torch.d
     """h = (x + bias) + res rounded after each add, as a conv's bias add then the residual add round it
     (float32: bit for bit), kept, and the activation of h."""
     torch.manual_seed(1)
-    base = (torch.randn(2, 4, 2100) * 3).to(dtype)
+    base = (torch.randn(2, 4, 2100) * 3).to(DEV, dtype)
     x = base[..., :2000]  # a trimmed transposed-conv output: strided
-    bias, res = torch.randn(4).to(dtype), (torch.randn(2, 4, 2000) * 3).to(dtype)
-    alpha, beta = torch.randn(4) * 0.5, torch.randn(4) * 0.5
+    bias, res = torch.randn(4).to(DEV, dtype), (torch.randn(2, 4, 2000) * 3).to(DEV, dtype)
+    alpha, beta = (torch.randn(4) * 0.5).to(DEV), (torch.randn(4) * 0.5).to(DEV)
     want_h = res + (x + bias[None, :, None])
     h, got = codec_kernels.snake(x, alpha, beta, 6, SNAKE_EPS, bias=bias, res=res, keep=True)
     assert h.data_ptr() == res.data_ptr()  # written over res (which the vocoder no longer needs)
@@ -89,8 +107,8 @@ def test_snake_kernel_sums_bias_and_residual_as_the_eager_adds_do(dtype: torch.d
 def test_pending_vocoder_decodes_as_the_module_vocoder() -> None:
     """CodecDecoder._vocode_pending (convs without their bias, the sums inside the snake kernels: the CUDA
     path of a fused codec) against the modules' own forward on the same latent."""
-    dec = CodecDecoder.from_checkpoint(load_checkpoint(fixture_dir("custom_voice")))
-    lat = torch.randn(2, dec.upsample[0][0].conv.in_channels, 5, generator=torch.Generator().manual_seed(4))
+    dec = _decoder()
+    lat = torch.randn(2, dec.upsample[0][0].conv.in_channels, 5, generator=torch.Generator().manual_seed(4)).to(DEV)
     x = lat
     with torch.inference_mode():
         for up, block in dec.upsample:
@@ -104,8 +122,8 @@ def test_pending_vocoder_decodes_as_the_module_vocoder() -> None:
 def test_pending_vocoder_streamed_with_carried_state_decodes_as_in_one_pass() -> None:
     """The fused path streamed: each conv's carried input columns go into the zero padding the kernel
     wrote (in place), so latent frames vocoded 1, 2 then 3 at a time join to the eager one-pass vocoder."""
-    dec = CodecDecoder.from_checkpoint(load_checkpoint(fixture_dir("custom_voice")))
-    lat = torch.randn(2, dec.upsample[0][0].conv.in_channels, 6, generator=torch.Generator().manual_seed(5))
+    dec = _decoder()
+    lat = torch.randn(2, dec.upsample[0][0].conv.in_channels, 6, generator=torch.Generator().manual_seed(5)).to(DEV)
     carry: dict = {}
     pieces, at = [], 0
     with torch.inference_mode():
