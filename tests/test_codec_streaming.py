@@ -18,8 +18,9 @@ from omni_tts.errors import Cancelled, InputError
 from omni_tts.models.checkpoint import load_checkpoint
 from omni_tts.models.codec.costs import chunk_costs
 from omni_tts.models.codec.decoder import CodecDecoder
-from omni_tts.models.codec.layers import CausalConv1d, CausalUpConv1d, WindowAttention, WindowTransformer
+from omni_tts.models.codec.layers import CausalConv1d, CausalUpConv1d
 from omni_tts.models.codec.streaming import StreamingDecoder, StreamingDecoderState, decode_chunk, decode_plans
+from omni_tts.models.codec.transformer import WindowAttention, WindowTransformer
 
 STREAM_TOL = 1e-4  # streamed vs one-shot, float32 (as tests/test_codec.py)
 GOLDEN_TOL = 1e-3  # vs the official decode's waveforms (as tests/test_codec.py)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_tts.errors import CheckpointError
-from omni_tts.models.codec.layers import WindowAttention
+from omni_tts.models.codec.transformer import WindowAttention
 from omni_tts.models.layers import (
     DecoderLayer,
     KVCache,

@@ -1,6 +1,6 @@
 """Qwen3-TTS 12 Hz speech-tokenizer DECODER: codec codes [T, 16] -> 24 kHz waveform, whole or streamed.
 
-Owns: the decoder half of `speech_tokenizer/` assembled from the layers in `codec/layers.py` (split residual-VQ
+Owns: the decoder half of `speech_tokenizer/` from codec/layers.py and codec/transformer.py (split residual-VQ
 codebook lookup, causal pre-conv, sliding-window pre-transformer, ConvNeXt upsampler, SnakeBeta /
 transposed-conv vocoder), reading `decoder_config`, strict loading of its `decoder.*` tensors, the official
 decode conventions (codes clamped at 0, frames whose first code is -1 are padding, output clamped to [-1, 1],
@@ -47,11 +47,11 @@ from omni_tts.models.codec.layers import (
     ConvNeXtBlock,
     SnakeBeta,
     VocoderStage,
-    WindowTransformer,
     chain_lookback,
     fused_snake,
     snake,
 )
+from omni_tts.models.codec.transformer import WindowTransformer
 from omni_tts.models.layers import ACTIVATIONS
 from omni_tts.models.precision import exact, tf32
 from omni_tts.models.transfer import to_device

@@ -8,7 +8,7 @@ from `speech_tokenizer/config.json` (`encoder_config`) and loads the `encoder.*`
 ceil(samples / encode_downsample_rate) frames, exactly as the official tokenizer does.
 
 Its attention, rotary embedding, layer scale, activations and strict loading are those of
-omni_tts.models.codec.layers and omni_tts.models.layers.
+omni_tts.models.codec.transformer and omni_tts.models.layers.
 Does not know: the decoder (codec/decoder.py), how audio is loaded or resampled (models/audio.py),
 or what the codes are used for. Runs in float32 (the parity reference is float32).
 """
@@ -24,7 +24,7 @@ from torch import nn
 
 from omni_tts.errors import CheckpointError, InputError
 from omni_tts.models.checkpoint import Checkpoint, require
-from omni_tts.models.codec.layers import WindowAttention
+from omni_tts.models.codec.transformer import WindowAttention
 from omni_tts.models.layers import LayerScale, Rope, activation, load_prefixed_state
 
 _CODEBOOK_EPS = 1e-5  # clamp for the codebook usage counts when turning sums into centroids
