@@ -1,19 +1,19 @@
 """Triton kernel implementing omni_tts.models.codec.layers.snake (the codec vocoder's SnakeBeta activation)
 on CUDA, with the sums before it and the next causal conv's padding after it.
 
-Owns: `snake(x, alpha, beta, pad, bias, res, keep)`: h = x + bias + res (the bias a conv run without
-it would have added, the residual stream), then h + sin^2(h * e^alpha) / (e^beta + eps) per channel,
-computed in float32 and stored in x's dtype, written into a new contiguous [B, C, pad + T] tensor whose
-first `pad` columns are zeros: the left padding of the causal conv that follows, so that conv needs no
-padded copy of its input (a full pass over the largest tensors of the decoder); with `keep`, h too
-(the residual stream's next value). One read of each input and one write of each output, where the
-eager ops take a pass per bias add, residual add and padding. x may be any strided view (a transposed
-conv's trimmed output, a channels-last conv's output), and the output may be written channels last, the
-layout cuDNN's convs read without transposing it first. One program per (row, block of channels, block of
-samples): the per-channel constants are loaded once per program, and no element needs an integer
-division to find its channel (Inductor's dynamic-shape kernel for the same function did). Same math as
-the reference; the sum may be contracted to a fused multiply-add, so results agree to float rounding, not
-bit for bit.
+Owns: `snake(x, alpha, beta, pad, bias, res, keep)`: h = x + bias + res (the bias a conv run without it would
+have added, the residual stream), then h + sin^2(h * e^alpha) / (e^beta + eps) per channel, computed in
+float32 and stored in x's dtype, written into a new contiguous [B, C, pad + T] tensor whose first `pad`
+columns are zeros: the left padding of the causal conv that follows, so that conv needs no padded copy of its
+input (a full pass over the largest tensors of the decoder); with `keep`, h too (the residual stream's next
+value). One read of each input and one write of each output, where the eager ops take a pass per bias add,
+residual add and padding. x may be any strided view (a transposed conv's trimmed output, a channels-last
+conv's output), and the output may be written channels last, the layout cuDNN's convs read without transposing
+it first, or in d phases (sample u at phase u % d, step u // d: a conv of dilation d over it is d undilated
+channels-last convs), and read back from them. One program per (row, block of channels, block of samples): the
+per-channel constants are loaded once per program, and no element needs an integer division to find its
+channel (Inductor's dynamic-shape kernel for the same function did). Same math as the reference; the sum may
+be contracted to a fused multiply-add, so results agree to float rounding, not bit for bit.
 Knows nothing about models, windows or streaming. Tests run it in Triton's CPU interpreter.
 """
 
@@ -37,14 +37,24 @@ def available() -> bool:
 if triton is not None:
     # sizes, padding and batch strides vary with every window shape: one compiled kernel for all of them;
     # the channel and sample strides stay specialised, so a unit stride (either layout) is known contiguous
-    @triton.jit(do_not_specialize=["C", "T", "pad", "sxb", "sob"])
+    @triton.jit
+    def _at(u, step, phase, D: tl.constexpr):
+        """Offset of sample u: u * step, or with D phases (u // D) * step + (u % D) * phase."""
+        if D == 1:
+            return u * step
+        return (u // D) * step + (u % D) * phase
+
+    @triton.jit(do_not_specialize=["C", "T", "pad", "sxb", "sxr", "sob", "sor"])
     def _snake_kernel(x_ptr, bias_ptr, res_ptr, h_ptr, alpha_ptr, beta_ptr, out_ptr, C, T, pad, sxb, sxc, sxt,
-                      sob, soc, sot, eps, BIAS: tl.constexpr, RES: tl.constexpr, KEEP: tl.constexpr,
-                      BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, PADB: tl.constexpr):
+                      sxr, sob, soc, sot, sor, eps, BIAS: tl.constexpr, RES: tl.constexpr, KEEP: tl.constexpr,
+                      BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, PADB: tl.constexpr, DX: tl.constexpr,
+                      DO: tl.constexpr):
         """Program (row b, block of channels, block of samples j): h = x[b, c, t] (+ bias[c]) (+ res[b, c, t]),
         each sum rounded to the dtype as the eager adds round it; h[b, c, t] = h with KEEP; out[b, c, pad + t]
         = snake(h). The first sample block also zeroes out[b, c, :pad]. x and out are read and written
-        through their strides (channels first or channels last); res and h are contiguous [B, C, T]."""
+        through their strides (channels first or channels last); res and h are contiguous [B, C, T]. With
+        DX > 1, x's sample t lies at phase t % DX, step t // DX (strides sxr, sxt); with DO > 1, out's
+        padded sample u = pad + t likewise at phase u % DO, step u // DO (sor, sot)."""
         dt = out_ptr.dtype.element_ty
         b = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -55,7 +65,7 @@ if triton is not None:
         freq = tl.exp(tl.load(alpha_ptr + c, mask=mc, other=0.0).to(tl.float32))[:, None]
         gain = (1.0 / (tl.exp(tl.load(beta_ptr + c, mask=mc, other=0.0).to(tl.float32)) + eps))[:, None]
         c64, t64 = c.to(tl.int64)[:, None], t.to(tl.int64)[None, :]
-        x = tl.load(x_ptr + b * sxb + c64 * sxc + t64 * sxt, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + b * sxb + c64 * sxc + _at(t64, sxt, sxr, DX), mask=m, other=0.0).to(tl.float32)
         if BIAS:
             x = (x + tl.load(bias_ptr + c, mask=mc, other=0.0).to(tl.float32)[:, None]).to(dt).to(tl.float32)
         flat = (b * C + c64) * T + t64  # res and h: contiguous [B, C, T]
@@ -66,37 +76,55 @@ if triton is not None:
         s = tl.sin(x * freq)
         y = x + gain * (s * s)
         base = out_ptr + b * sob + c64 * soc
-        tl.store(base + (pad + t64) * sot, y.to(dt), mask=m)
+        tl.store(base + _at(pad + t64, sot, sor, DO), y.to(dt), mask=m)
         if j == 0:
             p = tl.arange(0, PADB)[None, :]
-            tl.store(base + p * sot, tl.zeros([BLOCK_C, PADB], tl.float32).to(dt), mask=mc[:, None] & (p < pad))
+            tl.store(base + _at(p, sot, sor, DO), tl.zeros([BLOCK_C, PADB], tl.float32).to(dt),
+                     mask=mc[:, None] & (p < pad))
+
 
 
 def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0, eps: float = 1e-9,
           bias: torch.Tensor | None = None, res: torch.Tensor | None = None, keep: bool = False,
-          channels_last: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
+          channels_last: bool = False, phases: int = 1, x_phases: int = 1, length: int = 0
+          ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """h = x (+ bias [C] per channel) (+ res [B, C, T], contiguous) -> (h [B, C, T] contiguous if `keep`
     else None, snake(h) [B, C, pad + T], zeros first: contiguous, or with `channels_last` a [B, pad + T, C]
     contiguous tensor seen as [B, C, pad + T], the layout a channels-last conv reads without a transpose).
     With keep and res, h is written over res (and returned). x: [B, C, T], any strides; alpha / beta [C]
-    (log scale). bias and res are what a conv run without its bias and a residual add would add."""
-    B, C, T = x.shape
-    if channels_last:
-        out = torch.empty(B, pad + T, C, dtype=x.dtype, device=x.device).transpose(1, 2)
+    (log scale). bias and res are what a conv run without its bias and a residual add would add.
+    phases = d > 1: the output is a contiguous [B, d, S, C] tensor, S = ceil((pad + T) / d), holding padded
+    sample u at [b, u % d, u // d, c] (zeros past pad + T): d channels-last sequences, the undilated form of
+    a conv of dilation d. x_phases = d > 1: x is such a [B, d, S', C] tensor (any strides) holding the
+    `length` samples of a [B, C, T] one."""
+    if x_phases > 1:
+        B, _, _, C = x.shape
+        T = length
+        sxb, sxr, sxt, sxc = x.stride()
     else:
-        out = torch.empty(B, C, pad + T, dtype=x.dtype, device=x.device)
+        B, C, T = x.shape
+        (sxb, sxc, sxt), sxr = x.stride(), 0
+    if phases > 1:
+        steps = -(-(pad + T) // phases)
+        out = torch.empty(B, phases, steps, C, dtype=x.dtype, device=x.device)
+        out[:, pad + T - (steps - 1) * phases:, steps - 1].zero_()  # the last step's phases past the end
+        sob, sor, sot, soc = out.stride()
+    else:
+        shape = (B, pad + T, C) if channels_last else (B, C, pad + T)
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+        out = out.transpose(1, 2) if channels_last else out
+        (sob, soc, sot), sor = out.stride(), 0
     # h over res when both: each element is read, then written, by the same thread (and one 32-row window
     # holds ~0.8 GB per float32 tensor at 24 kHz; the caller's res is used up)
     h = (res if res is not None else torch.empty(B, C, T, dtype=x.dtype, device=x.device)) if keep else None
     if B * C == 0 or T == 0:
         return h, out.zero_()
     if res is not None:
-        assert res.shape == x.shape and res.is_contiguous()
+        assert res.shape == (B, C, T) and res.is_contiguous()
     dummy = x
     grid = (B, triton.cdiv(C, BLOCK_C), triton.cdiv(T, BLOCK_T))
     _snake_kernel[grid](x, bias if bias is not None else dummy, res if res is not None else dummy,
-                        h if h is not None else dummy, alpha, beta, out, C, T, pad, x.stride(0), x.stride(1),
-                        x.stride(2), out.stride(0), out.stride(1), out.stride(2), eps, BIAS=bias is not None,
-                        RES=res is not None, KEEP=keep, BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T,
-                        PADB=max(16, triton.next_power_of_2(max(pad, 1))))
+                        h if h is not None else dummy, alpha, beta, out, C, T, pad, sxb, sxc, sxt, sxr, sob, soc,
+                        sot, sor, eps, BIAS=bias is not None, RES=res is not None, KEEP=keep, BLOCK_C=BLOCK_C,
+                        BLOCK_T=BLOCK_T, PADB=max(16, triton.next_power_of_2(max(pad, 1))), DX=x_phases, DO=phases)
     return h, out

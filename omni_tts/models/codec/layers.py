@@ -33,9 +33,11 @@ GEMM_MIN_STRIDE = 8
 class Pending(NamedTuple):
     """A vocoder tensor not yet summed: raw (a conv's output without its bias, any strides) + bias[c]
     (+ res, the residual stream). The next SnakeBeta's kernel does the sums (`SnakeBeta.fused`)."""
-    raw: torch.Tensor  # [B, C, T]
+    raw: torch.Tensor  # [B, C, T]; with phases d > 1 [B, d, S, C] (`CausalConv1d.phased`)
     bias: torch.Tensor | None  # [C]
     res: torch.Tensor | None  # [B, C, T], contiguous; the summing kernel may write over it
+    phases: int = 1
+    length: int = 0  # T, where raw is in phases
 
 
 Carry = dict[nn.Module, torch.Tensor]
@@ -64,6 +66,18 @@ def refill(carry: Carry, owner: nn.Module, xp: torch.Tensor, reach: int) -> None
     carry[owner] = xp[..., xp.shape[-1] - reach:].contiguous()
 
 
+def refill_phased(carry: Carry, owner: nn.Module, xp: torch.Tensor, reach: int, length: int) -> None:
+    """`refill` for a padded input laid out in phases (`CausalConv1d.phased`): the carried columns go to
+    padded samples 0..reach-1 (steps 0..reach/d - 1 of every phase), the carry then holds samples
+    length..length + reach - 1."""
+    B, d, _, C = xp.shape
+    tail = carry.get(owner)
+    if tail is not None:  # [B, C, reach]: sample s * d + r -> [b, r, s, c]
+        xp[:, :, :reach // d].copy_(tail.view(B, C, reach // d, d).permute(0, 3, 2, 1))
+    u = torch.arange(length, length + reach, device=xp.device)
+    carry[owner] = xp[:, u % d, u // d].transpose(1, 2).contiguous()  # [B, C, reach]
+
+
 class CausalConv1d(nn.Module):
     """Stride-1 conv that only looks back: left-pads (kernel-1)*dilation zeros."""
 
@@ -84,6 +98,17 @@ class CausalConv1d(nn.Module):
         if channels_last(xp):
             return Pending(conv_channels_last(xp, c.weight, dilation=c.dilation[0], groups=c.groups), c.bias, None)
         return Pending(F.conv1d(xp, c.weight, None, 1, 0, c.dilation, c.groups), c.bias, None)  # [B, Cout, T]
+
+    def phased(self, xp: torch.Tensor, length: int, carry: Carry | None = None) -> Pending:
+        """`pending` of a conv of dilation d on its padded input in d phases ([B, d, S, C] from a SnakeBeta
+        with phases=d): one undilated conv over the B * d channels-last sequences (cuDNN's fast kernels;
+        a dilated conv has slower ones and reads channels first), the output in phases too."""
+        c, (B, d, steps, C) = self.conv, xp.shape
+        if carry is not None:
+            refill_phased(carry, self, xp, self.reach, length)
+        x4 = xp.view(B * d, steps, C).transpose(1, 2).unsqueeze(2)  # [B*d, C, 1, S], channels last
+        y = F.conv2d(x4, c.weight.unsqueeze(2), None)  # [B*d, Cout, 1, S - K + 1], channels last
+        return Pending(y.permute(0, 2, 3, 1).reshape(B, d, -1, y.shape[1]), c.bias, None, d, length)
 
     def _padded(self, x: torch.Tensor, padded: bool, carry: Carry | None) -> torch.Tensor:
         if self.reach == 0:
@@ -215,13 +240,14 @@ class SnakeBeta(nn.Module):
         # compile per channel count of the compiled function)
         return self.impl(x, self.alpha.detach(), self.beta.detach(), pad)
 
-    def fused(self, p: Pending, pad: int = 0, keep: bool = False, last: bool = False
+    def fused(self, p: Pending, pad: int = 0, keep: bool = False, last: bool = False, phases: int = 1
               ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The sums of p and this activation as one Triton kernel (CUDA, or the interpreter): -> (the summed
         tensor [B, C, T] if keep else None, the activation [B, C, pad + T] with the next conv's padding,
-        laid out channels last if `last`)."""
-        return codec_kernels.snake(p.raw, self.alpha.detach(), self.beta.detach(), pad, SNAKE_EPS,
-                                   p.bias, p.res, keep, channels_last=last)
+        laid out channels last if `last`, or in `phases` for a dilated conv's `phased`)."""
+        return codec_kernels.snake(p.raw, self.alpha.detach(), self.beta.detach(), pad, SNAKE_EPS, p.bias,
+                                   p.res, keep, channels_last=last, phases=phases, x_phases=p.phases,
+                                   length=p.length)
 
 
 class ResidualUnit(nn.Module):
@@ -236,11 +262,12 @@ class ResidualUnit(nn.Module):
 
     def pending(self, p: Pending, carry: Carry | None = None) -> Pending:
         """forward on a pending input, the output left pending: 2 element-wise kernels instead of 5 (the
-        convs' bias adds and the residual add move into the snakes), which write the undilated convs'
-        inputs channels last."""
-        undilated = self.conv1.conv.dilation[0] == 1  # dilated ones run slower on channels-last input
-        x, s = self.act1.fused(p, self.conv1.reach, keep=True, last=undilated)  # x: the unit's input, summed
-        _, s = self.act2.fused(self.conv1.pending(s, padded=True, carry=carry), last=True)  # s: [B, C, T]
+        convs' bias adds and the residual add move into the snakes), which write the convs' inputs channels
+        last (the dilated conv's in phases, see `CausalConv1d.phased`)."""
+        conv1, d = self.conv1, self.conv1.conv.dilation[0]
+        x, s = self.act1.fused(p, conv1.reach, keep=True, last=d == 1, phases=d)  # x: the unit's input, summed
+        q = conv1.pending(s, padded=True, carry=carry) if d == 1 else conv1.phased(s, x.shape[-1], carry)
+        _, s = self.act2.fused(q, last=True)  # s: [B, C, T]
         return self.conv2.pending(s)._replace(res=x)
 
     def lookback(self, j: int) -> int:
