@@ -241,7 +241,7 @@ class CodecDecoder(nn.Module):
         p = first.pending(x, carry=carry)  # [B, dim, T']
         for stage in stages:
             p = stage.pending(p, carry)
-        x = conv(act.fused(p, pad=conv.reach)[1], padded=True, carry=carry)  # x: [B, 1, T*upsample]
+        x = conv.taps(act.fused(p, pad=conv.reach, last=True)[1], carry)  # x: [B, 1, T*upsample]
         return x.squeeze(1).clamp(-1.0, 1.0)
 
     def decode_carried(self, codes: torch.Tensor, carry: Carry) -> torch.Tensor:

@@ -110,6 +110,22 @@ class CausalConv1d(nn.Module):
         y = F.conv2d(x4, c.weight.unsqueeze(2), None)  # [B*d, Cout, 1, S - K + 1], channels last
         return Pending(y.permute(0, 2, 3, 1).reshape(B, d, -1, y.shape[1]), c.bias, None, d, length)
 
+    def taps(self, xp: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:
+        """forward of an undilated conv to few output channels (the vocoder's last, to one) on a padded
+        channels-last input [B, C, reach + T]: one GEMM to every (tap, output) column, then each output's
+        taps summed along their diagonal. cuDNN would transpose the input first and run a kernel sized for
+        many outputs."""
+        c, (B, C, S) = self.conv, xp.shape
+        (K,), N, T = c.kernel_size, c.out_channels, S - self.reach
+        assert c.dilation == (1,) and c.groups == 1, "taps: an undilated, ungrouped conv"
+        if carry is not None:
+            refill(carry, self, xp, self.reach)
+        cols = -(-K * N // 4) * 4  # rows of 16 bytes: cuBLAS's aligned kernels
+        w = F.pad(c.weight.permute(1, 2, 0).reshape(C, K * N), (0, cols - K * N))  # column k*N + n: tap k of n
+        taps = xp.transpose(1, 2).reshape(B * S, C) @ w  # [B*S, cols]
+        y = taps.as_strided((B, N, T, K), (S * cols, 1, cols, cols + N)).sum(-1)  # y[b, n, t]: taps[b, t+k, k*N+n]
+        return y + c.bias[None, :, None] if c.bias is not None else y
+
     def _padded(self, x: torch.Tensor, padded: bool, carry: Carry | None) -> torch.Tensor:
         if self.reach == 0:
             return x  # F.pad would copy it
