@@ -356,6 +356,24 @@ def test_a_transposed_conv_on_padded_channels_last_input_equals_its_forward(stri
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("c_out", [1, 3])
+def test_a_conv_to_few_outputs_as_one_gemm_to_its_taps_equals_its_forward(c_out: int) -> None:
+    """CausalConv1d.taps (the fused vocoder's last conv) on padded channels-last input, in one pass and
+    streamed with the carried columns written into the padding, gives the forward's output."""
+    torch.manual_seed(c_out)
+    conv = CausalConv1d(5, c_out, 7).eval()
+    x = torch.randn(2, 5, 13)
+
+    def padded(piece: torch.Tensor) -> torch.Tensor:
+        return F.pad(piece, (conv.reach, 0)).transpose(1, 2).contiguous().transpose(1, 2)
+    with torch.no_grad():
+        want = conv(x)
+        torch.testing.assert_close(conv.taps(padded(x)), want, rtol=1e-5, atol=1e-5)
+        carry: dict = {}
+        got = torch.cat([conv.taps(padded(x[..., a:b]), carry) for a, b in ((0, 2), (2, 3), (3, 13))], dim=-1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_precisions() -> None:
     """tf32 is float32 off CUDA (same audio); bfloat16 decodes close to float32 and is one way; an unknown
     precision is refused."""
