@@ -9,8 +9,8 @@ holding an omni_tts package is used as it is, for machines the repository's hist
 alternates (A B, then B A: a drift of the machine falls on both), and one table: per mode and concurrency
 each process's audio s/s and median TTFP (codec-bench: per rows each process's chunk ms, graphed where
 CUDA graphs ran), and the median over processes (the JSON is rewritten after every process, "complete" once
-all ran). Processes of one machine differ by about as much as a lever does, so a lever's before and after are told
-apart by several interleaved processes, not by one each.
+all ran). Processes of one machine differ by about as much as a lever does, so a lever's before and after
+are told apart by several interleaved processes, not by one each.
 Knows nothing about what the tools measure beyond their JSONs' rows.
 """
 
