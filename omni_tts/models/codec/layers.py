@@ -106,9 +106,8 @@ class CausalConv1d(nn.Module):
         c, (B, d, steps, C) = self.conv, xp.shape
         if carry is not None:
             refill_phased(carry, self, xp, self.reach, length)
-        x4 = xp.view(B * d, steps, C).transpose(1, 2).unsqueeze(2)  # [B*d, C, 1, S], channels last
-        y = F.conv2d(x4, c.weight.unsqueeze(2), None)  # [B*d, Cout, 1, S - K + 1], channels last
-        return Pending(y.permute(0, 2, 3, 1).reshape(B, d, -1, y.shape[1]), c.bias, None, d, length)
+        y = conv_channels_last(xp.view(B * d, steps, C).transpose(1, 2), c.weight)  # [B*d, Cout, S - K + 1]
+        return Pending(y.transpose(1, 2).reshape(B, d, -1, y.shape[1]), c.bias, None, d, length)
 
     def taps(self, xp: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:
         """forward of an undilated conv to few output channels (the vocoder's last, to one) on a padded
