@@ -1,5 +1,5 @@
-"""`omni-tts ab` on the tiny fixture (CPU): each revision's package runs in its own bench processes, in
-alternating order, and the summary holds each process's figures; a bad revision or argument is one line
+"""`omni-tts ab` on the tiny fixture (CPU): each revision's package runs in its own bench (or codec-bench)
+processes, in alternating order, and the summary holds each process's figures; a bad revision or argument is one line
 before anything runs."""
 
 from __future__ import annotations
@@ -40,6 +40,27 @@ def test_each_revision_runs_its_own_package_in_interleaved_processes(tmp_path):
         assert sorted(s["audio_s_per_s"]) == sorted(mine) and s["median_audio_s_per_s"] == statistics.median(mine)
     rows = [line for line in p.stdout.splitlines() if line.startswith("| eager |")]
     assert len(rows) == 2 and rows[0].split("|")[3].strip() == "." and rows[1].split("|")[3].strip() == "HEAD"
+
+
+def test_codec_bench_runs_as_the_tool_and_its_chunk_times_make_the_table(tmp_path):
+    out = tmp_path / "ab.json"
+    codec = ["--model", str(fixture_dir("custom_voice")), "--rows", "1", "2", "--iters", "1", "--chunk-frames", "1",
+             "--history", "1", "--first-frames", "1"]
+    p = run_cli_process("ab", "--tool", "codec-bench", "--revs", ".", "HEAD", "--rounds", "1", "--json", str(out),
+                        "--", *codec)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["tool"] == "codec-bench" and res["complete"] is True
+    digests = {".": tree_digest(), "HEAD": rev_digest("HEAD")}
+    for r in res["runs"]:
+        assert r["bench"]["source_digest"] == digests[r["rev"]] and [x["rows"] for x in r["bench"]["rows"]] == [1, 2]
+    assert [(s["rows"], s["rev"]) for s in res["summary"]] == [(1, "."), (1, "HEAD"), (2, "."), (2, "HEAD")]
+    for s in res["summary"]:  # on a CPU, no graphs: the eager chunk's time
+        (run,) = [r for r in res["runs"] if r["rev"] == s["rev"]]
+        (row,) = [x for x in run["bench"]["rows"] if x["rows"] == s["rows"]]
+        assert "carried_graph_ms" not in row and s["chunk_ms"] == [row["carried_chunk_ms"]]
+    lines = [line for line in p.stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert [line.split("|")[2].strip() for line in lines] == [".", "HEAD", ".", "HEAD"]
 
 
 def test_a_folder_holding_a_package_runs_that_package(tmp_path):

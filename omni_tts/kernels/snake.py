@@ -83,7 +83,6 @@ if triton is not None:
                      mask=mc[:, None] & (p < pad))
 
 
-
 def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0, eps: float = 1e-9,
           bias: torch.Tensor | None = None, res: torch.Tensor | None = None, keep: bool = False,
           channels_last: bool = False, phases: int = 1, x_phases: int = 1, length: int = 0

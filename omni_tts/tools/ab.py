@@ -1,15 +1,17 @@
 """`omni-tts ab`: the same bench on several code trees, one process per (round, tree), interleaved.
 
     omni-tts ab --revs main my-branch [--rounds 2] [--json OUT] -- --model CK --preset bench --concurrency 32 64
+    omni-tts ab --tool codec-bench --revs main my-branch -- --model CK --rows 1 8 32 64 --iters 10
 
 Owns: unpacking each git revision's package into a folder of its own (`.` is the checkout as it is; a folder
 holding an omni_tts package is used as it is, for machines the repository's history does not reach), running
-`bench` with the arguments after `--` from each folder in rounds whose order alternates (A B, then B A: a
-drift of the machine falls on both), and one table per mode and concurrency: each process's audio s/s and
-median TTFP, and the median over processes (the JSON is rewritten after every process, "complete" once all
-ran). Processes of one machine differ by about as much as a lever does, so a lever's before and after are told
-apart by several interleaved processes, not by one each.
-Knows nothing about what bench measures beyond its JSON's rows.
+`bench` (or `codec-bench`, `--tool`) with the arguments after `--` from each folder in rounds whose order
+alternates (A B, then B A: a drift of the machine falls on both), and one table: per mode and concurrency
+each process's audio s/s and median TTFP (codec-bench: per rows each process's chunk ms, graphed where
+CUDA graphs ran), and the median over processes (the JSON is rewritten after every process, "complete" once
+all ran). Processes of one machine differ by about as much as a lever does, so a lever's before and after
+are told apart by several interleaved processes, not by one each.
+Knows nothing about what the tools measure beyond their JSONs' rows.
 """
 
 from __future__ import annotations
@@ -59,11 +61,12 @@ def order(revs: list[str], rounds: int) -> list[tuple[int, str]]:
     return [(r, rev) for r in range(rounds) for rev in (revs if r % 2 == 0 else revs[::-1])]
 
 
-def bench_once(folder: Path, bench_args: list[str], out: Path, timeout: float) -> dict[str, Any]:
-    """One bench process importing the package in `folder` (ahead of the working directory, where relative
-    paths in bench's arguments still resolve): its JSON, with "error" where the process failed or timed out
+def bench_once(folder: Path, bench_args: list[str], out: Path, timeout: float, tool: str = "bench"
+               ) -> dict[str, Any]:
+    """One `tool` process importing the package in `folder` (ahead of the working directory, where relative
+    paths in its arguments still resolve): its JSON, with "error" where the process failed or timed out
     (bench rewrites its JSON after every row, so a stopped process keeps the rows it finished)."""
-    cmd = [sys.executable, "-c", _FROM_FOLDER, str(folder), "bench", *bench_args, "--json", str(out)]
+    cmd = [sys.executable, "-c", _FROM_FOLDER, str(folder), tool, *bench_args, "--json", str(out)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -93,6 +96,28 @@ def summary(runs: list[dict[str, Any]], revs: list[str]) -> list[dict[str, Any]]
     return sorted(rows, key=lambda r: (r["mode"], r["concurrency"], revs.index(r["rev"])))
 
 
+def codec_summary(runs: list[dict[str, Any]], revs: list[str]) -> list[dict[str, Any]]:
+    """codec-bench's: per rev and rows, each process's carried chunk ms (graphed where CUDA graphs ran, else
+    eager) and their median."""
+    rows = []
+    for rev in revs:
+        cells: dict[int, list[float]] = {}
+        for run in (r for r in runs if r["rev"] == rev):
+            for row in run["bench"].get("rows", []):
+                cells.setdefault(row["rows"], []).append(row.get("carried_graph_ms", row["carried_chunk_ms"]))
+        rows += [{"rev": rev, "rows": b, "chunk_ms": ms, "median_chunk_ms": statistics.median(ms)}
+                 for b, ms in cells.items()]
+    return sorted(rows, key=lambda r: (r["rows"], revs.index(r["rev"])))
+
+
+def codec_table(rows: list[dict[str, Any]]) -> str:
+    out = ["| rows | rev | chunk ms per process | median |", "|---|---|---|---|"]
+    for r in rows:
+        ms = ", ".join(f"{v:.3f}" for v in r["chunk_ms"])
+        out.append(f"| {r['rows']} | {r['rev']} | {ms} | {r['median_chunk_ms']:.3f} |")
+    return "\n".join(out)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     out = ["| mode | c | rev | audio s/s per process | median | TTFP ms per process | median |",
            "|---|---|---|---|---|---|---|"]
@@ -106,37 +131,50 @@ def table(rows: list[dict[str, Any]]) -> str:
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
     if "--json" in bench_args:
-        raise OmniTTSError("ab: give --json to ab, not to bench (ab writes one JSON per bench process)")
+        raise OmniTTSError("ab: give --json to ab, not to the tool (ab writes one JSON per process)")
     if len(set(args.revs)) != len(args.revs):
         raise OmniTTSError("ab: each revision once")
     with tempfile.TemporaryDirectory(prefix="omni-tts-ab-") as tmp:
         trees = {rev: unpack(rev, Path(tmp)) for rev in args.revs}  # every rev checked before any run
-        head = {**provenance(), "revs": args.revs, "rounds": args.rounds, "bench_args": bench_args}
+        head = {**provenance(), "tool": args.tool, "revs": args.revs, "rounds": args.rounds,
+                "bench_args": bench_args}
         runs: list[dict[str, Any]] = []
         for i, (r, rev) in enumerate(order(args.revs, args.rounds)):
             say(f"round {r + 1}: {rev}")
-            got = bench_once(trees[rev], bench_args, Path(tmp) / f"bench_{i}.json", args.timeout)
+            got = bench_once(trees[rev], bench_args, Path(tmp) / f"bench_{i}.json", args.timeout, args.tool)
             if "error" in got:
                 say(f"  {rev}: {got['error']}")
             runs.append({"round": r, "rev": rev, "bench": got})
             if args.json:  # a stopped comparison keeps the processes it finished
                 write_json(args.json, {**head, "runs": runs, "complete": False})
-            for row in summary(runs[-1:], [rev]):
-                say(f"  {row['mode']} c={row['concurrency']}: {row['audio_s_per_s'][0]:.1f} audio s/s, "
-                    f"TTFP {row['med_ttfp_ms'][0]:.1f} ms")
-    rows = summary(runs, args.revs)
-    print(table(rows))
+            say_run(runs[-1], args.tool, say)
+    codec = args.tool == "codec-bench"
+    rows = codec_summary(runs, args.revs) if codec else summary(runs, args.revs)
+    print(codec_table(rows) if codec else table(rows))
     return {**head, "runs": runs, "summary": rows, "complete": True}
+
+
+def say_run(run: dict[str, Any], tool: str, say: Callable[[str], None]) -> None:
+    """One line per row of a finished process."""
+    if tool == "codec-bench":
+        for row in codec_summary([run], [run["rev"]]):
+            say(f"  rows {row['rows']}: {row['chunk_ms'][0]:.3f} ms a chunk")
+        return
+    for row in summary([run], [run["rev"]]):
+        say(f"  {row['mode']} c={row['concurrency']}: {row['audio_s_per_s'][0]:.1f} audio s/s, "
+            f"TTFP {row['med_ttfp_ms'][0]:.1f} ms")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--revs", nargs="+", required=True,
                     help=f"git revisions to compare ('{WORKING_TREE}': the checkout as it is; a folder holding an "
                          "omni_tts package: that package)")
+    ap.add_argument("--tool", choices=("bench", "codec-bench"), default="bench",
+                    help="what each process runs (default bench)")
     ap.add_argument("--rounds", type=int, default=2, help="processes per revision, in alternating order")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per bench process")
     ap.add_argument("--json", help="all runs' bench JSONs and the summary")
-    ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: bench's own arguments")
+    ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: the tool's own arguments")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -35,7 +35,7 @@ COMMANDS: dict[str, Command] = {
                      "(--ray: replicas on Ray Serve)"),
     "warm-cache": Command("omni_tts.tools.warm_cache", "export or import compiled artifacts for a fresh machine"),
     "bench": Command("omni_tts.tools.bench", "latency and throughput per compile mode and concurrency"),
-    "ab": Command("omni_tts.tools.ab", "the same bench on several git revisions, interleaved processes, one table"),
+    "ab": Command("omni_tts.tools.ab", "bench or codec-bench on several revisions, interleaved processes, one table"),
     "peers": Command("omni_tts.tools.peers", "other TTS systems beside this engine, each in its own process"),
     "microbench": Command("omni_tts.tools.microbench", "per-batch step costs per mode, greedy agreement"),
     "mixed-load": Command("omni_tts.tools.mixed_load", "modes side by side in one engine"),
