@@ -1,6 +1,6 @@
-"""The forms the codec's convs take on cuDNN (the conv layers' fast paths) against each conv's own
-forward, in float32 on the CPU: one pass, and streamed with the carried columns written into the
-padding."""
+"""The forms the codec's convs take on cuDNN (omni_tts.models.codec.conv_forms and the conv layers' fast
+paths) against each conv's own forward, in float32 on the CPU: one pass, and streamed with the carried
+columns written into the padding."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omni_tts.models.codec.layers import CausalConv1d, CausalUpConv1d, channels_last
+from omni_tts.models.codec.conv_forms import channels_last, conv_folded, fold_weight
+from omni_tts.models.codec.layers import CausalConv1d, CausalUpConv1d
 
 
 def _channels_last(x: torch.Tensor) -> torch.Tensor:
@@ -61,3 +62,28 @@ def test_a_conv_to_few_outputs_as_one_gemm_to_its_taps_equals_its_forward(c_out:
         carry: dict = {}
         got = torch.cat([conv.taps(padded(x[..., a:b]), carry) for a, b in ((0, 2), (2, 3), (3, 13))], dim=-1)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("g,kernel", [(2, 7), (2, 3), (3, 7)])
+def test_a_conv_over_folded_samples_equals_the_conv(g: int, kernel: int) -> None:
+    """conv_folded with fold_weight(w, g): g samples folded into g times the channels (views of channels-last
+    memory), the same outputs as the conv."""
+    torch.manual_seed(g * kernel)
+    w, x = torch.randn(3, 5, kernel), torch.randn(2, 5, 4 * g * 3 + kernel - 1)  # S and S - K + 1: multiples of g
+    got = conv_folded(_channels_last(x), fold_weight(w, g))
+    assert channels_last(got)
+    torch.testing.assert_close(got, F.conv1d(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_a_narrow_conv_runs_folded_on_even_channels_last_input_and_plainly_else() -> None:
+    """CausalConv1d.pending takes the folded form where the input is channels last, narrow and of an even
+    length (the fused vocoder's kernel-7 convs), the plain one on an odd length; both equal the forward."""
+    torch.manual_seed(0)
+    conv = CausalConv1d(6, 6, 7).eval()
+    for length in (10, 11):
+        x = torch.randn(2, 6, length)
+        xp = _channels_last(F.pad(x, (conv.reach, 0)))
+        assert conv._folds(xp) == (length % 2 == 0)
+        with torch.no_grad():
+            p = conv.pending(xp, padded=True)
+            torch.testing.assert_close(p.raw + p.bias[:, None], conv(x), rtol=1e-5, atol=1e-5)

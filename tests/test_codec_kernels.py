@@ -65,10 +65,11 @@ def test_snake_kernel_reads_and_writes_channels_last() -> None:
     torch.testing.assert_close(got, snake(want_h, alpha, beta, 6), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("d,T,pad", [(3, 40, 18), (9, 31, 54), (9, 99, 54)])
+@pytest.mark.parametrize("d,T,pad", [(3, 40, 18), (9, 31, 54), (9, 99, 54), (3, 39, 18)])
 def test_snake_kernel_writes_and_reads_dilation_phases(d: int, T: int, pad: int) -> None:
-    """phases=d: the padded activation laid out as d sequences (sample u at [b, u % d, u // d, c]), zeros
-    in the padding and past its end; x_phases=d reads such a tensor back as the samples it holds."""
+    """phases=d: the padded activation laid out as d sequences (sample u at [b, u % d, u // d, c]) of an
+    even number of steps, zeros in the padding and past its end; x_phases=d reads such a tensor back as the
+    samples it holds."""
     torch.manual_seed(3)
     x = (torch.randn(2, 20, T) * 3).to(DEV)
     alpha, beta, bias = (t.to(DEV) for t in (torch.randn(20) * 0.5, torch.randn(20) * 0.5, torch.randn(20)))
@@ -76,6 +77,7 @@ def test_snake_kernel_writes_and_reads_dilation_phases(d: int, T: int, pad: int)
     want_h = res + (x + bias[None, :, None])
     h, got = codec_kernels.snake(x, alpha, beta, pad, SNAKE_EPS, bias=bias, res=res.clone(), keep=True, phases=d)
     steps = -(-(pad + T) // d)
+    steps += steps % 2
     assert got.shape == (2, d, steps, 20) and got.is_contiguous() and torch.equal(h, want_h)
     full = torch.nn.functional.pad(snake(want_h, alpha, beta, pad), (0, steps * d - pad - T))  # [B, C, S*d]
     as_phases = full.view(2, 20, steps, d).permute(0, 3, 2, 1)

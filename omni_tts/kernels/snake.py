@@ -92,10 +92,10 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0
     contiguous tensor seen as [B, C, pad + T], the layout a channels-last conv reads without a transpose).
     With keep and res, h is written over res (and returned). x: [B, C, T], any strides; alpha / beta [C]
     (log scale). bias and res are what a conv run without its bias and a residual add would add.
-    phases = d > 1: the output is a contiguous [B, d, S, C] tensor, S = ceil((pad + T) / d), holding padded
-    sample u at [b, u % d, u // d, c] (zeros past pad + T): d channels-last sequences, the undilated form of
-    a conv of dilation d. x_phases = d > 1: x is such a [B, d, S', C] tensor (any strides) holding the
-    `length` samples of a [B, C, T] one."""
+    phases = d > 1: the output is a contiguous [B, d, S, C] tensor, S = ceil((pad + T) / d) rounded up to
+    even, holding padded sample u at [b, u % d, u // d, c] (zeros past pad + T): d channels-last sequences,
+    the undilated form of a conv of dilation d. x_phases = d > 1: x is such a [B, d, S', C] tensor (any
+    strides) holding the `length` samples of a [B, C, T] one."""
     if x_phases > 1:
         B, _, _, C = x.shape
         T = length
@@ -104,9 +104,13 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0
         B, C, T = x.shape
         (sxb, sxc, sxt), sxr = x.stride(), 0
     if phases > 1:
-        steps = -(-(pad + T) // phases)
+        n = pad + T
+        steps = -(-n // phases)
+        steps += steps % 2  # an even count: a narrow conv over each phase may fold samples in pairs
         out = torch.empty(B, phases, steps, C, dtype=x.dtype, device=x.device)
-        out[:, pad + T - (steps - 1) * phases:, steps - 1].zero_()  # the last step's phases past the end
+        full = n // phases  # samples past the end: zeros (a folded conv multiplies some by zero taps)
+        out[:, n - full * phases:, full:full + 1].zero_()
+        out[:, :, full + 1:].zero_()
         sob, sor, sot, soc = out.stride()
     else:
         shape = (B, pad + T, C) if channels_last else (B, C, pad + T)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_tts.kernels import snake as codec_kernels
+from omni_tts.models.codec.conv_forms import FOLD_BELOW, channels_last, conv_channels_last, conv_folded, fold_weight
 
 CONVNEXT_LN_EPS = 1e-6
 SNAKE_EPS = 1e-9
@@ -96,6 +97,8 @@ class CausalConv1d(nn.Module):
         """forward with the bias left to the next kernel (cuDNN adds it as a pass of its own)."""
         c, xp = self.conv, self._padded(x, padded, carry)
         if channels_last(xp):
+            if c.dilation[0] == 1 and self._folds(xp):
+                return Pending(conv_folded(xp, self.folded_weight()), c.bias, None)
             return Pending(conv_channels_last(xp, c.weight, dilation=c.dilation[0], groups=c.groups), c.bias, None)
         return Pending(F.conv1d(xp, c.weight, None, 1, 0, c.dilation, c.groups), c.bias, None)  # [B, Cout, T]
 
@@ -106,8 +109,23 @@ class CausalConv1d(nn.Module):
         c, (B, d, steps, C) = self.conv, xp.shape
         if carry is not None:
             refill_phased(carry, self, xp, self.reach, length)
-        y = conv_channels_last(xp.view(B * d, steps, C).transpose(1, 2), c.weight)  # [B*d, Cout, S - K + 1]
+        x3 = xp.view(B * d, steps, C).transpose(1, 2)  # [B*d, C, S], channels last
+        y = conv_folded(x3, self.folded_weight()) if self._folds(x3) else conv_channels_last(x3, c.weight)
         return Pending(y.transpose(1, 2).reshape(B, d, -1, y.shape[1]), c.bias, None, d, length)
+
+    def _folds(self, xp: torch.Tensor) -> bool:
+        """Whether this conv, run undilated on xp [B, C, S] channels last, runs folded (`conv_folded`)."""
+        c = self.conv
+        return c.in_channels < FOLD_BELOW and c.groups == 1 and (c.kernel_size[0] - 1) % 2 == 0 \
+            and xp.shape[-1] % 2 == 0
+
+    def folded_weight(self) -> torch.Tensor:
+        """`fold_weight(weight, 2)`, built once per weight tensor."""
+        w = self.conv.weight
+        key = (w.data_ptr(), w.dtype, w.device, w._version)
+        if getattr(self, "_folded", (None,))[0] != key:
+            self._folded = (key, fold_weight(w.detach(), 2))
+        return self._folded[1]
 
     def taps(self, xp: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:
         """forward of an undilated conv to few output channels (the vocoder's last, to one) on a padded
@@ -198,20 +216,6 @@ class CausalUpConv1d(nn.Module):
 
     def lookback(self, j: int) -> int:
         return -((self.kernel - 1 - j) // self.stride)  # ceil((j - K + 1) / s)
-
-
-def channels_last(x: torch.Tensor) -> bool:  # x [B, C, T]: a SnakeBeta wrote it so for the conv after it
-    return x.shape[1] > 1 and x.stride(1) == 1 and x.stride(2) == x.shape[1]
-
-
-def conv_channels_last(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: int = 1,
-                       dilation: int = 1, groups: int = 1, transposed: bool = False) -> torch.Tensor:
-    """A conv (no padding) of a channels-last x [B, C, T] as a 2-D conv over [B, C, 1, T], which cuDNN reads
-    as it lies (conv1d would copy x to channels first, cuDNN transpose it back) -> [B, Cout, T'] alike."""
-    x4, w4 = x.unsqueeze(2), weight.unsqueeze(2)
-    if transposed:
-        return F.conv_transpose2d(x4, w4, bias, (1, stride)).squeeze(2)
-    return F.conv2d(x4, w4, bias, (1, stride), 0, (1, dilation), groups).squeeze(2)
 
 
 def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0) -> torch.Tensor:
