@@ -12,8 +12,10 @@ conv's output), and the output may be written channels last, the layout cuDNN's 
 it first, or in d phases (sample u at phase u % d, step u // d: a conv of dilation d over it is d undilated
 channels-last convs), and read back from them. One program per (row, block of channels, block of samples): the
 per-channel constants are loaded once per program, and no element needs an integer division to find its
-channel (Inductor's dynamic-shape kernel for the same function did). Same math as the reference; the sum may
-be contracted to a fused multiply-add, so results agree to float rounding, not bit for bit.
+channel (Inductor's dynamic-shape kernel for the same function did); offsets inside a row are 32-bit where
+they fit. Same math as the reference, but the sine is the GPU's approximate one (a single instruction; the
+accurate one carries a slow path per element) where compiled, the exact one in the interpreter, and the sum
+may be contracted to a fused multiply-add: results agree to float rounding, not bit for bit.
 Knows nothing about models, windows or streaming. Tests run it in Triton's CPU interpreter.
 """
 
@@ -30,8 +32,7 @@ try:
 except ImportError:  # CPU-only installs: codec/layers.py uses the compiled or eager function
     triton = None
 
-BLOCK_C, BLOCK_T, WARPS = 16, 128, 4  # channels x samples per program, warps per program
-FAST_SIN = True  # the GPU's approximate sine (one instruction) on compiled kernels; the interpreter has none
+BLOCK_C, BLOCK_T, WARPS = 32, 64, 4  # channels x samples per program (128-byte runs of channels-last rows)
 
 
 def available() -> bool:
@@ -140,7 +141,7 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0
                         h if h is not None else dummy, alpha, beta, out, C, T, pad, sxb, sxc, sxt, sxr, sob, soc,
                         sot, sor, eps, BIAS=bias is not None, RES=res is not None, KEEP=keep, BLOCK_C=BLOCK_C,
                         BLOCK_T=BLOCK_T, PADB=max(16, triton.next_power_of_2(max(pad, 1))), DX=x_phases, DO=phases,
-                        FAST=FAST_SIN and not _interpreted(), I32=_fits_32(x, out, C * T),
+                        FAST=not _interpreted(), I32=_fits_32(x, out, C * T),
                         num_warps=WARPS)
     return h, out
 
