@@ -110,9 +110,12 @@ def talker_attention() -> dict[str, str]:
 def codec() -> dict[str, str]:
     args = dict(x_ptr=F32, bias_ptr=F32, res_ptr=F32, h_ptr=F32, alpha_ptr=F32, beta_ptr=F32, out_ptr=F32, C=1536,
                 T=25, pad=6, sxb=1536 * 31, sxc=31, sxt=1, sxr=0, sob=1536 * 31, soc=1, sot=1536, sor=0, eps=1e-9)
-    cx = dict(BIAS=True, RES=True, KEEP=True, BLOCK_C=snake.BLOCK_C, BLOCK_T=snake.BLOCK_T, PADB=16)
-    return {"snake": build(snake._snake_kernel, args, {**cx, "DX": 1, "DO": 1}),
-            "snake in phases": build(snake._snake_kernel, args, {**cx, "PADB": 64, "DX": 3, "DO": 9})}
+    cx = dict(BIAS=True, RES=True, KEEP=True, BLOCK_C=snake.BLOCK_C, BLOCK_T=snake.BLOCK_T, PADB=16, FAST=True,
+              I32=True)
+    return {"snake": build(snake._snake_kernel, args, {**cx, "DX": 1, "DO": 1}, snake.WARPS),
+            "snake in phases": build(snake._snake_kernel, args, {**cx, "PADB": 64, "DX": 3, "DO": 9}, snake.WARPS),
+            "snake, 64-bit offsets": build(snake._snake_kernel, args, {**cx, "DX": 1, "DO": 1, "I32": False},
+                                           snake.WARPS)}
 
 
 if __name__ == "__main__":

@@ -89,6 +89,23 @@ def test_snake_kernel_writes_and_reads_dilation_phases(d: int, T: int, pad: int)
     torch.testing.assert_close(again, snake(full[..., :pad + T], alpha, beta), rtol=1e-5, atol=1e-5)
 
 
+def test_snake_kernel_64_bit_offsets_agree_with_32_bit_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows too large for 32-bit offsets take 64-bit ones: the same output and h, in phases and channels last
+    (small tensors here, the size check forced)."""
+    torch.manual_seed(4)
+    x = (torch.randn(2, 40, 20) * 3).to(DEV).transpose(1, 2)  # channels last
+    alpha, beta, bias = (t.to(DEV) for t in (torch.randn(20) * 0.5, torch.randn(20) * 0.5, torch.randn(20)))
+    res = (torch.randn(2, 20, 40) * 3).to(DEV)
+    runs = {}
+    for wide in (False, True):
+        if wide:
+            monkeypatch.setattr(codec_kernels, "_fits_32", lambda *a: False)
+        h, phased = codec_kernels.snake(x, alpha, beta, 18, SNAKE_EPS, bias=bias, res=res.clone(), keep=True,
+                                        phases=3)
+        runs[wide] = (h, phased, codec_kernels.snake(x, alpha, beta, 6, SNAKE_EPS, channels_last=True)[1])
+    assert all(torch.equal(a, b) for a, b in zip(runs[False], runs[True]))
+
+
 def test_decoder_with_the_kernel_decodes_as_with_the_eager_ops() -> None:
     """Every SnakeBeta through the kernel, each writing its conv's padding: the same audio."""
     dec = _decoder()

@@ -12,22 +12,27 @@ conv's output), and the output may be written channels last, the layout cuDNN's 
 it first, or in d phases (sample u at phase u % d, step u // d: a conv of dilation d over it is d undilated
 channels-last convs), and read back from them. One program per (row, block of channels, block of samples): the
 per-channel constants are loaded once per program, and no element needs an integer division to find its
-channel (Inductor's dynamic-shape kernel for the same function did). Same math as the reference; the sum may
-be contracted to a fused multiply-add, so results agree to float rounding, not bit for bit.
+channel (Inductor's dynamic-shape kernel for the same function did); offsets inside a row are 32-bit where
+they fit. Same math as the reference, but the sine is the GPU's approximate one (a single instruction; the
+accurate one carries a slow path per element) where compiled, the exact one in the interpreter, and the sum
+may be contracted to a fused multiply-add: results agree to float rounding, not bit for bit.
 Knows nothing about models, windows or streaming. Tests run it in Triton's CPU interpreter.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra import libdevice
 except ImportError:  # CPU-only installs: codec/layers.py uses the compiled or eager function
     triton = None
 
-BLOCK_C, BLOCK_T = 16, 128  # channels x samples per program
+BLOCK_C, BLOCK_T, WARPS = 32, 64, 4  # channels x samples per program (128-byte runs of channels-last rows)
 
 
 def available() -> bool:
@@ -48,7 +53,7 @@ if triton is not None:
     def _snake_kernel(x_ptr, bias_ptr, res_ptr, h_ptr, alpha_ptr, beta_ptr, out_ptr, C, T, pad, sxb, sxc, sxt,
                       sxr, sob, soc, sot, sor, eps, BIAS: tl.constexpr, RES: tl.constexpr, KEEP: tl.constexpr,
                       BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, PADB: tl.constexpr, DX: tl.constexpr,
-                      DO: tl.constexpr):
+                      DO: tl.constexpr, FAST: tl.constexpr, I32: tl.constexpr):
         """Program (row b, block of channels, block of samples j): h = x[b, c, t] (+ bias[c]) (+ res[b, c, t]),
         each sum rounded to the dtype as the eager adds round it; h[b, c, t] = h with KEEP; out[b, c, pad + t]
         = snake(h). The first sample block also zeroes out[b, c, :pad]. x and out are read and written
@@ -64,22 +69,28 @@ if triton is not None:
         m = mc[:, None] & (t < T)[None, :]
         freq = tl.exp(tl.load(alpha_ptr + c, mask=mc, other=0.0).to(tl.float32))[:, None]
         gain = (1.0 / (tl.exp(tl.load(beta_ptr + c, mask=mc, other=0.0).to(tl.float32)) + eps))[:, None]
-        c64, t64 = c.to(tl.int64)[:, None], t.to(tl.int64)[None, :]
-        x = tl.load(x_ptr + b * sxb + c64 * sxc + _at(t64, sxt, sxr, DX), mask=m, other=0.0).to(tl.float32)
+        if I32:  # offsets inside a row fit 32 bits: half the integer work of 64-bit ones
+            cc, tt = c[:, None], t[None, :]
+        else:
+            cc, tt = c.to(tl.int64)[:, None], t.to(tl.int64)[None, :]
+        x = tl.load(x_ptr + b * sxb + (cc * sxc + _at(tt, sxt, sxr, DX)), mask=m, other=0.0).to(tl.float32)
         if BIAS:
             x = (x + tl.load(bias_ptr + c, mask=mc, other=0.0).to(tl.float32)[:, None]).to(dt).to(tl.float32)
-        flat = (b * C + c64) * T + t64  # res and h: contiguous [B, C, T]
+        flat = b * C * T + (cc * T + tt)  # res and h: contiguous [B, C, T]
         if RES:
             x = (tl.load(res_ptr + flat, mask=m, other=0.0).to(tl.float32) + x).to(dt).to(tl.float32)
         if KEEP:
             tl.store(h_ptr + flat, x.to(dt), mask=m)
-        s = tl.sin(x * freq)
+        if FAST:
+            s = libdevice.fast_sinf(x * freq)
+        else:
+            s = tl.sin(x * freq)
         y = x + gain * (s * s)
-        base = out_ptr + b * sob + c64 * soc
-        tl.store(base + _at(pad + t64, sot, sor, DO), y.to(dt), mask=m)
+        base = out_ptr + b * sob
+        tl.store(base + (cc * soc + _at(pad + tt, sot, sor, DO)), y.to(dt), mask=m)
         if j == 0:
             p = tl.arange(0, PADB)[None, :]
-            tl.store(base + _at(p, sot, sor, DO), tl.zeros([BLOCK_C, PADB], tl.float32).to(dt),
+            tl.store(base + (cc * soc + _at(p, sot, sor, DO)), tl.zeros([BLOCK_C, PADB], tl.float32).to(dt),
                      mask=mc[:, None] & (p < pad))
 
 
@@ -129,5 +140,17 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0
     _snake_kernel[grid](x, bias if bias is not None else dummy, res if res is not None else dummy,
                         h if h is not None else dummy, alpha, beta, out, C, T, pad, sxb, sxc, sxt, sxr, sob, soc,
                         sot, sor, eps, BIAS=bias is not None, RES=res is not None, KEEP=keep, BLOCK_C=BLOCK_C,
-                        BLOCK_T=BLOCK_T, PADB=max(16, triton.next_power_of_2(max(pad, 1))), DX=x_phases, DO=phases)
+                        BLOCK_T=BLOCK_T, PADB=max(16, triton.next_power_of_2(max(pad, 1))), DX=x_phases, DO=phases,
+                        FAST=not _interpreted(), I32=_fits_32(x, out, C * T),
+                        num_warps=WARPS)
     return h, out
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _fits_32(x: torch.Tensor, out: torch.Tensor, row: int) -> bool:
+    """Whether every offset inside one row of x, out and the [C, T] rows of res / h fits 32 bits."""
+    reach = max(row, *(sum((n - 1) * st for n, st in zip(t.shape[1:], t.stride()[1:])) for t in (x, out)))
+    return reach < 2**31
