@@ -80,6 +80,8 @@ if triton is not None:
         """xk [BM, BK] times wk [BN, BK]^T -> [BM, BN] float32: a multiply-and-sum for a few rows (VEC: the
         weight tile can be narrow, so more programs share the weight reads), else tensor cores (BM, BN >= 16)."""
         if VEC:
+            if xk.shape[0] == 1:  # summed in the weight tile's own layout: the 3-D product moves it through
+                return tl.sum(wk.to(tl.float32) * xk.to(tl.float32), axis=1)[None, :]  # shared memory
             return tl.sum(wk[None, :, :].to(tl.float32) * xk[:, None, :].to(tl.float32), axis=2)
         return _dot(xk, tl.trans(wk), IEEE)
 
