@@ -4,7 +4,7 @@
 Owns: one predictor layer step as five kernels instead of Inductor's many small ones (norms, cache
 writes and softmax pieces):
   1. input RMSNorm (recomputed per program, the row is 2 KB) + q|k|v projection (+ bias)
-  2. q/k RMSNorm + rotary + K/V written into the 16-position cache + attention over it, per KV head
+  2. q/k RMSNorm + rotary + K/V written into the 16-position cache + attention over it, per query head
   3. o projection + residual
   4. post-attention RMSNorm + gate|up projection + SiLU(gate) * up
   5. down projection + residual
