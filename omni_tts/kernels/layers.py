@@ -388,9 +388,9 @@ def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
                           pdl=pdl)  # [M, (H+2Hkv) hd]
     a = torch.empty(B * T, H * hd, device=x.device, dtype=x.dtype)  # [M, H hd]
     _attn_kernel[(B, H)](y, attn.q_norm.weight, attn.k_norm.weight, cos.reshape(-1, hd), sin.reshape(-1, hd),
-                           kc, vc, a, pos0, float(attn.q_norm.eps), hd ** -0.5, T=T, H=H, HKV=Hkv, HD=hd, P=P,
-                           BD=next_pow2(hd), BP=next_pow2(P), PDL=pdl,
-                           **launch_options(pdl, 1))  # 1 warp: fastest on the H200
+                         kc, vc, a, pos0, float(attn.q_norm.eps), hd ** -0.5, T=T, H=H, HKV=Hkv, HD=hd, P=P,
+                         BD=next_pow2(hd), BP=next_pow2(P), PDL=pdl,
+                         **launch_options(pdl, 1))  # 1 warp: fastest on the H200
     return mlp_block(layer, w_gu, x2, a, pdl).view(B, T, D)  # [B, T, d]
 
 
