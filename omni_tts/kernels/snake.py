@@ -40,9 +40,9 @@ def available() -> bool:
 
 
 if triton is not None:
-    # sizes and strides keep Triton's specialisation (a unit stride, a multiple of 16): runs of channels or
-    # samples are then known contiguous, aligned and wholly in or out of the masks, so they move as 128-bit
-    # vectors; a size gives at most three variants (1, a multiple of 16, other). The padding takes none.
+    # channel counts and strides keep Triton's specialisation (a unit stride, a multiple of 16): runs of
+    # channels are then known contiguous, aligned and wholly in or out of the masks, so they move as 128-bit
+    # vectors. The sample count and the padding take none: a new chunk length compiles no new variant.
     @triton.jit
     def _at(u, step, phase, D: tl.constexpr):
         """Offset of sample u: u * step, or with D phases (u // D) * step + (u % D) * phase."""
@@ -50,7 +50,7 @@ if triton is not None:
             return u * step
         return (u // D) * step + (u % D) * phase
 
-    @triton.jit(do_not_specialize=["pad"])
+    @triton.jit(do_not_specialize=["T", "pad"])
     def _snake_kernel(x_ptr, bias_ptr, res_ptr, h_ptr, alpha_ptr, beta_ptr, out_ptr, C, T, pad, sxb, sxc, sxt,
                       sxr, sob, soc, sot, sor, eps, BIAS: tl.constexpr, RES: tl.constexpr, KEEP: tl.constexpr,
                       BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, PADB: tl.constexpr, DX: tl.constexpr,
