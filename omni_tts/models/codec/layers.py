@@ -86,6 +86,7 @@ class CausalConv1d(nn.Module):
         super().__init__()
         self.conv = nn.Conv1d(c_in, c_out, kernel, dilation=dilation, groups=groups)
         self.reach = (kernel - 1) * dilation
+        self._forms: dict[str, tuple[tuple[Any, ...], torch.Tensor]] = {}  # `_weight_form`
 
     def forward(self, x: torch.Tensor, padded: bool = False, carry: Carry | None = None) -> torch.Tensor:
         """x: [B, Cin, T] -> [B, Cout, T]; padded: x already starts with the `reach` zero columns (a
@@ -97,9 +98,7 @@ class CausalConv1d(nn.Module):
         """forward with the bias left to the next kernel (cuDNN adds it as a pass of its own)."""
         c, xp = self.conv, self._padded(x, padded, carry)
         if channels_last(xp):
-            if c.dilation[0] == 1 and self._folds(xp):
-                return Pending(conv_folded(xp, self.folded_weight()), c.bias, None)
-            return Pending(conv_channels_last(xp, c.weight, dilation=c.dilation[0], groups=c.groups), c.bias, None)
+            return Pending(self._channels_last_conv(xp, c.dilation[0]), c.bias, None)
         return Pending(F.conv1d(xp, c.weight, None, 1, 0, c.dilation, c.groups), c.bias, None)  # [B, Cout, T]
 
     def phased(self, xp: torch.Tensor, length: int, carry: Carry | None = None) -> Pending:
@@ -109,8 +108,7 @@ class CausalConv1d(nn.Module):
         c, (B, d, steps, C) = self.conv, xp.shape
         if carry is not None:
             refill_phased(carry, self, xp, self.reach, length)
-        x3 = xp.view(B * d, steps, C).transpose(1, 2)  # [B*d, C, S], channels last
-        y = conv_folded(x3, self.folded_weight()) if self._folds(x3) else conv_channels_last(x3, c.weight)
+        y = self._channels_last_conv(xp.view(B * d, steps, C).transpose(1, 2))  # over [B*d, C, S] channels last
         return Pending(y.transpose(1, 2).reshape(B, d, -1, y.shape[1]), c.bias, None, d, length)
 
     def _folds(self, xp: torch.Tensor) -> bool:
@@ -119,13 +117,22 @@ class CausalConv1d(nn.Module):
         return c.in_channels < FOLD_BELOW and c.groups == 1 and (c.kernel_size[0] - 1) % 2 == 0 \
             and xp.shape[-1] % 2 == 0
 
-    def folded_weight(self) -> torch.Tensor:
-        """`fold_weight(weight, 2)`, built once per weight tensor."""
+    def _channels_last_conv(self, xp: torch.Tensor, dilation: int = 1) -> torch.Tensor:
+        """This conv without its bias on channels-last xp [B, C, S] (cuDNN reads it in place), over sample
+        pairs folded into twice the channels where `_folds` says so."""
+        c = self.conv
+        if dilation == 1 and self._folds(xp):
+            return conv_folded(xp, self._weight_form("folded", lambda w: fold_weight(w, 2)))
+        return conv_channels_last(xp, c.weight, dilation=dilation, groups=c.groups)
+
+    def _weight_form(self, name: str, build: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """build(weight), made once per weight tensor (rebuilt when its storage, dtype, device or version
+        changes)."""
         w = self.conv.weight
         key = (w.data_ptr(), w.dtype, w.device, w._version)
-        if getattr(self, "_folded", (None,))[0] != key:
-            self._folded = (key, fold_weight(w.detach(), 2))
-        return self._folded[1]
+        if self._forms.get(name, (None,))[0] != key:
+            self._forms[name] = (key, build(w.detach()))
+        return self._forms[name][1]
 
     def taps(self, xp: torch.Tensor, carry: Carry | None = None) -> torch.Tensor:
         """forward of an undilated conv to few output channels (the vocoder's last, to one) on a padded
@@ -138,7 +145,8 @@ class CausalConv1d(nn.Module):
         if carry is not None:
             refill(carry, self, xp, self.reach)
         cols = -(-K * N // 4) * 4  # rows of 16 bytes: cuBLAS's aligned kernels
-        w = F.pad(c.weight.permute(1, 2, 0).reshape(C, K * N), (0, cols - K * N))  # column k*N + n: tap k of n
+        # [C, cols]: column k*N + n holds tap k of output n
+        w = self._weight_form("taps", lambda w: F.pad(w.permute(1, 2, 0).reshape(C, K * N), (0, cols - K * N)))
         taps = xp.transpose(1, 2).reshape(B * S, C) @ w  # [B*S, cols]
         y = taps.as_strided((B, N, T, K), (S * cols, 1, cols, cols + N)).sum(-1)  # y[b, n, t]: taps[b, t+k, k*N+n]
         return y + c.bias[None, :, None] if c.bias is not None else y
