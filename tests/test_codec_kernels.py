@@ -35,6 +35,11 @@ def _decoder() -> CodecDecoder:
     return CodecDecoder.from_checkpoint(load_checkpoint(fixture_dir("custom_voice"))).to(DEV)
 
 
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    """t [B, C, T] laid out as a contiguous [B, T, C] tensor: the residual stream's layout."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 @pytest.mark.parametrize("pad", [0, 6, 18])
 def test_snake_kernel_equals_the_eager_ops_on_strided_inputs(pad: int) -> None:
     torch.manual_seed(0)
@@ -52,15 +57,15 @@ def test_snake_kernel_equals_the_eager_ops_on_strided_inputs(pad: int) -> None:
 def test_snake_kernel_reads_and_writes_channels_last() -> None:
     """A channels-last input (a channels-last conv's output) in, the output written channels last with its
     padding: the same values as the eager ops, laid out as a [B, pad + T, C] tensor seen as [B, C, pad + T],
-    and the summed h still channels first over res."""
+    and the summed h channels last over res."""
     torch.manual_seed(2)
     x = (torch.randn(2, 2300, 20) * 3).to(DEV).transpose(1, 2)  # [B, C, T], channels last
     alpha, beta, bias = (t.to(DEV) for t in (torch.randn(20) * 0.5, torch.randn(20) * 0.5, torch.randn(20)))
-    res = (torch.randn(2, 20, 2300) * 3).to(DEV)
+    res = _channels_last((torch.randn(2, 20, 2300) * 3).to(DEV))
     want_h = res + (x + bias[None, :, None])
     h, got = codec_kernels.snake(x, alpha, beta, 6, SNAKE_EPS, bias=bias, res=res.clone(), keep=True,
                                  channels_last=True)
-    assert got.shape == (2, 20, 2306) and got.stride() == (2306 * 20, 1, 20) and h.is_contiguous()
+    assert got.shape == (2, 20, 2306) and got.stride() == (2306 * 20, 1, 20) and h.transpose(1, 2).is_contiguous()
     assert torch.equal(h, want_h) and torch.equal(got[..., :6], torch.zeros(2, 20, 6, device=DEV))
     torch.testing.assert_close(got, snake(want_h, alpha, beta, 6), rtol=1e-5, atol=1e-5)
 
@@ -73,7 +78,7 @@ def test_snake_kernel_writes_and_reads_dilation_phases(d: int, T: int, pad: int)
     torch.manual_seed(3)
     x = (torch.randn(2, 20, T) * 3).to(DEV)
     alpha, beta, bias = (t.to(DEV) for t in (torch.randn(20) * 0.5, torch.randn(20) * 0.5, torch.randn(20)))
-    res = (torch.randn(2, 20, T) * 3).to(DEV)
+    res = _channels_last((torch.randn(2, 20, T) * 3).to(DEV))
     want_h = res + (x + bias[None, :, None])
     h, got = codec_kernels.snake(x, alpha, beta, pad, SNAKE_EPS, bias=bias, res=res.clone(), keep=True, phases=d)
     steps = -(-(pad + T) // d)
@@ -95,7 +100,7 @@ def test_snake_kernel_64_bit_offsets_agree_with_32_bit_ones(monkeypatch: pytest.
     torch.manual_seed(4)
     x = (torch.randn(2, 40, 20) * 3).to(DEV).transpose(1, 2)  # channels last
     alpha, beta, bias = (t.to(DEV) for t in (torch.randn(20) * 0.5, torch.randn(20) * 0.5, torch.randn(20)))
-    res = (torch.randn(2, 20, 40) * 3).to(DEV)
+    res = _channels_last((torch.randn(2, 20, 40) * 3).to(DEV))
     runs = {}
     for wide in (False, True):
         if wide:
@@ -126,7 +131,7 @@ def test_snake_kernel_sums_bias_and_residual_as_the_eager_adds_do(dtype: torch.d
     torch.manual_seed(1)
     base = (torch.randn(2, 4, 2100) * 3).to(DEV, dtype)
     x = base[..., :2000]  # a trimmed transposed-conv output: strided
-    bias, res = torch.randn(4).to(DEV, dtype), (torch.randn(2, 4, 2000) * 3).to(DEV, dtype)
+    bias, res = torch.randn(4).to(DEV, dtype), _channels_last((torch.randn(2, 4, 2000) * 3).to(DEV, dtype))
     alpha, beta = (torch.randn(4) * 0.5).to(DEV), (torch.randn(4) * 0.5).to(DEV)
     want_h = res + (x + bias[None, :, None])
     h, got = codec_kernels.snake(x, alpha, beta, 6, SNAKE_EPS, bias=bias, res=res, keep=True)

@@ -4,7 +4,7 @@
 Owns: one predictor layer step as five kernels instead of Inductor's many small ones (norms, cache
 writes and softmax pieces):
   1. input RMSNorm (recomputed per program, the row is 2 KB) + q|k|v projection (+ bias)
-  2. q/k RMSNorm + rotary + K/V written into the 16-position cache + attention over it, per KV head
+  2. q/k RMSNorm + rotary + K/V written into the 16-position cache + attention over it, per query head
   3. o projection + residual
   4. post-attention RMSNorm + gate|up projection + SiLU(gate) * up
   5. down projection + residual
@@ -80,6 +80,8 @@ if triton is not None:
         """xk [BM, BK] times wk [BN, BK]^T -> [BM, BN] float32: a multiply-and-sum for a few rows (VEC: the
         weight tile can be narrow, so more programs share the weight reads), else tensor cores (BM, BN >= 16)."""
         if VEC:
+            if xk.shape[0] == 1:  # summed in the weight tile's own layout: the 3-D product moves it through
+                return tl.sum(wk.to(tl.float32) * xk.to(tl.float32), axis=1)[None, :]  # shared memory
             return tl.sum(wk[None, :, :].to(tl.float32) * xk[:, None, :].to(tl.float32), axis=2)
         return _dot(xk, tl.trans(wk), IEEE)
 
@@ -221,7 +223,7 @@ if triton is not None:
 
     @triton.jit
     def lanes(HD: tl.constexpr, BD: tl.constexpr):
-        """This program's (row b, KV head g) and its head-dim lanes d [BD] with their mask (d < HD)."""
+        """This program's (row b, head: program axis 1) and its head-dim lanes d [BD] with their mask (d < HD)."""
         d = tl.arange(0, BD)
         return tl.program_id(0), tl.program_id(1), d, d < HD
 
@@ -246,12 +248,14 @@ if triton is not None:
     def _attn_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, pos0, eps, scale,
                      T: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, P: tl.constexpr,
                      BD: tl.constexpr, BP: tl.constexpr, PDL: tl.constexpr):
-        """Program (row b, KV head g): normed + rotated K/V of positions pos0..pos0+T-1 into the cache
-        [B, HKV, P, HD], then causal attention of the REP query heads sharing g. y: [B*T, (H+2HKV)*HD]."""
+        """Program (row b, query head h): normed + rotated K/V of positions pos0..pos0+T-1 of h's KV head g
+        into the cache [B, HKV, P, HD], then h's causal attention over it. y: [B*T, (H+2HKV)*HD]. The REP
+        programs of one KV head each write its new K/V (the same values), so each reads back only what it
+        wrote itself or earlier steps did: no program waits for another."""
         dt = out_ptr.dtype.element_ty
         after_previous(PDL)
-        b, g, d, dm = lanes(HD, BD)
-        REP: tl.constexpr = H // HKV
+        b, h, d, dm = lanes(HD, BD)
+        g = h // (H // HKV)
         HALF: tl.constexpr = HD // 2
         W: tl.constexpr = (H + 2 * HKV) * HD
         p = tl.arange(0, BP)
@@ -268,15 +272,13 @@ if triton is not None:
         for t in tl.static_range(T):
             row = y_ptr + (b * T + t) * W
             cos, sin = rope_row(cos_ptr, sin_ptr, (pos0 + t) * HD, d, dm)
-            for r in tl.static_range(REP):
-                h = g * REP + r
-                q = normed_rope(row + h * HD, d, dm, HALF, HD, qn_ptr, cos, sin, eps, dt)
-                s = tl.sum(q[None, :] * kk, axis=1) * scale  # [BP]
-                s = tl.where(p <= pos0 + t, s, float("-inf"))
-                w = tl.exp(s - tl.max(s, axis=0))
-                w = w / tl.sum(w, axis=0)
-                o = tl.sum(w[:, None] * vv, axis=0)  # [BD]
-                tl.store(out_ptr + (b * T + t) * H * HD + h * HD + d, o.to(dt), mask=dm)
+            q = normed_rope(row + h * HD, d, dm, HALF, HD, qn_ptr, cos, sin, eps, dt)
+            s = tl.sum(q[None, :] * kk, axis=1) * scale  # [BP]
+            s = tl.where(p <= pos0 + t, s, float("-inf"))
+            w = tl.exp(s - tl.max(s, axis=0))
+            w = w / tl.sum(w, axis=0)
+            o = tl.sum(w[:, None] * vv, axis=0)  # [BD]
+            tl.store(out_ptr + (b * T + t) * H * HD + h * HD + d, o.to(dt), mask=dm)
 
 
 def pdl_available(device: torch.device) -> bool:
@@ -385,10 +387,10 @@ def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
     y = normed_projection(x2, w_qkv, layer.input_layernorm, n=(H + 2 * Hkv) * hd, bias=b_qkv,
                           pdl=pdl)  # [M, (H+2Hkv) hd]
     a = torch.empty(B * T, H * hd, device=x.device, dtype=x.dtype)  # [M, H hd]
-    _attn_kernel[(B, Hkv)](y, attn.q_norm.weight, attn.k_norm.weight, cos.reshape(-1, hd), sin.reshape(-1, hd),
-                           kc, vc, a, pos0, float(attn.q_norm.eps), hd ** -0.5, T=T, H=H, HKV=Hkv, HD=hd, P=P,
-                           BD=next_pow2(hd), BP=next_pow2(P), PDL=pdl,
-                           **launch_options(pdl, 1))  # 1 warp: fastest on the H200
+    _attn_kernel[(B, H)](y, attn.q_norm.weight, attn.k_norm.weight, cos.reshape(-1, hd), sin.reshape(-1, hd),
+                         kc, vc, a, pos0, float(attn.q_norm.eps), hd ** -0.5, T=T, H=H, HKV=Hkv, HD=hd, P=P,
+                         BD=next_pow2(hd), BP=next_pow2(P), PDL=pdl,
+                         **launch_options(pdl, 1))  # 1 warp: fastest on the H200
     return mlp_block(layer, w_gu, x2, a, pdl).view(B, T, D)  # [B, T, d]
 
 

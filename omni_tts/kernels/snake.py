@@ -40,8 +40,9 @@ def available() -> bool:
 
 
 if triton is not None:
-    # sizes, padding and batch strides vary with every window shape: one compiled kernel for all of them;
-    # the channel and sample strides stay specialised, so a unit stride (either layout) is known contiguous
+    # channel counts and strides keep Triton's specialisation (a unit stride, a multiple of 16): runs of
+    # channels are then known contiguous, aligned and wholly in or out of the masks, so they move as 128-bit
+    # vectors. The sample count and the padding take none: a new chunk length compiles no new variant.
     @triton.jit
     def _at(u, step, phase, D: tl.constexpr):
         """Offset of sample u: u * step, or with D phases (u // D) * step + (u % D) * phase."""
@@ -49,7 +50,7 @@ if triton is not None:
             return u * step
         return (u // D) * step + (u % D) * phase
 
-    @triton.jit(do_not_specialize=["C", "T", "pad", "sxb", "sxr", "sob", "sor"])
+    @triton.jit(do_not_specialize=["T", "pad"])
     def _snake_kernel(x_ptr, bias_ptr, res_ptr, h_ptr, alpha_ptr, beta_ptr, out_ptr, C, T, pad, sxb, sxc, sxt,
                       sxr, sob, soc, sot, sor, eps, BIAS: tl.constexpr, RES: tl.constexpr, KEEP: tl.constexpr,
                       BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, PADB: tl.constexpr, DX: tl.constexpr,
@@ -57,7 +58,7 @@ if triton is not None:
         """Program (row b, block of channels, block of samples j): h = x[b, c, t] (+ bias[c]) (+ res[b, c, t]),
         each sum rounded to the dtype as the eager adds round it; h[b, c, t] = h with KEEP; out[b, c, pad + t]
         = snake(h). The first sample block also zeroes out[b, c, :pad]. x and out are read and written
-        through their strides (channels first or channels last); res and h are contiguous [B, C, T]. With
+        through their strides (channels first or channels last); res and h lie channels last ([B, T, C]). With
         DX > 1, x's sample t lies at phase t % DX, step t // DX (strides sxr, sxt); with DO > 1, out's
         padded sample u = pad + t likewise at phase u % DO, step u // DO (sor, sot)."""
         dt = out_ptr.dtype.element_ty
@@ -76,7 +77,7 @@ if triton is not None:
         x = tl.load(x_ptr + b * sxb + (cc * sxc + _at(tt, sxt, sxr, DX)), mask=m, other=0.0).to(tl.float32)
         if BIAS:
             x = (x + tl.load(bias_ptr + c, mask=mc, other=0.0).to(tl.float32)[:, None]).to(dt).to(tl.float32)
-        flat = b * C * T + (cc * T + tt)  # res and h: contiguous [B, C, T]
+        flat = b * C * T + (tt * C + cc)  # res and h: [B, C, T] channels last, the layout of x and out
         if RES:
             x = (tl.load(res_ptr + flat, mask=m, other=0.0).to(tl.float32) + x).to(dt).to(tl.float32)
         if KEEP:
@@ -98,9 +99,10 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0
           bias: torch.Tensor | None = None, res: torch.Tensor | None = None, keep: bool = False,
           channels_last: bool = False, phases: int = 1, x_phases: int = 1, length: int = 0
           ) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """h = x (+ bias [C] per channel) (+ res [B, C, T], contiguous) -> (h [B, C, T] contiguous if `keep`
-    else None, snake(h) [B, C, pad + T], zeros first: contiguous, or with `channels_last` a [B, pad + T, C]
-    contiguous tensor seen as [B, C, pad + T], the layout a channels-last conv reads without a transpose).
+    """h = x (+ bias [C] per channel) (+ res [B, C, T] channels last) -> (h [B, C, T] if `keep` else None,
+    laid out like res: a contiguous [B, T, C] tensor seen as [B, C, T]; snake(h) [B, C, pad + T], zeros first:
+    contiguous, or with `channels_last` a [B, pad + T, C] contiguous tensor seen as [B, C, pad + T], the
+    layout a channels-last conv reads without a transpose).
     With keep and res, h is written over res (and returned). x: [B, C, T], any strides; alpha / beta [C]
     (log scale). bias and res are what a conv run without its bias and a residual add would add.
     phases = d > 1: the output is a contiguous [B, d, S, C] tensor, S = ceil((pad + T) / d) rounded up to
@@ -130,11 +132,12 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, pad: int = 0
         (sob, soc, sot), sor = out.stride(), 0
     # h over res when both: each element is read, then written, by the same thread (and one 32-row window
     # holds ~0.8 GB per float32 tensor at 24 kHz; the caller's res is used up)
-    h = (res if res is not None else torch.empty(B, C, T, dtype=x.dtype, device=x.device)) if keep else None
+    # h and res channels last like the convs' outputs: a tile's every access then runs along its channels
+    h = (res if res is not None else _channels_last(B, C, T, x)) if keep else None
     if B * C == 0 or T == 0:
         return h, out.zero_()
     if res is not None:
-        assert res.shape == (B, C, T) and res.is_contiguous()
+        assert res.shape == (B, C, T) and res.transpose(1, 2).is_contiguous()
     dummy = x
     grid = (B, triton.cdiv(C, BLOCK_C), triton.cdiv(T, BLOCK_T))
     _snake_kernel[grid](x, bias if bias is not None else dummy, res if res is not None else dummy,
@@ -154,3 +157,8 @@ def _fits_32(x: torch.Tensor, out: torch.Tensor, row: int) -> bool:
     """Whether every offset inside one row of x, out and the [C, T] rows of res / h fits 32 bits."""
     reach = max(row, *(sum((n - 1) * st for n, st in zip(t.shape[1:], t.stride()[1:])) for t in (x, out)))
     return reach < 2**31
+
+
+def _channels_last(B: int, C: int, T: int, like: torch.Tensor) -> torch.Tensor:
+    """An empty [B, C, T] tensor laid out as a contiguous [B, T, C] one."""
+    return torch.empty(B, T, C, dtype=like.dtype, device=like.device).transpose(1, 2)

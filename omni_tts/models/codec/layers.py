@@ -36,7 +36,7 @@ class Pending(NamedTuple):
     (+ res, the residual stream). The next SnakeBeta's kernel does the sums (`SnakeBeta.fused`)."""
     raw: torch.Tensor  # [B, C, T]; with phases d > 1 [B, d, S, C] (`CausalConv1d.phased`)
     bias: torch.Tensor | None  # [C]
-    res: torch.Tensor | None  # [B, C, T], contiguous; the summing kernel may write over it
+    res: torch.Tensor | None  # [B, C, T] channels last (a snake kernel's kept sum), which the next may write over
     phases: int = 1
     length: int = 0  # T, where raw is in phases
 
