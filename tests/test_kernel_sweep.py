@@ -45,6 +45,13 @@ def test_one_row_also_gets_one_weight_row_tiles_and_pipelined_pieces_narrower_th
     assert not any(c[1] == 2048 and c[2] > 1 for c in kernel_sweep.candidates(1, quick=True, K=2048))
 
 
+def test_one_row_whole_row_tiles_also_come_on_one_and_two_warps() -> None:
+    """One warp's sums stay inside the warp (no barrier): offered for one row's whole-row tiles only."""
+    def warps(rows: int) -> set[int]:
+        return {c[3] for c in kernel_sweep.candidates(rows, quick=True, K=1024) if c[1] >= 1024 and c[4]}
+    assert warps(1) == {1, 2, 4, 8} and warps(2) == {4, 8}
+
+
 def test_tensor_core_whole_row_tiles_are_offered_for_2_to_16_rows_of_narrow_inputs() -> None:
     """Whole-row tensor-core tiles load a program's weights before the PDL wait, as one row's tiles do; only
     where K fits (WHOLE_ROW_TC_K) and for the row counts that pad to one 16-row tile."""

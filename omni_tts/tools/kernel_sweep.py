@@ -52,7 +52,8 @@ def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Con
     rows also whole-row tiles (BK >= K: a program's weights are one tile, all of it loaded
     before a PDL launch waits for the previous kernel; from 2 rows each input row in turn against it), and
     2..16 rows tensor-core tiles of whole rows where K <= WHOLE_ROW_TC_K (wider rows spill registers); one row
-    also one-weight-row tiles and pipelined loops over pieces of 1,024 or 2,048 columns."""
+    also one-weight-row tiles, whole-row tiles on one or two warps and pipelined loops over pieces of 1,024 or
+    2,048 columns."""
     warps = (4,) if quick else (4, 8)
     wide = rows > 32  # 64-row tiles: wider weight tiles, shorter steps (shared memory)
     bns, bks = ((16, 32, 64), (64, 128, 256)) if wide else ((16, 32), (128, 256))
@@ -61,7 +62,8 @@ def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Con
         out += [(bn, bk, st, wp, True) for bn, bk, st, wp in itertools.product((2, 4, 8), (256, 512), (3, 4), warps)]
     if K is not None and rows <= MAS_ROWS:  # whole rows a program; one row also one weight row
         row_bns = (1, 2, 4, 8) if rows == 1 else (2, 4, 8)
-        out += [(bn, kernel_configs.next_pow2(K), 1, wp, True) for bn, wp in itertools.product(row_bns, (4, 8))]
+        row_warps = (1, 2, 4, 8) if rows == 1 else (4, 8)  # one warp: its sums need no barrier across warps
+        out += [(bn, kernel_configs.next_pow2(K), 1, wp, True) for bn, wp in itertools.product(row_bns, row_warps)]
     if K is not None and rows == 1:  # rows of 1-2K-column pieces in a pipelined loop
         out += [(bn, bk, st, wp, True) for bn, bk, st, wp in itertools.product((1, 2, 4), (1024, 2048), (2, 3), (4, 8))
                 if bk < K]
