@@ -1,8 +1,8 @@
 """Shared test set-up: one intra-op thread per test module (tiny matrices run several times faster
 on one thread than on contended OpenMP threads on a 2-core machine); without CUDA, Triton in its
 interpreter (set before anything imports triton); the `gpu`, `browser` and `slow` markers (registered
-in pyproject.toml) put on the tests they describe; the engine tests' `engine` fixture; under CI, a check
-that no test wrote a tracked file."""
+in pyproject.toml) put on the tests they describe, and the `interpreter` tests skipped where Triton
+compiles; the engine tests' `engine` fixture; under CI, a check that no test wrote a tracked file."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ if not torch.cuda.is_available():  # omni_tts.kernels.layers' Triton kernels run
 ROOT = Path(__file__).resolve().parent.parent
 BROWSER_DIR = Path(__file__).resolve().parent / "browser"
 NO_CUDA = not torch.cuda.is_available()
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # on a CUDA machine only when asked for
 _GPU_REASON = re.compile(r"\b(CUDA|GPU)\b", re.IGNORECASE)
 _TRACKED = pytest.StashKey[dict]()
 
@@ -67,6 +68,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(name)
         if NO_CUDA and item.get_closest_marker("gpu") and not item.get_closest_marker("skipif"):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))  # an explicit @pytest.mark.gpu
+        if item.get_closest_marker("interpreter") and not item.get_closest_marker("gpu") and not INTERPRETED:
+            item.add_marker(pytest.mark.skip(reason="CPU tensors for Triton's interpreter: TRITON_INTERPRET=1"))
 
 
 def _tracked_files() -> dict[str, tuple[int, int] | None] | None:

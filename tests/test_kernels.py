@@ -9,7 +9,6 @@ is not installed (requirements-dev.txt has it)."""
 from __future__ import annotations
 
 import copy
-import os
 
 import numpy as np
 import pytest
@@ -24,9 +23,7 @@ from omni_tts.kernels import layers as kernels
 from omni_tts.models import sampling  # noqa: E402
 from omni_tts.models.compiled.fast_path import FastPath, fuse_layer, predictor_layer  # noqa: E402
 
-# CPU tensors need the interpreter, which conftest.py turns on only without CUDA
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="Triton's CPU interpreter: on a CUDA machine run with TRITON_INTERPRET=1")
+pytestmark = pytest.mark.interpreter  # CPU tensors (its gpu tests excepted): conftest.py
 
 
 def _layer_pair(dtype: torch.dtype, B: int, T: int, pos0: int) -> tuple[torch.Tensor, ...]:

@@ -7,7 +7,6 @@ DecoderLayer; and the probe. Skips where triton is not installed."""
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
@@ -20,9 +19,7 @@ from omni_tts.kernels import talker as talker_kernels  # noqa: E402
 from omni_tts.models.compiled.fast_path import fuse_layer, talker_attn_in, talker_attn_out  # noqa: E402
 from omni_tts.models.layers import gqa_attention  # noqa: E402
 
-# CPU tensors need the interpreter, which conftest.py turns on only without CUDA
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="Triton's CPU interpreter: on a CUDA machine run with TRITON_INTERPRET=1")
+pytestmark = pytest.mark.interpreter  # CPU tensors (its gpu tests excepted): conftest.py
 
 
 def _talker_pair(dtype: torch.dtype, pos: list[int]) -> tuple[torch.Tensor, ...]:
