@@ -1,6 +1,6 @@
-"""`omni-tts ab` on the tiny fixture (CPU): each revision's package runs in its own bench (or codec-bench)
-processes, in alternating order, and the summary holds each process's figures; a bad revision or argument is one line
-before anything runs."""
+"""`omni-tts ab` on the tiny fixture (CPU): each revision's package runs in its own bench (or codec-bench or
+microbench) processes, in alternating order, and the summary holds each process's figures; a bad revision or
+argument is one line before anything runs."""
 
 from __future__ import annotations
 
@@ -61,6 +61,28 @@ def test_codec_bench_runs_as_the_tool_and_its_chunk_times_make_the_table(tmp_pat
         assert "carried_graph_ms" not in row and s["chunk_ms"] == [row["carried_chunk_ms"]]
     lines = [line for line in p.stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
     assert [line.split("|")[2].strip() for line in lines] == [".", "HEAD", ".", "HEAD"]
+
+
+def test_microbench_runs_as_the_tool_and_its_step_times_make_the_table(tmp_path):
+    out = tmp_path / "ab.json"
+    micro = ["--model", str(fixture_dir("custom_voice")), "--preset", "all-eager", "--modes", "eager", "--buckets", "1",
+             "2", "--frames", "2", "--skip-codec"]
+    p = run_cli_process("ab", "--tool", "microbench", "--revs", ".", "HEAD", "--rounds", "1", "--json", str(out),
+                        "--", *micro)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["tool"] == "microbench" and res["complete"] is True
+    digests = {".": tree_digest(), "HEAD": rev_digest("HEAD")}
+    for r in res["runs"]:
+        assert r["bench"]["source_digest"] == digests[r["rev"]]
+    assert [(s["rows"], s["rev"]) for s in res["summary"]] == [(1, "."), (1, "HEAD"), (2, "."), (2, "HEAD")]
+    for s in res["summary"]:
+        (run,) = [r for r in res["runs"] if r["rev"] == s["rev"]]
+        step = run["bench"]["modes"]["eager"]["per_bucket"][str(s["rows"])]
+        assert s["cp_ms"] == [step["cp_ms"]] and s["talker_ms"] == [step["talker_ms"]] and s["mode"] == "eager"
+    lines = [line for line in p.stdout.splitlines() if line.startswith("| eager |")]
+    assert [line.split("|")[2:4] for line in lines] == [[" 1 ", " . "], [" 1 ", " HEAD "], [" 2 ", " . "],
+                                                        [" 2 ", " HEAD "]]
 
 
 def test_a_folder_holding_a_package_runs_that_package(tmp_path):

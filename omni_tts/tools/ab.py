@@ -2,13 +2,15 @@
 
     omni-tts ab --revs main my-branch [--rounds 2] [--json OUT] -- --model CK --preset bench --concurrency 32 64
     omni-tts ab --tool codec-bench --revs main my-branch -- --model CK --rows 1 8 32 64 --iters 10
+    omni-tts ab --tool microbench --revs main my-branch -- --model CK --buckets 1 8 --skip-codec
 
 Owns: unpacking each git revision's package into a folder of its own (`.` is the checkout as it is; a folder
 holding an omni_tts package is used as it is, for machines the repository's history does not reach), running
-`bench` (or `codec-bench`, `--tool`) with the arguments after `--` from each folder in rounds whose order
-alternates (A B, then B A: a drift of the machine falls on both), and one table: per mode and concurrency
-each process's audio s/s and median TTFP (codec-bench: per rows each process's chunk ms, graphed where
-CUDA graphs ran), and the median over processes (the JSON is rewritten after every process, "complete" once
+`bench` (or `codec-bench` or `microbench`, `--tool`) with the arguments after `--` from each folder in rounds
+whose order alternates (A B, then B A: a drift of the machine falls on both), and one table: per mode and
+concurrency each process's audio s/s and median TTFP (codec-bench: per rows each process's chunk ms, graphed
+where CUDA graphs ran; microbench: per mode and rows each process's predictor frame and talker step ms), and
+the median over processes (the JSON is rewritten after every process, "complete" once
 all ran). Processes of one machine differ by about as much as a lever does, so a lever's before and after
 are told apart by several interleaved processes, not by one each.
 Knows nothing about what the tools measure beyond their JSONs' rows.
@@ -128,6 +130,55 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def micro_summary(runs: list[dict[str, Any]], revs: list[str]) -> list[dict[str, Any]]:
+    """microbench's: per rev, mode and rows, each process's predictor frame and talker step ms and their medians."""
+    rows = []
+    for rev in revs:
+        cells: dict[tuple[str, int], list[dict[str, float]]] = {}
+        for run in (r for r in runs if r["rev"] == rev):
+            for mode, got in run["bench"].get("modes", {}).items():
+                for b, step in got.get("per_bucket", {}).items():
+                    if "cp_ms" in step:
+                        cells.setdefault((mode, int(b)), []).append(step)
+        for (mode, b), steps in cells.items():
+            cp, talker = [s["cp_ms"] for s in steps], [s["talker_ms"] for s in steps]
+            rows.append({"rev": rev, "mode": mode, "rows": b, "cp_ms": cp, "talker_ms": talker,
+                         "median_cp_ms": statistics.median(cp), "median_talker_ms": statistics.median(talker)})
+    return sorted(rows, key=lambda r: (r["mode"], r["rows"], revs.index(r["rev"])))
+
+
+def micro_table(rows: list[dict[str, Any]]) -> str:
+    out = ["| mode | rows | rev | predictor frame ms per process | median | talker step ms per process | median |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['mode']} | {r['rows']} | {r['rev']} | {', '.join(f'{v:.3f}' for v in r['cp_ms'])} | "
+                   f"{r['median_cp_ms']:.3f} | {', '.join(f'{v:.3f}' for v in r['talker_ms'])} | "
+                   f"{r['median_talker_ms']:.3f} |")
+    return "\n".join(out)
+
+
+def _bench_line(row: dict[str, Any]) -> str:
+    return (f"  {row['mode']} c={row['concurrency']}: {row['audio_s_per_s'][0]:.1f} audio s/s, "
+            f"TTFP {row['med_ttfp_ms'][0]:.1f} ms")
+
+
+def _codec_line(row: dict[str, Any]) -> str:
+    return f"  rows {row['rows']}: {row['chunk_ms'][0]:.3f} ms a chunk"
+
+
+def _micro_line(row: dict[str, Any]) -> str:
+    return (f"  {row['mode']} rows {row['rows']}: predictor frame {row['cp_ms'][0]:.3f} ms, "
+            f"talker step {row['talker_ms'][0]:.3f} ms")
+
+
+# per tool: its summary rows, their table, and one process's line per row
+TOOLS: dict[str, tuple[Callable[..., list[dict[str, Any]]], Callable[..., str], Callable[..., str]]] = {
+    "bench": (summary, table, _bench_line),
+    "codec-bench": (codec_summary, codec_table, _codec_line),
+    "microbench": (micro_summary, micro_table, _micro_line),
+}
+
+
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
     if "--json" in bench_args:
@@ -148,28 +199,24 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
             if args.json:  # a stopped comparison keeps the processes it finished
                 write_json(args.json, {**head, "runs": runs, "complete": False})
             say_run(runs[-1], args.tool, say)
-    codec = args.tool == "codec-bench"
-    rows = codec_summary(runs, args.revs) if codec else summary(runs, args.revs)
-    print(codec_table(rows) if codec else table(rows))
+    summarise, tabulate, _ = TOOLS[args.tool]
+    rows = summarise(runs, args.revs)
+    print(tabulate(rows))
     return {**head, "runs": runs, "summary": rows, "complete": True}
 
 
 def say_run(run: dict[str, Any], tool: str, say: Callable[[str], None]) -> None:
     """One line per row of a finished process."""
-    if tool == "codec-bench":
-        for row in codec_summary([run], [run["rev"]]):
-            say(f"  rows {row['rows']}: {row['chunk_ms'][0]:.3f} ms a chunk")
-        return
-    for row in summary([run], [run["rev"]]):
-        say(f"  {row['mode']} c={row['concurrency']}: {row['audio_s_per_s'][0]:.1f} audio s/s, "
-            f"TTFP {row['med_ttfp_ms'][0]:.1f} ms")
+    summarise, _, line = TOOLS[tool]
+    for row in summarise([run], [run["rev"]]):
+        say(line(row))
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--revs", nargs="+", required=True,
                     help=f"git revisions to compare ('{WORKING_TREE}': the checkout as it is; a folder holding an "
                          "omni_tts package: that package)")
-    ap.add_argument("--tool", choices=("bench", "codec-bench"), default="bench",
+    ap.add_argument("--tool", choices=tuple(TOOLS), default="bench",
                     help="what each process runs (default bench)")
     ap.add_argument("--rounds", type=int, default=2, help="processes per revision, in alternating order")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per bench process")
