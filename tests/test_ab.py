@@ -42,18 +42,24 @@ def test_each_revision_runs_its_own_package_in_interleaved_processes(tmp_path):
     assert len(rows) == 2 and rows[0].split("|")[3].strip() == "." and rows[1].split("|")[3].strip() == "HEAD"
 
 
-def test_codec_bench_runs_as_the_tool_and_its_chunk_times_make_the_table(tmp_path):
+def _tool_run(tmp_path, tool: str, tool_args: list[str]) -> tuple[subprocess.CompletedProcess, dict]:
+    """`ab --tool TOOL --revs . HEAD --rounds 1`: the process and its JSON, each process on its revision's code."""
     out = tmp_path / "ab.json"
-    codec = ["--model", str(fixture_dir("custom_voice")), "--rows", "1", "2", "--iters", "1", "--chunk-frames", "1",
-             "--history", "1", "--first-frames", "1"]
-    p = run_cli_process("ab", "--tool", "codec-bench", "--revs", ".", "HEAD", "--rounds", "1", "--json", str(out),
-                        "--", *codec)
+    p = run_cli_process("ab", "--tool", tool, "--revs", ".", "HEAD", "--rounds", "1", "--json", str(out), "--",
+                        *tool_args)
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(out.read_text())
-    assert res["tool"] == "codec-bench" and res["complete"] is True
+    assert res["tool"] == tool and res["complete"] is True
     digests = {".": tree_digest(), "HEAD": rev_digest("HEAD")}
-    for r in res["runs"]:
-        assert r["bench"]["source_digest"] == digests[r["rev"]] and [x["rows"] for x in r["bench"]["rows"]] == [1, 2]
+    assert [(r["rev"], r["bench"]["source_digest"]) for r in res["runs"]] == [(r, digests[r]) for r in (".", "HEAD")]
+    return p, res
+
+
+def test_codec_bench_runs_as_the_tool_and_its_chunk_times_make_the_table(tmp_path):
+    codec = ["--model", str(fixture_dir("custom_voice")), "--rows", "1", "2", "--iters", "1", "--chunk-frames", "1",
+             "--history", "1", "--first-frames", "1"]
+    p, res = _tool_run(tmp_path, "codec-bench", codec)
+    assert all([x["rows"] for x in r["bench"]["rows"]] == [1, 2] for r in res["runs"])
     assert [(s["rows"], s["rev"]) for s in res["summary"]] == [(1, "."), (1, "HEAD"), (2, "."), (2, "HEAD")]
     for s in res["summary"]:  # on a CPU, no graphs: the eager chunk's time
         (run,) = [r for r in res["runs"] if r["rev"] == s["rev"]]
@@ -64,17 +70,9 @@ def test_codec_bench_runs_as_the_tool_and_its_chunk_times_make_the_table(tmp_pat
 
 
 def test_microbench_runs_as_the_tool_and_its_step_times_make_the_table(tmp_path):
-    out = tmp_path / "ab.json"
     micro = ["--model", str(fixture_dir("custom_voice")), "--preset", "all-eager", "--modes", "eager", "--buckets", "1",
              "2", "--frames", "2", "--skip-codec"]
-    p = run_cli_process("ab", "--tool", "microbench", "--revs", ".", "HEAD", "--rounds", "1", "--json", str(out),
-                        "--", *micro)
-    assert p.returncode == 0, p.stderr[-2000:]
-    res = json.loads(out.read_text())
-    assert res["tool"] == "microbench" and res["complete"] is True
-    digests = {".": tree_digest(), "HEAD": rev_digest("HEAD")}
-    for r in res["runs"]:
-        assert r["bench"]["source_digest"] == digests[r["rev"]]
+    p, res = _tool_run(tmp_path, "microbench", micro)
     assert [(s["rows"], s["rev"]) for s in res["summary"]] == [(1, "."), (1, "HEAD"), (2, "."), (2, "HEAD")]
     for s in res["summary"]:
         (run,) = [r for r in res["runs"] if r["rev"] == s["rev"]]

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,23 +79,70 @@ def bench_once(folder: Path, bench_args: list[str], out: Path, timeout: float, t
     return got
 
 
-def summary(runs: list[dict[str, Any]], revs: list[str]) -> list[dict[str, Any]]:
-    """Per rev, mode and concurrency: each process's audio s/s and median TTFP, and their medians."""
+# bench's and microbench's rows: per mode and key, two figures per process, each with its median's name
+_BENCH = ("concurrency", "c", (("audio_s_per_s", "median_audio_s_per_s", "audio s/s"),
+                               ("med_ttfp_ms", "median_ttfp_ms", "TTFP ms")), ".1f")
+_MICRO = ("rows", "rows", (("cp_ms", "median_cp_ms", "predictor frame ms"),
+                           ("talker_ms", "median_talker_ms", "talker step ms")), ".3f")
+
+
+def _bench_cells(bench: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, float]]]:
+    for mode, by_c in bench.get("results", {}).items():
+        yield from ((mode, c, res) for c, res in by_c.items() if "audio_s_per_s" in res)
+
+
+def _micro_cells(bench: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, float]]]:
+    for mode, got in bench.get("modes", {}).items():
+        yield from ((mode, b, step) for b, step in got.get("per_bucket", {}).items() if "cp_ms" in step)
+
+
+def _by_mode(runs: list[dict[str, Any]], revs: list[str], cells_of: Callable[..., Iterator], spec: tuple
+             ) -> list[dict[str, Any]]:
+    """Per rev, mode and key (spec: _BENCH or _MICRO): each process's two figures and their medians."""
+    key, _, figures, _ = spec
     rows = []
     for rev in revs:
-        cells: dict[tuple[str, str], list[dict[str, float]]] = {}
+        cells: dict[tuple[str, int], list[dict[str, float]]] = {}
         for run in (r for r in runs if r["rev"] == rev):
-            for mode, by_c in run["bench"].get("results", {}).items():
-                for c, res in by_c.items():
-                    if "audio_s_per_s" in res:
-                        cells.setdefault((mode, c), []).append(res)
-        for (mode, c), got in cells.items():
-            tput = [g["audio_s_per_s"] for g in got]
-            ttfp = [g["med_ttfp_ms"] for g in got]
-            rows.append({"rev": rev, "mode": mode, "concurrency": int(c), "audio_s_per_s": tput,
-                         "med_ttfp_ms": ttfp, "median_audio_s_per_s": statistics.median(tput),
-                         "median_ttfp_ms": statistics.median(ttfp)})
-    return sorted(rows, key=lambda r: (r["mode"], r["concurrency"], revs.index(r["rev"])))
+            for mode, k, res in cells_of(run["bench"]):
+                cells.setdefault((mode, int(k)), []).append(res)
+        for (mode, k), got in cells.items():
+            row: dict[str, Any] = {"rev": rev, "mode": mode, key: k}
+            for name, median, _ in figures:
+                row[name] = [g[name] for g in got]
+                row[median] = statistics.median(row[name])
+            rows.append(row)
+    return sorted(rows, key=lambda r: (r["mode"], r[key], revs.index(r["rev"])))
+
+
+def _mode_table(rows: list[dict[str, Any]], spec: tuple) -> str:
+    key, title, figures, fmt = spec
+    out = ["| mode | " + title + " | rev | " + " | ".join(f"{t} per process | median" for _, _, t in figures) + " |",
+           "|---" * (3 + 2 * len(figures)) + "|"]
+    for r in rows:
+        cells = [r["mode"], r[key], r["rev"]]
+        for name, median, _ in figures:
+            cells += [", ".join(format(v, fmt) for v in r[name]), format(r[median], fmt)]
+        out.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(out)
+
+
+def summary(runs: list[dict[str, Any]], revs: list[str]) -> list[dict[str, Any]]:
+    """bench's: per rev, mode and concurrency, each process's audio s/s and median TTFP, and their medians."""
+    return _by_mode(runs, revs, _bench_cells, _BENCH)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    return _mode_table(rows, _BENCH)
+
+
+def micro_summary(runs: list[dict[str, Any]], revs: list[str]) -> list[dict[str, Any]]:
+    """microbench's: per rev, mode and rows, each process's predictor frame and talker step ms and their medians."""
+    return _by_mode(runs, revs, _micro_cells, _MICRO)
+
+
+def micro_table(rows: list[dict[str, Any]]) -> str:
+    return _mode_table(rows, _MICRO)
 
 
 def codec_summary(runs: list[dict[str, Any]], revs: list[str]) -> list[dict[str, Any]]:
@@ -117,43 +164,6 @@ def codec_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         ms = ", ".join(f"{v:.3f}" for v in r["chunk_ms"])
         out.append(f"| {r['rows']} | {r['rev']} | {ms} | {r['median_chunk_ms']:.3f} |")
-    return "\n".join(out)
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    out = ["| mode | c | rev | audio s/s per process | median | TTFP ms per process | median |",
-           "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        out.append(f"| {r['mode']} | {r['concurrency']} | {r['rev']} | "
-                   f"{', '.join(f'{v:.1f}' for v in r['audio_s_per_s'])} | {r['median_audio_s_per_s']:.1f} | "
-                   f"{', '.join(f'{v:.1f}' for v in r['med_ttfp_ms'])} | {r['median_ttfp_ms']:.1f} |")
-    return "\n".join(out)
-
-
-def micro_summary(runs: list[dict[str, Any]], revs: list[str]) -> list[dict[str, Any]]:
-    """microbench's: per rev, mode and rows, each process's predictor frame and talker step ms and their medians."""
-    rows = []
-    for rev in revs:
-        cells: dict[tuple[str, int], list[dict[str, float]]] = {}
-        for run in (r for r in runs if r["rev"] == rev):
-            for mode, got in run["bench"].get("modes", {}).items():
-                for b, step in got.get("per_bucket", {}).items():
-                    if "cp_ms" in step:
-                        cells.setdefault((mode, int(b)), []).append(step)
-        for (mode, b), steps in cells.items():
-            cp, talker = [s["cp_ms"] for s in steps], [s["talker_ms"] for s in steps]
-            rows.append({"rev": rev, "mode": mode, "rows": b, "cp_ms": cp, "talker_ms": talker,
-                         "median_cp_ms": statistics.median(cp), "median_talker_ms": statistics.median(talker)})
-    return sorted(rows, key=lambda r: (r["mode"], r["rows"], revs.index(r["rev"])))
-
-
-def micro_table(rows: list[dict[str, Any]]) -> str:
-    out = ["| mode | rows | rev | predictor frame ms per process | median | talker step ms per process | median |",
-           "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        out.append(f"| {r['mode']} | {r['rows']} | {r['rev']} | {', '.join(f'{v:.3f}' for v in r['cp_ms'])} | "
-                   f"{r['median_cp_ms']:.3f} | {', '.join(f'{v:.3f}' for v in r['talker_ms'])} | "
-                   f"{r['median_talker_ms']:.3f} |")
     return "\n".join(out)
 
 
