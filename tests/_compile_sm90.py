@@ -66,9 +66,9 @@ def projections() -> dict[str, str]:
     for n, k, flags in ((4096, D, dict(NORM=True)), (D, 2048, dict(RES=True)), (3072, D, dict(NORM=True, GLU=True)),
                         (D, 3072, dict(RES=True))):  # the predictor's shapes at two rows: rows in turn, whole rows
         out[f"projection 2 rows {n}x{k}"] = projection(2, n, k, flags)
-    for n, k in ((4096, D), (D, 3072)):  # one row on one warp (a sweep's candidate)
+    for n, k, flags in ((4096, D, dict(NORM=True)), (D, 3072, dict(RES=True))):  # one row on one warp (a sweep's)
         with configs.override({(1, n, k): (2, layers.next_pow2(k), 1, 1, True)}):
-            out[f"projection 1 row {n}x{k} on one warp"] = projection(1, n, k, dict(NORM=n > D))
+            out[f"projection 1 row {n}x{k} on one warp"] = projection(1, n, k, flags)
     for M in (1, 2):  # the 1.7B talker's at one and two rows
         for n, k, flags in ((4096, 2048, dict(NORM=True)), (2048, 2048, dict(RES=True)),
                             (6144, 2048, dict(NORM=True, GLU=True)), (2048, 6144, dict(RES=True))):

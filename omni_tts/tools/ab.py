@@ -28,7 +28,7 @@ import tarfile
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from omni_tts.errors import OmniTTSError
 from omni_tts.tools.args import run_to_json, write_json
@@ -79,11 +79,18 @@ def bench_once(folder: Path, bench_args: list[str], out: Path, timeout: float, t
     return got
 
 
-# bench's and microbench's rows: per mode and key, two figures per process, each with its median's name
-_BENCH = ("concurrency", "c", (("audio_s_per_s", "median_audio_s_per_s", "audio s/s"),
-                               ("med_ttfp_ms", "median_ttfp_ms", "TTFP ms")), ".1f")
-_MICRO = ("rows", "rows", (("cp_ms", "median_cp_ms", "predictor frame ms"),
-                           ("talker_ms", "median_talker_ms", "talker step ms")), ".3f")
+class _Rows(NamedTuple):
+    """bench's or microbench's rows: per mode and `key`, each figure per process and its median."""
+    key: str  # the row's key in the summary (concurrency, rows)
+    title: str  # its column's title
+    figures: tuple[tuple[str, str, str], ...]  # (name, its median's name, column title)
+    fmt: str
+
+
+_BENCH = _Rows("concurrency", "c", (("audio_s_per_s", "median_audio_s_per_s", "audio s/s"),
+                                    ("med_ttfp_ms", "median_ttfp_ms", "TTFP ms")), ".1f")
+_MICRO = _Rows("rows", "rows", (("cp_ms", "median_cp_ms", "predictor frame ms"),
+                                ("talker_ms", "median_talker_ms", "talker step ms")), ".3f")
 
 
 def _bench_cells(bench: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, float]]]:
@@ -96,10 +103,10 @@ def _micro_cells(bench: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, fl
         yield from ((mode, b, step) for b, step in got.get("per_bucket", {}).items() if "cp_ms" in step)
 
 
-def _by_mode(runs: list[dict[str, Any]], revs: list[str], cells_of: Callable[..., Iterator], spec: tuple
+def _by_mode(runs: list[dict[str, Any]], revs: list[str], cells_of: Callable[..., Iterator], spec: _Rows
              ) -> list[dict[str, Any]]:
-    """Per rev, mode and key (spec: _BENCH or _MICRO): each process's two figures and their medians."""
-    key, _, figures, _ = spec
+    """Per rev, mode and spec.key: each process's figures and their medians."""
+    key = spec.key
     rows = []
     for rev in revs:
         cells: dict[tuple[str, int], list[dict[str, float]]] = {}
@@ -108,21 +115,20 @@ def _by_mode(runs: list[dict[str, Any]], revs: list[str], cells_of: Callable[...
                 cells.setdefault((mode, int(k)), []).append(res)
         for (mode, k), got in cells.items():
             row: dict[str, Any] = {"rev": rev, "mode": mode, key: k}
-            for name, median, _ in figures:
+            for name, median, _ in spec.figures:
                 row[name] = [g[name] for g in got]
                 row[median] = statistics.median(row[name])
             rows.append(row)
     return sorted(rows, key=lambda r: (r["mode"], r[key], revs.index(r["rev"])))
 
 
-def _mode_table(rows: list[dict[str, Any]], spec: tuple) -> str:
-    key, title, figures, fmt = spec
-    out = ["| mode | " + title + " | rev | " + " | ".join(f"{t} per process | median" for _, _, t in figures) + " |",
-           "|---" * (3 + 2 * len(figures)) + "|"]
+def _mode_table(rows: list[dict[str, Any]], spec: _Rows) -> str:
+    heads = " | ".join(f"{t} per process | median" for _, _, t in spec.figures)
+    out = [f"| mode | {spec.title} | rev | {heads} |", "|---" * (3 + 2 * len(spec.figures)) + "|"]
     for r in rows:
-        cells = [r["mode"], r[key], r["rev"]]
-        for name, median, _ in figures:
-            cells += [", ".join(format(v, fmt) for v in r[name]), format(r[median], fmt)]
+        cells = [r["mode"], r[spec.key], r["rev"]]
+        for name, median, _ in spec.figures:
+            cells += [", ".join(format(v, spec.fmt) for v in r[name]), format(r[median], spec.fmt)]
         out.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(out)
 
