@@ -250,8 +250,8 @@ if triton is not None:
                      BD: tl.constexpr, BP: tl.constexpr, PDL: tl.constexpr):
         """Program (row b, query head h): normed + rotated K/V of positions pos0..pos0+T-1 of h's KV head g
         into the cache [B, HKV, P, HD], then h's causal attention over it. y: [B*T, (H+2HKV)*HD]. The REP
-        programs of one KV head each write its new K/V (the same values), so each reads back only what it
-        wrote itself or earlier steps did: no program waits for another."""
+        programs of one KV head each write its new K/V (the same values) and attend over them as computed,
+        the earlier positions read from the cache: no program waits for another, nor for its own stores."""
         dt = out_ptr.dtype.element_ty
         after_previous(PDL)
         b, h, d, dm = lanes(HD, BD)
@@ -260,15 +260,20 @@ if triton is not None:
         W: tl.constexpr = (H + 2 * HKV) * HD
         p = tl.arange(0, BP)
         cache = (b * HKV + g) * P * HD
+        earlier = (p[:, None] < pos0) & dm[None, :]  # issued with y's loads: one memory round trip, not two
+        kk = tl.load(kc_ptr + cache + p[:, None] * HD + d[None, :], mask=earlier, other=0.0).to(tl.float32)  # [BP, BD]
+        vv = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=earlier, other=0.0).to(tl.float32)
         for t in tl.static_range(T):
+            row = y_ptr + (b * T + t) * W
             cos, sin = rope_row(cos_ptr, sin_ptr, (pos0 + t) * HD, d, dm)
+            k = normed_rope(row + (H + g) * HD, d, dm, HALF, HD, kn_ptr, cos, sin, eps, dt)  # dt-rounded, as cached
+            v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
             at = cache + (pos0 + t) * HD + d
-            store_kv(y_ptr + (b * T + t) * W, g, kn_ptr, cos, sin, eps, kc_ptr + at, vc_ptr + at, d, dm, H, HKV, HD,
-                      dt)
-        tl.debug_barrier()  # the cache rows just written are read below by other threads
-        kvmask = (p[:, None] < P) & dm[None, :]
-        kk = tl.load(kc_ptr + cache + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0).to(tl.float32)  # [BP, BD]
-        vv = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0).to(tl.float32)
+            tl.store(kc_ptr + at, k.to(dt), mask=dm)
+            tl.store(vc_ptr + at, v, mask=dm)
+            new = (p == pos0 + t)[:, None]
+            kk = tl.where(new, k[None, :], kk)
+            vv = tl.where(new, v.to(tl.float32)[None, :], vv)
         for t in tl.static_range(T):
             row = y_ptr + (b * T + t) * W
             cos, sin = rope_row(cos_ptr, sin_ptr, (pos0 + t) * HD, d, dm)
