@@ -38,14 +38,14 @@ Config = tuple[int, int, int, int, bool]
 # PDL, as TALKER_PDL_ROWS launches them). The predictor's shapes are both sizes', and the 0.6B talker's too.
 _BY_SHAPE: dict[tuple[int, int], dict[int, Config]] = {
     (4096, 1024): {  # the predictor's q|k|v
-        1: (8, 1024, 1, 4, True),
+        1: (2, 1024, 1, 4, True),  # H100 in-layer
         2: (4, 1024, 1, 4, True),  # H100 in-layer
         4: (32, 1024, 1, 4, False),  # H100 in-layer
         8: (32, 1024, 1, 4, False),  # H100
         16: (32, 1024, 1, 4, False),  # H100 in-layer
         32: (32, 256, 4, 4, False), 64: (32, 256, 3, 4, False), 128: (32, 128, 3, 4, False)},
     (1024, 2048): {  # the predictor's o
-        1: (8, 2048, 1, 4, True),
+        1: (2, 2048, 1, 4, True),  # H100 in-layer
         2: (8, 2048, 1, 8, True),  # H100 in-layer
         8: (16, 256, 4, 4, False),
         16: (16, 256, 3, 4, False),  # H100 in-layer
@@ -53,22 +53,24 @@ _BY_SHAPE: dict[tuple[int, int], dict[int, Config]] = {
         64: (16, 128, 4, 4, False),  # H100 in-layer
         128: (16, 128, 4, 4, False)},
     (3072, 1024): {  # the predictor's gate|up
-        1: (4, 1024, 1, 4, True), 2: (4, 1024, 1, 4, True), 8: (32, 256, 3, 4, False), 32: (16, 256, 3, 4, False),
+        1: (2, 1024, 1, 2, True),  # H100 in-layer
+        2: (4, 1024, 1, 4, True), 8: (32, 256, 3, 4, False), 32: (16, 256, 3, 4, False),
         64: (32, 128, 4, 4, False),  # H100 in-layer
         128: (64, 128, 3, 4, False)},
     (1024, 3072): {  # the predictor's down
-        1: (2, 4096, 1, 8, True), 2: (2, 4096, 1, 8, True), 8: (16, 256, 4, 4, False),
+        1: (4, 4096, 1, 4, True),  # H100 in-layer
+        2: (2, 4096, 1, 8, True), 8: (16, 256, 4, 4, False),
         16: (32, 256, 4, 4, False),  # H100 in-layer
         32: (16, 256, 4, 4, False),
         64: (16, 256, 4, 4, False),  # H100 in-layer
         128: (32, 128, 4, 4, False)},
     (4096, 2048): {  # the 1.7B talker's q|k|v
-        1: (8, 2048, 1, 4, True),
+        1: (2, 2048, 1, 1, True),  # H100 in-layer
         2: (2, 2048, 1, 4, True),  # H100 in-layer
         4: (32, 256, 3, 4, False),  # H100 in-layer
         8: (32, 256, 4, 4, False), 32: (32, 256, 3, 4, False)},
     (2048, 2048): {  # the 1.7B talker's o
-        1: (4, 2048, 1, 4, True),  # H100 in-layer
+        1: (8, 2048, 1, 4, True),  # H100 in-layer
         2: (8, 2048, 1, 8, True),  # H100 in-layer
         4: (32, 256, 4, 4, False),  # H100 in-layer
         8: (32, 256, 4, 4, False),  # H100 in-layer
