@@ -102,11 +102,11 @@ def talker_attention() -> dict[str, str]:
         "talker rope + cache": build(talker._rope_cache_kernel, {**common, "q_ptr": BF}, {**cx, "PDL": True}, 1,
                                      pdl=True),
         "talker rope + attend": build(talker._rope_attend_kernel, {**common, "a_ptr": BF, "scale": 0.1},
-                                      {**cx, "L": 1025, "BL": talker.ATTEND_BLOCK, "PDL": True}, talker.ATTEND_WARPS,
-                                      pdl=True),
+                                      {**cx, "L": 1025, "BL": talker.ATTEND_BLOCK, "PDL": True, "TO_POS": True},
+                                      talker.ATTEND_WARPS, pdl=True),
         "talker attend": build(talker._attend_kernel, dict(q_ptr=BF, pos_ptr=I64, kc_ptr=BF, vc_ptr=BF, a_ptr=BF,
                                scale=0.1, q_row=4096, q_head=128, kc_row=1 << 20, kc_head=1 << 16),
-                               {**cx, "L": 1025, "BL": talker.ATTEND_BLOCK}, talker.ATTEND_WARPS),
+                               {**cx, "L": 1025, "BL": talker.ATTEND_BLOCK, "TO_POS": True}, talker.ATTEND_WARPS),
     }
 
 

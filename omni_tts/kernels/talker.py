@@ -13,6 +13,7 @@ caller's choice. Runs on CUDA; tests run it in Triton's CPU interpreter against 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -22,6 +23,8 @@ from omni_tts.kernels.configs import next_pow2
 
 ATTEND_BLOCK = 128  # cache positions per step of the attention kernel's loop
 ATTEND_WARPS = 8
+# Triton's interpreter takes no loop bound from a loaded value: there the attention loop runs over all kv_len
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 if kernels.triton is not None:
     import triton
@@ -54,15 +57,16 @@ if kernels.triton is not None:
 
     @triton.jit
     def _attend_loop(q, k, v, pos, kc_at, vc_at, d, dm, scale, L: tl.constexpr, HD: tl.constexpr, BL: tl.constexpr,
-                     FRESH: tl.constexpr):
+                     FRESH: tl.constexpr, TO_POS: tl.constexpr):
         """q's causal attention (float32 [BD]) over one KV head's cache positions 0..pos < L (kc_at/vc_at:
-        its position 0, positions HD apart) in blocks of BL with an online softmax; a block past pos reads
-        nothing. FRESH: position pos is k/v (float32 [BD], being written by another program), not the
-        cache's. -> [BD] float32"""
+        its position 0, positions HD apart) in blocks of BL with an online softmax; TO_POS: the blocks up to
+        the one holding pos (a row's cost follows its own position, not the bucket's), else all of L's (a
+        block past pos reads nothing). FRESH: position pos is k/v (float32 [BD], being written by another
+        program), not the cache's. -> [BD] float32"""
         m_i = tl.full([], float("-inf"), tl.float32)
         l_i = tl.full([], 0.0, tl.float32)
         acc = tl.zeros(q.shape, tl.float32)
-        for start in range(0, L, BL):
+        for start in range(0, pos + 1 if TO_POS else L, BL):  # inline: the interpreter makes a local a tensor
             p = start + tl.arange(0, BL)
             cached = ((p < pos) if FRESH else (p <= pos))[:, None] & dm[None, :]
             kk = tl.load(kc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)  # [BL, BD]
@@ -82,7 +86,7 @@ if kernels.triton is not None:
     @triton.jit
     def _rope_attend_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, a_ptr, eps, scale,
                             kc_row, kc_head, L: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
-                            BD: tl.constexpr, BL: tl.constexpr, PDL: tl.constexpr):
+                            BD: tl.constexpr, BL: tl.constexpr, PDL: tl.constexpr, TO_POS: tl.constexpr):
         """Program (row b, query head h) of a one-token talker step: K/V of h's KV head normed + rotated into
         the cache at the row's position pos[b] (by the first query head sharing it), then h's causal attention
         over cache positions 0..pos[b] < L (`_attend_loop`; the new position's K/V from y, not from the cache
@@ -104,13 +108,14 @@ if kernels.triton is not None:
         tl.store(kc_ptr + head + pos * HD + d, k.to(dt), mask=dm & (h % REP == 0))
         tl.store(vc_ptr + head + pos * HD + d, v, mask=dm & (h % REP == 0))
         q = normed_rope(row + h * HD, d, dm, HD // 2, HD, qn_ptr, cos, sin, eps, dt)
-        o = _attend_loop(q, k, v.to(tl.float32), pos, kc_ptr + head, vc_ptr + head, d, dm, scale, L, HD, BL, True)
+        o = _attend_loop(q, k, v.to(tl.float32), pos, kc_ptr + head, vc_ptr + head, d, dm, scale, L, HD, BL, True,
+                         TO_POS)
         tl.store(a_ptr + (b * H + h) * HD + d, o.to(dt), mask=dm)
 
     @triton.jit
     def _attend_kernel(q_ptr, pos_ptr, kc_ptr, vc_ptr, a_ptr, scale, q_row, q_head, kc_row, kc_head,
                        L: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, BD: tl.constexpr,
-                       BL: tl.constexpr):
+                       BL: tl.constexpr, TO_POS: tl.constexpr):
         """Program (row b, query head h): q[b, h]'s causal attention over its KV head's cache positions
         0..pos[b] < L, the new position already in the cache -> a [B, H, HD]."""
         b, h = tl.program_id(0), tl.program_id(1)
@@ -119,7 +124,7 @@ if kernels.triton is not None:
         pos = tl.load(pos_ptr + b)
         head = b * kc_row + (h // (H // HKV)) * kc_head
         q = tl.load(q_ptr + b * q_row + h * q_head + d, mask=dm, other=0.0).to(tl.float32)
-        o = _attend_loop(q, q, q, pos, kc_ptr + head, vc_ptr + head, d, dm, scale, L, HD, BL, False)
+        o = _attend_loop(q, q, q, pos, kc_ptr + head, vc_ptr + head, d, dm, scale, L, HD, BL, False, TO_POS)
         tl.store(a_ptr + (b * H + h) * HD + d, o.to(a_ptr.dtype.element_ty), mask=dm)
 
 
@@ -160,7 +165,7 @@ def talker_attend(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x
     a = torch.empty(B, H, 1, hd, device=x.device, dtype=x.dtype)  # [B, H, 1, hd]
     _rope_attend_kernel[(B, H)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(), pos,
                                 kc, vc, a, float(attn.q_norm.eps), hd ** -0.5, kc.stride(0), kc.stride(1), kv_len, H=H,
-                                HKV=Hkv, HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK, PDL=pdl,
+                                HKV=Hkv, HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK, PDL=pdl, TO_POS=_to_pos(kv_len),
                                 **kernels.launch_options(pdl, ATTEND_WARPS))
     return a
 
@@ -174,8 +179,14 @@ def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tenso
     a = torch.empty(B, H, 1, hd, device=q.device, dtype=q.dtype)
     _attend_kernel[(B, H)](q, pos, kc, vc, a, hd ** -0.5, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1),
                            kv_len, H=H, HKV=kc.shape[1], HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK,
-                           num_warps=ATTEND_WARPS)
+                           TO_POS=_to_pos(kv_len), num_warps=ATTEND_WARPS)
     return a
+
+
+def _to_pos(kv_len: int) -> bool:
+    """Whether the attention loop stops at each row's own position: where kv_len spans several blocks (one
+    block compiles to straight-line code, no loop), and not in the interpreter."""
+    return kv_len > ATTEND_BLOCK and not _INTERPRET
 
 
 def talker_attn_out(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pdl: bool = False
