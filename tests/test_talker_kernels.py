@@ -168,21 +168,22 @@ def test_a_kept_probe_outcome_restores_every_kernel_choice() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_compiled_attention_reads_up_to_each_rows_own_position() -> None:
+def test_compiled_attention_reads_up_to_each_rows_own_position(monkeypatch: pytest.MonkeyPatch) -> None:
     """Compiled, over a kv_len of several blocks, each row's loop stops at the block holding its position: rows
-    at the first and last position of a block, and past junk, against gqa_attention with the causal mask."""
+    at the first and last position of a block, and past junk, against gqa_attention with the causal mask; and
+    every row, a padded one at the cache's last position (past kv_len) too, as the loop over all kv_len gives."""
     m, _ = model_and_fast()
     dev = torch.device("cuda")
     layer = copy.deepcopy(m.talker.layers[1]).to(dev)
     w, a = fuse_layer(layer), layer.self_attn
     L = 4 * talker_kernels.ATTEND_BLOCK + 1
-    pos = [0, 127, 128, 300, L - 1]
-    B, M = len(pos), L + 7
+    M = L + 7
+    pos = [0, 127, 128, 300, L - 1, M - 1]
+    B, n = len(pos), len(pos) - 1  # rows [:n] below kv_len
     torch.manual_seed(3)
     x = torch.randn(B, 1, layer.input_layernorm.weight.shape[0], device=dev)
     p = torch.tensor(pos, device=dev)
-    cos, sin = m.talker.rope(p[:, None].cpu(), torch.float32)
-    cos, sin = cos.to(dev), sin.to(dev)
+    cos, sin = (t.to(dev) for t in m.talker.rope(p[:, None].cpu(), torch.float32))
     kc0 = torch.randn(B, a.kv_heads, M, a.head_dim, device=dev)
     vc0 = torch.randn_like(kc0)
     mask = (torch.arange(M, device=dev)[None, :] <= p[:, None])[:, None, None]  # [B, 1, 1, M]
@@ -190,5 +191,10 @@ def test_compiled_attention_reads_up_to_each_rows_own_position() -> None:
     got = talker_kernels.talker_attend(layer, w[0], w[1], x, cos, sin, kc, vc, p, L)
     q = talker_kernels.talker_attn_in(layer, w[0], w[1], x, cos, sin, rk, rv, p)
     want = gqa_attention(q, rk, rv, mask)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(talker_kernels.attend(q, rk, rv, p, L), want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[:n], want[:n], rtol=1e-4, atol=1e-4)
+    alone = talker_kernels.attend(q, rk, rv, p, L)
+    torch.testing.assert_close(alone[:n], want[:n], rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(talker_kernels, "_INTERPRET", True)  # the loop over all of kv_len, as interpreted
+    full = talker_kernels.talker_attend(layer, w[0], w[1], x, cos, sin, kc0.clone(), vc0.clone(), p, L)
+    torch.testing.assert_close(got, full, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(alone, talker_kernels.attend(q, rk, rv, p, L), rtol=1e-6, atol=1e-6)

@@ -60,13 +60,15 @@ if kernels.triton is not None:
                      FRESH: tl.constexpr, TO_POS: tl.constexpr):
         """q's causal attention (float32 [BD]) over one KV head's cache positions 0..pos < L (kc_at/vc_at:
         its position 0, positions HD apart) in blocks of BL with an online softmax; TO_POS: the blocks up to
-        the one holding pos (a row's cost follows its own position, not the bucket's), else all of L's (a
-        block past pos reads nothing). FRESH: position pos is k/v (float32 [BD], being written by another
-        program), not the cache's. -> [BD] float32"""
+        the one holding pos (a row's cost follows its own position, not the bucket's; a padded row's, past L,
+        stops at L), else all of L's (a block past pos reads nothing). FRESH: position pos is k/v (float32
+        [BD], being written by another program), not the cache's. -> [BD] float32"""
         m_i = tl.full([], float("-inf"), tl.float32)
         l_i = tl.full([], 0.0, tl.float32)
         acc = tl.zeros(q.shape, tl.float32)
-        for start in range(0, pos + 1 if TO_POS else L, BL):  # inline: the interpreter makes a local a tensor
+        # at most L: a padded row sits at the scratch position past every bucket (inline: the interpreter makes
+        # a local a tensor)
+        for start in range(0, tl.minimum(pos + 1, L) if TO_POS else L, BL):
             p = start + tl.arange(0, BL)
             cached = ((p < pos) if FRESH else (p <= pos))[:, None] & dm[None, :]
             kk = tl.load(kc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)  # [BL, BD]
