@@ -246,3 +246,40 @@ def test_default_cudagraph_serves_on_its_top_k_graphs_before_it_captures_the_res
     assert set(runner.cp_graphs) == {False, True} and len(runner.talker_graphs) == 2 * len(runner.kv_buckets)
     assert set(runner.prefill_graphs) == set(runner.prefill_batches) and not runner.cp_pending
     assert not runner.reference_talker and len(runner.graphs) == len(steps)
+
+
+def test_rows_moved_to_a_position_step_there_and_go_back(_one_thread):
+    """testing.rows_at: inside the block the rows' talker step runs at the given position (its bucket picked
+    from it, its K/V written there); after it the rows are back at their own positions and step there."""
+    from omni_tts.engine.testing import rows_at
+
+    runner, ps, items, T = three_prompts()
+    runner.prefill_batch(0, items)
+    pos0, bucket0 = runner.pos[:3].clone(), runner.kv_len(3)
+    far = 100
+    assert bucket0 <= far < runner.kv_buckets[-1] and max(T) < far
+    with rows_at(runner, 3, far):
+        assert runner.kv_len(3) == runner.kv_buckets[-1] and runner.pos[:3].tolist() == [far] * 3
+        runner.step_fns(3)[1]()
+        assert bool((runner.cache.k[:, :3, :, far] != 0).all(dim=-1).any())  # written at the far position
+    assert torch.equal(runner.pos[:3], pos0) and runner.kv_len(3) == bucket0
+    runner.cache.k[:, :3, :, far].zero_()
+    for i in range(3):
+        runner.cache.k[:, i, :, T[i]].zero_()
+    runner.step_fns(3)[1]()
+    assert not bool(runner.cache.k[:, :3, :, far].any())  # back home: nothing written far away
+    assert all(bool(runner.cache.k[:, i, :, T[i]].any()) for i in range(3))  # but at each row's own position
+
+
+def test_microbench_times_a_step_at_each_buckets_end_and_leaves_the_rows_home(_one_thread):
+    from omni_tts.tools.microbench import talker_at_kv_end
+
+    runner, ps, items, T = three_prompts()
+    runner.prefill_batch(0, items)
+    pos0 = runner.pos[:3].clone()
+    runner.cache.k.zero_()
+    out = talker_at_kv_end(runner, 3)
+    assert list(out) == runner.kv_buckets and all(ms > 0 for ms in out.values())
+    assert torch.equal(runner.pos[:3], pos0)
+    written = [int(p) for p in runner.cache.k[:, :3].abs().sum((0, 1, 2, 4)).nonzero()]
+    assert written == [min(L, runner.scratch_pos) - 1 for L in runner.kv_buckets]  # each bucket's last position

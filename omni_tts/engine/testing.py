@@ -6,15 +6,16 @@ a model loaded from a config), a runner's step callables as `launch` runs them (
 replays where captured) or launched kernel by kernel (`launched_step_fns`), and what runs its
 CodePredictor's layers (`layer_kernels`); and the pieces tools measure or drive on their own: the
 audio stage's codec set-up (`fuse_codec`, `FirstChunkGraphs`), the figures of a list of finished
-requests (`summarize`) and of device memory (`gpu_memory`), the engine's host work by phase
-(`recording_phases`), the compile caches (`compile_cache`) and the plain single-request path
-(`offline`). Kernel sweeps use omni_tts.kernels' public names directly.
-Requests, scheduling and streaming stay behind `omni_tts.Engine`. Knows nothing about the tools.
+requests (`summarize`) and of device memory (`gpu_memory`), rows moved to a talker position for a block
+(`rows_at`: a step of rows that long), the engine's host work by phase (`recording_phases`), the compile
+caches (`compile_cache`) and the plain single-request path (`offline`). Kernel sweeps use omni_tts.kernels'
+public names directly. Requests, scheduling and streaming stay behind `omni_tts.Engine`. Knows nothing about the tools.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from omni_tts.config import CompileMode, EngineConfig
@@ -27,8 +28,8 @@ from omni_tts.engine.step_impl import StepImpls
 from omni_tts.models.loading import load_model
 
 __all__ = ["FirstChunkGraphs", "StepImpls", "compile_cache", "fuse_codec", "gpu_memory", "launched_step_fns",
-           "layer_kernels", "load_model", "mode_runner", "offline", "recording_phases", "step_fns", "summarize",
-           "warmed_runner"]
+           "layer_kernels", "load_model", "mode_runner", "offline", "recording_phases", "rows_at", "step_fns",
+           "summarize", "warmed_runner"]
 
 
 def mode_runner(model: Any, config: EngineConfig, mode: CompileMode, impls: StepImpls | None = None) -> Runner:
@@ -58,6 +59,18 @@ def launched_step_fns(runner: Runner, b: int) -> tuple[Callable[[], tuple], Call
     sort = runner.variant(b)  # this seam may reach the runner's step bodies: it is the engine's own module
     return (runner._make_cp_fn(sort)(b),
             runner._make_talker_fn(runner.kv_len(b), sort, runner._talker_now())(b))
+
+
+@contextlib.contextmanager
+def rows_at(runner: Runner, n: int, pos: int) -> Iterator[None]:
+    """Rows [:n] at talker position `pos` for the block, as rows that long would be (the cache past their
+    prompts holds whatever is there: timings, not outputs), their positions restored after."""
+    saved = runner.pos[:n].clone(), runner.pos_host[:n].copy()
+    runner.pos[:n], runner.pos_host[:n] = pos, pos
+    try:
+        yield
+    finally:
+        runner.pos[:n], runner.pos_host[:n] = saved
 
 
 def layer_kernels(runner: Runner) -> str:

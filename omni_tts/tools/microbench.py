@@ -239,6 +239,15 @@ def load_test(model: Any, cfg: EngineConfig, mode: str, concurrency: Sequence[in
     return out
 
 
+def talker_at_kv_end(runner: Any, b: int) -> dict[int, float]:
+    """ms per talker step of rows [:b] moved to the last position of each kv bucket (below the scratch one)."""
+    out = {}
+    for L in runner.kv_buckets:
+        with testing.rows_at(runner, b, min(L, runner.scratch_pos) - 1):
+            out[L] = time_ms(runner.step_fns(b, L)[1])
+    return out
+
+
 def measure_mode(runner: Any, buckets: Sequence[int], speaker: str | None, report: dict[str, Any],
                  say: Callable[[str], None]) -> dict[str, Any]:
     """Step costs per bucket (both sampling variants; per attention length where graphed) and prefill costs."""
@@ -252,9 +261,10 @@ def measure_mode(runner: Any, buckets: Sequence[int], speaker: str | None, repor
                                 "variant": "full sort" if runner.variant(b) else "top-k selection"}
         cp_s, talker_s = testing.step_fns(runner, b, sort=True)  # the full-sort variant (top-p without top-k)
         row["per_bucket"][b].update(cp_ms_full_sort=time_ms(cp_s), talker_ms_full_sort=time_ms(talker_s))
-        if runner.graphs:  # the talker step's cost against the attention length it reads
-            row["per_bucket"][b]["talker_ms_by_kv_len"] = {
+        if runner.graphs:  # the talker step's cost against the attention length: each bucket's graph
+            row["per_bucket"][b]["talker_ms_by_kv_len"] = {  # with the rows at their prompts' positions
                 L: time_ms(runner.step_fns(b, L)[1]) for L in runner.kv_buckets}
+            row["per_bucket"][b]["talker_ms_at_kv_end"] = talker_at_kv_end(runner, b)  # rows that long
         say(f"{mode} b={b}: {row['per_bucket'][b]}")
     row["prefill"] = prefill_costs(runner, speaker)
     return row
