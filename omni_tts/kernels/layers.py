@@ -238,11 +238,13 @@ if triton is not None:
     def store_kv(row, g, kn_ptr, cos, sin, eps, k_at, v_at, d, dm, H: tl.constexpr, HKV: tl.constexpr,
                   HD: tl.constexpr, dt: tl.constexpr):
         """KV head g of one token's q|k|v row (`row`: [(H+2HKV)*HD]): K RMS-normed with kn and rotated, stored
-        at the pointers k_at [BD]; V stored as it is at v_at."""
+        at the pointers k_at [BD]; V stored as it is at v_at -> (k dt-rounded in float32, v): the values the
+        cache now holds."""
         k = normed_rope(row + (H + g) * HD, d, dm, HD // 2, HD, kn_ptr, cos, sin, eps, dt)
         v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
         tl.store(k_at, k.to(dt), mask=dm)
         tl.store(v_at, v, mask=dm)
+        return k, v
 
     @triton.jit
     def _attn_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, pos0, eps, scale,
@@ -266,11 +268,8 @@ if triton is not None:
         for t in tl.static_range(T):
             row = y_ptr + (b * T + t) * W
             cos, sin = rope_row(cos_ptr, sin_ptr, (pos0 + t) * HD, d, dm)
-            k = normed_rope(row + (H + g) * HD, d, dm, HALF, HD, kn_ptr, cos, sin, eps, dt)  # dt-rounded, as cached
-            v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
             at = cache + (pos0 + t) * HD + d
-            tl.store(kc_ptr + at, k.to(dt), mask=dm)
-            tl.store(vc_ptr + at, v, mask=dm)
+            k, v = store_kv(row, g, kn_ptr, cos, sin, eps, kc_ptr + at, vc_ptr + at, d, dm, H, HKV, HD, dt)
             new = (p == pos0 + t)[:, None]
             kk = tl.where(new, k[None, :], kk)
             vv = tl.where(new, v.to(tl.float32)[None, :], vv)
