@@ -60,7 +60,7 @@ if kernels.triton is not None:
 
     @triton.jit
     def _attend_loop(q, k, v, pos, kc_at, vc_at, d, dm, scale, L: tl.constexpr, HD: tl.constexpr, BL: tl.constexpr,
-                     CH: tl.constexpr, FRESH: tl.constexpr, TO_POS: tl.constexpr):
+                     CH: tl.constexpr, S: tl.constexpr, FRESH: tl.constexpr, TO_POS: tl.constexpr):
         """q's causal attention (float32 [BD]) over this program's split of one KV head's cache positions
         0..pos < L (kc_at/vc_at: its position 0, positions HD apart): positions [s CH, (s+1) CH) for split s
         (program axis 2), in blocks of BL with an online softmax; TO_POS: the blocks up to the one holding pos
@@ -68,24 +68,29 @@ if kernels.triton is not None:
         all of the split's (a block past pos reads nothing). FRESH: position pos is k/v (float32 [BD], being
         written by another program), not the cache's. -> (unnormed output [BD], running max, softmax sum):
         max -inf and sum 0 for a split wholly past pos"""
-        lo = tl.program_id(2) * CH
+        if S == 1:
+            lo = 0
+        else:
+            lo = tl.program_id(2) * CH
         m_i = tl.full([], float("-inf"), tl.float32)
         l_i = tl.full([], 0.0, tl.float32)
         acc = tl.zeros(q.shape, tl.float32)
-        # at most L: a padded row sits at the scratch position past every bucket (inline: the interpreter makes
-        # a local a tensor)
-        for start in range(0, tl.minimum(tl.minimum(pos + 1, L) - lo, CH) if TO_POS else CH, BL):
+        # at most L (or the split's end): a padded row sits at the scratch position past every bucket (inline:
+        # the interpreter makes a local a tensor)
+        for start in range(0, (tl.minimum(pos + 1, L) if S == 1 else tl.minimum(pos + 1, lo + CH) - lo) if TO_POS
+                           else (L if S == 1 else CH), BL):
             p = lo + start + tl.arange(0, BL)
-            live = (p <= pos) & (p < L)
-            cached = (((p < pos) & (p < L)) if FRESH else live)[:, None] & dm[None, :]
+            cached = ((p < pos) if FRESH else (p <= pos))[:, None] & dm[None, :]
             kk = tl.load(kc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)  # [BL, BD]
             vv = tl.load(vc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)
             if FRESH:
                 kk = tl.where((p == pos)[:, None], k[None, :], kk)
                 vv = tl.where((p == pos)[:, None], v[None, :], vv)
-            s = tl.where(live, tl.sum(q[None, :] * kk, axis=1) * scale, float("-inf"))  # [BL]
+            s = tl.where(p <= pos, tl.sum(q[None, :] * kk, axis=1) * scale, float("-inf"))  # [BL]
             m_new = tl.maximum(m_i, tl.max(s, axis=0))
-            m_at = tl.where(m_new == float("-inf"), 0.0, m_new)  # no position yet: no NaN from -inf - -inf
+            m_at = m_new
+            if S > 1:  # a split wholly past pos has no position: no NaN from -inf - -inf
+                m_at = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp(m_i - m_at)
             e = tl.exp(s - m_at)
             l_i = l_i * alpha + tl.sum(e, axis=0)
@@ -146,12 +151,14 @@ if kernels.triton is not None:
         head = b * kc_row + g * kc_head
         k = normed_rope(row + (H + g) * HD, d, dm, HD // 2, HD, kn_ptr, cos, sin, eps, dt)  # [BD]
         v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
-        writes = dm & (h % REP == 0) & (tl.program_id(2) == 0)
+        writes = dm & (h % REP == 0)
+        if S > 1:
+            writes = writes & (tl.program_id(2) == 0)
         tl.store(kc_ptr + head + pos * HD + d, k.to(dt), mask=writes)
         tl.store(vc_ptr + head + pos * HD + d, v, mask=writes)
         q = normed_rope(row + h * HD, d, dm, HD // 2, HD, qn_ptr, cos, sin, eps, dt)
         acc, m_i, l_i = _attend_loop(q, k, v.to(tl.float32), pos, kc_ptr + head, vc_ptr + head, d, dm, scale, L, HD,
-                                     BL, CH, True, TO_POS)
+                                     BL, CH, S, True, TO_POS)
         _attend_store(acc, m_i, l_i, a_ptr, pm_ptr, pl_ptr, b, h, d, dm, H, HD, S)
 
     @triton.jit
@@ -167,8 +174,8 @@ if kernels.triton is not None:
         pos = tl.load(pos_ptr + b)
         head = b * kc_row + (h // (H // HKV)) * kc_head
         q = tl.load(q_ptr + b * q_row + h * q_head + d, mask=dm, other=0.0).to(tl.float32)
-        acc, m_i, l_i = _attend_loop(q, q, q, pos, kc_ptr + head, vc_ptr + head, d, dm, scale, L, HD, BL, CH, False,
-                                     TO_POS)
+        acc, m_i, l_i = _attend_loop(q, q, q, pos, kc_ptr + head, vc_ptr + head, d, dm, scale, L, HD, BL, CH, S,
+                                     False, TO_POS)
         _attend_store(acc, m_i, l_i, a_ptr, pm_ptr, pl_ptr, b, h, d, dm, H, HD, S)
 
 
