@@ -98,15 +98,22 @@ def talker_attention() -> dict[str, str]:
     common = dict(y_ptr=BF, qn_ptr=BF, kn_ptr=BF, cos_ptr=BF, sin_ptr=BF, pos_ptr=I64, kc_ptr=BF, vc_ptr=BF, eps=1e-6,
                   kc_row=1 << 20, kc_head=1 << 16)
     cx = dict(H=H, HKV=HKV, HD=HD, BD=HD)
+    block = talker.ATTEND_BLOCK
+    # the whole bucket in one program, and split in five (one-row steps over 1025 positions)
+    splits = [(S, BF if S == 1 else F32, dict(L=1025, BL=block, CH=ch, S=S, TO_POS=True))
+              for S, ch in ((1, 9 * block), (5, 2 * block))]
     return {
         "talker rope + cache": build(talker._rope_cache_kernel, {**common, "q_ptr": BF}, {**cx, "PDL": True}, 1,
                                      pdl=True),
-        "talker rope + attend": build(talker._rope_attend_kernel, {**common, "a_ptr": BF, "scale": 0.1},
-                                      {**cx, "L": 1025, "BL": talker.ATTEND_BLOCK, "PDL": True}, talker.ATTEND_WARPS,
-                                      pdl=True),
-        "talker attend": build(talker._attend_kernel, dict(q_ptr=BF, pos_ptr=I64, kc_ptr=BF, vc_ptr=BF, a_ptr=BF,
-                               scale=0.1, q_row=4096, q_head=128, kc_row=1 << 20, kc_head=1 << 16),
-                               {**cx, "L": 1025, "BL": talker.ATTEND_BLOCK}, talker.ATTEND_WARPS),
+        **{f"talker rope + attend S={S}": build(talker._rope_attend_kernel, {**common, "a_ptr": a, "pm_ptr": F32,
+                                                "pl_ptr": F32, "scale": 0.1}, {**cx, **split, "PDL": True},
+                                                talker.ATTEND_WARPS, pdl=True) for S, a, split in splits},
+        **{f"talker attend S={S}": build(talker._attend_kernel, dict(q_ptr=BF, pos_ptr=I64, kc_ptr=BF, vc_ptr=BF,
+                                         a_ptr=a, pm_ptr=F32, pl_ptr=F32, scale=0.1, q_row=4096, q_head=128,
+                                         kc_row=1 << 20, kc_head=1 << 16), {**cx, **split}, talker.ATTEND_WARPS)
+           for S, a, split in splits},
+        "talker split join": build(talker._combine_kernel, dict(po_ptr=F32, pm_ptr=F32, pl_ptr=F32, a_ptr=BF),
+                                   dict(H=H, HD=HD, BD=HD, S=5, BS=8, PDL=True), talker.COMBINE_WARPS, pdl=True),
     }
 
 

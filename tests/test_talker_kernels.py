@@ -101,11 +101,14 @@ def test_kernel_layer_step_equals_the_reference_decoder_layer() -> None:
     assert not torch.equal(kc, kc0)  # rows were written
 
 
-@pytest.mark.parametrize("dtype,pos", [(torch.float32, [2, 171, 0, 128]), (torch.bfloat16, [140, 5])])
-def test_attention_kernel_equals_the_rope_kernel_then_gqa_attention(dtype: torch.dtype, pos: list[int]) -> None:
+@pytest.mark.parametrize("dtype,pos,splits", [(torch.float32, [2, 171, 0, 128], 1),
+                                              (torch.float32, [2, 171, 0, 128], 2), (torch.bfloat16, [140, 5], 2)])
+def test_attention_kernel_equals_the_rope_kernel_then_gqa_attention(dtype: torch.dtype, pos: list[int],
+                                                                    splits: int) -> None:
     """talker_attend (q/k norm + rope, the cache write and the attention in one kernel, over blocks of
-    cache positions) against talker_attn_in then gqa_attention over the whole cache with the causal mask;
-    positions above each row's own hold junk the attention must not read."""
+    cache positions, in one program or split over two whose softmaxes a third kernel joins; rows below the
+    second block leave its split nothing) against talker_attn_in then gqa_attention over the whole cache with
+    the causal mask; positions above each row's own hold junk the attention must not read."""
     m, _ = model_and_fast()
     layer = copy.deepcopy(m.talker.layers[1]).to(dtype)
     w, a = fuse_layer(layer), layer.self_attn
@@ -118,7 +121,7 @@ def test_attention_kernel_equals_the_rope_kernel_then_gqa_attention(dtype: torch
     vc0 = torch.randn_like(kc0)
     mask = (torch.arange(M)[None, :] <= p[:, None])[:, None, None]  # [B, 1, 1, M]
     kc, vc, rk, rv = kc0.clone(), vc0.clone(), kc0.clone(), vc0.clone()
-    got = talker_kernels.talker_attend(layer, w[0], w[1], x, cos, sin, kc, vc, p, M)
+    got = talker_kernels.talker_attend(layer, w[0], w[1], x, cos, sin, kc, vc, p, M, splits=splits)
     want = gqa_attention(talker_kernels.talker_attn_in(layer, w[0], w[1], x, cos, sin, rk, rv, p), rk, rv, mask)
     tol = 1e-5 if dtype == torch.float32 else 0.03 * want.float().abs().max().item()
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
@@ -126,26 +129,35 @@ def test_attention_kernel_equals_the_rope_kernel_then_gqa_attention(dtype: torch
     torch.testing.assert_close(vc, rv, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_alone_equals_gqa_attention_over_the_rows_positions(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("dtype,splits", [(torch.float32, 1), (torch.bfloat16, 1), (torch.float32, 3)])
+def test_attention_alone_equals_gqa_attention_over_the_rows_positions(dtype: torch.dtype, splits: int) -> None:
     """talker_kernels.attend (the cache already written) against gqa_attention over the first kv_len positions
-    with the causal mask, for a strided q as the compiled attn-in unit returns it; junk past each row's
-    position and past kv_len must not count."""
+    with the causal mask, for a strided q as the compiled attn-in unit returns it, in one program or split
+    a block each; junk past each row's position and past kv_len must not count."""
     m, _ = model_and_fast()
     a = m.talker.layers[0].self_attn
-    pos = [0, 63, 64, 200, 17]
-    L = 2 * talker_kernels.ATTEND_BLOCK  # rows whose position lies in the first block or the second
-    B, M = len(pos), L + 44  # the cache longer than L
+    pos = [0, 63, 64, 200, 17, 299]
+    L = 2 * talker_kernels.ATTEND_BLOCK + 44  # rows whose position lies in the first block, the second or the third
+    B, M = len(pos), L + 100  # the cache longer than L, junk in the third block past L
     torch.manual_seed(7)
     q = torch.randn(B, 1, a.heads, a.head_dim).to(dtype).transpose(1, 2)  # [B, H, 1, hd], not contiguous
     kc = torch.randn(B, a.kv_heads, M, a.head_dim).to(dtype)
     vc = torch.randn_like(kc)
     p = torch.tensor(pos)
     mask = (torch.arange(L)[None, :] <= p[:, None])[:, None, None]  # [B, 1, 1, L]
-    got = talker_kernels.attend(q, kc, vc, p, L)
+    got = talker_kernels.attend(q, kc, vc, p, L, splits=splits)
     want = gqa_attention(q, kc[:, :, :L], vc[:, :, :L], mask)
     tol = 1e-5 if dtype == torch.float32 else 0.03 * want.float().abs().max().item()
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("rows,kv_len,splits", [(1, 1025, 8), (1, 1025, 100), (2, 512, 4), (4, 300, 7), (3, 64, 5)])
+def test_a_split_attention_covers_kv_len_in_whole_blocks_none_empty(rows: int, kv_len: int, splits: int) -> None:
+    S, chunk = talker_kernels._split(rows, 16, kv_len, torch.device("cpu"), splits)
+    block = talker_kernels.ATTEND_BLOCK
+    assert chunk % block == 0 and 1 <= S <= splits
+    assert (S - 1) * chunk < kv_len <= S * chunk  # the last split holds a position below kv_len
+    assert talker_kernels._split(rows, 16, kv_len, torch.device("cpu"), None) == (1, -(-kv_len // block) * block)
 
 
 def test_probe_builds_the_talker_kernels() -> None:
@@ -164,3 +176,44 @@ def test_a_kept_probe_outcome_restores_every_kernel_choice() -> None:
 
     limits = {n for n, v in vars(KernelChoice).items() if not n.startswith("_") and isinstance(v, (bool, int))}
     assert "talker_attend_len" in limits and limits == set(KernelChoice.CHOICE)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_attention_reads_up_to_each_rows_own_position(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiled, over a kv_len of several blocks, each row's loop stops at the block holding its position: rows
+    at the first and last position of a block, and past junk, against gqa_attention with the causal mask; and
+    every row, a padded one at the cache's last position (past kv_len) too, as the loop over all kv_len gives;
+    and split over several programs, the rows below kv_len."""
+    m, _ = model_and_fast()
+    dev = torch.device("cuda")
+    layer = copy.deepcopy(m.talker.layers[1]).to(dev)
+    w, a = fuse_layer(layer), layer.self_attn
+    L = 4 * talker_kernels.ATTEND_BLOCK + 1
+    M = L + 7
+    pos = [0, 127, 128, 300, L - 1, M - 1]
+    B, n = len(pos), len(pos) - 1  # rows [:n] below kv_len
+    torch.manual_seed(3)
+    x = torch.randn(B, 1, layer.input_layernorm.weight.shape[0], device=dev)
+    p = torch.tensor(pos, device=dev)
+    cos, sin = (t.to(dev) for t in m.talker.rope(p[:, None].cpu(), torch.float32))
+    kc0 = torch.randn(B, a.kv_heads, M, a.head_dim, device=dev)
+    vc0 = torch.randn_like(kc0)
+    mask = (torch.arange(M, device=dev)[None, :] <= p[:, None])[:, None, None]  # [B, 1, 1, M]
+    kc, vc, rk, rv = kc0.clone(), vc0.clone(), kc0.clone(), vc0.clone()
+    got = talker_kernels.talker_attend(layer, w[0], w[1], x, cos, sin, kc, vc, p, L)
+    q = talker_kernels.talker_attn_in(layer, w[0], w[1], x, cos, sin, rk, rv, p)
+    want = gqa_attention(q, rk, rv, mask)
+    torch.testing.assert_close(got[:n], want[:n], rtol=1e-4, atol=1e-4)
+    alone = talker_kernels.attend(q, rk, rv, p, L)
+    torch.testing.assert_close(alone[:n], want[:n], rtol=1e-4, atol=1e-4)
+    for splits in (2, 5):  # one split wholly past the low rows' positions; one split a block
+        split = talker_kernels.talker_attend(layer, w[0], w[1], x, cos, sin, kc0.clone(), vc0.clone(), p, L,
+                                             splits=splits)
+        torch.testing.assert_close(split[:n], want[:n], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(talker_kernels.attend(q, rk, rv, p, L, splits=splits)[:n], want[:n], rtol=1e-4,
+                                   atol=1e-4)
+    monkeypatch.setattr(talker_kernels, "_INTERPRET", True)  # the loop over all of kv_len, as interpreted
+    full = talker_kernels.talker_attend(layer, w[0], w[1], x, cos, sin, kc0.clone(), vc0.clone(), p, L)
+    torch.testing.assert_close(got, full, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(alone, talker_kernels.attend(q, rk, rv, p, L), rtol=1e-6, atol=1e-6)

@@ -4,7 +4,8 @@ new token per row, at small batch.
 Owns: the talker layer around its attention in five kernels (norm + q|k|v, then q/k norm + rope with
 K/V written at each row's own cache position; o + residual, norm + gate|up + SiLU, down + residual:
 the projection kernel of omni_tts.kernels.layers), and the attention itself folded into the second
-(`talker_attend`: one program per row and query head reads the cache positions up to its row's own),
+(`talker_attend`: one program per row and query head reads the cache positions up to its row's own;
+where rows x heads leave SMs idle, several programs share them and a small kernel joins their softmaxes),
 so the reference's attention call between them drops out where the caller chooses it.
 Numerics follow the references to the dtype's rounding (float32 accumulation; the order of sums
 differs). Knows nothing about graphs, buckets or requests; which batches use the kernels is the
@@ -13,6 +14,8 @@ caller's choice. Runs on CUDA; tests run it in Triton's CPU interpreter against 
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any
 
 import torch
@@ -22,6 +25,9 @@ from omni_tts.kernels.configs import next_pow2
 
 ATTEND_BLOCK = 128  # cache positions per step of the attention kernel's loop
 ATTEND_WARPS = 8
+COMBINE_WARPS = 2
+# Triton's interpreter takes no loop bound from a loaded value: there the attention loop runs over all kv_len
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 if kernels.triton is not None:
     import triton
@@ -54,16 +60,26 @@ if kernels.triton is not None:
 
     @triton.jit
     def _attend_loop(q, k, v, pos, kc_at, vc_at, d, dm, scale, L: tl.constexpr, HD: tl.constexpr, BL: tl.constexpr,
-                     FRESH: tl.constexpr):
-        """q's causal attention (float32 [BD]) over one KV head's cache positions 0..pos < L (kc_at/vc_at:
-        its position 0, positions HD apart) in blocks of BL with an online softmax; a block past pos reads
-        nothing. FRESH: position pos is k/v (float32 [BD], being written by another program), not the
-        cache's. -> [BD] float32"""
+                     CH: tl.constexpr, S: tl.constexpr, FRESH: tl.constexpr, TO_POS: tl.constexpr):
+        """q's causal attention (float32 [BD]) over this program's split of one KV head's cache positions
+        0..pos < L (kc_at/vc_at: its position 0, positions HD apart): positions [s CH, (s+1) CH) for split s
+        (program axis 2), in blocks of BL with an online softmax; TO_POS: the blocks up to the one holding pos
+        (a row's cost follows its own position, not the bucket's; a padded row's, past L, stops at L), else
+        all of the split's (a block past pos reads nothing). FRESH: position pos is k/v (float32 [BD], being
+        written by another program), not the cache's. -> (unnormed output [BD], running max, softmax sum):
+        max -inf and sum 0 for a split wholly past pos"""
+        if S == 1:
+            lo = 0
+        else:
+            lo = tl.program_id(2) * CH
         m_i = tl.full([], float("-inf"), tl.float32)
         l_i = tl.full([], 0.0, tl.float32)
         acc = tl.zeros(q.shape, tl.float32)
-        for start in range(0, L, BL):
-            p = start + tl.arange(0, BL)
+        # at most L (or the split's end): a padded row sits at the scratch position past every bucket (inline:
+        # the interpreter makes a local a tensor)
+        for start in range(0, (tl.minimum(pos + 1, L) if S == 1 else tl.minimum(pos + 1, lo + CH) - lo) if TO_POS
+                           else (L if S == 1 else CH), BL):
+            p = lo + start + tl.arange(0, BL)
             cached = ((p < pos) if FRESH else (p <= pos))[:, None] & dm[None, :]
             kk = tl.load(kc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)  # [BL, BD]
             vv = tl.load(vc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)
@@ -72,22 +88,56 @@ if kernels.triton is not None:
                 vv = tl.where((p == pos)[:, None], v[None, :], vv)
             s = tl.where(p <= pos, tl.sum(q[None, :] * kk, axis=1) * scale, float("-inf"))  # [BL]
             m_new = tl.maximum(m_i, tl.max(s, axis=0))
-            alpha = tl.exp(m_i - m_new)
-            e = tl.exp(s - m_new)
+            m_at = m_new
+            if S > 1:  # a split wholly past pos has no position: no NaN from -inf - -inf
+                m_at = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_at)
+            e = tl.exp(s - m_at)
             l_i = l_i * alpha + tl.sum(e, axis=0)
             acc = acc * alpha + tl.sum(e[:, None] * vv, axis=0)
             m_i = m_new
-        return acc / l_i
+        return acc, m_i, l_i
 
     @triton.jit
-    def _rope_attend_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, a_ptr, eps, scale,
-                            kc_row, kc_head, L: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
-                            BD: tl.constexpr, BL: tl.constexpr, PDL: tl.constexpr):
-        """Program (row b, query head h) of a one-token talker step: K/V of h's KV head normed + rotated into
-        the cache at the row's position pos[b] (by the first query head sharing it), then h's causal attention
-        over cache positions 0..pos[b] < L (`_attend_loop`; the new position's K/V from y, not from the cache
-        being written) -> a [B, H, HD]. y: [B, (H+2HKV)*HD]; cos/sin: [B, HD]."""
-        dt = a_ptr.dtype.element_ty
+    def _attend_store(acc, m_i, l_i, a_ptr, pm_ptr, pl_ptr, b, h, d, dm, H: tl.constexpr, HD: tl.constexpr,
+                      S: tl.constexpr):
+        """One split's output: normed into a [B, H, HD] when it is the only split, else unnormed into the
+        partials a [B, H, S, HD] float32 with its max and sum into pm/pl [B, H, S] (`_combine_kernel`)."""
+        if S == 1:
+            tl.store(a_ptr + (b * H + h) * HD + d, (acc / l_i).to(a_ptr.dtype.element_ty), mask=dm)
+        else:
+            at = (b * H + h) * S + tl.program_id(2)
+            tl.store(a_ptr + at * HD + d, acc, mask=dm)
+            tl.store(pm_ptr + at, m_i)
+            tl.store(pl_ptr + at, l_i)
+
+    @triton.jit
+    def _combine_kernel(po_ptr, pm_ptr, pl_ptr, a_ptr, H: tl.constexpr, HD: tl.constexpr, BD: tl.constexpr,
+                        S: tl.constexpr, BS: tl.constexpr, PDL: tl.constexpr):
+        """Program (row b, query head h): its S splits' partial attentions rescaled to their common max and
+        summed -> a [B, H, HD]."""
+        b, h, d, dm = lanes(HD, BD)
+        after_previous(PDL)
+        s = tl.arange(0, BS)
+        at = (b * H + h) * S + s
+        m = tl.load(pm_ptr + at, mask=s < S, other=float("-inf"))  # [BS]
+        w = tl.exp(m - tl.max(m, axis=0))  # split 0 always holds position 0: the max is finite
+        l_sum = tl.sum(w * tl.load(pl_ptr + at, mask=s < S, other=0.0), axis=0)
+        po = tl.load(po_ptr + at[:, None] * HD + d[None, :], mask=(s < S)[:, None] & dm[None, :], other=0.0)
+        o = tl.sum(w[:, None] * po, axis=0) / l_sum
+        tl.store(a_ptr + (b * H + h) * HD + d, o.to(a_ptr.dtype.element_ty), mask=dm)
+
+    @triton.jit
+    def _rope_attend_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, a_ptr, pm_ptr, pl_ptr,
+                            eps, scale, kc_row, kc_head, L: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr,
+                            HD: tl.constexpr, BD: tl.constexpr, BL: tl.constexpr, CH: tl.constexpr, S: tl.constexpr,
+                            PDL: tl.constexpr, TO_POS: tl.constexpr):
+        """Program (row b, query head h, split s) of a one-token talker step: K/V of h's KV head normed + rotated
+        into the cache at the row's position pos[b] (by the first query head sharing it, in split 0), then h's
+        causal attention over split s's cache positions of 0..pos[b] < L (`_attend_loop`; the new position's
+        K/V from y, not from the cache being written) -> a [B, H, HD], or with S > 1 the partials
+        (`_attend_store`). y: [B, (H+2HKV)*HD]; cos/sin: [B, HD]."""
+        dt = kc_ptr.dtype.element_ty
         b, h = tl.program_id(0), tl.program_id(1)
         REP: tl.constexpr = H // HKV
         W: tl.constexpr = (H + 2 * HKV) * HD
@@ -101,26 +151,32 @@ if kernels.triton is not None:
         head = b * kc_row + g * kc_head
         k = normed_rope(row + (H + g) * HD, d, dm, HD // 2, HD, kn_ptr, cos, sin, eps, dt)  # [BD]
         v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
-        tl.store(kc_ptr + head + pos * HD + d, k.to(dt), mask=dm & (h % REP == 0))
-        tl.store(vc_ptr + head + pos * HD + d, v, mask=dm & (h % REP == 0))
+        writes = dm & (h % REP == 0)
+        if S > 1:
+            writes = writes & (tl.program_id(2) == 0)
+        tl.store(kc_ptr + head + pos * HD + d, k.to(dt), mask=writes)
+        tl.store(vc_ptr + head + pos * HD + d, v, mask=writes)
         q = normed_rope(row + h * HD, d, dm, HD // 2, HD, qn_ptr, cos, sin, eps, dt)
-        o = _attend_loop(q, k, v.to(tl.float32), pos, kc_ptr + head, vc_ptr + head, d, dm, scale, L, HD, BL, True)
-        tl.store(a_ptr + (b * H + h) * HD + d, o.to(dt), mask=dm)
+        acc, m_i, l_i = _attend_loop(q, k, v.to(tl.float32), pos, kc_ptr + head, vc_ptr + head, d, dm, scale, L, HD,
+                                     BL, CH, S, True, TO_POS)
+        _attend_store(acc, m_i, l_i, a_ptr, pm_ptr, pl_ptr, b, h, d, dm, H, HD, S)
 
     @triton.jit
-    def _attend_kernel(q_ptr, pos_ptr, kc_ptr, vc_ptr, a_ptr, scale, q_row, q_head, kc_row, kc_head,
+    def _attend_kernel(q_ptr, pos_ptr, kc_ptr, vc_ptr, a_ptr, pm_ptr, pl_ptr, scale, q_row, q_head, kc_row, kc_head,
                        L: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, BD: tl.constexpr,
-                       BL: tl.constexpr):
-        """Program (row b, query head h): q[b, h]'s causal attention over its KV head's cache positions
-        0..pos[b] < L, the new position already in the cache -> a [B, H, HD]."""
+                       BL: tl.constexpr, CH: tl.constexpr, S: tl.constexpr, TO_POS: tl.constexpr):
+        """Program (row b, query head h, split s): q[b, h]'s causal attention over split s's share of its KV
+        head's cache positions 0..pos[b] < L, the new position already in the cache -> a [B, H, HD], or with
+        S > 1 the partials (`_attend_store`)."""
         b, h = tl.program_id(0), tl.program_id(1)
         d = tl.arange(0, BD)
         dm = d < HD
         pos = tl.load(pos_ptr + b)
         head = b * kc_row + (h // (H // HKV)) * kc_head
         q = tl.load(q_ptr + b * q_row + h * q_head + d, mask=dm, other=0.0).to(tl.float32)
-        o = _attend_loop(q, q, q, pos, kc_ptr + head, vc_ptr + head, d, dm, scale, L, HD, BL, False)
-        tl.store(a_ptr + (b * H + h) * HD + d, o.to(a_ptr.dtype.element_ty), mask=dm)
+        acc, m_i, l_i = _attend_loop(q, q, q, pos, kc_ptr + head, vc_ptr + head, d, dm, scale, L, HD, BL, CH, S,
+                                     False, TO_POS)
+        _attend_store(acc, m_i, l_i, a_ptr, pm_ptr, pl_ptr, b, h, d, dm, H, HD, S)
 
 
 def _qkv(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.Tensor, kc: torch.Tensor,
@@ -150,31 +206,78 @@ def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, 
 
 def talker_attend(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor, kv_len: int,
-                  pdl: bool = False) -> torch.Tensor:
-    """The DecoderLayer up to its attention output (rows 0..B-1) in two kernels: input norm + q|k|v, then q/k
-    norm + rope, K/V written at each row's position and the causal attention over positions 0..pos (as
-    gqa_attention over the first kv_len positions). x: [B, 1, D]; cos/sin: [B, 1, hd]; kc/vc: [B, Hkv, M, hd]
-    (last two dims contiguous); pos: [B], each below kv_len. -> a [B, H, 1, hd]"""
+                  pdl: bool = False, splits: int | None = None) -> torch.Tensor:
+    """The DecoderLayer up to its attention output (rows 0..B-1) in two kernels (three where the positions are
+    split, `_splits`): input norm + q|k|v, then q/k norm + rope, K/V written at each row's position and the
+    causal attention over positions 0..pos (as gqa_attention over the first kv_len positions). x: [B, 1, D];
+    cos/sin: [B, 1, hd]; kc/vc: [B, Hkv, M, hd] (last two dims contiguous); pos: [B], each below kv_len.
+    -> a [B, H, 1, hd]"""
     attn, y = layer.self_attn, _qkv(layer, w_qkv, b_qkv, x, kc, vc, pdl)  # y: [B, (H+2Hkv) hd]
     B, H, Hkv, hd = x.shape[0], attn.heads, attn.kv_heads, attn.head_dim
-    a = torch.empty(B, H, 1, hd, device=x.device, dtype=x.dtype)  # [B, H, 1, hd]
-    _rope_attend_kernel[(B, H)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(), pos,
-                                kc, vc, a, float(attn.q_norm.eps), hd ** -0.5, kc.stride(0), kc.stride(1), kv_len, H=H,
-                                HKV=Hkv, HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK, PDL=pdl,
-                                **kernels.launch_options(pdl, ATTEND_WARPS))
-    return a
+    S, CH = _split(B, H, kv_len, x.device, splits)
+    a, po, pm, pl = _outputs(B, H, hd, S, x)
+    _rope_attend_kernel[(B, H, S)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(),
+                                   pos, kc, vc, po, pm, pl, float(attn.q_norm.eps), hd ** -0.5, kc.stride(0),
+                                   kc.stride(1), kv_len, H=H, HKV=Hkv, HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK,
+                                   CH=CH, S=S, PDL=pdl, TO_POS=_to_pos(CH),
+                                   **kernels.launch_options(pdl, ATTEND_WARPS))
+    return _combine(po, pm, pl, a, pdl)
 
 
-def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
+def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor, kv_len: int,
+           splits: int | None = None) -> torch.Tensor:
     """gqa_attention of one query per row over the cache positions 0..pos (the new one already written),
     as over the first kv_len positions with the causal mask. q: [B, H, 1, hd] (any strides, hd contiguous);
     kc/vc: [B, Hkv, M, hd] (last two dims contiguous); pos: [B], each below kv_len. -> [B, H, 1, hd]"""
     B, H, _, hd = q.shape
     assert kc.stride() == vc.stride() and kc.stride(3) == 1 and kc.stride(2) == hd and q.stride(3) == 1
-    a = torch.empty(B, H, 1, hd, device=q.device, dtype=q.dtype)
-    _attend_kernel[(B, H)](q, pos, kc, vc, a, hd ** -0.5, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1),
-                           kv_len, H=H, HKV=kc.shape[1], HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK,
-                           num_warps=ATTEND_WARPS)
+    S, CH = _split(B, H, kv_len, q.device, splits)
+    a, po, pm, pl = _outputs(B, H, hd, S, q)
+    _attend_kernel[(B, H, S)](q, pos, kc, vc, po, pm, pl, hd ** -0.5, q.stride(0), q.stride(1), kc.stride(0),
+                              kc.stride(1), kv_len, H=H, HKV=kc.shape[1], HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK,
+                              CH=CH, S=S, TO_POS=_to_pos(CH), num_warps=ATTEND_WARPS)
+    return _combine(po, pm, pl, a, False)
+
+
+def _to_pos(chunk: int) -> bool:
+    """Whether a split's loop stops at its row's own position: where the split spans several blocks (one
+    block compiles to straight-line code, no loop), and not in the interpreter."""
+    return chunk > ATTEND_BLOCK and not _INTERPRET
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _split(B: int, H: int, kv_len: int, device: torch.device, splits: int | None) -> tuple[int, int]:
+    """(S, CH): the programs sharing one row and query head's cache positions, each CH of them (whole blocks).
+    Default: as many as leave no SM idle that B x H programs alone would, at most one a block (the positions
+    past a row's own cost a split nothing); one off CUDA. -> S with no split empty of positions below kv_len"""
+    blocks = -(-kv_len // ATTEND_BLOCK)
+    if splits is None:
+        splits = _sm_count(device) // (B * H) if device.type == "cuda" else 1
+    per = -(-blocks // max(1, min(splits, blocks)))  # blocks a split
+    return -(-blocks // per), per * ATTEND_BLOCK
+
+
+def _outputs(B: int, H: int, hd: int, S: int, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """a [B, H, 1, hd], and with S > 1 the splits' partials: outputs [B, H, S, hd], maxima and sums [B, H, S]
+    (float32); with S == 1 the kernel writes a itself (all four are a)."""
+    a = torch.empty(B, H, 1, hd, device=like.device, dtype=like.dtype)
+    if S == 1:
+        return a, a, a, a
+    po = torch.empty(B, H, S, hd, device=like.device, dtype=torch.float32)
+    return a, po, *torch.empty(2, B, H, S, device=like.device, dtype=torch.float32)
+
+
+def _combine(po: torch.Tensor, pm: torch.Tensor, pl: torch.Tensor, a: torch.Tensor, pdl: bool) -> torch.Tensor:
+    """a [B, H, 1, hd] from the splits' partials (`_combine_kernel`; a itself where nothing was split)."""
+    if po is a:
+        return a
+    B, H, S, hd = po.shape
+    _combine_kernel[(B, H)](po, pm, pl, a, H=H, HD=hd, BD=next_pow2(hd), S=S, BS=next_pow2(S), PDL=pdl,
+                            **kernels.launch_options(pdl, COMBINE_WARPS))
     return a
 
 
