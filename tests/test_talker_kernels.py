@@ -101,8 +101,12 @@ def test_kernel_layer_step_equals_the_reference_decoder_layer() -> None:
     assert not torch.equal(kc, kc0)  # rows were written
 
 
-@pytest.mark.parametrize("dtype,pos,splits", [(torch.float32, [2, 171, 0, 128], 1),
-                                              (torch.float32, [2, 171, 0, 128], 2), (torch.bfloat16, [140, 5], 2)])
+BLOCK = talker_kernels.ATTEND_BLOCK
+
+
+@pytest.mark.parametrize("dtype,pos,splits", [(torch.float32, [2, BLOCK + BLOCK // 3 + 1, 0, BLOCK], 1),
+                                              (torch.float32, [2, BLOCK + BLOCK // 3 + 1, 0, BLOCK], 2),
+                                              (torch.bfloat16, [BLOCK + BLOCK // 10, 5], 2)])
 def test_attention_kernel_equals_the_rope_kernel_then_gqa_attention(dtype: torch.dtype, pos: list[int],
                                                                     splits: int) -> None:
     """talker_attend (q/k norm + rope, the cache write and the attention in one kernel, over blocks of
@@ -136,7 +140,7 @@ def test_attention_alone_equals_gqa_attention_over_the_rows_positions(dtype: tor
     a block each; junk past each row's position and past kv_len must not count."""
     m, _ = model_and_fast()
     a = m.talker.layers[0].self_attn
-    pos = [0, 63, 64, 200, 17, 299]
+    pos = [0, BLOCK // 2 - 1, BLOCK // 2, BLOCK + BLOCK // 2 + 8, 17, 2 * BLOCK + 43]
     L = 2 * talker_kernels.ATTEND_BLOCK + 44  # rows whose position lies in the first block, the second or the third
     B, M = len(pos), L + 100  # the cache longer than L, junk in the third block past L
     torch.manual_seed(7)
@@ -191,7 +195,7 @@ def test_compiled_attention_reads_up_to_each_rows_own_position(monkeypatch: pyte
     w, a = fuse_layer(layer), layer.self_attn
     L = 4 * talker_kernels.ATTEND_BLOCK + 1
     M = L + 7
-    pos = [0, 127, 128, 300, L - 1, M - 1]
+    pos = [0, BLOCK - 1, BLOCK, 2 * BLOCK + 44, L - 1, M - 1]
     B, n = len(pos), len(pos) - 1  # rows [:n] below kv_len
     torch.manual_seed(3)
     x = torch.randn(B, 1, layer.input_layernorm.weight.shape[0], device=dev)
