@@ -64,10 +64,10 @@ if kernels.triton is not None:
         """q's causal attention (float32 [BD]) over this program's split of one KV head's cache positions
         0..pos < L (kc_at/vc_at: its position 0, positions HD apart): positions [s CH, (s+1) CH) for split s
         (program axis 2), in blocks of BL with an online softmax; TO_POS: the blocks up to the one holding pos
-        (a row's cost follows its own position, not the bucket's; a padded row's, past L, stops at L), else
-        all of the split's (a block past pos reads nothing). FRESH: position pos is k/v (float32 [BD], being
-        written by another program), not the cache's. -> (unnormed output [BD], running max, softmax sum):
-        max -inf and sum 0 for a split wholly past pos"""
+        (a row's cost follows its own position, not the bucket's; a padded row's, past L, stops at L or its
+        split's end), else all of the split's (a block past pos reads nothing). FRESH: position pos is k/v
+        (float32 [BD], being written by another program), not the cache's. -> (unnormed output [BD], running
+        max, softmax sum): max -inf and sum 0 for a split wholly past pos"""
         if S == 1:
             lo = 0
         else:
@@ -208,7 +208,7 @@ def talker_attend(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x
                   sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor, kv_len: int,
                   pdl: bool = False, splits: int | None = None) -> torch.Tensor:
     """The DecoderLayer up to its attention output (rows 0..B-1) in two kernels (three where the positions are
-    split, `_splits`): input norm + q|k|v, then q/k norm + rope, K/V written at each row's position and the
+    split, `_split`): input norm + q|k|v, then q/k norm + rope, K/V written at each row's position and the
     causal attention over positions 0..pos (as gqa_attention over the first kv_len positions). x: [B, 1, D];
     cos/sin: [B, 1, hd]; kc/vc: [B, Hkv, M, hd] (last two dims contiguous); pos: [B], each below kv_len.
     -> a [B, H, 1, hd]"""
