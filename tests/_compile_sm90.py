@@ -100,7 +100,7 @@ def talker_attention() -> dict[str, str]:
     cx = dict(H=H, HKV=HKV, HD=HD, BD=HD)
     block = talker.ATTEND_BLOCK
     # the whole bucket in one program, and split in five (one-row steps over 1025 positions)
-    splits = [(S, BF if S == 1 else F32, dict(L=1025, BL=block, CH=ch, S=S, TO_POS=True))
+    splits = [(S, BF if S == 1 else F32, dict(BL=block, CH=ch, S=S, TO_POS=True))
               for S, ch in ((1, 9 * block), (5, 2 * block))]
     return {
         "talker rope + cache": build(talker._rope_cache_kernel, {**common, "q_ptr": BF}, {**cx, "PDL": True}, 1,

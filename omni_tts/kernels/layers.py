@@ -235,15 +235,15 @@ if triton is not None:
         return cos, sin
 
     @triton.jit
-    def store_kv(row, g, kn_ptr, cos, sin, eps, k_at, v_at, d, dm, H: tl.constexpr, HKV: tl.constexpr,
+    def store_kv(row, g, kn_ptr, cos, sin, eps, k_at, v_at, d, dm, wm, H: tl.constexpr, HKV: tl.constexpr,
                   HD: tl.constexpr, dt: tl.constexpr):
         """KV head g of one token's q|k|v row (`row`: [(H+2HKV)*HD]): K RMS-normed with kn and rotated, stored
-        at the pointers k_at [BD]; V stored as it is at v_at -> (k dt-rounded in float32, v): the values the
-        cache now holds."""
+        at the pointers k_at [BD]; V stored as it is at v_at; both where wm (dm, or less where another program
+        writes them) -> (k dt-rounded in float32, v): the values the cache holds."""
         k = normed_rope(row + (H + g) * HD, d, dm, HD // 2, HD, kn_ptr, cos, sin, eps, dt)
         v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
-        tl.store(k_at, k.to(dt), mask=dm)
-        tl.store(v_at, v, mask=dm)
+        tl.store(k_at, k.to(dt), mask=wm)
+        tl.store(v_at, v, mask=wm)
         return k, v
 
     @triton.jit
@@ -269,7 +269,7 @@ if triton is not None:
             row = y_ptr + (b * T + t) * W
             cos, sin = rope_row(cos_ptr, sin_ptr, (pos0 + t) * HD, d, dm)
             at = cache + (pos0 + t) * HD + d
-            k, v = store_kv(row, g, kn_ptr, cos, sin, eps, kc_ptr + at, vc_ptr + at, d, dm, H, HKV, HD, dt)
+            k, v = store_kv(row, g, kn_ptr, cos, sin, eps, kc_ptr + at, vc_ptr + at, d, dm, dm, H, HKV, HD, dt)
             new = (p == pos0 + t)[:, None]
             kk = tl.where(new, k[None, :], kk)
             vv = tl.where(new, v.to(tl.float32)[None, :], vv)

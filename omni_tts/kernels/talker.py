@@ -15,19 +15,17 @@ caller's choice. Runs on CUDA; tests run it in Triton's CPU interpreter against 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import torch
 
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels.configs import next_pow2
+from omni_tts.kernels.layers import _INTERPRET
 
 ATTEND_BLOCK = 128  # cache positions per step of the attention kernel's loop
 ATTEND_WARPS = 8
 COMBINE_WARPS = 2
-# Triton's interpreter takes no loop bound from a loaded value: there the attention loop runs over all kv_len
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 if kernels.triton is not None:
     import triton
@@ -51,7 +49,7 @@ if kernels.triton is not None:
         cos, sin = rope_row(cos_ptr, sin_ptr, b * HD, d, dm)
         row = y_ptr + b * W
         at = b * kc_row + g * kc_head + tl.load(pos_ptr + b) * HD + d
-        store_kv(row, g, kn_ptr, cos, sin, eps, kc_ptr + at, vc_ptr + at, d, dm, H, HKV, HD, dt)
+        store_kv(row, g, kn_ptr, cos, sin, eps, kc_ptr + at, vc_ptr + at, d, dm, dm, H, HKV, HD, dt)
         for r in tl.static_range(REP):
             h = g * REP + r
             q = normed_rope(row + h * HD, d, dm, HALF, HD, qn_ptr, cos, sin, eps, dt)
@@ -59,12 +57,12 @@ if kernels.triton is not None:
 
 
     @triton.jit
-    def _attend_loop(q, k, v, pos, kc_at, vc_at, d, dm, scale, L: tl.constexpr, HD: tl.constexpr, BL: tl.constexpr,
-                     CH: tl.constexpr, S: tl.constexpr, FRESH: tl.constexpr, TO_POS: tl.constexpr):
+    def _attend_loop(q, k, v, pos, kc_at, vc_at, d, dm, scale, HD: tl.constexpr, BL: tl.constexpr, CH: tl.constexpr,
+                     S: tl.constexpr, FRESH: tl.constexpr, TO_POS: tl.constexpr):
         """q's causal attention (float32 [BD]) over this program's split of one KV head's cache positions
-        0..pos < L (kc_at/vc_at: its position 0, positions HD apart): positions [s CH, (s+1) CH) for split s
+        0..pos (kc_at/vc_at: its position 0, positions HD apart): positions [s CH, (s+1) CH) for split s
         (program axis 2), in blocks of BL with an online softmax; TO_POS: the blocks up to the one holding pos
-        (a row's cost follows its own position, not the bucket's; a padded row's, past L, stops at L or its
+        (a row's cost follows its own position, not the bucket's; a padded row's, past the bucket, stops at its
         split's end), else all of the split's (a block past pos reads nothing). FRESH: position pos is k/v
         (float32 [BD], being written by another program), not the cache's. -> (unnormed output [BD], running
         max, softmax sum): max -inf and sum 0 for a split wholly past pos"""
@@ -75,10 +73,9 @@ if kernels.triton is not None:
         m_i = tl.full([], float("-inf"), tl.float32)
         l_i = tl.full([], 0.0, tl.float32)
         acc = tl.zeros(q.shape, tl.float32)
-        # at most L (or the split's end): a padded row sits at the scratch position past every bucket (inline:
-        # the interpreter makes a local a tensor)
-        for start in range(0, (tl.minimum(pos + 1, L) if S == 1 else tl.minimum(pos + 1, lo + CH) - lo) if TO_POS
-                           else (L if S == 1 else CH), BL):
+        # to the split's end at most: a padded row sits at the scratch position past every bucket (inline: the
+        # interpreter makes a local a tensor)
+        for start in range(0, tl.minimum(pos + 1, lo + CH) - lo if TO_POS else CH, BL):
             p = lo + start + tl.arange(0, BL)
             cached = ((p < pos) if FRESH else (p <= pos))[:, None] & dm[None, :]
             kk = tl.load(kc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)  # [BL, BD]
@@ -129,12 +126,12 @@ if kernels.triton is not None:
 
     @triton.jit
     def _rope_attend_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, a_ptr, pm_ptr, pl_ptr,
-                            eps, scale, kc_row, kc_head, L: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr,
-                            HD: tl.constexpr, BD: tl.constexpr, BL: tl.constexpr, CH: tl.constexpr, S: tl.constexpr,
+                            eps, scale, kc_row, kc_head, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
+                            BD: tl.constexpr, BL: tl.constexpr, CH: tl.constexpr, S: tl.constexpr,
                             PDL: tl.constexpr, TO_POS: tl.constexpr):
         """Program (row b, query head h, split s) of a one-token talker step: K/V of h's KV head normed + rotated
         into the cache at the row's position pos[b] (by the first query head sharing it, in split 0), then h's
-        causal attention over split s's cache positions of 0..pos[b] < L (`_attend_loop`; the new position's
+        causal attention over split s's cache positions of 0..pos[b] (`_attend_loop`; the new position's
         K/V from y, not from the cache being written) -> a [B, H, HD], or with S > 1 the partials
         (`_attend_store`). y: [B, (H+2HKV)*HD]; cos/sin: [B, HD]."""
         dt = kc_ptr.dtype.element_ty
@@ -149,24 +146,22 @@ if kernels.triton is not None:
         row = y_ptr + b * W
         pos = tl.load(pos_ptr + b)
         head = b * kc_row + g * kc_head
-        k = normed_rope(row + (H + g) * HD, d, dm, HD // 2, HD, kn_ptr, cos, sin, eps, dt)  # [BD]
-        v = tl.load(row + (H + HKV + g) * HD + d, mask=dm, other=0.0)
         writes = dm & (h % REP == 0)
         if S > 1:
             writes = writes & (tl.program_id(2) == 0)
-        tl.store(kc_ptr + head + pos * HD + d, k.to(dt), mask=writes)
-        tl.store(vc_ptr + head + pos * HD + d, v, mask=writes)
+        k, v = store_kv(row, g, kn_ptr, cos, sin, eps, kc_ptr + head + pos * HD + d, vc_ptr + head + pos * HD + d, d,
+                        dm, writes, H, HKV, HD, dt)
         q = normed_rope(row + h * HD, d, dm, HD // 2, HD, qn_ptr, cos, sin, eps, dt)
-        acc, m_i, l_i = _attend_loop(q, k, v.to(tl.float32), pos, kc_ptr + head, vc_ptr + head, d, dm, scale, L, HD,
-                                     BL, CH, S, True, TO_POS)
+        acc, m_i, l_i = _attend_loop(q, k, v.to(tl.float32), pos, kc_ptr + head, vc_ptr + head, d, dm, scale, HD, BL,
+                                     CH, S, True, TO_POS)
         _attend_store(acc, m_i, l_i, a_ptr, pm_ptr, pl_ptr, b, h, d, dm, H, HD, S)
 
     @triton.jit
     def _attend_kernel(q_ptr, pos_ptr, kc_ptr, vc_ptr, a_ptr, pm_ptr, pl_ptr, scale, q_row, q_head, kc_row, kc_head,
-                       L: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, BD: tl.constexpr,
-                       BL: tl.constexpr, CH: tl.constexpr, S: tl.constexpr, TO_POS: tl.constexpr):
+                       H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, BD: tl.constexpr, BL: tl.constexpr,
+                       CH: tl.constexpr, S: tl.constexpr, TO_POS: tl.constexpr):
         """Program (row b, query head h, split s): q[b, h]'s causal attention over split s's share of its KV
-        head's cache positions 0..pos[b] < L, the new position already in the cache -> a [B, H, HD], or with
+        head's cache positions 0..pos[b], the new position already in the cache -> a [B, H, HD], or with
         S > 1 the partials (`_attend_store`)."""
         b, h = tl.program_id(0), tl.program_id(1)
         d = tl.arange(0, BD)
@@ -174,8 +169,8 @@ if kernels.triton is not None:
         pos = tl.load(pos_ptr + b)
         head = b * kc_row + (h // (H // HKV)) * kc_head
         q = tl.load(q_ptr + b * q_row + h * q_head + d, mask=dm, other=0.0).to(tl.float32)
-        acc, m_i, l_i = _attend_loop(q, q, q, pos, kc_ptr + head, vc_ptr + head, d, dm, scale, L, HD, BL, CH, S,
-                                     False, TO_POS)
+        acc, m_i, l_i = _attend_loop(q, q, q, pos, kc_ptr + head, vc_ptr + head, d, dm, scale, HD, BL, CH, S, False,
+                                     TO_POS)
         _attend_store(acc, m_i, l_i, a_ptr, pm_ptr, pl_ptr, b, h, d, dm, H, HD, S)
 
 
@@ -218,7 +213,7 @@ def talker_attend(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x
     a, po, pm, pl = _outputs(B, H, hd, S, x)
     _rope_attend_kernel[(B, H, S)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(),
                                    pos, kc, vc, po, pm, pl, float(attn.q_norm.eps), hd ** -0.5, kc.stride(0),
-                                   kc.stride(1), kv_len, H=H, HKV=Hkv, HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK,
+                                   kc.stride(1), H=H, HKV=Hkv, HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK,
                                    CH=CH, S=S, PDL=pdl, TO_POS=_to_pos(CH),
                                    **kernels.launch_options(pdl, ATTEND_WARPS))
     return _combine(po, pm, pl, a, pdl)
@@ -234,14 +229,15 @@ def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tenso
     S, CH = _split(B, H, kv_len, q.device, splits)
     a, po, pm, pl = _outputs(B, H, hd, S, q)
     _attend_kernel[(B, H, S)](q, pos, kc, vc, po, pm, pl, hd ** -0.5, q.stride(0), q.stride(1), kc.stride(0),
-                              kc.stride(1), kv_len, H=H, HKV=kc.shape[1], HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK,
+                              kc.stride(1), H=H, HKV=kc.shape[1], HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK,
                               CH=CH, S=S, TO_POS=_to_pos(CH), num_warps=ATTEND_WARPS)
     return _combine(po, pm, pl, a, False)
 
 
 def _to_pos(chunk: int) -> bool:
     """Whether a split's loop stops at its row's own position: where the split spans several blocks (one
-    block compiles to straight-line code, no loop), and not in the interpreter."""
+    block compiles to straight-line code, no loop), and not in Triton's interpreter (which takes no loop bound
+    from a loaded value: there a split loops over all its blocks)."""
     return chunk > ATTEND_BLOCK and not _INTERPRET
 
 
