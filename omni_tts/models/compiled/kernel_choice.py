@@ -133,7 +133,10 @@ class KernelChoice:
     def _use_predictor_kernels(self, batches: list[int], between: Callable[[], None]) -> str:
         """Probe the predictor's layer kernels (with PDL, else without), then its head kernels."""
         cp = self.model.code_predictor
-        folded = folded_layers(cp, self.predictor_w)[0] if self.kernel_rows >= kernels.FOLD_ROWS else None
+        folded = None
+        if self.kernel_rows >= kernels.FOLD_ROWS:  # the folded copies made here, before any capture reads them
+            folded_heads(cp)
+            folded = folded_layers(cp, self.predictor_w)[0]
         args = (cp.layers[0], self.predictor_w[0], self.cos, self.sin, batches, self.kernel_rows)
         err, self.kernel_pdl = _probe_pdl(lambda pdl: kernels.probe(*args, pdl, folded), self.kernel_pdl, False)
         if err:
