@@ -48,8 +48,8 @@ def projection(M: int, n: int, k: int, flags: dict) -> str:
     table's config (its BM and whole-row ROWS rule)."""
     BN, BK, stages, warps, vec = configs.config(M, n, k)
     BM = layers.next_pow2(M) if vec else min(layers.MAX_BM, max(16, layers.next_pow2(M)))
-    cx = dict(M=M, N=n, K=k, NORM=False, BIAS=False, RES=False, GLU=False, IEEE=False, VEC=vec, PDL=True, BM=BM,
-              BN=BN, BK=BK, ROWS=vec and BM > 1 and BK >= k)
+    cx = dict(M=M, N=n, K=k, NORM=False, RSTD=False, BIAS=False, RES=False, GLU=False, IEEE=False, VEC=vec,
+              PDL=True, BM=BM, BN=BN, BK=BK, ROWS=vec and BM > 1 and BK >= k)
     args = dict(x_ptr=BF, nw_ptr=BF, w_ptr=BF, b_ptr=BF, res_ptr=BF, out_ptr=BF, eps=1e-6, sx=k)
     return build(layers._proj_kernel, args, {**cx, **flags}, warps, stages, pdl=True)
 
@@ -61,7 +61,12 @@ def projections() -> dict[str, str]:
                                  ("qkv 16 rows", 16, 4096, D, dict(NORM=True)),
                                  ("gate|up 8 rows", 8, 3072, D, dict(NORM=True, GLU=True)),
                                  ("down 64 rows", 64, D, 3072, dict(RES=True)),
-                                 ("head 4 rows", 4, V, D, dict(NORM=True, BIAS=True))):
+                                 ("head 4 rows", 4, V, D, dict(NORM=True, BIAS=True)),
+                                 # from FOLD_ROWS rows the norms are folded into the weights
+                                 ("qkv 40 rows folded", 40, 4096, D, dict(RSTD=True)),
+                                 ("qkv 64 rows folded", 64, 4096, D, dict(RSTD=True)),
+                                 ("gate|up 64 rows folded", 64, 3072, D, dict(RSTD=True, GLU=True)),
+                                 ("head 64 rows folded", 64, V, D, dict(RSTD=True))):
         out[f"projection {name}"] = projection(M, n, k, flags)
     for n, k, flags in ((4096, D, dict(NORM=True)), (D, 2048, dict(RES=True)), (3072, D, dict(NORM=True, GLU=True)),
                         (D, 3072, dict(RES=True))):  # the predictor's shapes at two rows: rows in turn, whole rows
@@ -73,8 +78,6 @@ def projections() -> dict[str, str]:
         for n, k, flags in ((4096, 2048, dict(NORM=True)), (2048, 2048, dict(RES=True)),
                             (6144, 2048, dict(NORM=True, GLU=True)), (2048, 6144, dict(RES=True))):
             out[f"talker projection {M} rows {n}x{k}"] = projection(M, n, k, flags)
-    out["norm kernel"] = build(layers._norm_kernel, dict(x_ptr=BF, nw_ptr=BF, out_ptr=BF, eps=1e-6),
-                               dict(K=D, BK=D, PDL=True), 4, pdl=True)
     return out
 
 

@@ -22,6 +22,7 @@ from test_fastpath import golden_cases, model_and_fast, params_of, run_loop  # n
 from omni_tts.kernels import layers as kernels
 from omni_tts.models import sampling  # noqa: E402
 from omni_tts.models.compiled.fast_path import FastPath, fuse_layer, predictor_layer  # noqa: E402
+from omni_tts.models.compiled.packed_weights import fold_norm  # noqa: E402
 
 pytestmark = pytest.mark.interpreter  # CPU tensors (its gpu tests excepted): conftest.py
 
@@ -41,11 +42,13 @@ def _layer_pair(dtype: torch.dtype, B: int, T: int, pos0: int) -> tuple[torch.Te
     mask = (torch.arange(P)[None, :] <= pos[:, None])[None, None]  # [1, 1, T, P]
     kc1, vc1, kc2, vc2 = kc0.clone(), vc0.clone(), kc0.clone(), vc0.clone()
     ref = predictor_layer(layer, *w, x, cos[:, pos0:pos0 + T], sin[:, pos0:pos0 + T], mask, kc1, vc1, pos)
-    got = kernels.predictor_layer(layer, *w, x, cos, sin, kc2, vc2, pos0)
+    folded = (fold_norm(w[0], layer.input_layernorm), fold_norm(w[2], layer.post_attention_layernorm))
+    got = kernels.predictor_layer(layer, *w, x, cos, sin, kc2, vc2, pos0, folded=folded)
     return got, ref, kc2, kc1, vc2, vc1
 
 
-# (40, 2, 0): 80 rows, more than one program's MAX_BM, so each projection runs two columns of programs
+# (40, 2, 0): 80 rows, more than one program's MAX_BM, so each projection runs two columns of programs (and,
+# from FOLD_ROWS rows, the norms folded into the weights)
 @pytest.mark.parametrize("B,T,pos0", [(1, 2, 0), (1, 1, 4), (3, 1, 7), (5, 1, 15), (40, 2, 0)])
 def test_kernel_layer_equals_the_inductor_path_layer_in_float32(B: int, T: int, pos0: int) -> None:
     got, ref, kc2, kc1, vc2, vc1 = _layer_pair(torch.float32, B, T, pos0)
@@ -55,7 +58,7 @@ def test_kernel_layer_equals_the_inductor_path_layer_in_float32(B: int, T: int, 
     torch.testing.assert_close(vc2, vc1, rtol=1e-5, atol=1e-5)
 
 
-# (20, 2, 0): 40 rows, past NORM_KERNEL_ROWS, so the norms run as kernels of their own
+# (20, 2, 0): 40 rows, past FOLD_ROWS, so the norms are folded into the weights
 @pytest.mark.parametrize("B,T,pos0", [(2, 2, 0), (3, 1, 9), (20, 2, 0)])
 def test_kernel_layer_agrees_to_bfloat16_rounding(B: int, T: int, pos0: int) -> None:
     got, ref, kc2, kc1, vc2, vc1 = _layer_pair(torch.bfloat16, B, T, pos0)
@@ -106,33 +109,59 @@ def test_whole_row_tiles_take_strided_rows_a_bias_and_a_ragged_last_tile(rows: i
     torch.testing.assert_close(got, x @ w.T + b, rtol=1e-5, atol=1e-5)
 
 
+# (the tiny predictor's rows are 32 wide) one row on a whole-row tile and over pieces of rows; 3 rows on a
+# whole-row tile, row by row; 5 rows on tensor cores over whole rows (the sums in a pass of their own) and over
+# a K loop (the sums from each tile on CUDA cores); 80 rows over a K loop (the sums on tensor cores, two
+# columns of programs)
+@pytest.mark.parametrize("rows,cfg", [(1, (2, 128, 1, 4, True)), (1, (2, 16, 2, 4, True)), (3, (4, 256, 1, 8, True)),
+                                      (5, (16, 256, 1, 4, False)), (5, (16, 16, 2, 4, False)),
+                                      (80, (16, 16, 2, 4, False))])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_norm_kernel_then_projection_equals_the_normed_prologue(dtype: torch.dtype) -> None:
-    """From NORM_KERNEL_ROWS rows a normed projection runs the RMSNorm as its own kernel: the same values as
-    the norm inside the projection's prologue (float32: to rounding; bfloat16: the same roundings, so at
-    most a rare last-bit flip where the two float32 row sums differ), and the norm kernel alone is the
-    module's RMSNorm."""
+def test_folded_norm_projection_equals_the_normed_prologue(rows: int, cfg: tuple, dtype: torch.dtype) -> None:
+    """A norm's weight folded into the projection's weights, each row scaled by its own 1/rms summed from the
+    input tiles, gives the projection of the normed input (float32: to rounding; bfloat16: within a few of its
+    roundings, which differ in place: the reference rounds the normed input, the fold the folded weights)."""
     m, _ = model_and_fast()
     layer = copy.deepcopy(m.code_predictor.layers[0]).to(dtype)
     _, _, w_gu = fuse_layer(layer)
     norm = layer.post_attention_layernorm
-    rows = kernels.NORM_KERNEL_ROWS + 7
-    torch.manual_seed(3)
-    x = torch.randn(rows, w_gu.shape[1]).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 1.5, norm.weight.shape[0]))  # a norm weight that matters
+    torch.manual_seed(rows)
+    x = (3 * torch.randn(rows, w_gu.shape[1])).to(dtype)
     n = w_gu.shape[0] // 2
-    own = kernels.normed_projection(x, w_gu, norm, n=n, glu=True, pdl=False)
-    fused = kernels.projection(x, w_gu, n=n, norm=norm, glu=True)
-    h = kernels.rms_norm(x, norm)
+    folded = kernels.projection(x, fold_norm(w_gu, norm), n=n, norm=norm, glu=True, cfg=cfg, folded=True)
+    h = norm(x).float()
+    ref = torch.nn.functional.silu(h @ w_gu[:n].float().T) * (h @ w_gu[n:].float().T)
     if dtype == torch.float32:
-        torch.testing.assert_close(own, fused, rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(h, norm(x), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(folded, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(folded, kernels.projection(x, w_gu, n=n, norm=norm, glu=True, cfg=cfg),
+                                   rtol=1e-5, atol=1e-5)
     else:
-        assert (own.float() - fused.float()).abs().max().item() <= 0.02 * fused.float().abs().max().item()
-        assert (own != fused).float().mean().item() < 0.02
-        assert (h.float() - norm(x).float()).abs().max().item() <= 0.02 * h.float().abs().max().item()
-    few = x[:kernels.NORM_KERNEL_ROWS - 1]  # below the bound the norm stays in the prologue
-    assert torch.equal(kernels.normed_projection(few, w_gu, norm, n=n, glu=True, pdl=False),
-                       kernels.projection(few, w_gu, n=n, norm=norm, glu=True))
+        scale = ref.abs().max().item()
+        assert (folded.float() - ref).abs().max().item() <= 0.03 * scale
+        assert (folded.float() - ref).abs().mean().item() <= 0.005 * scale
+
+
+def test_normed_projection_folds_from_fold_rows_given_the_folded_weight() -> None:
+    """Below FOLD_ROWS rows, or without a folded copy, the norm stays in the prologue; from FOLD_ROWS rows the
+    folded copy is what is read (a copy that is not the folded weight shows it)."""
+    m, _ = model_and_fast()
+    layer = m.code_predictor.layers[0]
+    _, _, w_gu = fuse_layer(layer)
+    norm, n = layer.post_attention_layernorm, w_gu.shape[0] // 2
+    torch.manual_seed(5)
+    x = torch.randn(kernels.FOLD_ROWS, w_gu.shape[1])
+    wrong = torch.randn_like(w_gu)
+    for rows in (kernels.FOLD_ROWS - 1, kernels.FOLD_ROWS):
+        prologue = kernels.projection(x[:rows], w_gu, n=n, norm=norm, glu=True)
+        assert torch.equal(kernels.normed_projection(x[:rows], w_gu, norm, n=n, glu=True, pdl=False), prologue)
+        got = kernels.normed_projection(x[:rows], w_gu, norm, n=n, glu=True, pdl=False, w_folded=wrong)
+        if rows < kernels.FOLD_ROWS:
+            assert torch.equal(got, prologue)
+        else:
+            assert torch.equal(got, kernels.projection(x[:rows], wrong, n=n, norm=norm, glu=True, folded=True))
+            assert not torch.allclose(got, prologue)
 
 
 def test_supports_only_small_steps_of_silu_layers() -> None:
@@ -175,24 +204,26 @@ def test_predict_frame_with_kernels_equals_without(greedy_only: bool) -> None:
         assert not torch.equal(fast.predict_frame(hidden, code0, sp, seed, frame)[0], codes)
 
 
-def test_head_kernels_choose_like_the_sampling_module_for_many_draws() -> None:
+@pytest.mark.parametrize("B", [10, kernels.FOLD_ROWS + 7])  # the norm in the prologue; folded into the head
+def test_head_kernels_choose_like_the_sampling_module_for_many_draws(B: int) -> None:
     """The choice kernel against omni_tts.models.sampling.choose on random logits: many rows and frames."""
     from omni_tts.kernels import heads as head_kernels
 
     torch.manual_seed(0)
-    V, D, B = 256, 8, 10
+    V, D = 256, 8
     sp = _mixed_rows(B, 16)
     head = torch.nn.Linear(D, V, bias=False)
-    norm = type("N", (), {"weight": torch.ones(D), "eps": 1e-6})()
+    norm = type("N", (), {"weight": torch.linspace(0.5, 1.5, D), "eps": 1e-6})()
     table = torch.randn(V, 4)
     for f in range(4):
         x = torch.randn(B, 1, D) * 3
         seed, frame = torch.arange(B) + 100 * f, torch.full((B,), f)
         esum = torch.zeros(B, 4)
-        got, nothing = head_kernels.head_choose(norm, head, x, sp, seed, frame, 2, table, esum)
+        got, nothing = head_kernels.head_choose(norm, head, x, sp, seed, frame, 2, table, esum,
+                                                w_folded=fold_norm(head.weight, norm))
         assert nothing is None
         h = x[:, -1].float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
         want = sampling.choose(head(h).float(), sp, seed, frame, 2)
         assert torch.equal(got, want)
         torch.testing.assert_close(esum, table[want])

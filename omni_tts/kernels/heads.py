@@ -133,12 +133,15 @@ if kernels.triton is not None:
 
 def head_choose(norm: Any, head: Any, x: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tensor,
                 codebook: int, table: torch.Tensor, esum: torch.Tensor, pdl: bool = False,
-                fed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                fed: torch.Tensor | None = None, w_folded: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """CodePredictor's final norm + lm_head[codebook - 1] on the last position, then sampling.sample_codebook,
     + the code's embedding added to esum, for rows that `fits_topk(sp.topk_cap)` (or all greedy). x: [B, T, d]
     (the last position is used); table: this codebook's embedding [V, D]; esum: [B, D] float32 (updated);
-    fed: `fed_table` of this codebook. -> (codes [B] int64, the next input fed[codes] [B, 1, d] or None)"""
-    logits = kernels.projection(x[:, -1], head.weight, n=head.weight.shape[0], norm=norm, pdl=pdl)  # [B, V]
+    fed: `fed_table` of this codebook; w_folded: the head's weight with the norm's folded in, which batches of
+    kernels.FOLD_ROWS rows or more take. -> (codes [B] int64, the next input fed[codes] [B, 1, d] or None)"""
+    logits = kernels.normed_projection(x[:, -1], head.weight, norm, n=head.weight.shape[0], pdl=pdl,
+                                       w_folded=w_folded)  # [B, V]
     return choose(logits, sp, seed, frame, codebook, table, esum, pdl, fed)
 
 
@@ -197,7 +200,8 @@ def probe(cp: Any, batches: list[int], max_rows: int, cap: int, pdl: bool = Fals
             esum = torch.zeros(b, table.shape[1], device=dev)
             idx = torch.zeros(b, dtype=torch.long, device=dev)
             for f in (fed, None):  # a step that feeds the next one, and the frame's last step
-                head_choose(cp.norm, cp.lm_head[0], x, sp, idx, idx, 1, table, esum, pdl, f)
+                head_choose(cp.norm, cp.lm_head[0], x, sp, idx, idx, 1, table, esum, pdl, f,
+                            cp.lm_head[0].weight)  # the folded form's kernels from FOLD_ROWS rows
         return ""
 
     return kernels.run_probe(dev, build)

@@ -3,12 +3,14 @@
 
 Owns: one predictor layer step as five kernels instead of Inductor's many small ones (norms, cache
 writes and softmax pieces):
-  1. input RMSNorm (recomputed per program, the row is 2 KB) + q|k|v projection (+ bias)
+  1. input RMSNorm + q|k|v projection (+ bias)
   2. q/k RMSNorm + rotary + K/V written into the 16-position cache + attention over it, per query head
   3. o projection + residual
   4. post-attention RMSNorm + gate|up projection + SiLU(gate) * up
   5. down projection + residual
-From NORM_KERNEL_ROWS rows the two RMSNorms run as kernels of their own before 1 and 4 (seven kernels).
+Each RMSNorm is its projection's prologue; from FOLD_ROWS rows, given a copy of the projection's weight with the
+norm's weight folded in (`projection(folded=True)`), the input instead streams as it is and each row's 1/rms
+scales its sums.
 The projections run on tensor cores with the rows padded to 16 (memory-bound at these sizes, so 2..16 rows cost
 about the same; a tile may hold whole rows of narrow inputs, loaded at once), at most MAX_BM rows a program (more
 rows take a second column of programs, whose weight reads mostly hit L2); a one-row step runs them as a
@@ -19,9 +21,9 @@ omni_tts.kernels.talker and omni_tts.kernels.heads (the projection's input rows 
 (programmatic dependent launch, Hopper+: `pdl_available`) each kernel loads what no kernel writes (its first weight
 tile) before `after_previous` waits for the previous kernel and lets the next one launch. Numerics follow the
 reference: float32 accumulation, values rounded to the model dtype where the reference rounds (norm output, q/k
-after rope, each projection, SiLU, residual sums); the summation order differs, so results agree to the dtype's
-rounding, not bit for bit. `predictor_layer` has the reference's contract except that the positions are a Python int
-(static per captured graph) and the mask is implied (causal).
+after rope, each projection, SiLU, residual sums; a folded norm's weights instead of its output); the summation
+order differs, so results agree to the dtype's rounding, not bit for bit. `predictor_layer` has the reference's
+contract except that the positions are a Python int (static per captured graph) and the mask is implied (causal).
 Knows nothing about graphs, buckets, sampling or requests; which batch sizes use it is the caller's choice
 (`supports`). Runs on CUDA; tests run it in Triton's CPU interpreter (TRITON_INTERPRET=1) against the reference.
 """
@@ -52,9 +54,9 @@ except ImportError:
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_ROWS = 128  # batch x positions per call (the first step of a frame has 2 positions per row)
 MAX_BM = 64  # rows per program of a tensor-core projection: more rows split over programs (shared memory)
-# from this many rows a layer's norms run as their own kernel: the projection's input tiles then stream
-# unchanged into its pipeline, which outweighs the extra launch; below, each norm is its projection's prologue
-NORM_KERNEL_ROWS = 33
+# from this many rows a normed projection takes the norm folded into its weight: the input tiles then stream
+# unchanged into the tensor-core pipeline, which pays there; below, the prologue's pass over the rows costs less
+FOLD_ROWS = 33
 
 
 def available() -> bool:
@@ -122,10 +124,44 @@ if triton is not None:
         return xk
 
     @triton.jit
-    def _rows_mac(x_ptr, nw_ptr, sx, M, kk, rstd, wk, wu, K: tl.constexpr, NORM: tl.constexpr,
-                  GLU: tl.constexpr, dt: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-        """This program's BM rows of x (sx apart, whole rows, normed with rstd under NORM) times the weight
-        tiles wk (and wu with GLU) one row at a time -> [BM, BN] float32 twice (without GLU the second is 0)."""
+    def _rms_pass(x_ptr, xoff, mmask, eps, K: tl.constexpr, CH: tl.constexpr):
+        """1/rms of the rows at offsets xoff [BM] (where mmask), read CH columns at a time -> [BM] float32."""
+        ss = tl.zeros([xoff.shape[0]], tl.float32)
+        for k0 in range(0, K, CH):
+            kk = k0 + tl.arange(0, CH)
+            xs = tl.load(x_ptr + xoff[:, None] + kk[None, :], mask=mmask[:, None] & (kk[None, :] < K), other=0.0)
+            xs = xs.to(tl.float32)
+            ss += tl.sum(xs * xs, axis=1)
+        return tl.rsqrt(ss / K + eps)
+
+    @triton.jit
+    def _squares(xk, IEEE: tl.constexpr, VEC: tl.constexpr):
+        """The input tile xk [BM, BK]'s part of its rows' sums of squares in float32: [BM] on CUDA cores (VEC, or
+        fewer than 64 rows), else xk xk^T [BM, BM] on tensor cores, whose diagonal holds them (`_diagonal`): 64 rows
+        of a tile in registers would spill."""
+        if VEC or xk.shape[0] < 64:
+            xf = xk.to(tl.float32)
+            sq = tl.sum(xf * xf, axis=1)
+        else:
+            sq = _dot(xk, tl.trans(xk), IEEE)
+        return sq
+
+    @triton.jit
+    def _diagonal(sq):
+        """The rows' sums of squares from `_squares`' running sum: itself, or its diagonal."""
+        if len(sq.shape) == 1:
+            d = sq
+        else:
+            i = tl.arange(0, sq.shape[0])
+            d = tl.sum(tl.where(i[:, None] == i[None, :], sq, 0.0), axis=1)
+        return d
+
+    @triton.jit
+    def _rows_mac(x_ptr, nw_ptr, sx, M, kk, rstd, wk, wu, eps, K: tl.constexpr, NORM: tl.constexpr,
+                  RSTD: tl.constexpr, GLU: tl.constexpr, dt: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+        """This program's BM rows of x (sx apart, whole rows, normed with rstd under NORM; under RSTD each row's
+        sums scaled by its own 1/rms) times the weight tiles wk (and wu with GLU) one row at a time -> [BM, BN]
+        float32 twice (without GLU the second is 0)."""
         first, mi, kmask = tl.program_id(1).to(tl.int64) * BM, tl.arange(0, BM), kk < K
         acc, acc2 = tl.zeros([BM, BN], tl.float32), tl.zeros([BM, BN], tl.float32)
         for m in tl.static_range(BM):
@@ -133,36 +169,29 @@ if triton is not None:
             x = tl.load(x_ptr + (first + m) * sx + kk, mask=kmask & (first + m < M), other=0.0)
             if NORM:
                 x = _normed(x.to(tl.float32), tl.sum(tl.where(here, rstd, 0.0), axis=0), nw_ptr, kk, kmask, dt)
-            x = x.to(tl.float32)[None, :]
-            acc = tl.where(here[:, None], tl.sum(wk.to(tl.float32) * x, axis=1)[None, :], acc)
+            x = x.to(tl.float32)
+            r = 1.0
+            if RSTD:
+                r = tl.rsqrt(tl.sum(x * x, axis=0) / K + eps)
+            acc = tl.where(here[:, None], (tl.sum(wk.to(tl.float32) * x[None, :], axis=1) * r)[None, :], acc)
             if GLU:
-                acc2 = tl.where(here[:, None], tl.sum(wu.to(tl.float32) * x, axis=1)[None, :], acc2)
+                acc2 = tl.where(here[:, None], (tl.sum(wu.to(tl.float32) * x[None, :], axis=1) * r)[None, :], acc2)
         return acc, acc2
-
-    @triton.jit
-    def _norm_kernel(x_ptr, nw_ptr, out_ptr, eps, K: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
-        """Program m: out[m] = RMSNorm(x[m]) with weight nw, rounded as a projection's prologue rounds."""
-        dt = out_ptr.dtype.element_ty
-        after_previous(PDL)
-        m = tl.program_id(0).to(tl.int64)
-        k = tl.arange(0, BK)
-        kmask = k < K
-        x = tl.load(x_ptr + m * K + k, mask=kmask, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / K + eps)
-        tl.store(out_ptr + m * K + k, _normed(x, rstd, nw_ptr, k, kmask, dt), mask=kmask)
 
     @triton.jit
     def _proj_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, res_ptr, out_ptr, eps, sx, M: tl.constexpr,
                      N: tl.constexpr, K: tl.constexpr,
                      NORM: tl.constexpr, BIAS: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr,
                      IEEE: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr = False):
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr = False,
+                     RSTD: tl.constexpr = False):
         """Program (N block, M block) of out[M, N] = epilogue(prologue(x[M, K]) @ w[N, K]^T), x's rows sx
-        apart. NORM: x is RMS-normed with nw first; GLU: w has 2N rows (gate then up) and out = silu(gate) *
-        up; RES: out += res[M, N]. ROWS (a multiply-and-sum whole-row tile, BK >= K, over 2+ rows): the rows
-        one at a time against the one weight tile, not as a [BM, BN, BK] product. PDL (programmatic
-        dependent launch, Hopper+): the first weight tile loads while the previous kernel is still running;
-        everything that kernel writes (x, res) is read after gdc_wait."""
+        apart. NORM: x is RMS-normed with nw first; RSTD: x is RMS-normed with the norm's weight folded into w
+        (packed_weights.fold_norm), so x streams as it is and each row's 1/rms scales its sums; GLU: w has 2N
+        rows (gate then up) and out = silu(gate) * up; RES: out += res[M, N]. ROWS (a multiply-and-sum whole-row
+        tile, BK >= K, over 2+ rows): the rows one at a time against the one weight tile, not as a [BM, BN, BK]
+        product. PDL (programmatic dependent launch, Hopper+): the first weight tile loads while the previous
+        kernel is still running; everything that kernel writes (x, res) is read after gdc_wait."""
         dt = out_ptr.dtype.element_ty
         rm = tl.program_id(1) * BM + tl.arange(0, BM)
         rn = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -172,22 +201,23 @@ if triton is not None:
         after_previous(PDL)
         xoff = rm.to(tl.int64) * sx
         rstd = tl.zeros([BM], tl.float32)
+        # under RSTD the rows' sums of squares come from the product's own input tiles (`_squares`), except for
+        # tensor-core tiles of whole rows, where a pass over narrow pieces of the rows costs fewer registers
+        SQ_PASS: tl.constexpr = RSTD and not VEC and BK >= K
         if NORM:
-            ss = tl.zeros([BM], tl.float32)
-            for k0 in range(0, K, BK):
-                kk = k0 + rk
-                xs = tl.load(x_ptr + xoff[:, None] + kk[None, :], mask=mmask[:, None] & (kk[None, :] < K), other=0.0)
-                xs = xs.to(tl.float32)
-                ss += tl.sum(xs * xs, axis=1)
-            rstd = tl.rsqrt(ss / K + eps)  # [BM]
+            rstd = _rms_pass(x_ptr, xoff, mmask, eps, K, BK)  # [BM]
+        if SQ_PASS:
+            rstd = _rms_pass(x_ptr, xoff, mmask, eps, K, min(BK, 128))
         if ROWS:  # whole-row tile, a few rows: each row against the weight tile held in registers
-            acc, acc2 = _rows_mac(x_ptr, nw_ptr, sx, M, rk, rstd, wk, wu, K, NORM, GLU, dt, BM, BN)
+            acc, acc2 = _rows_mac(x_ptr, nw_ptr, sx, M, rk, rstd, wk, wu, eps, K, NORM, RSTD, GLU, dt, BM, BN)
         else:
             xk = _x_block(x_ptr, nw_ptr, xoff, mmask, rk, rstd, K, NORM, dt)  # [BM, BK]
             acc = _mac(xk, wk, IEEE, VEC)  # [BM, BN]
             acc2 = tl.zeros([BM, BN], tl.float32)
             if GLU:
                 acc2 += _mac(xk, wu, IEEE, VEC)
+            if RSTD and not SQ_PASS:
+                sq = _squares(xk, IEEE, VEC)  # [BM], or [BM, BM] whose diagonal they are
             for k0 in range(BK, K, BK):
                 kk = k0 + rk
                 wk, wu = _w_block(w_ptr, rn, nmask, kk, N, K, GLU)
@@ -195,6 +225,12 @@ if triton is not None:
                 acc += _mac(xk, wk, IEEE, VEC)
                 if GLU:
                     acc2 += _mac(xk, wu, IEEE, VEC)
+                if RSTD and not SQ_PASS:
+                    sq += _squares(xk, IEEE, VEC)
+            if RSTD and not SQ_PASS:
+                rstd = tl.rsqrt(_diagonal(sq) / K + eps)
+            if RSTD:
+                acc, acc2 = acc * rstd[:, None], acc2 * rstd[:, None]
         if BIAS:
             acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
         y = acc.to(dt)
@@ -303,9 +339,9 @@ def launch_options(pdl: bool, warps: int, stages: int | None = None) -> dict[str
 
 def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor | None = None,
           norm: Any = None, res: torch.Tensor | None = None, glu: bool = False, cfg: Config | None = None,
-          pdl: bool = False) -> torch.Tensor:
+          pdl: bool = False, folded: bool = False) -> torch.Tensor:
     """x: [M, K] (rows may be strided; the last dim contiguous) -> [M, n] (see _proj_kernel); w: [n, K], or
-    [2n, K] with glu."""
+    [2n, K] with glu; folded: `norm`'s weight is folded into w (packed_weights.fold_norm), its eps still applies."""
     assert x.stride(-1) == 1
     K = x.shape[1]
     M = x.shape[0]
@@ -319,24 +355,19 @@ def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor |
         x, norm.weight if norm is not None else dummy, w,
         bias if bias is not None else dummy, res if res is not None else dummy, out,
         float(norm.eps) if norm is not None else 0.0, x.stride(0), M=M, N=n, K=K,
-        NORM=norm is not None, BIAS=bias is not None, RES=res is not None, GLU=glu,
+        NORM=norm is not None and not folded, BIAS=bias is not None, RES=res is not None, GLU=glu,
         IEEE=x.dtype == torch.float32 or _INTERPRET, VEC=vec, PDL=pdl,
-        BM=BM, BN=BN, BK=BK, ROWS=vec and BM > 1 and BK >= K, **launch_options(pdl, warps, stages))
+        BM=BM, BN=BN, BK=BK, ROWS=vec and BM > 1 and BK >= K, RSTD=norm is not None and folded,
+        **launch_options(pdl, warps, stages))
     return out
 
 
-def rms_norm(x: torch.Tensor, norm: Any, pdl: bool = False) -> torch.Tensor:
-    """RMSNorm `norm` of x [M, K] (contiguous) -> [M, K]."""
-    out = torch.empty_like(x)
-    _norm_kernel[(x.shape[0],)](x, norm.weight, out, float(norm.eps), K=x.shape[1], BK=next_pow2(x.shape[1]),
-                                PDL=pdl, **launch_options(pdl, 4))
-    return out
-
-
-def normed_projection(x: torch.Tensor, w: torch.Tensor, norm: Any, *, n: int, pdl: bool, **kw: Any) -> torch.Tensor:
-    """projection(norm(x), w): the norm as the projection's prologue, or from NORM_KERNEL_ROWS rows its own kernel."""
-    if x.shape[0] >= NORM_KERNEL_ROWS:
-        return projection(rms_norm(x, norm, pdl), w, n=n, pdl=pdl, **kw)
+def normed_projection(x: torch.Tensor, w: torch.Tensor, norm: Any, *, n: int, pdl: bool,
+                      w_folded: torch.Tensor | None = None, **kw: Any) -> torch.Tensor:
+    """projection(norm(x), w): the norm as the projection's prologue, or from FOLD_ROWS rows, given `w_folded`
+    (w with the norm's weight folded in, packed_weights.fold_norm), folded."""
+    if w_folded is not None and x.shape[0] >= FOLD_ROWS:
+        return projection(x, w_folded, n=n, norm=norm, pdl=pdl, folded=True, **kw)
     return projection(x, w, n=n, norm=norm, pdl=pdl, **kw)
 
 
@@ -355,9 +386,10 @@ def run_probe(device: torch.device, build: Callable[[], str]) -> str:
 
 
 def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor], cos: torch.Tensor,
-          sin: torch.Tensor, batches: list[int], max_rows: int, pdl: bool = False) -> str:
+          sin: torch.Tensor, batches: list[int], max_rows: int, pdl: bool = False,
+          folded: tuple[torch.Tensor, torch.Tensor] | None = None) -> str:
     """Run the predictor `layer` once for every (batch, 1 or 2 positions) of at most max_rows rows that a
-    capture will use (`run_probe`). -> "" or why not, in one line."""
+    capture will use (`run_probe`; folded: as predictor_layer takes it). -> "" or why not, in one line."""
     a, dev = layer.self_attn, cos.device
     width = layer.input_layernorm.weight.shape[0]
 
@@ -370,7 +402,7 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
                     return "this layer's activation or norms are not what the kernels implement"
                 x = torch.zeros(b, T, width, device=dev, dtype=cos.dtype)
                 kc = torch.zeros(b, a.kv_heads, cos.shape[1], a.head_dim, device=dev, dtype=cos.dtype)
-                predictor_layer(layer, *w, x, cos, sin, kc, torch.zeros_like(kc), 0, pdl)
+                predictor_layer(layer, *w, x, cos, sin, kc, torch.zeros_like(kc), 0, pdl, folded)
         return ""
 
     return run_probe(dev, build)
@@ -378,30 +410,34 @@ def probe(layer: Any, w: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor],
 
 def predictor_layer(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_gu: torch.Tensor,
                     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
-                    pos0: int, pdl: bool = False) -> torch.Tensor:
+                    pos0: int, pdl: bool = False, folded: tuple[torch.Tensor, torch.Tensor] | None = None
+                    ) -> torch.Tensor:
     """The predictor DecoderLayer (input norm, Attention.qkv, K/V written into the cache, causal attention over
-    it, o projection + residual, MLP block) in five kernels (seven from NORM_KERNEL_ROWS rows). x: [B, T, d]
-    at positions pos0..pos0+T-1; cos/sin: the rope table [1, P, hd] of all P cache positions; kc/vc:
-    [B, Hkv, P, hd] (written). pdl: launch them with programmatic dependent launch (`pdl_available`).
-    -> [B, T, d]"""
+    it, o projection + residual, MLP block) in five kernels. x: [B, T, d] at positions pos0..pos0+T-1; cos/sin:
+    the rope table [1, P, hd] of all P cache positions; kc/vc: [B, Hkv, P, hd] (written). pdl: launch them with
+    programmatic dependent launch (`pdl_available`). folded: w_qkv and w_gu with the input and post-attention
+    norms' weights folded in (packed_weights.fold_norm), which steps of FOLD_ROWS rows or more take. -> [B, T, d]"""
     attn = layer.self_attn
     B, T, D = x.shape
     H, Hkv, hd, P = attn.heads, attn.kv_heads, attn.head_dim, kc.shape[2]
     x2 = x.reshape(B * T, D)  # [M, d]
-    y = normed_projection(x2, w_qkv, layer.input_layernorm, n=(H + 2 * Hkv) * hd, bias=b_qkv,
-                          pdl=pdl)  # [M, (H+2Hkv) hd]
+    fq, fgu = folded if folded is not None else (None, None)
+    y = normed_projection(x2, w_qkv, layer.input_layernorm, n=(H + 2 * Hkv) * hd, bias=b_qkv, pdl=pdl,
+                          w_folded=fq)  # [M, (H+2Hkv) hd]
     a = torch.empty(B * T, H * hd, device=x.device, dtype=x.dtype)  # [M, H hd]
     _attn_kernel[(B, H)](y, attn.q_norm.weight, attn.k_norm.weight, cos.reshape(-1, hd), sin.reshape(-1, hd),
                          kc, vc, a, pos0, float(attn.q_norm.eps), hd ** -0.5, T=T, H=H, HKV=Hkv, HD=hd, P=P,
                          BD=next_pow2(hd), BP=next_pow2(P), PDL=pdl,
                          **launch_options(pdl, 1))  # 1 warp: fastest on the H200
-    return mlp_block(layer, w_gu, x2, a, pdl).view(B, T, D)  # [B, T, d]
+    return mlp_block(layer, w_gu, x2, a, pdl, fgu).view(B, T, D)  # [B, T, d]
 
 
-def mlp_block(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pdl: bool) -> torch.Tensor:
-    """x [M, D] + o_proj(a [M, H hd]), then + the MLP of its post-attention norm -> [M, D] (three kernels, four
-    from NORM_KERNEL_ROWS rows)."""
+def mlp_block(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pdl: bool,
+              w_gu_folded: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, D] + o_proj(a [M, H hd]), then + the MLP of its post-attention norm -> [M, D] (three kernels);
+    w_gu_folded: w_gu with the norm's weight folded in (`normed_projection`)."""
     attn, D = layer.self_attn, x.shape[1]
     x1 = projection(a, attn.o_proj.weight, n=D, bias=attn.o_proj.bias, res=x, pdl=pdl)  # [M, D]
-    m = normed_projection(x1, w_gu, layer.post_attention_layernorm, n=w_gu.shape[0] // 2, glu=True, pdl=pdl)  # [M, I]
+    m = normed_projection(x1, w_gu, layer.post_attention_layernorm, n=w_gu.shape[0] // 2, glu=True, pdl=pdl,
+                          w_folded=w_gu_folded)  # [M, I]
     return projection(m, layer.mlp.down_proj.weight, n=D, res=x1, pdl=pdl)  # [M, D]

@@ -6,8 +6,8 @@ the preset key kernel_configs loads (and that kernel_configs.TUNED is updated fr
         [--out kernel_configs.json]
 
 Owns: the candidate configs per row count, timing each of a decoder layer's four projections (q|k|v
-after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual; a norm as
-its own kernel first from kernels.NORM_KERNEL_ROWS rows, as a layer step runs it; the code
+after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual; a norm
+folded into the weight from kernels.FOLD_ROWS rows, as a layer step runs it; the code
 predictor's and / or the talker's shapes) per candidate, launched as the engine launches them (with
 programmatic dependent launch where the GPU has it: the predictor's always, the talker's up to
 kernel_configs.TALKER_PDL_ROWS), in a CUDA graph of back-to-back launches whose weights rotate through
@@ -124,11 +124,11 @@ def _graph_us(fns: list[Callable[[], Any]], launches: int = 60, replays: int = 5
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, n: int, cfg: Config, pdl: bool, args: dict[str, Any]) -> torch.Tensor:
-    """One projection as a layer step launches it (a normed one with its norm as a kernel of its own from
-    kernels.NORM_KERNEL_ROWS rows)."""
+    """One projection as a layer step launches it (a normed one folded from kernels.FOLD_ROWS rows: w stands in
+    for its folded copy, the same shape)."""
     if "norm" in args:
         rest = {k: v for k, v in args.items() if k != "norm"}
-        return kernels.normed_projection(x, w, args["norm"], n=n, cfg=cfg, pdl=pdl, **rest)
+        return kernels.normed_projection(x, w, args["norm"], n=n, cfg=cfg, pdl=pdl, w_folded=w, **rest)
     return kernels.projection(x, w, n=n, cfg=cfg, pdl=pdl, **args)
 
 
@@ -206,7 +206,7 @@ def _layer_steps(part: str, layers: list[Any], packed: list[tuple], m: int, pdl:
     if part == "predictor":
         cos = torch.ones(1, P, a.head_dim, device=w.device, dtype=w.dtype)  # rope values do not change the speed
         return [functools.partial(kernels.predictor_layer, layer, *ws, x, cos, torch.zeros_like(cos), kc, vc,
-                                  P // 2, pdl) for layer, ws in zip(layers, packed)]
+                                  P // 2, pdl, (ws[0], ws[2])) for layer, ws in zip(layers, packed)]  # as folded
     cos = torch.ones(m, 1, a.head_dim, device=w.device, dtype=w.dtype)
     sin, pos = torch.zeros_like(cos), torch.full((m,), P // 2, dtype=torch.long, device=w.device)
 

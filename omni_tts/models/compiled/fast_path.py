@@ -31,7 +31,7 @@ from omni_tts.kernels import heads as head_kernels
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import talker as talker_kernels
 from omni_tts.models import sampling
-from omni_tts.models.compiled.kernel_choice import KernelChoice, fed_tables
+from omni_tts.models.compiled.kernel_choice import KernelChoice, fed_tables, folded_heads, folded_layers
 from omni_tts.models.compiled.packed_weights import fuse_layer
 from omni_tts.models.compiled.prefill import prefill_layer
 from omni_tts.models.compiled.units import linear, mlp_fused, out_proj, qkv_fused, small_attention
@@ -188,9 +188,14 @@ class FastPath(KernelChoice):
 
     def _layers_triton(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int
                        ) -> torch.Tensor:
-        """The layers as omni_tts.kernels.layers (five kernels each), the cache written in place."""
-        for i, (layer, w) in enumerate(zip(self.model.code_predictor.layers, self.predictor_w)):
-            x = kernels.predictor_layer(layer, *w, x, self.cos, self.sin, kc[i], vc[i], pos0, self.kernel_pdl)
+        """The layers as omni_tts.kernels.layers (five kernels each; their norms folded into the weights from
+        kernels.FOLD_ROWS rows), the cache written in place."""
+        cp = self.model.code_predictor
+        wide = x.shape[0] * x.shape[1] >= kernels.FOLD_ROWS
+        folded = folded_layers(cp, self.predictor_w) if wide else [None] * len(cp.layers)
+        for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
+            x = kernels.predictor_layer(layer, *w, x, self.cos, self.sin, kc[i], vc[i], pos0, self.kernel_pdl,
+                                        folded[i])
         return x
 
     def _layers_compiled_units(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int
@@ -344,5 +349,6 @@ class FastPath(KernelChoice):
         """Codebook j + 1's head, choice (its embedding added to esum) and, from the codebook's `fed` table,
         the next input, as omni_tts.kernels.heads -> (code [B], the next input [B, 1, d] or None)."""
         cp = self.model.code_predictor
+        w_folded = folded_heads(cp)[j] if x.shape[0] >= kernels.FOLD_ROWS else None
         return head_kernels.head_choose(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1, cp.codec_embedding[j].weight,
-                                        esum, self.kernel_pdl, fed)
+                                        esum, self.kernel_pdl, fed, w_folded)

@@ -21,6 +21,7 @@ from omni_tts.kernels import heads as head_kernels
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import talker as talker_kernels
 from omni_tts.models import sampling
+from omni_tts.models.compiled.packed_weights import fold_norm
 from omni_tts.models.precision import exact
 
 MAX_PREDICTOR_ROWS = kernels.MAX_ROWS  # predictor steps of at most this many rows run the Triton layers
@@ -32,28 +33,49 @@ TALKER_ATTEND_ROWS = 64
 
 
 def limits() -> tuple[int, ...]:
-    """The limits above, the norm kernels' rows and the talker's kernel and PDL rows (kernel_configs', which a
+    """The limits above, the folded norms' rows and the talker's kernel and PDL rows (kernel_configs', which a
     configs JSON may set): a kept probe outcome holds for the same ones only."""
-    return (MAX_PREDICTOR_ROWS, kernels.NORM_KERNEL_ROWS, kernel_configs.TALKER_KERNEL_ROWS,
+    return (MAX_PREDICTOR_ROWS, kernels.FOLD_ROWS, kernel_configs.TALKER_KERNEL_ROWS,
             kernel_configs.TALKER_PDL_ROWS, TALKER_ATTEND_LEN, TALKER_ATTEND_ROWS)
 
 
 _FED: weakref.WeakKeyDictionary[Any, list[torch.Tensor]] = weakref.WeakKeyDictionary()
-_FED_LOCK = threading.Lock()  # modes warm on threads of their own
+_FOLDED: weakref.WeakKeyDictionary[Any, list[tuple]] = weakref.WeakKeyDictionary()
+_FOLDED_HEADS: weakref.WeakKeyDictionary[Any, list[torch.Tensor]] = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()  # modes warm on threads of their own
+
+
+def _shared(cache: weakref.WeakKeyDictionary, cp: Any, make: Callable[[], Any]) -> Any:
+    """cache[cp], made by `make` at the first call for the code predictor `cp` (outside any capture: the
+    first call is a warm-up step) and shared by every mode's path."""
+    with _SHARED_LOCK:
+        if cp not in cache:
+            value = make()
+            if cp.norm.weight.device.type == "cuda":  # written before any stream of another thread reads them
+                torch.cuda.current_stream(cp.norm.weight.device).synchronize()
+            cache[cp] = value
+        return cache[cp]
 
 
 def fed_tables(cp: Any) -> list[torch.Tensor]:
-    """`heads.fed_table` of every codebook whose code feeds a next step (all but the last), made at the first
-    call for the code predictor `cp` and shared by every mode's path."""
-    with _FED_LOCK:
-        if cp not in _FED:
-            device = cp.norm.weight.device
-            with exact(device):  # float32 tables as the feed unit computes them, not in TF32
-                tables = [head_kernels.fed_table(e.weight, cp.small_to_mtp_projection) for e in cp.codec_embedding[:-1]]
-            if device.type == "cuda":  # written before any stream of another thread reads them
-                torch.cuda.current_stream(device).synchronize()
-            _FED[cp] = tables
-        return _FED[cp]
+    """`heads.fed_table` of every codebook whose code feeds a next step (all but the last)."""
+    def make() -> list[torch.Tensor]:
+        with exact(cp.norm.weight.device):  # float32 tables as the feed unit computes them, not in TF32
+            return [head_kernels.fed_table(e.weight, cp.small_to_mtp_projection) for e in cp.codec_embedding[:-1]]
+    return _shared(_FED, cp, make)
+
+
+def folded_layers(cp: Any, packed: list[tuple]) -> list[tuple]:
+    """Per predictor layer, its packed q|k|v and gate|up (`packed`: fuse_layer's) with the input and
+    post-attention norms' weights folded in (`fold_norm`), as its Triton layers take them from FOLD_ROWS rows."""
+    return _shared(_FOLDED, cp, lambda: [
+        (fold_norm(w_qkv, layer.input_layernorm), fold_norm(w_gu, layer.post_attention_layernorm))
+        for layer, (w_qkv, _, w_gu) in zip(cp.layers, packed)])
+
+
+def folded_heads(cp: Any) -> list[torch.Tensor]:
+    """Every codebook head's weight with the final norm's weight folded in, as omni_tts.kernels.heads takes it."""
+    return _shared(_FOLDED_HEADS, cp, lambda: [fold_norm(head.weight, cp.norm) for head in cp.lm_head])
 
 
 class KernelChoice:
@@ -111,8 +133,12 @@ class KernelChoice:
     def _use_predictor_kernels(self, batches: list[int], between: Callable[[], None]) -> str:
         """Probe the predictor's layer kernels (with PDL, else without), then its head kernels."""
         cp = self.model.code_predictor
+        folded = None
+        if self.kernel_rows >= kernels.FOLD_ROWS:  # the folded copies made here, before any capture reads them
+            folded_heads(cp)
+            folded = folded_layers(cp, self.predictor_w)[0]
         args = (cp.layers[0], self.predictor_w[0], self.cos, self.sin, batches, self.kernel_rows)
-        err, self.kernel_pdl = _probe_pdl(lambda pdl: kernels.probe(*args, pdl), self.kernel_pdl, False)
+        err, self.kernel_pdl = _probe_pdl(lambda pdl: kernels.probe(*args, pdl, folded), self.kernel_pdl, False)
         if err:
             self.kernel_rows = 0
             return f"Triton predictor kernels unavailable on this GPU ({err}); using Inductor's"

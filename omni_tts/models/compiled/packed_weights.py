@@ -1,8 +1,11 @@
-"""Packed q|k|v and gate|up weights whose row blocks ARE the reference modules' parameters.
+"""Packed q|k|v and gate|up weights whose row blocks ARE the reference modules' parameters, and weights with
+an RMSNorm's weight folded in.
 
 The compiled units and the Triton kernels run one matmul for q|k|v and one for gate|up; `fuse_rows`
 packs the parameters into one tensor and re-points each parameter at its block, so the reference
-modules and the fast paths share storage (no second copy; checkpoints and names unchanged).
+modules and the fast paths share storage (no second copy; checkpoints and names unchanged). The
+predictor's Triton kernels take its normed projections' weights with the norm's weight folded into their
+columns (`fold_norm`: a copy).
 """
 
 from __future__ import annotations
@@ -50,3 +53,9 @@ def fuse_layer(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Ten
     lins = [a.q_proj, a.k_proj, a.v_proj]
     b_qkv = fuse_rows([lin.bias for lin in lins]) if a.q_proj.bias is not None else None
     return fuse_rows([lin.weight for lin in lins]), b_qkv, fuse_rows([m.gate_proj.weight, m.up_proj.weight])
+
+
+def fold_norm(w: torch.Tensor, norm: Any) -> torch.Tensor:
+    """A copy of w [n, K] with the RMSNorm `norm`'s weight [K] folded into its columns (in float32, then w's dtype):
+    norm(x) @ w^T is then (x @ fold_norm(w)^T) times each row's 1/rms (`kernels.layers.projection(folded=True)`)."""
+    return (w.float() * norm.weight.float()[None, :]).to(w.dtype)
