@@ -66,7 +66,12 @@ def projections() -> dict[str, str]:
                                  ("qkv 40 rows folded", 40, 4096, D, dict(RSTD=True)),
                                  ("qkv 64 rows folded", 64, 4096, D, dict(RSTD=True)),
                                  ("gate|up 64 rows folded", 64, 3072, D, dict(RSTD=True, GLU=True)),
-                                 ("head 64 rows folded", 64, V, D, dict(RSTD=True))):
+                                 ("head 64 rows folded", 64, V, D, dict(RSTD=True)),
+                                 # a 64-row frame's first step: two positions a row
+                                 ("qkv 128 rows folded", 128, 4096, D, dict(RSTD=True)),
+                                 ("o 128 rows", 128, D, 2048, dict(RES=True)),
+                                 ("gate|up 128 rows folded", 128, 3072, D, dict(RSTD=True, GLU=True)),
+                                 ("down 128 rows", 128, D, 3072, dict(RES=True))):
         out[f"projection {name}"] = projection(M, n, k, flags)
     for n, k, flags in ((4096, D, dict(NORM=True)), (D, 2048, dict(RES=True)), (3072, D, dict(NORM=True, GLU=True)),
                         (D, 3072, dict(RES=True))):  # the predictor's shapes at two rows: rows in turn, whole rows

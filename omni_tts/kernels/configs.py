@@ -43,7 +43,9 @@ _BY_SHAPE: dict[tuple[int, int], dict[int, Config]] = {
         4: (32, 1024, 1, 4, False),  # H100 in-layer
         8: (32, 1024, 1, 4, False),  # H100
         16: (32, 1024, 1, 4, False),  # H100 in-layer
-        32: (32, 256, 4, 4, False), 64: (32, 256, 3, 4, False), 128: (32, 128, 3, 4, False)},
+        32: (32, 256, 4, 4, False),
+        64: (32, 128, 4, 4, False),  # H100 in-layer
+        128: (64, 128, 4, 4, False)},  # H100 in-layer
     (1024, 2048): {  # the predictor's o
         1: (2, 2048, 1, 4, True),  # H100 in-layer
         2: (8, 2048, 1, 8, True),  # H100 in-layer
@@ -51,19 +53,19 @@ _BY_SHAPE: dict[tuple[int, int], dict[int, Config]] = {
         16: (16, 256, 3, 4, False),  # H100 in-layer
         32: (16, 256, 4, 4, False),
         64: (16, 128, 4, 4, False),  # H100 in-layer
-        128: (16, 128, 4, 4, False)},
+        128: (32, 128, 4, 4, False)},  # H100 in-layer
     (3072, 1024): {  # the predictor's gate|up
         1: (2, 1024, 1, 2, True),  # H100 in-layer
         2: (4, 1024, 1, 4, True), 8: (32, 256, 3, 4, False), 32: (16, 256, 3, 4, False),
         64: (32, 128, 4, 4, False),  # H100 in-layer
-        128: (64, 128, 3, 4, False)},
+        128: (64, 64, 4, 4, False)},  # H100 in-layer
     (1024, 3072): {  # the predictor's down
         1: (4, 4096, 1, 4, True),  # H100 in-layer
         2: (2, 4096, 1, 8, True), 8: (16, 256, 4, 4, False),
         16: (32, 256, 4, 4, False),  # H100 in-layer
         32: (16, 256, 4, 4, False),
         64: (16, 256, 4, 4, False),  # H100 in-layer
-        128: (32, 128, 4, 4, False)},
+        128: (16, 256, 4, 4, False)},  # H100 in-layer
     (4096, 2048): {  # the 1.7B talker's q|k|v
         1: (2, 2048, 1, 1, True),  # H100 in-layer
         2: (2, 2048, 1, 4, True),  # H100 in-layer
