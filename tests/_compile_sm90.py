@@ -17,6 +17,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from omni_tts.kernels import configs, heads, layers, snake, talker  # noqa: E402
+from omni_tts.kernels import projection as projection_kernels  # noqa: E402
 
 PTR = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}
 BF, F32, I64 = torch.bfloat16, torch.float32, torch.int64
@@ -44,14 +45,14 @@ def build(fn, args: dict, constexprs: dict, warps: int = 4, stages: int = 1, pdl
 
 
 def projection(M: int, n: int, k: int, flags: dict) -> str:
-    """The projection kernel built as layers.projection launches it for M rows of an [n, k] weight under the
+    """The projection kernel built as projection.projection launches it for M rows of an [n, k] weight under the
     table's config (its BM and whole-row ROWS rule)."""
     BN, BK, stages, warps, vec = configs.config(M, n, k)
-    BM = layers.next_pow2(M) if vec else min(layers.MAX_BM, max(16, layers.next_pow2(M)))
+    BM = configs.next_pow2(M) if vec else min(projection_kernels.MAX_BM, max(16, configs.next_pow2(M)))
     cx = dict(M=M, N=n, K=k, NORM=False, RSTD=False, BIAS=False, RES=False, GLU=False, IEEE=False, VEC=vec,
               PDL=True, BM=BM, BN=BN, BK=BK, ROWS=vec and BM > 1 and BK >= k)
     args = dict(x_ptr=BF, nw_ptr=BF, w_ptr=BF, b_ptr=BF, res_ptr=BF, out_ptr=BF, eps=1e-6, sx=k)
-    return build(layers._proj_kernel, args, {**cx, **flags}, warps, stages, pdl=True)
+    return build(projection_kernels._proj_kernel, args, {**cx, **flags}, warps, stages, pdl=True)
 
 
 def projections() -> dict[str, str]:
@@ -77,7 +78,7 @@ def projections() -> dict[str, str]:
                         (D, 3072, dict(RES=True))):  # the predictor's shapes at two rows: rows in turn, whole rows
         out[f"projection 2 rows {n}x{k}"] = projection(2, n, k, flags)
     for n, k, flags in ((4096, D, dict(NORM=True)), (D, 3072, dict(RES=True))):  # one row on one warp (a sweep's)
-        with configs.override({(1, n, k): (2, layers.next_pow2(k), 1, 1, True)}):
+        with configs.override({(1, n, k): (2, configs.next_pow2(k), 1, 1, True)}):
             out[f"projection 1 row {n}x{k} on one warp"] = projection(1, n, k, flags)
     for M in (1, 2):  # the 1.7B talker's at one and two rows
         for n, k, flags in ((4096, 2048, dict(NORM=True)), (2048, 2048, dict(RES=True)),

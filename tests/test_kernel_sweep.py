@@ -1,5 +1,5 @@
 """omni_tts.tools.kernel_sweep's pure parts on the CPU: the candidate configs, the choice, the JSON it writes
-being what omni_tts.kernels.layers loads from the preset key kernel_configs, and its refusal without CUDA."""
+being what omni_tts.kernels.configs loads from the preset key kernel_configs, and its refusal without CUDA."""
 
 from __future__ import annotations
 

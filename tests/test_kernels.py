@@ -20,6 +20,7 @@ from _fixtures import FIXTURES  # noqa: E402
 from test_fastpath import golden_cases, model_and_fast, params_of, run_loop  # noqa: E402
 
 from omni_tts.kernels import layers as kernels
+from omni_tts.kernels import projection as proj_kernels
 from omni_tts.models import sampling  # noqa: E402
 from omni_tts.models.compiled.fast_path import FastPath, fuse_layer, predictor_layer  # noqa: E402
 from omni_tts.models.compiled.packed_weights import fold_norm  # noqa: E402
@@ -89,11 +90,11 @@ def test_projection_kernel_is_config_independent_including_whole_row_tiles(cfg: 
     n = w_gu.shape[0] // 2
     h = layer.post_attention_layernorm(x)
     ref = torch.nn.functional.silu(h @ w_gu[:n].T) * (h @ w_gu[n:].T)
-    got = kernels.projection(x, w_gu, n=n, norm=layer.post_attention_layernorm, glu=True, cfg=cfg)
+    got = proj_kernels.projection(x, w_gu, n=n, norm=layer.post_attention_layernorm, glu=True, cfg=cfg)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     wd = layer.mlp.down_proj.weight
     a = torch.randn(rows, wd.shape[1])
-    got = kernels.projection(a, wd, n=wd.shape[0], res=x, cfg=cfg)
+    got = proj_kernels.projection(a, wd, n=wd.shape[0], res=x, cfg=cfg)
     torch.testing.assert_close(got, x + a @ wd.T, rtol=1e-5, atol=1e-5)
 
 
@@ -105,7 +106,7 @@ def test_whole_row_tiles_take_strided_rows_a_bias_and_a_ragged_last_tile(rows: i
     K, n = 48, 13
     x = torch.randn(rows, K + 5)[:, :K]  # rows K + 5 apart
     w, b = torch.randn(n, K), torch.randn(n)
-    got = kernels.projection(x, w, n=n, bias=b, cfg=(4, 64, 1, 4, True))
+    got = proj_kernels.projection(x, w, n=n, bias=b, cfg=(4, 64, 1, 4, True))
     torch.testing.assert_close(got, x @ w.T + b, rtol=1e-5, atol=1e-5)
 
 
@@ -130,12 +131,12 @@ def test_folded_norm_projection_equals_the_normed_prologue(rows: int, cfg: tuple
     torch.manual_seed(rows)
     x = (3 * torch.randn(rows, w_gu.shape[1])).to(dtype)
     n = w_gu.shape[0] // 2
-    folded = kernels.projection(x, fold_norm(w_gu, norm), n=n, norm=norm, glu=True, cfg=cfg, folded=True)
+    folded = proj_kernels.projection(x, fold_norm(w_gu, norm), n=n, norm=norm, glu=True, cfg=cfg, folded=True)
     h = norm(x).float()
     ref = torch.nn.functional.silu(h @ w_gu[:n].float().T) * (h @ w_gu[n:].float().T)
     if dtype == torch.float32:
         torch.testing.assert_close(folded, ref, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(folded, kernels.projection(x, w_gu, n=n, norm=norm, glu=True, cfg=cfg),
+        torch.testing.assert_close(folded, proj_kernels.projection(x, w_gu, n=n, norm=norm, glu=True, cfg=cfg),
                                    rtol=1e-5, atol=1e-5)
     else:
         scale = ref.abs().max().item()
@@ -151,16 +152,16 @@ def test_normed_projection_folds_from_fold_rows_given_the_folded_weight() -> Non
     _, _, w_gu = fuse_layer(layer)
     norm, n = layer.post_attention_layernorm, w_gu.shape[0] // 2
     torch.manual_seed(5)
-    x = torch.randn(kernels.FOLD_ROWS, w_gu.shape[1])
+    x = torch.randn(proj_kernels.FOLD_ROWS, w_gu.shape[1])
     wrong = torch.randn_like(w_gu)
-    for rows in (kernels.FOLD_ROWS - 1, kernels.FOLD_ROWS):
-        prologue = kernels.projection(x[:rows], w_gu, n=n, norm=norm, glu=True)
-        assert torch.equal(kernels.normed_projection(x[:rows], w_gu, norm, n=n, glu=True, pdl=False), prologue)
-        got = kernels.normed_projection(x[:rows], w_gu, norm, n=n, glu=True, pdl=False, w_folded=wrong)
-        if rows < kernels.FOLD_ROWS:
+    for rows in (proj_kernels.FOLD_ROWS - 1, proj_kernels.FOLD_ROWS):
+        prologue = proj_kernels.projection(x[:rows], w_gu, n=n, norm=norm, glu=True)
+        assert torch.equal(proj_kernels.normed_projection(x[:rows], w_gu, norm, n=n, glu=True, pdl=False), prologue)
+        got = proj_kernels.normed_projection(x[:rows], w_gu, norm, n=n, glu=True, pdl=False, w_folded=wrong)
+        if rows < proj_kernels.FOLD_ROWS:
             assert torch.equal(got, prologue)
         else:
-            assert torch.equal(got, kernels.projection(x[:rows], wrong, n=n, norm=norm, glu=True, folded=True))
+            assert torch.equal(got, proj_kernels.projection(x[:rows], wrong, n=n, norm=norm, glu=True, folded=True))
             assert not torch.allclose(got, prologue)
 
 
@@ -204,7 +205,7 @@ def test_predict_frame_with_kernels_equals_without(greedy_only: bool) -> None:
         assert not torch.equal(fast.predict_frame(hidden, code0, sp, seed, frame)[0], codes)
 
 
-@pytest.mark.parametrize("B", [10, kernels.FOLD_ROWS + 7])  # the norm in the prologue; folded into the head
+@pytest.mark.parametrize("B", [10, proj_kernels.FOLD_ROWS + 7])  # the norm in the prologue; folded into the head
 def test_head_kernels_choose_like_the_sampling_module_for_many_draws(B: int) -> None:
     """The choice kernel against omni_tts.models.sampling.choose on random logits: many rows and frames."""
     from omni_tts.kernels import heads as head_kernels

@@ -1,4 +1,4 @@
-"""Launch configs of omni_tts.kernels.layers' projection kernel, per (rows, output width, input width).
+"""Launch configs of omni_tts.kernels.projection's kernel, per (rows, output width, input width).
 
 Owns: the swept table (`TUNED`, by shape then rows), the launch options beside it (the choice kernel's
 warps and search; the talker's rows on these kernels, and under programmatic dependent launch), extra

@@ -4,7 +4,7 @@ omni_tts.models.sampling.sample_codebook, and the next input (code embedding + `
 
 Owns, for one codebook step of a frame (rows = batch):
   1. the final RMSNorm of each row's last position + this codebook's head -> logits [B, V]
-     (omni_tts.kernels.layers' projection kernel, its rows read with a stride);
+     (omni_tts.kernels.projection's kernel, its rows read with a stride);
   2. the choice of each row's code (`_choose_kernel`, one program per row): greedy rows take the
      argmax, sampled rows the Gumbel-max of the logits warped by temperature, top-k and top-p (rows
      with top-p < 1 from one top-`cap` selection; top-k alone, the checkpoints' default, from the k-th
@@ -29,13 +29,14 @@ import torch
 
 from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import layers as kernels
+from omni_tts.kernels import projection as proj_kernels
 from omni_tts.kernels.configs import next_pow2
 
 if kernels.triton is not None:
     import triton
     import triton.language as tl
 
-    from omni_tts.kernels.layers import after_previous
+    from omni_tts.kernels.projection import after_previous
 
     @triton.jit
     def _u32(c: tl.constexpr):
@@ -139,8 +140,8 @@ def head_choose(norm: Any, head: Any, x: torch.Tensor, sp: Any, seed: torch.Tens
     + the code's embedding added to esum, for rows that `fits_topk(sp.topk_cap)` (or all greedy). x: [B, T, d]
     (the last position is used); table: this codebook's embedding [V, D]; esum: [B, D] float32 (updated);
     fed: `fed_table` of this codebook; w_folded: the head's weight with the norm's folded in, which batches of
-    kernels.FOLD_ROWS rows or more take. -> (codes [B] int64, the next input fed[codes] [B, 1, d] or None)"""
-    logits = kernels.normed_projection(x[:, -1], head.weight, norm, n=head.weight.shape[0], pdl=pdl,
+    proj_kernels.FOLD_ROWS rows or more take. -> (codes [B] int64, the next input fed[codes] [B, 1, d] or None)"""
+    logits = proj_kernels.normed_projection(x[:, -1], head.weight, norm, n=head.weight.shape[0], pdl=pdl,
                                        w_folded=w_folded)  # [B, V]
     return choose(logits, sp, seed, frame, codebook, table, esum, pdl, fed)
 
@@ -163,7 +164,7 @@ def choose(logits: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tenso
                          V=V, D=D, BV=next_pow2(V), CAP=min(next_pow2(sp.topk_cap or 1), next_pow2(V)),
                          BD=next_pow2(D), DN=DN, BDN=next_pow2(DN), FED=fed is not None, SAMPLE=sample,
                          SORT_BELOW=sort_below, BITS=kernel_configs.CHOOSE_BITS, PDL=pdl,
-                         **kernels.launch_options(pdl, kernel_configs.CHOOSE_WARPS))
+                         **proj_kernels.launch_options(pdl, kernel_configs.CHOOSE_WARPS))
     return code, nxt
 
 

@@ -3,7 +3,7 @@ new token per row, at small batch.
 
 Owns: the talker layer around its attention in five kernels (norm + q|k|v, then q/k norm + rope with
 K/V written at each row's own cache position; o + residual, norm + gate|up + SiLU, down + residual:
-the projection kernel of omni_tts.kernels.layers), and the attention itself folded into the second
+the projection kernel of omni_tts.kernels.projection), and the attention itself folded into the second
 (`talker_attend`: one program per row and query head reads the cache positions up to its row's own;
 where rows x heads leave SMs idle, several programs share them and a small kernel joins their softmaxes),
 so the reference's attention call between them drops out where the caller chooses it.
@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from omni_tts.kernels import layers as kernels
+from omni_tts.kernels import projection as proj_kernels
 from omni_tts.kernels.configs import next_pow2
-from omni_tts.kernels.layers import _INTERPRET
+from omni_tts.kernels.projection import _INTERPRET
 
 ATTEND_BLOCK = 128  # cache positions per step of the attention kernel's loop
 ATTEND_WARPS = 8
@@ -31,7 +32,8 @@ if kernels.triton is not None:
     import triton
     import triton.language as tl
 
-    from omni_tts.kernels.layers import after_previous, lanes, normed_rope, rope_row, store_kv
+    from omni_tts.kernels.layers import lanes, normed_rope, rope_row, store_kv
+    from omni_tts.kernels.projection import after_previous
 
     @triton.jit
     def _rope_cache_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, q_ptr, eps,
@@ -180,7 +182,7 @@ def _qkv(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x: torch.T
     assume (kc/vc: [B, Hkv, M, hd], last two dims contiguous). -> y [B, (H+2Hkv) hd]"""
     a, (B, _, D) = layer.self_attn, x.shape
     assert kc.stride() == vc.stride() and kc.stride(3) == 1 and kc.stride(2) == a.head_dim
-    return kernels.projection(x.reshape(B, D), w_qkv, n=(a.heads + 2 * a.kv_heads) * a.head_dim, bias=b_qkv,
+    return proj_kernels.projection(x.reshape(B, D), w_qkv, n=(a.heads + 2 * a.kv_heads) * a.head_dim, bias=b_qkv,
                               norm=layer.input_layernorm, pdl=pdl)
 
 
@@ -195,7 +197,7 @@ def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, 
     q = torch.empty(B, H, 1, hd, device=x.device, dtype=x.dtype)  # [B, H, 1, hd]
     _rope_cache_kernel[(B, Hkv)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(),
                                  pos, kc, vc, q, float(attn.q_norm.eps), kc.stride(0), kc.stride(1), H=H, HKV=Hkv,
-                                 HD=hd, BD=next_pow2(hd), PDL=pdl, **kernels.launch_options(pdl, 1))
+                                 HD=hd, BD=next_pow2(hd), PDL=pdl, **proj_kernels.launch_options(pdl, 1))
     return q
 
 
@@ -215,7 +217,7 @@ def talker_attend(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x
                                    pos, kc, vc, po, pm, pl, float(attn.q_norm.eps), hd ** -0.5, kc.stride(0),
                                    kc.stride(1), H=H, HKV=Hkv, HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK,
                                    CH=CH, S=S, PDL=pdl, TO_POS=_to_pos(CH),
-                                   **kernels.launch_options(pdl, ATTEND_WARPS))
+                                   **proj_kernels.launch_options(pdl, ATTEND_WARPS))
     return _combine(po, pm, pl, a, pdl)
 
 
@@ -273,7 +275,7 @@ def _combine(po: torch.Tensor, pm: torch.Tensor, pl: torch.Tensor, a: torch.Tens
         return a
     B, H, S, hd = po.shape
     _combine_kernel[(B, H)](po, pm, pl, a, H=H, HD=hd, BD=next_pow2(hd), S=S, BS=next_pow2(S), PDL=pdl,
-                            **kernels.launch_options(pdl, COMBINE_WARPS))
+                            **proj_kernels.launch_options(pdl, COMBINE_WARPS))
     return a
 
 

@@ -1,4 +1,4 @@
-"""Launch-config sweep of omni_tts.kernels.layers' projection kernel on this GPU, written as a JSON that
+"""Launch-config sweep of omni_tts.kernels.projection's kernel on this GPU, written as a JSON that
 the preset key kernel_configs loads (and that kernel_configs.TUNED is updated from).
 
     omni-tts kernel-sweep [--size 1.7B] [--parts predictor talker] [--rows 1 2 8 16 32 64 128]
@@ -7,7 +7,7 @@ the preset key kernel_configs loads (and that kernel_configs.TUNED is updated fr
 
 Owns: the candidate configs per row count, timing each of a decoder layer's four projections (q|k|v
 after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual; a norm
-folded into the weight from kernels.FOLD_ROWS rows, as a layer step runs it; the code
+folded into the weight from proj_kernels.FOLD_ROWS rows, as a layer step runs it; the code
 predictor's and / or the talker's shapes) per candidate, launched as the engine launches them (with
 programmatic dependent launch where the GPU has it: the predictor's always, the talker's up to
 kernel_configs.TALKER_PDL_ROWS), in a CUDA graph of back-to-back launches whose weights rotate through
@@ -35,6 +35,7 @@ import torch
 from omni_tts.errors import OmniTTSError
 from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import layers as kernels
+from omni_tts.kernels import projection as proj_kernels
 from omni_tts.kernels import talker as talker_kernels
 from omni_tts.models.compiled.packed_weights import fuse_layer
 from omni_tts.tools.args import progress
@@ -124,12 +125,12 @@ def _graph_us(fns: list[Callable[[], Any]], launches: int = 60, replays: int = 5
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, n: int, cfg: Config, pdl: bool, args: dict[str, Any]) -> torch.Tensor:
-    """One projection as a layer step launches it (a normed one folded from kernels.FOLD_ROWS rows: w stands in
+    """One projection as a layer step launches it (a normed one folded from proj_kernels.FOLD_ROWS rows: w stands in
     for its folded copy, the same shape)."""
     if "norm" in args:
         rest = {k: v for k, v in args.items() if k != "norm"}
-        return kernels.normed_projection(x, w, args["norm"], n=n, cfg=cfg, pdl=pdl, w_folded=w, **rest)
-    return kernels.projection(x, w, n=n, cfg=cfg, pdl=pdl, **args)
+        return proj_kernels.normed_projection(x, w, args["norm"], n=n, cfg=cfg, pdl=pdl, w_folded=w, **rest)
+    return proj_kernels.projection(x, w, n=n, cfg=cfg, pdl=pdl, **args)
 
 
 def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Sequence[str] = ("predictor",),
@@ -140,7 +141,7 @@ def sweep(size: str, rows: Sequence[int], say: Callable[[str], None], parts: Seq
     `in_layer`: the picks by the whole layer step's time (`_sweep_in_layer`; the talker's up to
     kernel_configs.TALKER_KERNEL_ROWS rows, where its Triton layers run)."""
     best: Picks = {}
-    pdl = pdl and kernels.pdl_available(torch.device("cuda"))
+    pdl = pdl and proj_kernels.pdl_available(torch.device("cuda"))
     for part in parts:
         if in_layer:
             part_rows = [m for m in rows if part == "predictor" or m <= kernel_configs.TALKER_KERNEL_ROWS]

@@ -19,6 +19,7 @@ import torch
 from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import heads as head_kernels
 from omni_tts.kernels import layers as kernels
+from omni_tts.kernels import projection as proj_kernels
 from omni_tts.kernels import talker as talker_kernels
 from omni_tts.models import sampling
 from omni_tts.models.compiled.packed_weights import fold_norm
@@ -35,7 +36,7 @@ TALKER_ATTEND_ROWS = 64
 def limits() -> tuple[int, ...]:
     """The limits above, the folded norms' rows and the talker's kernel and PDL rows (kernel_configs', which a
     configs JSON may set): a kept probe outcome holds for the same ones only."""
-    return (MAX_PREDICTOR_ROWS, kernels.FOLD_ROWS, kernel_configs.TALKER_KERNEL_ROWS,
+    return (MAX_PREDICTOR_ROWS, proj_kernels.FOLD_ROWS, kernel_configs.TALKER_KERNEL_ROWS,
             kernel_configs.TALKER_PDL_ROWS, TALKER_ATTEND_LEN, TALKER_ATTEND_ROWS)
 
 
@@ -110,7 +111,7 @@ class KernelChoice:
         self.talker_kernel_rows = kernel_configs.TALKER_KERNEL_ROWS if on else 0
         self.talker_attend_len = TALKER_ATTEND_LEN if on else 0
         self.talker_attend_rows = TALKER_ATTEND_ROWS if on else 0
-        self.kernel_pdl = on and kernels.pdl_available(self.model.device)
+        self.kernel_pdl = on and proj_kernels.pdl_available(self.model.device)
         self.talker_pdl_rows = kernel_configs.TALKER_PDL_ROWS if self.kernel_pdl else 0
         self.head_kernel_rows = 0
         notices = []
@@ -134,7 +135,7 @@ class KernelChoice:
         """Probe the predictor's layer kernels (with PDL, else without), then its head kernels."""
         cp = self.model.code_predictor
         folded = None
-        if self.kernel_rows >= kernels.FOLD_ROWS:  # the folded copies made here, before any capture reads them
+        if self.kernel_rows >= proj_kernels.FOLD_ROWS:  # the folded copies made here, before any capture reads them
             folded_heads(cp)
             folded = folded_layers(cp, self.predictor_w)[0]
         args = (cp.layers[0], self.predictor_w[0], self.cos, self.sin, batches, self.kernel_rows)

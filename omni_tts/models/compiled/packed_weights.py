@@ -57,5 +57,5 @@ def fuse_layer(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Ten
 
 def fold_norm(w: torch.Tensor, norm: Any) -> torch.Tensor:
     """A copy of w [n, K] with the RMSNorm `norm`'s weight [K] folded into its columns (in float32, then w's dtype):
-    norm(x) @ w^T is then (x @ fold_norm(w)^T) times each row's 1/rms (`kernels.layers.projection(folded=True)`)."""
+    norm(x) @ w^T is then (x @ fold_norm(w)^T) times each row's 1/rms (`kernels.projection.projection(folded=True)`)."""
     return (w.float() * norm.weight.float()[None, :]).to(w.dtype)
