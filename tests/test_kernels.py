@@ -344,6 +344,21 @@ def test_a_configs_json_moves_the_talkers_kernel_rows(monkeypatch) -> None:
     assert fast.talker_kernel_rows == 16 and "/ 16 talker rows" in fast.kernels_report()
 
 
+@pytest.mark.parametrize("widest", [16, 17, 33])
+def test_the_folded_copies_are_made_only_for_steps_that_wide(widest: int) -> None:
+    """use_kernels makes the predictor's weight copies with the norms folded in only where a capture's step
+    reaches FOLD_ROWS rows: the layers' from a frame's first step (two positions a row), the heads' from the
+    batch itself; a smaller engine holds no copies."""
+    from omni_tts.models.compiled import kernel_choice
+
+    m, _ = model_and_fast()
+    fast = FastPath(m, None)
+    cp = m.code_predictor
+    assert fast.use_kernels(True, [1, widest], [8], torch.float32) == ""
+    assert (cp in kernel_choice._FOLDED) == (2 * widest >= proj_kernels.FOLD_ROWS)
+    assert (cp in kernel_choice._FOLDED_HEADS) == (widest >= proj_kernels.FOLD_ROWS)
+
+
 def test_fastpath_chooses_the_kernels_it_can_build_and_says_so() -> None:
     """FastPath.use_kernels (what the runner calls for default+cudagraph): builds each group for the given
     batches; a group that cannot run falls back with a notice; the panel line says what runs."""

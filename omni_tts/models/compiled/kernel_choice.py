@@ -134,10 +134,14 @@ class KernelChoice:
     def _use_predictor_kernels(self, batches: list[int], between: Callable[[], None]) -> str:
         """Probe the predictor's layer kernels (with PDL, else without), then its head kernels."""
         cp = self.model.code_predictor
+        # the folded copies made here, before any capture reads them, and only where a step is that wide (a
+        # frame's first step has two positions a row; a head's rows are the batch)
+        widest = max(batches, default=0)
         folded = None
-        if self.kernel_rows >= proj_kernels.FOLD_ROWS:  # the folded copies made here, before any capture reads them
-            folded_heads(cp)
+        if min(self.kernel_rows, 2 * widest) >= proj_kernels.FOLD_ROWS:
             folded = folded_layers(cp, self.predictor_w)[0]
+        if min(self.kernel_rows, widest) >= proj_kernels.FOLD_ROWS:
+            folded_heads(cp)
         args = (cp.layers[0], self.predictor_w[0], self.cos, self.sin, batches, self.kernel_rows)
         err, self.kernel_pdl = _probe_pdl(lambda pdl: kernels.probe(*args, pdl, folded), self.kernel_pdl, False)
         if err:
