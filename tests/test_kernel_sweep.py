@@ -103,6 +103,22 @@ def test_written_configs_are_what_the_kernels_load(tmp_path, monkeypatch) -> Non
     assert kernel_configs.config(40, 4096, 1024) == (64, 128, 3, 4, False)
 
 
+def test_a_sweeps_fold_rows_is_where_the_loaded_table_folds(tmp_path, monkeypatch, capsys) -> None:
+    """--fold-rows N is written as the JSON's fold_rows; loaded, it is the engine's FOLD_ROWS and part of what a
+    kept probe outcome depends on; a bound past 1..MAX_ROWS + 1 is refused in one line before anything runs."""
+    monkeypatch.setattr(kernel_configs, "FOLD_ROWS", 33)
+    f = tmp_path / "configs.json"
+    kernel_sweep.write({}, str(f), {"fold_rows": 17})
+    limits = kernel_choice.limits()
+    kernel_configs.load_configs(str(f))
+    assert kernel_configs.FOLD_ROWS == 17 and kernel_choice.limits() != limits
+    for bad in ("0", "130"):
+        assert main(["kernel-sweep", "--fold-rows", bad, "--out", str(tmp_path / "unused.json")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --fold-rows must be within 1..129") and err.count("\n") == 1
+    assert not (tmp_path / "unused.json").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
 def test_sweep_refuses_without_cuda(capsys) -> None:
     assert main(["kernel-sweep", "--out", "unused.json"]) == 2

@@ -19,8 +19,9 @@ pytest.importorskip("triton")  # conftest.py sets TRITON_INTERPRET=1 without CUD
 from _fixtures import FIXTURES  # noqa: E402
 from test_fastpath import golden_cases, model_and_fast, params_of, run_loop  # noqa: E402
 
-from omni_tts.kernels import layers as kernels
-from omni_tts.kernels import projection as proj_kernels
+from omni_tts.kernels import configs as kernel_configs  # noqa: E402
+from omni_tts.kernels import layers as kernels  # noqa: E402
+from omni_tts.kernels import projection as proj_kernels  # noqa: E402
 from omni_tts.models import sampling  # noqa: E402
 from omni_tts.models.compiled.fast_path import FastPath, fuse_layer, predictor_layer  # noqa: E402
 from omni_tts.models.compiled.packed_weights import fold_norm  # noqa: E402
@@ -144,21 +145,24 @@ def test_folded_norm_projection_equals_the_normed_prologue(rows: int, cfg: tuple
         assert (folded.float() - ref).abs().mean().item() <= 0.005 * scale
 
 
-def test_normed_projection_folds_from_fold_rows_given_the_folded_weight() -> None:
+@pytest.mark.parametrize("fold_rows", [None, 17])  # the table's, and a kernel sweep JSON's "fold_rows"
+def test_normed_projection_folds_from_fold_rows_given_the_folded_weight(monkeypatch, fold_rows: int | None) -> None:
     """Below FOLD_ROWS rows, or without a folded copy, the norm stays in the prologue; from FOLD_ROWS rows the
     folded copy is what is read (a copy that is not the folded weight shows it)."""
+    if fold_rows is not None:
+        monkeypatch.setattr(kernel_configs, "FOLD_ROWS", fold_rows)
     m, _ = model_and_fast()
     layer = m.code_predictor.layers[0]
     _, _, w_gu = fuse_layer(layer)
     norm, n = layer.post_attention_layernorm, w_gu.shape[0] // 2
     torch.manual_seed(5)
-    x = torch.randn(proj_kernels.FOLD_ROWS, w_gu.shape[1])
+    x = torch.randn(kernel_configs.FOLD_ROWS, w_gu.shape[1])
     wrong = torch.randn_like(w_gu)
-    for rows in (proj_kernels.FOLD_ROWS - 1, proj_kernels.FOLD_ROWS):
+    for rows in (kernel_configs.FOLD_ROWS - 1, kernel_configs.FOLD_ROWS):
         prologue = proj_kernels.projection(x[:rows], w_gu, n=n, norm=norm, glu=True)
         assert torch.equal(proj_kernels.normed_projection(x[:rows], w_gu, norm, n=n, glu=True, pdl=False), prologue)
         got = proj_kernels.normed_projection(x[:rows], w_gu, norm, n=n, glu=True, pdl=False, w_folded=wrong)
-        if rows < proj_kernels.FOLD_ROWS:
+        if rows < kernel_configs.FOLD_ROWS:
             assert torch.equal(got, prologue)
         else:
             assert torch.equal(got, proj_kernels.projection(x[:rows], wrong, n=n, norm=norm, glu=True, folded=True))
@@ -205,7 +209,7 @@ def test_predict_frame_with_kernels_equals_without(greedy_only: bool) -> None:
         assert not torch.equal(fast.predict_frame(hidden, code0, sp, seed, frame)[0], codes)
 
 
-@pytest.mark.parametrize("B", [10, proj_kernels.FOLD_ROWS + 7])  # the norm in the prologue; folded into the head
+@pytest.mark.parametrize("B", [10, kernel_configs.FOLD_ROWS + 7])  # the norm in the prologue; folded into the head
 def test_head_kernels_choose_like_the_sampling_module_for_many_draws(B: int) -> None:
     """The choice kernel against omni_tts.models.sampling.choose on random logits: many rows and frames."""
     from omni_tts.kernels import heads as head_kernels
@@ -355,8 +359,8 @@ def test_the_folded_copies_are_made_only_for_steps_that_wide(widest: int) -> Non
     fast = FastPath(m, None)
     cp = m.code_predictor
     assert fast.use_kernels(True, [1, widest], [8], torch.float32) == ""
-    assert (cp in kernel_choice._FOLDED) == (2 * widest >= proj_kernels.FOLD_ROWS)
-    assert (cp in kernel_choice._FOLDED_HEADS) == (widest >= proj_kernels.FOLD_ROWS)
+    assert (cp in kernel_choice._FOLDED) == (2 * widest >= kernel_configs.FOLD_ROWS)
+    assert (cp in kernel_choice._FOLDED_HEADS) == (widest >= kernel_configs.FOLD_ROWS)
 
 
 def test_fastpath_chooses_the_kernels_it_can_build_and_says_so() -> None:

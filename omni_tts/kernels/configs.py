@@ -105,9 +105,13 @@ CHOOSE_SORT_FREE = True
 # launch ("talker_pdl_rows"): the next kernel's launch and weight loads overlap the previous kernel's tail
 TALKER_KERNEL_ROWS = 8
 TALKER_PDL_ROWS = 8
+# from this many rows a normed projection takes the norm folded into a copy of its weight (the JSON's
+# "fold_rows" key): the input tiles then stream unchanged into the tensor-core pipeline, which pays there;
+# below, the prologue's pass over the rows costs less
+FOLD_ROWS = 33
 # the JSON's keys that set one of the values above, and their types
 _SCALARS = {"choose_warps": int, "choose_bits": int, "choose_sort_free": bool, "talker_kernel_rows": int,
-            "talker_pdl_rows": int}
+            "talker_pdl_rows": int, "fold_rows": int}
 
 
 def load_configs(path: str) -> None:

@@ -140,7 +140,7 @@ def head_choose(norm: Any, head: Any, x: torch.Tensor, sp: Any, seed: torch.Tens
     + the code's embedding added to esum, for rows that `fits_topk(sp.topk_cap)` (or all greedy). x: [B, T, d]
     (the last position is used); table: this codebook's embedding [V, D]; esum: [B, D] float32 (updated);
     fed: `fed_table` of this codebook; w_folded: the head's weight with the norm's folded in, which batches of
-    proj_kernels.FOLD_ROWS rows or more take. -> (codes [B] int64, the next input fed[codes] [B, 1, d] or None)"""
+    kernel_configs.FOLD_ROWS rows or more take. -> (codes [B] int64, the next input fed[codes] [B, 1, d] or None)"""
     logits = proj_kernels.normed_projection(x[:, -1], head.weight, norm, n=head.weight.shape[0], pdl=pdl,
                                        w_folded=w_folded)  # [B, V]
     return choose(logits, sp, seed, frame, codebook, table, esum, pdl, fed)

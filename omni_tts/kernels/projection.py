@@ -1,20 +1,21 @@
-"""The projection kernel of the Triton layers: out = epilogue(prologue(x) @ w^T) for a few to MAX_ROWS rows.
+"""The projection kernel of the Triton layers: out = epilogue(prologue(x) @ w^T) over a few to 128 rows.
 
 Owns: `_proj_kernel` and its launch (`projection`, `normed_projection`), the launch options and the check for
 programmatic dependent launch (`pdl_available`, `launch_options`, `after_previous`), shared by
 omni_tts.kernels.layers (the predictor's layer step), .talker and .heads. The prologue may RMS-norm the input
-rows; from FOLD_ROWS rows, given a copy of the weight with the norm's weight folded in (`projection(folded=True)`),
-the input instead streams as it is and each row's 1/rms scales its sums. The epilogue adds a bias, applies
-SiLU(gate) * up (GLU) or adds a residual. The rows run on tensor cores padded to 16 (memory-bound at these sizes,
-so 2..16 rows cost about the same; a tile may hold whole rows of narrow inputs, loaded at once), at most MAX_BM
-rows a program (more rows take a second column of programs, whose weight reads mostly hit L2); one row runs as a
-multiply-and-sum over narrow weight tiles of whole rows, or of pieces of the widest rows in a pipelined loop (more
-programs reading the weights at once), as do two rows where omni_tts.kernels.configs says so (each row in turn
-against a whole-row tile). The input rows may be strided. With `pdl` (Hopper+) each kernel loads its first weight
-tile, which no kernel writes, before `after_previous` waits for the previous kernel and lets the next one launch.
-Numerics: float32 accumulation, rounded to the model dtype where the reference rounds (norm output, the
-projection, SiLU, residual sums; a folded norm's weights instead of its output). Knows nothing about layers,
-graphs or requests. Runs on CUDA; tests run it in Triton's CPU interpreter (TRITON_INTERPRET=1).
+rows; from configs.FOLD_ROWS rows, given a copy of the weight with the norm's weight folded in
+(`projection(folded=True)`), the input instead streams as it is and each row's 1/rms scales its sums. The
+epilogue adds a bias, applies SiLU(gate) * up (GLU) or adds a residual. The rows run on tensor cores padded to
+16 (memory-bound at these sizes, so 2..16 rows cost about the same; a tile may hold whole rows of narrow inputs,
+loaded at once), at most MAX_BM rows a program (more rows take a second column of programs, whose weight reads
+mostly hit L2); one row runs as a multiply-and-sum over narrow weight tiles of whole rows, or of pieces of the
+widest rows in a pipelined loop (more programs reading the weights at once), as do two rows where
+omni_tts.kernels.configs says so (each row in turn against a whole-row tile). The input rows may be strided.
+With `pdl` (Hopper+) each kernel loads its first weight tile, which no kernel writes, before `after_previous`
+waits for the previous kernel and lets the next one launch. Numerics: float32 accumulation, rounded to the model
+dtype where the reference rounds (norm output, the projection, SiLU, residual sums; a folded norm's weights
+instead of its output). Knows nothing about layers, graphs or requests. Runs on CUDA; tests run it in Triton's
+CPU interpreter (TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels.configs import Config, config, next_pow2
 
 try:
@@ -40,9 +42,6 @@ except ImportError:
 # of bfloat16 values are exact in float32, as in the GPU's bfloat16 MMA with float32 accumulation)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_BM = 64  # rows per program of a tensor-core projection: more rows split over programs (shared memory)
-# from this many rows a normed projection takes the norm folded into its weight: the input tiles then stream
-# unchanged into the tensor-core pipeline, which pays there; below, the prologue's pass over the rows costs less
-FOLD_ROWS = 33
 
 if triton is not None:
     @triton.jit
@@ -274,8 +273,8 @@ def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor |
 
 def normed_projection(x: torch.Tensor, w: torch.Tensor, norm: Any, *, n: int, pdl: bool,
                       w_folded: torch.Tensor | None = None, **kw: Any) -> torch.Tensor:
-    """projection(norm(x), w): the norm as the projection's prologue, or from FOLD_ROWS rows, given `w_folded`
-    (w with the norm's weight folded in, packed_weights.fold_norm), folded."""
-    if w_folded is not None and x.shape[0] >= FOLD_ROWS:
+    """projection(norm(x), w): the norm as the projection's prologue, or from kernel_configs.FOLD_ROWS rows, given
+    `w_folded` (w with the norm's weight folded in, packed_weights.fold_norm), folded."""
+    if w_folded is not None and x.shape[0] >= kernel_configs.FOLD_ROWS:
         return projection(x, w_folded, n=n, norm=norm, pdl=pdl, folded=True, **kw)
     return projection(x, w, n=n, norm=norm, pdl=pdl, **kw)

@@ -2,12 +2,12 @@
 the preset key kernel_configs loads (and that kernel_configs.TUNED is updated from).
 
     omni-tts kernel-sweep [--size 1.7B] [--parts predictor talker] [--rows 1 2 8 16 32 64 128]
-        [--no-pdl] [--quick] [--in-layer] [--talker-kernel-rows N] [--talker-pdl-rows N]
+        [--no-pdl] [--quick] [--in-layer] [--talker-kernel-rows N] [--talker-pdl-rows N] [--fold-rows N]
         [--out kernel_configs.json]
 
 Owns: the candidate configs per row count, timing each of a decoder layer's four projections (q|k|v
 after the input norm, o + residual, gate|up after the post norm with SiLU, down + residual; a norm
-folded into the weight from proj_kernels.FOLD_ROWS rows, as a layer step runs it; the code
+folded into the weight from kernel_configs.FOLD_ROWS rows, as a layer step runs it; the code
 predictor's and / or the talker's shapes) per candidate, launched as the engine launches them (with
 programmatic dependent launch where the GPU has it: the predictor's always, the talker's up to
 kernel_configs.TALKER_PDL_ROWS), in a CUDA graph of back-to-back launches whose weights rotate through
@@ -124,10 +124,11 @@ def _graph_us(fns: list[Callable[[], Any]], launches: int = 60, replays: int = 5
     return start.elapsed_time(end) * 1000 / (replays * launches)
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, n: int, cfg: Config, pdl: bool, args: dict[str, Any]) -> torch.Tensor:
-    """One projection as a layer step launches it (a normed one folded from proj_kernels.FOLD_ROWS rows: w stands in
-    for its folded copy, the same shape)."""
-    if "norm" in args:
+def _launch(x: torch.Tensor, w: torch.Tensor, n: int, cfg: Config, pdl: bool, args: dict[str, Any],
+            fold: bool) -> torch.Tensor:
+    """One projection as a layer step launches it (with `fold`, the predictor's, a normed one folded from
+    kernel_configs.FOLD_ROWS rows: w stands in for its folded copy, the same shape)."""
+    if "norm" in args and fold:
         rest = {k: v for k, v in args.items() if k != "norm"}
         return proj_kernels.normed_projection(x, w, args["norm"], n=n, cfg=cfg, pdl=pdl, w_folded=w, **rest)
     return proj_kernels.projection(x, w, n=n, cfg=cfg, pdl=pdl, **args)
@@ -228,6 +229,7 @@ def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], 
               "o": (*dims["o"], layer.self_attn.o_proj.weight, dict(res=True)),
               "gate_up": (*dims["gate_up"], w_gu, dict(norm=layer.post_attention_layernorm, glu=True)),
               "down": (*dims["down"], layer.mlp.down_proj.weight, dict(res=True))}
+    fold = part == "predictor"  # the talker's norms stay in the prologue
     for m in rows:
         for name, (n, K, w, kw) in shapes.items():
             copies = _cold_copies(w.numel() * w.element_size(), dev)
@@ -237,7 +239,8 @@ def _sweep_part(size: str, part: str, rows: Sequence[int], say: Callable[[str], 
             timings: dict[Config, float] = {}
             for cfg in candidates(m, quick, K):
                 try:
-                    timings[cfg] = _graph_us([lambda w=w_: _launch(x, w, n, cfg, m <= pdl_rows, args) for w_ in ws])
+                    timings[cfg] = _graph_us([lambda w=w_: _launch(x, w, n, cfg, m <= pdl_rows, args, fold)
+                                              for w_ in ws])
                 except Exception as e:  # a config the compiler rejects (e.g. out of shared memory)
                     say(f"  {name} rows={m} {cfg}: {type(e).__name__}")
             pick = fastest(timings)
@@ -264,6 +267,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--talker-pdl-rows", type=int, metavar="N",
                     help="time the talker's steps of up to N rows with programmatic dependent launch, as the engine "
                          "then launches them (written to the JSON; default: the table's)")
+    ap.add_argument("--fold-rows", type=int, metavar="N",
+                    help="the predictor's normed projections of N rows or more take the norm folded into their "
+                         "weights (the prologue below), in the sweep and in the engine (written to the JSON; "
+                         "default: the table's)")
     ap.add_argument("--out", default="kernel_configs.json")
 
 
@@ -274,12 +281,15 @@ def main(args: argparse.Namespace) -> int:
     talker_rows = kernel_configs.TALKER_KERNEL_ROWS if args.talker_kernel_rows is None else args.talker_kernel_rows
     if args.talker_pdl_rows is not None and not 0 <= args.talker_pdl_rows <= talker_rows:
         raise OmniTTSError(f"--talker-pdl-rows must be within 0..{talker_rows} (the talker's Triton rows)")
+    if args.fold_rows is not None and not 1 <= args.fold_rows <= kernels.MAX_ROWS + 1:
+        raise OmniTTSError(f"--fold-rows must be within 1..{kernels.MAX_ROWS + 1} ({kernels.MAX_ROWS + 1}: never)")
     if not torch.cuda.is_available() or not kernels.available():
         raise OmniTTSError("the kernel sweep needs CUDA and triton (it times the kernels on this GPU)")
     if any(not 1 <= m <= kernels.MAX_ROWS for m in args.rows):
         raise OmniTTSError(f"--rows must be within 1..{kernels.MAX_ROWS}")
     extra = {key: value for key, value in (("talker_kernel_rows", args.talker_kernel_rows),
-                                           ("talker_pdl_rows", args.talker_pdl_rows)) if value is not None}
+                                           ("talker_pdl_rows", args.talker_pdl_rows),
+                                           ("fold_rows", args.fold_rows)) if value is not None}
     kernel_configs.set_options(extra)  # as the engine will run with the JSON
     sweep(args.size, args.rows, say, args.parts, not args.no_pdl, args.quick,
           lambda best: write(best, args.out, extra), args.in_layer)

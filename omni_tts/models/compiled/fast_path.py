@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from omni_tts.config import ModeSpec
+from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import heads as head_kernels
 from omni_tts.kernels import layers as kernels
-from omni_tts.kernels import projection as proj_kernels
 from omni_tts.kernels import talker as talker_kernels
 from omni_tts.models import sampling
 from omni_tts.models.compiled.kernel_choice import KernelChoice, fed_tables, folded_heads, folded_layers
@@ -190,9 +190,9 @@ class FastPath(KernelChoice):
     def _layers_triton(self, x: torch.Tensor, kc: list[torch.Tensor], vc: list[torch.Tensor], pos0: int
                        ) -> torch.Tensor:
         """The layers as omni_tts.kernels.layers (five kernels each; their norms folded into the weights from
-        proj_kernels.FOLD_ROWS rows), the cache written in place."""
+        kernel_configs.FOLD_ROWS rows), the cache written in place."""
         cp = self.model.code_predictor
-        wide = x.shape[0] * x.shape[1] >= proj_kernels.FOLD_ROWS
+        wide = x.shape[0] * x.shape[1] >= kernel_configs.FOLD_ROWS
         folded = folded_layers(cp, self.predictor_w) if wide else [None] * len(cp.layers)
         for i, (layer, w) in enumerate(zip(cp.layers, self.predictor_w)):
             x = kernels.predictor_layer(layer, *w, x, self.cos, self.sin, kc[i], vc[i], pos0, self.kernel_pdl,
@@ -350,6 +350,6 @@ class FastPath(KernelChoice):
         """Codebook j + 1's head, choice (its embedding added to esum) and, from the codebook's `fed` table,
         the next input, as omni_tts.kernels.heads -> (code [B], the next input [B, 1, d] or None)."""
         cp = self.model.code_predictor
-        w_folded = folded_heads(cp)[j] if x.shape[0] >= proj_kernels.FOLD_ROWS else None
+        w_folded = folded_heads(cp)[j] if x.shape[0] >= kernel_configs.FOLD_ROWS else None
         return head_kernels.head_choose(cp.norm, cp.lm_head[j], x, sp, seed, frame, j + 1, cp.codec_embedding[j].weight,
                                         esum, self.kernel_pdl, fed, w_folded)

@@ -36,7 +36,7 @@ TALKER_ATTEND_ROWS = 64
 def limits() -> tuple[int, ...]:
     """The limits above, the folded norms' rows and the talker's kernel and PDL rows (kernel_configs', which a
     configs JSON may set): a kept probe outcome holds for the same ones only."""
-    return (MAX_PREDICTOR_ROWS, proj_kernels.FOLD_ROWS, kernel_configs.TALKER_KERNEL_ROWS,
+    return (MAX_PREDICTOR_ROWS, kernel_configs.FOLD_ROWS, kernel_configs.TALKER_KERNEL_ROWS,
             kernel_configs.TALKER_PDL_ROWS, TALKER_ATTEND_LEN, TALKER_ATTEND_ROWS)
 
 
@@ -138,9 +138,9 @@ class KernelChoice:
         # frame's first step has two positions a row; a head's rows are the batch)
         widest = max(batches, default=0)
         folded = None
-        if min(self.kernel_rows, 2 * widest) >= proj_kernels.FOLD_ROWS:
+        if min(self.kernel_rows, 2 * widest) >= kernel_configs.FOLD_ROWS:
             folded = folded_layers(cp, self.predictor_w)[0]
-        if min(self.kernel_rows, widest) >= proj_kernels.FOLD_ROWS:
+        if min(self.kernel_rows, widest) >= kernel_configs.FOLD_ROWS:
             folded_heads(cp)
         args = (cp.layers[0], self.predictor_w[0], self.cos, self.sin, batches, self.kernel_rows)
         err, self.kernel_pdl = _probe_pdl(lambda pdl: kernels.probe(*args, pdl, folded), self.kernel_pdl, False)
