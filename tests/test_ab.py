@@ -100,6 +100,33 @@ def test_an_unknown_revision_is_one_line_before_any_bench_runs():
     assert p.stderr.strip().count("\n") == 0 and "round" not in p.stderr and p.stdout == ""
 
 
+def test_sets_run_each_tree_once_per_override_given_to_the_tool(tmp_path):
+    """--sets: the tree runs once per item in alternating rounds, the tool given --set for the item's pairs
+    ('-': none), each labelled in the runs and the table; an override the tool refuses fails its runs alone."""
+    out, missing = tmp_path / "ab.json", tmp_path / "no-such-configs.json"
+    item = f"kernel_configs={missing}"
+    p = run_cli_process("ab", "--revs", ".", "--sets", "-", item, "--rounds", "2", "--json", str(out), "--", *BENCH)
+    assert p.returncode == 1
+    res = json.loads(out.read_text())
+    label = f". [{item}]"
+    assert [(r["round"], r["rev"], r["tree"], r["set"]) for r in res["runs"]] == [
+        (0, ".", ".", []), (0, label, ".", [item]), (1, label, ".", [item]), (1, ".", ".", [])]
+    for r in res["runs"]:
+        if r["set"]:  # the override reached the tool, which refused it in its own words
+            assert "kernel_configs: no such file" in r["bench"]["error"] and "results" not in r["bench"]
+        else:
+            assert "error" not in r["bench"] and r["bench"]["results"]["eager"]["1"]["requests"] == 2
+    assert [s["rev"] for s in res["summary"]] == ["."]
+    assert [line.split("|")[3].strip() for line in p.stdout.splitlines() if line.startswith("| eager |")] == ["."]
+
+
+def test_a_sets_item_that_is_not_key_value_is_one_line_before_any_bench_runs():
+    for bad in (["--sets", "kernel_configs"], ["--sets", "-", "-"], ["--sets", "=x"]):
+        p = run_cli_process("ab", "--revs", ".", *bad, "--", *BENCH)
+        assert p.returncode == 2 and p.stderr.startswith("error: ab: ") and p.stderr.strip().count("\n") == 0
+        assert "round" not in p.stderr and p.stdout == ""
+
+
 def test_bench_json_belongs_to_ab():
     p = run_cli_process("ab", "--revs", ".", "--", *BENCH, "--json", "x.json")
     assert p.returncode == 2 and "give --json to ab" in p.stderr and p.stdout == ""

@@ -3,11 +3,13 @@
     omni-tts ab --revs main my-branch [--rounds 2] [--json OUT] -- --model CK --preset bench --concurrency 32 64
     omni-tts ab --tool codec-bench --revs main my-branch -- --model CK --rows 1 8 32 64 --iters 10
     omni-tts ab --tool microbench --revs main my-branch -- --model CK --buckets 1 8 --skip-codec
+    omni-tts ab --tool microbench --revs . --sets - kernel_configs=kc.json -- --model CK --buckets 32 64
 
 Owns: unpacking each git revision's package into a folder of its own (`.` is the checkout as it is; a folder
 holding an omni_tts package is used as it is, for machines the repository's history does not reach), running
 `bench` (or `codec-bench` or `microbench`, `--tool`) with the arguments after `--` from each folder in rounds
-whose order alternates (A B, then B A: a drift of the machine falls on both), and one table: per mode and
+whose order alternates (A B, then B A: a drift of the machine falls on both), or each tree once per preset
+override (`--sets`: each item's KEY=VALUE pairs given to the tool as --set; '-' none), and one table: per mode and
 concurrency each process's audio s/s and median TTFP (codec-bench: per rows each process's chunk ms, graphed
 where CUDA graphs ran; microbench: per mode and rows each process's predictor frame and talker step ms), and
 the median over processes (the JSON is rewritten after every process, "complete" once
@@ -58,17 +60,34 @@ def unpack(rev: str, into: Path) -> Path:
     return folder
 
 
+def variants(revs: list[str], sets: list[str] | None) -> dict[str, tuple[str, list[str]]]:
+    """What is compared, by its label in the runs and the table: each rev, or each (rev, item of `sets`) as
+    "REV [ITEM]" ('-': the rev alone), with the tool's --set arguments of the item."""
+    if not sets:
+        return {rev: (rev, []) for rev in revs}
+    if len(set(sets)) != len(sets):
+        raise OmniTTSError("ab: each --sets item once")
+    out = {}
+    for item in sets:
+        pairs = [] if item == "-" else item.split(",")
+        if any(not p.partition("=")[0] or "=" not in p for p in pairs):
+            raise OmniTTSError(f"ab: --sets item '{item}' is not KEY=VALUE[,KEY=VALUE...] or '-'")
+        for rev in revs:
+            out[rev if item == "-" else f"{rev} [{item}]"] = (rev, [a for p in pairs for a in ("--set", p)])
+    return out
+
+
 def order(revs: list[str], rounds: int) -> list[tuple[int, str]]:
     """(round, rev) in run order: the revs in turn, reversed every other round."""
     return [(r, rev) for r in range(rounds) for rev in (revs if r % 2 == 0 else revs[::-1])]
 
 
-def bench_once(folder: Path, bench_args: list[str], out: Path, timeout: float, tool: str = "bench"
-               ) -> dict[str, Any]:
+def bench_once(folder: Path, bench_args: list[str], out: Path, timeout: float, tool: str = "bench",
+               extra: list[str] | None = None) -> dict[str, Any]:
     """One `tool` process importing the package in `folder` (ahead of the working directory, where relative
     paths in its arguments still resolve): its JSON, with "error" where the process failed or timed out
     (bench rewrites its JSON after every row, so a stopped process keeps the rows it finished)."""
-    cmd = [sys.executable, "-c", _FROM_FOLDER, str(folder), tool, *bench_args, "--json", str(out)]
+    cmd = [sys.executable, "-c", _FROM_FOLDER, str(folder), tool, *bench_args, *(extra or []), "--json", str(out)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -201,22 +220,25 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         raise OmniTTSError("ab: give --json to ab, not to the tool (ab writes one JSON per process)")
     if len(set(args.revs)) != len(args.revs):
         raise OmniTTSError("ab: each revision once")
+    compared = variants(args.revs, args.sets)
+    labels = list(compared)
     with tempfile.TemporaryDirectory(prefix="omni-tts-ab-") as tmp:
         trees = {rev: unpack(rev, Path(tmp)) for rev in args.revs}  # every rev checked before any run
-        head = {**provenance(), "tool": args.tool, "revs": args.revs, "rounds": args.rounds,
+        head = {**provenance(), "tool": args.tool, "revs": args.revs, "sets": args.sets, "rounds": args.rounds,
                 "bench_args": bench_args}
         runs: list[dict[str, Any]] = []
-        for i, (r, rev) in enumerate(order(args.revs, args.rounds)):
-            say(f"round {r + 1}: {rev}")
-            got = bench_once(trees[rev], bench_args, Path(tmp) / f"bench_{i}.json", args.timeout, args.tool)
+        for i, (r, label) in enumerate(order(labels, args.rounds)):
+            say(f"round {r + 1}: {label}")
+            rev, extra = compared[label]
+            got = bench_once(trees[rev], bench_args, Path(tmp) / f"bench_{i}.json", args.timeout, args.tool, extra)
             if "error" in got:
-                say(f"  {rev}: {got['error']}")
-            runs.append({"round": r, "rev": rev, "bench": got})
+                say(f"  {label}: {got['error']}")
+            runs.append({"round": r, "rev": label, "tree": rev, "set": extra[1::2], "bench": got})
             if args.json:  # a stopped comparison keeps the processes it finished
                 write_json(args.json, {**head, "runs": runs, "complete": False})
             say_run(runs[-1], args.tool, say)
     summarise, tabulate, _ = TOOLS[args.tool]
-    rows = summarise(runs, args.revs)
+    rows = summarise(runs, labels)
     print(tabulate(rows))
     return {**head, "runs": runs, "summary": rows, "complete": True}
 
@@ -234,6 +256,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "omni_tts package: that package)")
     ap.add_argument("--tool", choices=tuple(TOOLS), default="bench",
                     help="what each process runs (default bench)")
+    ap.add_argument("--sets", nargs="+", metavar="KEY=VALUE[,...]",
+                    help="run each revision once per item, the tool given --set for each of its KEY=VALUE pairs "
+                         "('-': none), e.g. --sets - kernel_configs=kc.json")
     ap.add_argument("--rounds", type=int, default=2, help="processes per revision, in alternating order")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per bench process")
     ap.add_argument("--json", help="all runs' bench JSONs and the summary")
