@@ -47,8 +47,9 @@ def build(fn, args: dict, constexprs: dict, warps: int = 4, stages: int = 1, pdl
 def projection(M: int, n: int, k: int, flags: dict) -> str:
     """The projection kernel built as projection.projection launches it for M rows of an [n, k] weight under the
     table's config (its BM and whole-row ROWS rule)."""
-    BN, BK, stages, warps, vec = configs.config(M, n, k)
-    BM = configs.next_pow2(M) if vec else min(projection_kernels.MAX_BM, max(16, configs.next_pow2(M)))
+    cfg = configs.config(M, n, k)
+    BN, BK, stages, warps, vec = cfg[:5]
+    BM = projection_kernels.rows_a_program(M, cfg)
     cx = dict(M=M, N=n, K=k, NORM=False, RSTD=False, BIAS=False, RES=False, GLU=False, IEEE=False, VEC=vec,
               PDL=True, BM=BM, BN=BN, BK=BK, ROWS=vec and BM > 1 and BK >= k)
     args = dict(x_ptr=BF, nw_ptr=BF, w_ptr=BF, b_ptr=BF, res_ptr=BF, out_ptr=BF, eps=1e-6, sx=k)
@@ -77,6 +78,9 @@ def projections() -> dict[str, str]:
     for n, k, flags in ((4096, D, dict(NORM=True)), (D, 2048, dict(RES=True)), (3072, D, dict(NORM=True, GLU=True)),
                         (D, 3072, dict(RES=True))):  # the predictor's shapes at two rows: rows in turn, whole rows
         out[f"projection 2 rows {n}x{k}"] = projection(2, n, k, flags)
+    for n, k, flags in ((4096, D, dict(RSTD=True)), (D, 2048, dict(RES=True))):  # 64 rows, 16 a program (a sweep's)
+        with configs.override({(64, n, k): (16, 128, 4, 4, False, 16)}):
+            out[f"projection 64 rows {n}x{k}, 16 a program"] = projection(64, n, k, flags)
     for n, k, flags in ((4096, D, dict(NORM=True)), (D, 3072, dict(RES=True))):  # one row on one warp (a sweep's)
         with configs.override({(1, n, k): (2, configs.next_pow2(k), 1, 1, True)}):
             out[f"projection 1 row {n}x{k} on one warp"] = projection(1, n, k, flags)

@@ -21,6 +21,26 @@ def test_candidates_offer_multiply_and_sum_tiles_only_up_to_8_rows() -> None:
     assert len(set(few)) == len(few) and set(many) < set(few)
 
 
+def test_from_32_rows_tensor_core_tiles_are_also_offered_on_fewer_rows_a_program() -> None:
+    """The sixth field (rows a program) only on 4-stage tensor-core tiles from 32 rows, below the rows a program
+    would take (at most MAX_BM); the table keeps it through the JSON and config() answers it."""
+    for rows, caps in ((16, set()), (32, {16}), (64, {16, 32}), (128, {16, 32})):
+        capped = [c for c in kernel_sweep.candidates(rows, quick=True, K=1024) if len(c) == 6]
+        assert {c[5] for c in capped} == caps and all(not c[4] and c[2] == 4 for c in capped)
+    entry = {(64, 1024, 2048): (16, 128, 4, 4, False, 16)}
+    assert kernel_sweep.configs_json(entry) == {"64,1024,2048": [16, 128, 4, 4, False, 16]}
+
+
+def test_a_written_config_with_rows_a_program_loads_as_it_was(tmp_path, monkeypatch) -> None:
+    f = tmp_path / "configs.json"
+    best = {(64, 1024, 2048): (16, 128, 4, 4, False, 16), (32, 4096, 1024): (32, 256, 4, 4, False)}
+    kernel_sweep.write(best, str(f))
+    monkeypatch.setattr(kernel_configs, "TUNED", {})
+    monkeypatch.setattr(kernel_configs, "_INTERPRET", False)  # config() answers from the table, as on a GPU
+    kernel_configs.load_configs(str(f))
+    assert kernel_configs.TUNED == best and kernel_configs.config(40, 1024, 2048) == (16, 128, 4, 4, False, 16)
+
+
 def test_tiles_above_32_rows_are_wider_and_shorter() -> None:
     wide, narrow = kernel_sweep.candidates(64, quick=True), kernel_sweep.candidates(32, quick=True)
     assert {c[0] for c in wide} == {16, 32, 64} and {c[1] for c in wide} == {64, 128, 256}

@@ -114,10 +114,10 @@ def test_whole_row_tiles_take_strided_rows_a_bias_and_a_ragged_last_tile(rows: i
 # (the tiny predictor's rows are 32 wide) one row on a whole-row tile and over pieces of rows; 3 rows on a
 # whole-row tile, row by row; 5 rows on tensor cores over whole rows (the sums in a pass of their own) and over
 # a K loop (the sums from each tile on CUDA cores); 80 rows over a K loop (the sums on tensor cores, two
-# columns of programs)
+# columns of programs; or 16 rows a program, the sums on CUDA cores, five columns)
 @pytest.mark.parametrize("rows,cfg", [(1, (2, 128, 1, 4, True)), (1, (2, 16, 2, 4, True)), (3, (4, 256, 1, 8, True)),
                                       (5, (16, 256, 1, 4, False)), (5, (16, 16, 2, 4, False)),
-                                      (80, (16, 16, 2, 4, False))])
+                                      (80, (16, 16, 2, 4, False)), (80, (16, 16, 2, 4, False, 16))])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_folded_norm_projection_equals_the_normed_prologue(rows: int, cfg: tuple, dtype: torch.dtype) -> None:
     """A norm's weight folded into the projection's weights, each row scaled by its own 1/rms summed from the
@@ -143,6 +143,34 @@ def test_folded_norm_projection_equals_the_normed_prologue(rows: int, cfg: tuple
         scale = ref.abs().max().item()
         assert (folded.float() - ref).abs().max().item() <= 0.03 * scale
         assert (folded.float() - ref).abs().mean().item() <= 0.005 * scale
+
+
+def test_a_configs_sixth_field_caps_a_tensor_core_programs_rows() -> None:
+    rows_a_program = proj_kernels.rows_a_program
+    assert rows_a_program(40, (16, 128, 4, 4, False)) == proj_kernels.MAX_BM == 64
+    assert rows_a_program(40, (16, 128, 4, 4, False, 16)) == 16 and rows_a_program(80, (16, 128, 4, 4, False, 32)) == 32
+    assert rows_a_program(8, (16, 128, 4, 4, False, 16)) == 16 and rows_a_program(3, (16, 128, 4, 4, False)) == 16
+    assert rows_a_program(3, (4, 256, 1, 8, True)) == 4  # a multiply-and-sum tile: all its rows
+
+
+@pytest.mark.parametrize("rows,cap", [(40, 16), (80, 32)])
+def test_fewer_rows_a_program_give_the_same_projection(rows: int, cap: int) -> None:
+    """A config's sixth field caps a tensor-core program's rows: the rows split over more programs, each row's
+    sums over the same K steps, so the normed projection with SiLU(gate) * up and the residual projection equal
+    the uncapped ones to float32 rounding (the interpreter's matmul may order a tile's sums by its shape)."""
+    m, _ = model_and_fast()
+    layer = m.code_predictor.layers[0]
+    _, _, w_gu = fuse_layer(layer)
+    norm, n, wd = layer.post_attention_layernorm, w_gu.shape[0] // 2, layer.mlp.down_proj.weight
+    torch.manual_seed(11)
+    x, a = torch.randn(rows, w_gu.shape[1]), torch.randn(rows, wd.shape[1])
+    for cfg in ((16, 16, 2, 4, False), (32, 32, 2, 4, False)):
+        res = x[:, :wd.shape[0]].contiguous()
+        for got, want in ((proj_kernels.projection(x, w_gu, n=n, norm=norm, glu=True, cfg=(*cfg, cap)),
+                           proj_kernels.projection(x, w_gu, n=n, norm=norm, glu=True, cfg=cfg)),
+                          (proj_kernels.projection(a, wd, n=wd.shape[0], res=res, cfg=(*cfg, cap)),
+                           proj_kernels.projection(a, wd, n=wd.shape[0], res=res, cfg=cfg))):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("fold_rows", [None, 17])  # the table's, and a kernel sweep JSON's "fold_rows"

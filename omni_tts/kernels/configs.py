@@ -24,13 +24,15 @@ def next_pow2(n: int) -> int:
 
 
 # Launch configs: (BN rows of the weight per program, BK columns per loop step, pipeline stages, warps, multiply-
-# and-sum instead of tensor cores) by output and input width (n, K), then by rows rounded up to a power of two.
+# and-sum instead of tensor cores[, at most this many input rows a tensor-core program: 16 or 32, more programs
+# for the same weights, default MAX_BM]) by output and input width (n, K), then by rows rounded up to a power of
+# two.
 # Whole-row tiles (BK >= K) load all of a program's weights before it waits for the previous kernel under
 # programmatic dependent launch; from 2 rows a multiply-and-sum one takes each input row in turn against them.
 # Rows without an entry take the next one up that `config` tries (2..16 the 8-row entry, 17..32 the 32-row one,
 # 33..128 the 64-row one); untuned shapes its default. The preset key kernel_configs names a JSON of more
 # entries ("rows,n,K": [...]), what `omni-tts kernel-sweep` writes for the GPU at hand.
-Config = tuple[int, int, int, int, bool]
+Config = tuple[int, int, int, int, bool] | tuple[int, int, int, int, bool, int]
 # Where each entry comes from: `kernel-sweep --quick` on an H200 (one projection's launches back to back,
 # weights cold in L2, PDL on at one row as the engine launches it), except those marked "H100" (the same sweep
 # on an H100) and "H100 in-layer" (`--in-layer`: each candidate timed inside whole layer steps, which ranks
@@ -122,7 +124,8 @@ def load_configs(path: str) -> None:
     for key, value in data.items():
         if key not in _SCALARS:
             m, n, k = (int(v) for v in key.split(","))
-            TUNED[(m, n, k)] = (int(value[0]), int(value[1]), int(value[2]), int(value[3]), bool(value[4]))
+            cfg = (int(value[0]), int(value[1]), int(value[2]), int(value[3]), bool(value[4]))
+            TUNED[(m, n, k)] = cfg + (int(value[5]),) if len(value) > 5 else cfg
 
 
 def set_options(values: dict[str, Any]) -> None:

@@ -255,11 +255,12 @@ def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor |
     K = x.shape[1]
     M = x.shape[0]
     out = torch.empty(M, n, device=x.device, dtype=x.dtype)
-    BN, BK, stages, warps, vec = cfg or config(M, n, K)
+    cfg = cfg or config(M, n, K)
+    BN, BK, stages, warps, vec = cfg[:5]
     if x.element_size() > 2 and not vec:  # float32 tiles: half as wide, or the stages overflow shared memory
         BK = max(32, BK // 2)
     dummy = x
-    BM = next_pow2(M) if vec else min(MAX_BM, max(16, next_pow2(M)))
+    BM = rows_a_program(M, cfg)
     _proj_kernel[(triton.cdiv(n, BN), triton.cdiv(M, BM))](
         x, norm.weight if norm is not None else dummy, w,
         bias if bias is not None else dummy, res if res is not None else dummy, out,
@@ -269,6 +270,14 @@ def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor |
         BM=BM, BN=BN, BK=BK, ROWS=vec and BM > 1 and BK >= K, RSTD=norm is not None and folded,
         **launch_options(pdl, warps, stages))
     return out
+
+
+def rows_a_program(M: int, cfg: Config) -> int:
+    """BM for M rows under `cfg`: a multiply-and-sum tile takes them all; a tensor-core one at least 16 (the
+    MMA's rows), at most the config's sixth field or MAX_BM (more rows take more columns of programs)."""
+    if cfg[4]:
+        return next_pow2(M)
+    return min(cfg[5] if len(cfg) > 5 else MAX_BM, max(16, next_pow2(M)))
 
 
 def normed_projection(x: torch.Tensor, w: torch.Tensor, norm: Any, *, n: int, pdl: bool,

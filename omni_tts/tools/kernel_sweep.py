@@ -54,7 +54,8 @@ def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Con
     before a PDL launch waits for the previous kernel; from 2 rows each input row in turn against it), and
     2..16 rows tensor-core tiles of whole rows where K <= WHOLE_ROW_TC_K (wider rows spill registers); one row
     also one-weight-row tiles, whole-row tiles on one or two warps and pipelined loops over pieces of 1,024 or
-    2,048 columns."""
+    2,048 columns. From 32 rows, 4-stage tensor-core tiles also with fewer rows a program (16 or 32: the rows
+    split over more programs, more SMs streaming the same weights)."""
     warps = (4,) if quick else (4, 8)
     wide = rows > 32  # 64-row tiles: wider weight tiles, shorter steps (shared memory)
     bns, bks = ((16, 32, 64), (64, 128, 256)) if wide else ((16, 32), (128, 256))
@@ -70,6 +71,8 @@ def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Con
                 if bk < K]
     if K is not None and 2 <= rows <= 16 and K <= WHOLE_ROW_TC_K:
         out += [(bn, kernel_configs.next_pow2(K), 1, wp, False) for bn, wp in itertools.product((16, 32), warps)]
+    caps = [bm for bm in (16, 32) if bm < min(proj_kernels.MAX_BM, kernel_configs.next_pow2(rows))]
+    out += [(bn, bk, 4, wp, False, bm) for bn, bk, wp, bm in itertools.product((16, 32), bks, warps, caps)]
     return out
 
 
@@ -79,7 +82,7 @@ def fastest(timings: dict[Config, float]) -> Config:
 
 
 def configs_json(best: Picks) -> dict[str, list]:
-    """{(rows, n, K): config} -> the kernel_configs format ({"rows,n,K": [BN, BK, stages, warps, vec]})."""
+    """{(rows, n, K): config} -> the kernel_configs format ({"rows,n,K": [BN, BK, stages, warps, vec[, BM]]})."""
     return {f"{m},{n},{k}": list(cfg) for (m, n, k), cfg in sorted(best.items())}
 
 
