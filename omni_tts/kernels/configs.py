@@ -45,7 +45,7 @@ _BY_SHAPE: dict[tuple[int, int], dict[int, Config]] = {
         4: (32, 1024, 1, 4, False),  # H100 in-layer
         8: (32, 1024, 1, 4, False),  # H100
         16: (32, 1024, 1, 4, False),  # H100 in-layer
-        32: (32, 256, 4, 4, False),
+        32: (32, 256, 4, 4, False, 16),  # H100 in-layer
         64: (32, 128, 4, 4, False),  # H100 in-layer
         128: (64, 128, 4, 4, False)},  # H100 in-layer
     (1024, 2048): {  # the predictor's o
@@ -54,8 +54,8 @@ _BY_SHAPE: dict[tuple[int, int], dict[int, Config]] = {
         8: (16, 256, 4, 4, False),
         16: (16, 256, 3, 4, False),  # H100 in-layer
         32: (16, 256, 4, 4, False),
-        64: (16, 128, 4, 4, False),  # H100 in-layer
-        128: (32, 128, 4, 4, False)},  # H100 in-layer
+        64: (16, 256, 4, 4, False, 32),  # H100 in-layer
+        128: (16, 256, 4, 4, False)},  # H100 in-layer
     (3072, 1024): {  # the predictor's gate|up
         1: (2, 1024, 1, 2, True),  # H100 in-layer
         2: (4, 1024, 1, 4, True), 8: (32, 256, 3, 4, False), 32: (16, 256, 3, 4, False),
