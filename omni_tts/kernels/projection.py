@@ -273,11 +273,16 @@ def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor |
 
 
 def rows_a_program(M: int, cfg: Config) -> int:
-    """BM for M rows under `cfg`: a multiply-and-sum tile takes them all; a tensor-core one at least 16 (the
-    MMA's rows), at most the config's sixth field or MAX_BM (more rows take more columns of programs)."""
+    """BM for M rows under `cfg`: a multiply-and-sum tile takes them all; a tensor-core one the config's sixth
+    field where it has one (16 or 32 of more rows: more programs stream the same weights; 64 of fewer rows: the
+    rows padded to the 64 that sm_90's warpgroup MMA takes, where a 16- or 32-row tile compiles to the older
+    MMA), else the rows rounded up to a power of two, at least 16 (the MMA's rows), at most MAX_BM (more rows
+    take more columns of programs)."""
     if cfg[4]:
         return next_pow2(M)
-    return min(cfg[5] if len(cfg) > 5 else MAX_BM, max(16, next_pow2(M)))
+    if len(cfg) > 5:
+        return cfg[5]
+    return min(MAX_BM, max(16, next_pow2(M)))
 
 
 def normed_projection(x: torch.Tensor, w: torch.Tensor, norm: Any, *, n: int, pdl: bool,
