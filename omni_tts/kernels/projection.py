@@ -2,20 +2,20 @@
 
 Owns: `_proj_kernel` and its launch (`projection`, `normed_projection`), the launch options and the check for
 programmatic dependent launch (`pdl_available`, `launch_options`, `after_previous`), shared by
-omni_tts.kernels.layers (the predictor's layer step), .talker and .heads. The prologue may RMS-norm the input
-rows; from configs.FOLD_ROWS rows, given a copy of the weight with the norm's weight folded in
-(`projection(folded=True)`), the input instead streams as it is and each row's 1/rms scales its sums. The
-epilogue adds a bias, applies SiLU(gate) * up (GLU) or adds a residual. The rows run on tensor cores padded to
-16 (memory-bound at these sizes, so 2..16 rows cost about the same; a tile may hold whole rows of narrow inputs,
-loaded at once), at most MAX_BM rows a program (more rows take a second column of programs, whose weight reads
-mostly hit L2); one row runs as a multiply-and-sum over narrow weight tiles of whole rows, or of pieces of the
-widest rows in a pipelined loop (more programs reading the weights at once), as do two rows where
-omni_tts.kernels.configs says so (each row in turn against a whole-row tile). The input rows may be strided.
-With `pdl` (Hopper+) each kernel loads its first weight tile, which no kernel writes, before `after_previous`
-waits for the previous kernel and lets the next one launch. Numerics: float32 accumulation, rounded to the model
-dtype where the reference rounds (norm output, the projection, SiLU, residual sums; a folded norm's weights
-instead of its output). Knows nothing about layers, graphs or requests. Runs on CUDA; tests run it in Triton's
-CPU interpreter (TRITON_INTERPRET=1).
+omni_tts.kernels.layers (the predictor's layer step), .talker and .heads. The prologue may RMS-norm the input rows;
+from configs.FOLD_ROWS rows, given a copy of the weight with the norm's weight folded in
+(`projection(folded=True)`), the input instead streams as it is and each row's 1/rms scales its sums. The epilogue
+adds a bias, applies SiLU(gate) * up (GLU) or adds a residual. The rows run on tensor cores padded to 16
+(memory-bound at these sizes, so 2..16 rows cost about the same; a tile may hold whole rows of narrow inputs, loaded
+at once), at most MAX_BM rows a program (more rows take a second column of programs, whose weight reads mostly hit
+L2), or the rows a program a config sets (`rows_a_program`: fewer, or 64 padded); one row runs as a multiply-and-sum
+over narrow weight tiles of whole rows, or of pieces of the widest rows in a pipelined loop (more programs reading
+the weights at once), as do two rows where omni_tts.kernels.configs says so (each row in turn against a whole-row
+tile). The input rows may be strided. With `pdl` (Hopper+) each kernel loads its first weight tile, which no kernel
+writes, before `after_previous` waits for the previous kernel and lets the next one launch. Numerics: float32
+accumulation, rounded to the model dtype where the reference rounds (norm output, the projection, SiLU, residual
+sums; a folded norm's weights instead of its output). Knows nothing about layers, graphs or requests. Runs on CUDA;
+tests run it in Triton's CPU interpreter (TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
