@@ -341,6 +341,20 @@ def test_priming_runs_the_eager_path_once_before_the_warm_up_and_changes_no_resu
         base.shutdown()
 
 
+def test_shutdown_right_after_priming_leaves_no_thread_that_still_reports(_one_thread):
+    """A server that cannot listen shuts its engine down and prints its error as the last line: once
+    shutdown returns, the priming thread has ended and every line it reports came before."""
+    said: list[str] = []
+    cfg = build_config({"model": str(fixture_dir("custom_voice")), "mode": "eager", "device": "cpu",
+                        "max_num_seqs": 1, "max_seq_len": 256})
+    eng = Engine.from_config(cfg, progress=said.append, wait=False, warm=False)
+    eng.prime()
+    eng.shutdown()
+    count = len(said)
+    assert eng.wait_primed(0), said  # joined by shutdown, no timeout needed
+    assert len(said) == count
+
+
 def test_each_mode_warms_in_the_thread_that_serves_it(_one_thread):
     """Inductor's graph trees and Dynamo's settings are per thread, so a mode's warm-up runs in its own
     serving thread (the engine's warm-up thread only orders the modes)."""

@@ -393,6 +393,8 @@ class Engine:
         for sched in self.schedulers.values():
             sched.stop()
         self._audio.stop(timeout=30)
+        if self._primer is not None:  # its last progress line comes before the caller's next one
+            self._primer.join(timeout=30)
 
 
 def _state(on: bool, error: str) -> str:

@@ -97,7 +97,11 @@ def main(args: argparse.Namespace) -> int:
     """Serve until interrupted; a bad flag, preset or checkpoint is one `error: ...` line and status 2."""
     logging.basicConfig(level=logging.INFO, format="[omni-tts] %(message)s")
     t0 = time.perf_counter()
-    say = lambda s: print(f"[omni-tts {time.perf_counter() - t0:5.1f}s] {s}", file=sys.stderr, flush=True)  # noqa: E731
+
+    def say(line: str) -> None:  # one write a line: the priming thread's lines never split another's
+        sys.stderr.write(f"[omni-tts {time.perf_counter() - t0:5.1f}s] {line}\n")
+        sys.stderr.flush()
+
     try:
         if args.ray:
             from omni_tts.serving import ray_serve
@@ -106,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
         _check_local_flags(args)
         return serve_local(engine_config(args), args.host, args.port, say)
     except OmniTTSError as e:
-        print(f"error: {e}", file=sys.stderr)
+        sys.stderr.write(f"error: {e}\n")
         return EXIT_USER_ERROR
 
 

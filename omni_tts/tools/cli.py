@@ -90,5 +90,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = ap.parse_args(argv)  # an unknown or missing command exits here, before `run` is needed
         return run(args)  # type: ignore[misc]
     except OmniTTSError as e:
-        print(f"error: {e}", file=sys.stderr)
+        sys.stderr.write(f"error: {e}\n")  # one write: a progress line from another thread never splits it
         return EXIT_USER_ERROR
