@@ -12,13 +12,12 @@ import argparse
 import logging
 import signal
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 from omni_tts.config import EngineConfig
 from omni_tts.errors import OmniTTSError
-from omni_tts.tools.args import add_engine_flags, engine_config, port_arg
+from omni_tts.tools.args import add_engine_flags, engine_config, port_arg, progress
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
 EXIT_USER_ERROR = 2
@@ -96,12 +95,7 @@ def _exit_on_kill(*_: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     """Serve until interrupted; a bad flag, preset or checkpoint is one `error: ...` line and status 2."""
     logging.basicConfig(level=logging.INFO, format="[omni-tts] %(message)s")
-    t0 = time.perf_counter()
-
-    def say(line: str) -> None:  # one write a line: the priming thread's lines never split another's
-        sys.stderr.write(f"[omni-tts {time.perf_counter() - t0:5.1f}s] {line}\n")
-        sys.stderr.flush()
-
+    say = progress("omni-tts", width=5)
     try:
         if args.ray:
             from omni_tts.serving import ray_serve

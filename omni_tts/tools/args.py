@@ -110,10 +110,16 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
     return load_preset(args.preset, **values)
 
 
-def progress() -> Callable[[str], None]:
-    """A progress line printer for stderr, each line stamped with seconds since this call."""
+def progress(tag: str = "", width: int = 6) -> Callable[[str], None]:
+    """A progress line printer for stderr, each line stamped with `tag` and the seconds since this call."""
     t0 = time.perf_counter()
-    return lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", file=sys.stderr, flush=True)
+    tag = f"{tag} " if tag else ""
+
+    def say(line: str) -> None:  # one write a line: a line from another thread never splits it
+        sys.stderr.write(f"[{tag}{time.perf_counter() - t0:{width}.1f}s] {line}\n")
+        sys.stderr.flush()
+
+    return say
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 from omni_tts.errors import OmniTTSError
-from omni_tts.tools.args import add_engine_flags, engine_config
+from omni_tts.tools.args import add_engine_flags, engine_config, progress
 
 WARM_TIMEOUT_S = 3600.0  # a first reduce-overhead compile on a GPU takes minutes; this bounds a stuck one
 
@@ -34,8 +33,7 @@ def main(args: argparse.Namespace) -> int:
     """Run the export or the import; every failure is one `error: ...` line and exit status 2."""
     from omni_tts.engine.testing import compile_cache
 
-    t0 = time.perf_counter()
-    say = lambda s: print(f"[warm-cache {time.perf_counter() - t0:6.1f}s] {s}", file=sys.stderr, flush=True)  # noqa: E731
+    say = progress("warm-cache")
     try:
         if args.import_dir:
             compile_cache.use_cache_dirs()
@@ -44,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
             return 0
         return _export(args, say)
     except OmniTTSError as e:
-        print(f"error: {e}", file=sys.stderr)
+        sys.stderr.write(f"error: {e}\n")
         return 2
 
 
