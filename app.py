@@ -14,11 +14,10 @@ import argparse
 import logging
 import signal
 import sys
-import time
 from typing import Any
 
 from omni_tts.errors import OmniTTSError
-from omni_tts.tools.args import Parser, engine_config, engine_parent, port_arg
+from omni_tts.tools.args import Parser, engine_config, engine_parent, error_line, port_arg, progress
 from omni_tts.ui import files
 from omni_tts.ui import support as ui
 
@@ -99,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[omni-tts] %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # gradio's own start-up probes
-    t0 = time.perf_counter()
-    say = lambda s: print(f"[omni-tts {time.perf_counter() - t0:5.1f}s] {s}", file=sys.stderr, flush=True)  # noqa: E731
+    say = progress("omni-tts", width=5)
     zero = ui.zero_gpu()
     try:
         host, port = ui.bind_address(args.host, args.port)
@@ -111,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         # the page never waits for a compile, and the warm-up starts once the page is up
         engine = Engine.from_config(config, progress=say, wait=False, warm=False)
     except OmniTTSError as e:
-        print(f"error: {e}", file=sys.stderr)
+        error_line(str(e))
         return 2
     # first-use kernel loads on the eager path, before Gradio's import: beside it the priming takes several
     # times as long and ends after the page is up, so a visitor's first request would wait for it
@@ -127,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         server, url = serve(engine, demo, host, port, args.share, block=False, settings=settings)
     except OmniTTSError as e:  # the address is taken or cannot be bound
         engine.shutdown()
-        print(f"error: {e}", file=sys.stderr)
+        error_line(str(e))
         return 2
     say(f"page served at {url}")
     engine.start_warming()

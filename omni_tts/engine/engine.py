@@ -393,8 +393,7 @@ class Engine:
         for sched in self.schedulers.values():
             sched.stop()
         self._audio.stop(timeout=30)
-        if self._primer is not None:  # its last progress line comes before the caller's next one
-            self._primer.join(timeout=30)
+        self.wait_primed(30)  # the priming thread's last progress line comes before the caller's next one
 
 
 def _state(on: bool, error: str) -> str:

@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from omni_tts.config import EngineConfig
 from omni_tts.errors import OmniTTSError
-from omni_tts.tools.args import add_engine_flags, engine_config, port_arg, progress
+from omni_tts.tools.args import add_engine_flags, engine_config, error_line, port_arg, progress
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
 EXIT_USER_ERROR = 2
@@ -104,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
         _check_local_flags(args)
         return serve_local(engine_config(args), args.host, args.port, say)
     except OmniTTSError as e:
-        sys.stderr.write(f"error: {e}\n")
+        error_line(str(e))
         return EXIT_USER_ERROR
 
 

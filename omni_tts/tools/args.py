@@ -32,8 +32,13 @@ class Parser(argparse.ArgumentParser):
     """argparse whose errors are one `error: ...` line and exit status 2, like every other bad input."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        error_line(f"{message} (see {self.prog} --help)")
         sys.exit(EXIT_USER_ERROR)
+
+
+def error_line(message: str) -> None:
+    """`error: message` on stderr in one write: a progress line from another thread never splits it."""
+    sys.stderr.write(f"error: {message}\n")
 
 
 def bool_arg(s: str) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from omni_tts.errors import OmniTTSError
-from omni_tts.tools.args import EXIT_USER_ERROR, Parser
+from omni_tts.tools.args import EXIT_USER_ERROR, Parser, error_line
 
 
 class Command(NamedTuple):
@@ -90,5 +90,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = ap.parse_args(argv)  # an unknown or missing command exits here, before `run` is needed
         return run(args)  # type: ignore[misc]
     except OmniTTSError as e:
-        sys.stderr.write(f"error: {e}\n")  # one write: a progress line from another thread never splits it
+        error_line(str(e))
         return EXIT_USER_ERROR

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from omni_tts.errors import OmniTTSError
-from omni_tts.tools.args import add_engine_flags, engine_config, progress
+from omni_tts.tools.args import add_engine_flags, engine_config, error_line, progress
 
 WARM_TIMEOUT_S = 3600.0  # a first reduce-overhead compile on a GPU takes minutes; this bounds a stuck one
 
@@ -42,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
             return 0
         return _export(args, say)
     except OmniTTSError as e:
-        sys.stderr.write(f"error: {e}\n")
+        error_line(str(e))
         return 2
 
 
