@@ -34,19 +34,17 @@ def signature(fn, args: dict, constexprs: dict) -> dict[str, str]:
     return sig
 
 
-def build(fn, args: dict, constexprs: dict, warps: int = 4, stages: int = 1, pdl: bool = False,
-          ptx_has: str = "") -> str:
-    """"ok", or the compiler's error, or that the PTX lacks the instruction `ptx_has`."""
+def build(fn, args: dict, constexprs: dict, warps: int = 4, stages: int = 1, pdl: bool = False) -> str:
     try:
         opts = {"num_warps": warps, "num_stages": stages, **({"launch_pdl": True} if pdl else {})}
-        kernel = triton.compile(ASTSource(fn, signature(fn, args, constexprs), constexprs),
-                                target=GPUTarget("cuda", 90, 32), options=opts)
-        return "ok" if ptx_has in kernel.asm["ptx"] else f"no {ptx_has} in the PTX"
+        triton.compile(ASTSource(fn, signature(fn, args, constexprs), constexprs), target=GPUTarget("cuda", 90, 32),
+                       options=opts)
+        return "ok"
     except Exception as e:  # the compiler's message, first lines
         return f"{type(e).__name__}: {str(e)[-600:]}"
 
 
-def projection(M: int, n: int, k: int, flags: dict, ptx_has: str = "") -> str:
+def projection(M: int, n: int, k: int, flags: dict) -> str:
     """The projection kernel built as projection.projection launches it for M rows of an [n, k] weight under the
     table's config (its BM and whole-row ROWS rule)."""
     cfg = configs.config(M, n, k)
@@ -55,7 +53,7 @@ def projection(M: int, n: int, k: int, flags: dict, ptx_has: str = "") -> str:
     cx = dict(M=M, N=n, K=k, NORM=False, RSTD=False, BIAS=False, RES=False, GLU=False, IEEE=False, VEC=vec,
               PDL=True, BM=BM, BN=BN, BK=BK, ROWS=vec and BM > 1 and BK >= k)
     args = dict(x_ptr=BF, nw_ptr=BF, w_ptr=BF, b_ptr=BF, res_ptr=BF, out_ptr=BF, eps=1e-6, sx=k)
-    return build(projection_kernels._proj_kernel, args, {**cx, **flags}, warps, stages, pdl=True, ptx_has=ptx_has)
+    return build(projection_kernels._proj_kernel, args, {**cx, **flags}, warps, stages, pdl=True)
 
 
 def projections() -> dict[str, str]:
@@ -83,10 +81,6 @@ def projections() -> dict[str, str]:
     for n, k, flags in ((4096, D, dict(RSTD=True)), (D, 2048, dict(RES=True))):  # 64 rows, 16 a program (a sweep's)
         with configs.override({(64, n, k): (16, 128, 4, 4, False, 16)}):
             out[f"projection 64 rows {n}x{k}, 16 a program"] = projection(64, n, k, flags)
-    for M in (16, 32):  # fewer rows padded to 64 (a sweep's): the warpgroup MMA, which 16 and 32 rows lack
-        for n, k, flags in ((4096, D, dict(NORM=True)), (D, 3072, dict(RES=True))):
-            with configs.override({(M, n, k): (32, 256, 3, 4, False, 64)}):
-                out[f"projection {M} rows {n}x{k} padded to 64"] = projection(M, n, k, flags, ptx_has="wgmma")
     for n, k, flags in ((4096, D, dict(NORM=True)), (D, 3072, dict(RES=True))):  # one row on one warp (a sweep's)
         with configs.override({(1, n, k): (2, configs.next_pow2(k), 1, 1, True)}):
             out[f"projection 1 row {n}x{k} on one warp"] = projection(1, n, k, flags)

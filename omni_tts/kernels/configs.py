@@ -24,9 +24,9 @@ def next_pow2(n: int) -> int:
 
 
 # Launch configs: (BN rows of the weight per program, BK columns per loop step, pipeline stages, warps, multiply-
-# and-sum instead of tensor cores[, input rows a tensor-core program: 16 or 32 of more rows, more programs for the
-# same weights; 64 of fewer rows, padded for sm_90's warpgroup MMA; default the rows up to MAX_BM]) by output and
-# input width (n, K), then by rows rounded up to a power of two.
+# and-sum instead of tensor cores[, at most this many input rows a tensor-core program: 16 or 32, more programs
+# for the same weights, default MAX_BM]) by output and input width (n, K), then by rows rounded up to a power of
+# two.
 # Whole-row tiles (BK >= K) load all of a program's weights before it waits for the previous kernel under
 # programmatic dependent launch; from 2 rows a multiply-and-sum one takes each input row in turn against them.
 # Rows without an entry take the next one up that `config` tries (2..16 the 8-row entry, 17..32 the 32-row one,

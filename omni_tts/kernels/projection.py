@@ -8,7 +8,7 @@ from configs.FOLD_ROWS rows, given a copy of the weight with the norm's weight f
 adds a bias, applies SiLU(gate) * up (GLU) or adds a residual. The rows run on tensor cores padded to 16
 (memory-bound at these sizes, so 2..16 rows cost about the same; a tile may hold whole rows of narrow inputs, loaded
 at once), at most MAX_BM rows a program (more rows take a second column of programs, whose weight reads mostly hit
-L2), or the rows a program a config sets (`rows_a_program`: fewer, or 64 padded); one row runs as a multiply-and-sum
+L2), or fewer rows a program where a config caps them (`rows_a_program`); one row runs as a multiply-and-sum
 over narrow weight tiles of whole rows, or of pieces of the widest rows in a pipelined loop (more programs reading
 the weights at once), as do two rows where omni_tts.kernels.configs says so (each row in turn against a whole-row
 tile). The input rows may be strided. With `pdl` (Hopper+) each kernel loads its first weight tile, which no kernel
@@ -273,16 +273,11 @@ def projection(x: torch.Tensor, w: torch.Tensor, *, n: int, bias: torch.Tensor |
 
 
 def rows_a_program(M: int, cfg: Config) -> int:
-    """BM for M rows under `cfg`: a multiply-and-sum tile takes them all; a tensor-core one the config's sixth
-    field where it has one (16 or 32 of more rows: more programs stream the same weights; 64 of fewer rows: the
-    rows padded to the 64 that sm_90's warpgroup MMA takes, where a 16- or 32-row tile compiles to the older
-    MMA), else the rows rounded up to a power of two, at least 16 (the MMA's rows), at most MAX_BM (more rows
-    take more columns of programs)."""
+    """BM for M rows under `cfg`: a multiply-and-sum tile takes them all; a tensor-core one at least 16 (the
+    MMA's rows), at most the config's sixth field or MAX_BM (more rows take more columns of programs)."""
     if cfg[4]:
         return next_pow2(M)
-    if len(cfg) > 5:
-        return cfg[5]
-    return min(MAX_BM, max(16, next_pow2(M)))
+    return min(cfg[5] if len(cfg) > 5 else MAX_BM, max(16, next_pow2(M)))
 
 
 def normed_projection(x: torch.Tensor, w: torch.Tensor, norm: Any, *, n: int, pdl: bool,

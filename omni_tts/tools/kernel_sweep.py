@@ -44,7 +44,6 @@ Config = kernel_configs.Config
 Picks = dict[tuple[int, int, int], Config]  # (rows, n, K) -> the fastest config
 MAS_ROWS = 8  # multiply-and-sum tiles (no tensor cores) are offered up to this many rows
 WHOLE_ROW_TC_K = 1024  # sm_90: a 16-row bfloat16 tensor-core tile of 2,048 columns spills registers
-PADDED_FROM = 8  # from this many rows tensor-core tiles are also offered padded to 64 rows (sm_90's wgmma)
 
 
 def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Config]:
@@ -56,8 +55,7 @@ def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Con
     2..16 rows tensor-core tiles of whole rows where K <= WHOLE_ROW_TC_K (wider rows spill registers); one row
     also one-weight-row tiles, whole-row tiles on one or two warps and pipelined loops over pieces of 1,024 or
     2,048 columns. From 32 rows, 4-stage tensor-core tiles also with fewer rows a program (16 or 32: the rows
-    split over more programs, more SMs streaming the same weights); from PADDED_FROM to 32 rows, tensor-core
-    tiles of 64 rows (the rows padded: sm_90's warpgroup MMA takes 64, a 16- or 32-row tile the older MMA)."""
+    split over more programs, more SMs streaming the same weights)."""
     warps = (4,) if quick else (4, 8)
     wide = rows > 32  # 64-row tiles: wider weight tiles, shorter steps (shared memory)
     bns, bks = ((16, 32, 64), (64, 128, 256)) if wide else ((16, 32), (128, 256))
@@ -75,9 +73,6 @@ def candidates(rows: int, quick: bool = False, K: int | None = None) -> list[Con
         out += [(bn, kernel_configs.next_pow2(K), 1, wp, False) for bn, wp in itertools.product((16, 32), warps)]
     caps = [bm for bm in (16, 32) if bm < min(proj_kernels.MAX_BM, kernel_configs.next_pow2(rows))]
     out += [(bn, bk, 4, wp, False, bm) for bn, bk, wp, bm in itertools.product((16, 32), bks, warps, caps)]
-    if PADDED_FROM <= rows < proj_kernels.MAX_BM:  # the rows padded to the warpgroup MMA's 64
-        out += [(bn, bk, st, wp, False, proj_kernels.MAX_BM)
-                for bn, bk, st, wp in itertools.product((16, 32), (128, 256), (3, 4), warps)]
     return out
 
 
