@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import projection as proj_kernels
 from omni_tts.kernels.configs import next_pow2
@@ -248,13 +249,19 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def default_splits(B: int, H: int, sms: int) -> int:
+    """Programs a row and query head's positions split over on `sms` SMs (none: 0): as many as give each SM
+    configs.ATTEND_WAVES programs that B x H programs alone would not, at least one."""
+    return max(1, kernel_configs.ATTEND_WAVES * sms // (B * H))
+
+
 def _split(B: int, H: int, kv_len: int, device: torch.device, splits: int | None) -> tuple[int, int]:
     """(S, CH): the programs sharing one row and query head's cache positions, each CH of them (whole blocks).
-    Default: as many as leave no SM idle that B x H programs alone would, at most one a block (the positions
-    past a row's own cost a split nothing); one off CUDA. -> S with no split empty of positions below kv_len"""
+    Default: `default_splits`, at most one a block (the positions past a row's own cost a split nothing); one
+    off CUDA. -> S with no split empty of positions below kv_len"""
     blocks = -(-kv_len // ATTEND_BLOCK)
     if splits is None:
-        splits = _sm_count(device) // (B * H) if device.type == "cuda" else 1
+        splits = default_splits(B, H, _sm_count(device) if device.type == "cuda" else 0)
     per = -(-blocks // max(1, min(splits, blocks)))  # blocks a split
     return -(-blocks // per), per * ATTEND_BLOCK
 
