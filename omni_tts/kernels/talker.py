@@ -250,8 +250,8 @@ def _sm_count(device: torch.device) -> int:
 
 
 def default_splits(B: int, H: int, sms: int) -> int:
-    """Programs a row and query head's positions split over on `sms` SMs (none: 0): as many as give each SM
-    configs.ATTEND_WAVES programs that B x H programs alone would not, at least one."""
+    """Programs a row and query head's positions split over on `sms` SMs (0 off CUDA): enough that the B x H x
+    splits programs give each SM configs.ATTEND_WAVES of them, at least one (no split)."""
     return max(1, kernel_configs.ATTEND_WAVES * sms // (B * H))
 
 
