@@ -10,9 +10,11 @@ import statistics
 import subprocess
 import sys
 
+import pytest
 from _fixtures import REPO, cli_env, fixture_dir, run_cli_process
 
-from omni_tts.tools.ab import order, unpack
+from omni_tts.errors import OmniTTSError
+from omni_tts.tools.ab import order, unpack, variants
 from omni_tts.tools.provenance import rev_digest, tree_digest
 
 BENCH = ["--model", str(fixture_dir("custom_voice")), "--preset", "all-eager", "--modes", "eager",
@@ -118,6 +120,15 @@ def test_sets_run_each_tree_once_per_override_given_to_the_tool(tmp_path):
             assert "error" not in r["bench"] and r["bench"]["results"]["eager"]["1"]["requests"] == 2
     assert [s["rev"] for s in res["summary"]] == ["."]
     assert [line.split("|")[3].strip() for line in p.stdout.splitlines() if line.startswith("| eager |")] == ["."]
+
+
+def test_a_sets_list_value_stays_whole_where_its_pairs_split_at_commas():
+    (label, (rev, args)), = [kv for kv in variants(["."], ["-", "buckets=[1,2,64],kernel_configs=a.json"]).items()
+                             if kv[1][1]]
+    assert label == ". [buckets=[1,2,64],kernel_configs=a.json]" and rev == "."
+    assert args == ["--set", "buckets=[1,2,64]", "--set", "kernel_configs=a.json"]
+    with pytest.raises(OmniTTSError, match="is not KEY=VALUE"):  # a comma outside brackets still splits
+        variants(["."], ["kernel_configs=a,b.json"])
 
 
 def test_a_sets_item_that_is_not_key_value_is_one_line_before_any_bench_runs():

@@ -9,12 +9,12 @@ Owns: unpacking each git revision's package into a folder of its own (`.` is the
 holding an omni_tts package is used as it is, for machines the repository's history does not reach), running
 `bench` (or `codec-bench` or `microbench`, `--tool`) with the arguments after `--` from each folder in rounds
 whose order alternates (A B, then B A: a drift of the machine falls on both), or each tree once per preset
-override (`--sets`: each item's KEY=VALUE pairs given to the tool as --set; '-' none), and one table: per mode and
-concurrency each process's audio s/s and median TTFP (codec-bench: per rows each process's chunk ms, graphed
-where CUDA graphs ran; microbench: per mode and rows each process's predictor frame and talker step ms), and
-the median over processes (the JSON is rewritten after every process, "complete" once
-all ran). Processes of one machine differ by about as much as a lever does, so a lever's before and after
-are told apart by several interleaved processes, not by one each.
+override (`--sets`: each item's KEY=VALUE pairs, split at commas outside brackets, given to the tool as --set;
+'-' none), and one table: per mode and concurrency each process's audio s/s and median TTFP (codec-bench: per
+rows each process's chunk ms, graphed where CUDA graphs ran; microbench: per mode and rows each process's
+predictor frame and talker step ms), and the median over processes (the JSON is rewritten after every process,
+"complete" once all ran). Processes of one machine differ by about as much as a lever does, so a lever's
+before and after are told apart by several interleaved processes, not by one each.
 Knows nothing about what the tools measure beyond their JSONs' rows.
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -69,12 +70,17 @@ def variants(revs: list[str], sets: list[str] | None) -> dict[str, tuple[str, li
         raise OmniTTSError("ab: each --sets item once")
     out = {}
     for item in sets:
-        pairs = [] if item == "-" else item.split(",")
+        pairs = [] if item == "-" else _pairs(item)
         if any(not p.partition("=")[0] or "=" not in p for p in pairs):
             raise OmniTTSError(f"ab: --sets item '{item}' is not KEY=VALUE[,KEY=VALUE...] or '-'")
         for rev in revs:
             out[rev if item == "-" else f"{rev} [{item}]"] = (rev, [a for p in pairs for a in ("--set", p)])
     return out
+
+
+def _pairs(item: str) -> list[str]:
+    """An --sets item's KEY=VALUE pairs: split at commas outside brackets, so a list value stays whole."""
+    return re.split(r",(?![^\[]*\])", item)
 
 
 def order(revs: list[str], rounds: int) -> list[tuple[int, str]]:
