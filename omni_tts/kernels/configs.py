@@ -113,8 +113,8 @@ TALKER_PDL_ROWS = 8
 FOLD_ROWS = 33
 # programs of the talker's attention an SM is given where rows x heads alone leave SMs idle (the JSON's
 # "attend_waves" key): a row and head's cache positions split over more programs, whose softmaxes a small
-# kernel joins; more than one lets an SM hide one program's loads behind another's
-ATTEND_WAVES = 1
+# kernel joins; more than one lets an SM hide one program's loads behind another's, which long caches pay for
+ATTEND_WAVES = 4
 # the JSON's keys that set one of the values above, and their types
 _SCALARS = {"choose_warps": int, "choose_bits": int, "choose_sort_free": bool, "talker_kernel_rows": int,
             "talker_pdl_rows": int, "fold_rows": int, "attend_waves": int}
