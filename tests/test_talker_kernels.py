@@ -167,10 +167,11 @@ def test_a_split_attention_covers_kv_len_in_whole_blocks_none_empty(rows: int, k
 
 def test_attend_waves_give_an_sm_more_programs_where_rows_leave_it_idle(tmp_path) -> None:
     """The kernel-configs key `attend_waves` (loaded as a sweep's JSON) sets the programs the default split gives
-    each SM: 8 rows x 16 heads fill 132 SMs once, so one wave splits nothing, and the default four split each
-    row and head over four programs (three over a 1,025-position cache: whole blocks, none empty), 16 rows over
-    two; rows x heads of four times the SMs or more never split."""
-    assert [talker_kernels.default_splits(b, 16, 132) for b in (1, 8, 16, 64)] == [33, 4, 2, 1]
+    each SM where rows x heads leave SMs idle: 8 rows x 16 heads fill 132 SMs once, so one wave splits nothing,
+    and the default four split each row and head over four programs (three over a 1,025-position cache: whole
+    blocks, none empty); 16 rows x 16 heads outnumber the SMs and never split."""
+    assert [talker_kernels.default_splits(b, 16, 132) for b in (1, 8, 9, 16, 64)] == [33, 4, 1, 1, 1]
+    assert talker_kernels.default_splits(8, 16, 129) == 4 and talker_kernels.default_splits(8, 16, 128) == 1
     assert talker_kernels.default_splits(8, 16, 0) == 1  # no SMs: off CUDA
     assert talker_kernels._split(8, 16, 1025, torch.device("cpu"), 4) == (3, 3 * BLOCK)
     (tmp_path / "aw.json").write_text('{"attend_waves": 1}')

@@ -250,8 +250,11 @@ def _sm_count(device: torch.device) -> int:
 
 
 def default_splits(B: int, H: int, sms: int) -> int:
-    """Programs a row and query head's positions split over on `sms` SMs (0 off CUDA): enough that the B x H x
-    splits programs give each SM configs.ATTEND_WAVES of them, at least one (no split)."""
+    """Programs a row and query head's positions split over on `sms` SMs (0 off CUDA): where B x H programs
+    leave SMs idle, enough that the B x H x splits give each SM configs.ATTEND_WAVES of them; else one (no
+    split: where rows x heads fill the SMs, a split's extra programs and their join cost more than they hide)."""
+    if B * H >= sms:
+        return 1
     return max(1, kernel_configs.ATTEND_WAVES * sms // (B * H))
 
 
