@@ -2,12 +2,13 @@
 share it take their scores and softmaxes side by side over each block of cache positions, which is loaded
 once for them all instead of once per query head.
 
-Owns: the loop over a split's cache positions in that form (`_loop_kv`), the talker step's q/k norm + rope +
-cache write + attention kernel (`rope_attend_kv_kernel`) and the attention-alone kernel (`attend_kv_kernel`),
-both writing outputs and split partials exactly where omni_tts.kernels.talker's per-query-head kernels write
-theirs, so the same join follows. omni_tts.kernels.talker launches them where the configs key
-attend_per_kv_head asks; numerics as those kernels' (float32 scores and sums). Knows nothing about graphs or
-requests. Runs on CUDA; tests run it in Triton's CPU interpreter.
+Owns: the loop over a split's cache positions in that form (`_loop_kv`; its block load `kv_block`, which the
+per-query-head loop shares), the talker step's q/k norm + rope + cache write + attention kernel
+(`rope_attend_kv_kernel`) and the attention-alone kernel (`attend_kv_kernel`), both writing outputs and split
+partials exactly where omni_tts.kernels.talker's per-query-head kernels write theirs, so the same join follows.
+omni_tts.kernels.talker launches them where the configs key attend_per_kv_head asks; numerics as those kernels'
+(float32 scores and sums). Knows nothing about graphs or requests. Runs on CUDA; tests run it in Triton's CPU
+interpreter.
 """
 
 from __future__ import annotations
@@ -22,6 +23,19 @@ if triton is not None:
 
     from omni_tts.kernels.layers import normed_rope, rope_row, store_kv
     from omni_tts.kernels.projection import after_previous
+
+    @triton.jit
+    def kv_block(kc_at, vc_at, p, pos, k, v, d, dm, HD: tl.constexpr, FRESH: tl.constexpr):
+        """One KV head's cache block at positions p [BL] (kc_at/vc_at: its position 0), those past pos read as 0;
+        FRESH: position pos is k/v (float32 [BD], being written by another program), not the cache's.
+        -> K, V float32 [BL, BD] (both attention forms' loops take their blocks so)"""
+        cached = ((p < pos) if FRESH else (p <= pos))[:, None] & dm[None, :]
+        kk = tl.load(kc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)
+        vv = tl.load(vc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)
+        if FRESH:
+            kk = tl.where((p == pos)[:, None], k[None, :], kk)
+            vv = tl.where((p == pos)[:, None], v[None, :], vv)
+        return kk, vv
 
     @triton.jit
     def _loop_kv(q, k, v, pos, kc_at, vc_at, d, dm, scale, R: tl.constexpr, HD: tl.constexpr, BL: tl.constexpr,
@@ -39,12 +53,7 @@ if triton is not None:
         acc = tl.zeros(q.shape, tl.float32)
         for start in range(0, tl.minimum(pos + 1, lo + CH) - lo if TO_POS else CH, BL):
             p = lo + start + tl.arange(0, BL)
-            cached = ((p < pos) if FRESH else (p <= pos))[:, None] & dm[None, :]
-            kk = tl.load(kc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)  # [BL, BD]
-            vv = tl.load(vc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)
-            if FRESH:
-                kk = tl.where((p == pos)[:, None], k[None, :], kk)
-                vv = tl.where((p == pos)[:, None], v[None, :], vv)
+            kk, vv = kv_block(kc_at, vc_at, p, pos, k, v, d, dm, HD, FRESH)  # [BL, BD]
             s = tl.sum(q[:, None, :] * kk[None, :, :], axis=2) * scale  # [R, BL]
             s = tl.where((p <= pos)[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))

@@ -35,6 +35,7 @@ if kernels.triton is not None:
     import triton
     import triton.language as tl
 
+    from omni_tts.kernels.attend_kv import kv_block
     from omni_tts.kernels.layers import lanes, normed_rope, rope_row, store_kv
     from omni_tts.kernels.projection import after_previous
 
@@ -82,12 +83,7 @@ if kernels.triton is not None:
         # interpreter makes a local a tensor)
         for start in range(0, tl.minimum(pos + 1, lo + CH) - lo if TO_POS else CH, BL):
             p = lo + start + tl.arange(0, BL)
-            cached = ((p < pos) if FRESH else (p <= pos))[:, None] & dm[None, :]
-            kk = tl.load(kc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)  # [BL, BD]
-            vv = tl.load(vc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)
-            if FRESH:
-                kk = tl.where((p == pos)[:, None], k[None, :], kk)
-                vv = tl.where((p == pos)[:, None], v[None, :], vv)
+            kk, vv = kv_block(kc_at, vc_at, p, pos, k, v, d, dm, HD, FRESH)  # [BL, BD]
             s = tl.where(p <= pos, tl.sum(q[None, :] * kk, axis=1) * scale, float("-inf"))  # [BL]
             m_new = tl.maximum(m_i, tl.max(s, axis=0))
             m_at = m_new
