@@ -26,6 +26,7 @@ from omni_tts.models import voice_clone as clone
 from omni_tts.models.checkpoint import Checkpoint
 from omni_tts.models.code_predictor import CodePredictor
 from omni_tts.models.layers import cast_parameters, load_strict, no_weight_init
+from omni_tts.models.module_calls import keep_module_calls
 from omni_tts.models.talker import Talker
 from omni_tts.models.text import Prompt, PromptBuilder, TextTokenizer
 
@@ -120,6 +121,7 @@ class TTSModel:
                                               ("talker.code_predictor.", "")], source,
                     ignore_prefixes=("talker.model.", "talker.text_projection.", "talker.codec_head.",
                                      "speaker_encoder."))
+        keep_module_calls(talker, predictor)
         return cls(ckpt, talker, predictor, device, dtype)
 
     # ------------------------------------------------------------------ description
@@ -316,6 +318,7 @@ class TTSModel:
                 raise OmniTTSError(f"the codec decoder is not available ({e})") from None
             with no_weight_init():  # its load is strict: every entry comes from the checkpoint
                 codec = CodecDecoder.from_checkpoint(self.ckpt).to(self.device).eval()
+            keep_module_calls(codec)
             self._codec = codec.set_precision(self.codec_precision)
         return self._codec
 

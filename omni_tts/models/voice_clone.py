@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from omni_tts.errors import InputError
+from omni_tts.models.module_calls import keep_module_calls
 from omni_tts.models.precision import exact
 
 if TYPE_CHECKING:  # imported lazily at run time: speaker.py pulls in soundfile and the encoders
@@ -118,6 +119,7 @@ class VoiceEncoders:
         if self._speaker is None:
             self._speaker = SpeakerEncoder.from_checkpoint(m.ckpt).to(m.device, torch.float32)
             self._codec = CodecEncoder.from_checkpoint(m.ckpt).to(m.device, torch.float32)
+            keep_module_calls(self._speaker, self._codec)
 
     def prompt(self, audio: AudioSource | torch.Tensor, ref_text: str | None = None, x_vector_only: bool = False,
                limits: Any = None) -> VoicePrompt:
