@@ -210,11 +210,9 @@ def talker_attend(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x
     -> a [B, H, 1, hd]"""
     attn, y = layer.self_attn, _qkv(layer, w_qkv, b_qkv, x, kc, vc, pdl)  # y: [B, (H+2Hkv) hd]
     B, H, Hkv, hd = x.shape[0], attn.heads, attn.kv_heads, attn.head_dim
-    per_kv = _per_kv_head(H, Hkv)
-    S, CH = _split(B, Hkv if per_kv else H, kv_len, x.device, splits)
+    kernel, heads, BL, S, CH = _programs(B, H, Hkv, kv_len, x.device, splits, _rope_attend_kernel,
+                                         attend_kv.rope_attend_kv_kernel)
     a, po, pm, pl = _outputs(B, H, hd, S, x)
-    kernel, heads, BL = ((attend_kv.rope_attend_kv_kernel, Hkv, attend_kv.BLOCK) if per_kv
-                         else (_rope_attend_kernel, H, ATTEND_BLOCK))
     kernel[(B, heads, S)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(), pos, kc, vc,
                           po, pm, pl, float(attn.q_norm.eps), hd ** -0.5, kc.stride(0), kc.stride(1), H=H, HKV=Hkv,
                           HD=hd, BD=next_pow2(hd), BL=BL, CH=CH, S=S, PDL=pdl, TO_POS=_to_pos(CH, BL),
@@ -230,11 +228,9 @@ def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tenso
     B, H, _, hd = q.shape
     assert kc.stride() == vc.stride() and kc.stride(3) == 1 and kc.stride(2) == hd and q.stride(3) == 1
     Hkv = kc.shape[1]
-    per_kv = _per_kv_head(H, Hkv)
-    S, CH = _split(B, Hkv if per_kv else H, kv_len, q.device, splits)
+    kernel, heads, BL, S, CH = _programs(B, H, Hkv, kv_len, q.device, splits, _attend_kernel,
+                                         attend_kv.attend_kv_kernel)
     a, po, pm, pl = _outputs(B, H, hd, S, q)
-    kernel, heads, BL = ((attend_kv.attend_kv_kernel, Hkv, attend_kv.BLOCK) if per_kv
-                         else (_attend_kernel, H, ATTEND_BLOCK))
     kernel[(B, heads, S)](q, pos, kc, vc, po, pm, pl, hd ** -0.5, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1),
                           H=H, HKV=Hkv, HD=hd, BD=next_pow2(hd), BL=BL, CH=CH, S=S, TO_POS=_to_pos(CH, BL),
                           num_warps=ATTEND_WARPS)
@@ -246,6 +242,15 @@ def _to_pos(chunk: int, block: int = ATTEND_BLOCK) -> bool:
     block compiles to straight-line code, no loop), and not in Triton's interpreter (which takes no loop bound
     from a loaded value: there a split loops over all its blocks)."""
     return chunk > block and not _INTERPRET
+
+
+def _programs(B: int, H: int, Hkv: int, kv_len: int, device: torch.device, splits: int | None, per_query: Any,
+              per_kv: Any) -> tuple[Any, int, int, int, int]:
+    """(kernel, heads of the grid's second axis, its block of positions, S, CH): `per_kv` (a program per KV head)
+    where `_per_kv_head` says so, else `per_query`; the splits (`_split`) count those programs."""
+    kernel, heads, block = ((per_kv, Hkv, attend_kv.BLOCK) if _per_kv_head(H, Hkv)
+                            else (per_query, H, ATTEND_BLOCK))
+    return kernel, heads, block, *_split(B, heads, kv_len, device, splits)
 
 
 def _per_kv_head(H: int, Hkv: int) -> bool:
