@@ -16,7 +16,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from omni_tts.kernels import attend_kv, configs, heads, layers, snake, talker  # noqa: E402
+from omni_tts.kernels import configs, heads, layers, snake, talker  # noqa: E402
 from omni_tts.kernels import projection as projection_kernels  # noqa: E402
 
 PTR = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}
@@ -125,15 +125,6 @@ def talker_attention() -> dict[str, str]:
                                          a_ptr=a, pm_ptr=F32, pl_ptr=F32, scale=0.1, q_row=4096, q_head=128,
                                          kc_row=1 << 20, kc_head=1 << 16), {**cx, **split}, talker.ATTEND_WARPS)
            for S, a, split in splits},
-        **{f"talker rope + attend per KV head S={S}": build(
-            attend_kv.rope_attend_kv_kernel, {**common, "a_ptr": a, "pm_ptr": F32, "pl_ptr": F32, "scale": 0.1},
-            {**cx, **split, "BL": attend_kv.BLOCK, "PDL": True}, talker.ATTEND_WARPS, pdl=True)
-           for S, a, split in splits},
-        **{f"talker attend per KV head S={S}": build(
-            attend_kv.attend_kv_kernel, dict(q_ptr=BF, pos_ptr=I64, kc_ptr=BF, vc_ptr=BF, a_ptr=a, pm_ptr=F32,
-                                             pl_ptr=F32, scale=0.1, q_row=4096, q_head=128, kc_row=1 << 20,
-                                             kc_head=1 << 16), {**cx, **split, "BL": attend_kv.BLOCK},
-            talker.ATTEND_WARPS) for S, a, split in splits},
         "talker split join": build(talker._combine_kernel, dict(po_ptr=F32, pm_ptr=F32, pl_ptr=F32, a_ptr=BF),
                                    dict(H=H, HD=HD, BD=HD, S=5, BS=8, PDL=True), talker.COMBINE_WARPS, pdl=True),
     }

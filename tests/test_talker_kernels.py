@@ -7,7 +7,6 @@ DecoderLayer; and the probe. Skips where triton is not installed."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -106,29 +105,18 @@ def test_kernel_layer_step_equals_the_reference_decoder_layer() -> None:
 BLOCK = talker_kernels.ATTEND_BLOCK
 
 
-@pytest.fixture(params=[False, True], ids=["per_query_head", "per_kv_head"])
-def per_kv_head(request: pytest.FixtureRequest) -> Iterator[bool]:
-    """The attention kernels a program per query head, then (the configs key attend_per_kv_head) per KV head."""
-    was = kernel_configs.ATTEND_PER_KV_HEAD
-    kernel_configs.set_options({"attend_per_kv_head": request.param})
-    yield request.param
-    kernel_configs.set_options({"attend_per_kv_head": was})
-
-
 @pytest.mark.parametrize("dtype,pos,splits", [(torch.float32, [2, BLOCK + BLOCK // 3 + 1, 0, BLOCK], 1),
                                               (torch.float32, [2, BLOCK + BLOCK // 3 + 1, 0, BLOCK], 2),
                                               (torch.bfloat16, [BLOCK + BLOCK // 10, 5], 2)])
 def test_attention_kernel_equals_the_rope_kernel_then_gqa_attention(dtype: torch.dtype, pos: list[int],
-                                                                    splits: int, per_kv_head: bool) -> None:
+                                                                    splits: int) -> None:
     """talker_attend (q/k norm + rope, the cache write and the attention in one kernel, over blocks of
     cache positions, in one program or split over two whose softmaxes a third kernel joins; rows below the
     second block leave its split nothing) against talker_attn_in then gqa_attention over the whole cache with
-    the causal mask; positions above each row's own hold junk the attention must not read. Per KV head, one
-    program writes a KV head's cache row and attends for both query heads that share it."""
+    the causal mask; positions above each row's own hold junk the attention must not read."""
     m, _ = model_and_fast()
     layer = copy.deepcopy(m.talker.layers[1]).to(dtype)
     w, a = fuse_layer(layer), layer.self_attn
-    assert talker_kernels._per_kv_head(a.heads, a.kv_heads) == per_kv_head  # the path under test is taken
     B, M = len(pos), 2 * talker_kernels.ATTEND_BLOCK  # two blocks: rows whose position lies in the first or second
     torch.manual_seed(len(pos))
     x = torch.randn(B, 1, layer.input_layernorm.weight.shape[0]).to(dtype)
@@ -147,14 +135,12 @@ def test_attention_kernel_equals_the_rope_kernel_then_gqa_attention(dtype: torch
 
 
 @pytest.mark.parametrize("dtype,splits", [(torch.float32, 1), (torch.bfloat16, 1), (torch.float32, 3)])
-def test_attention_alone_equals_gqa_attention_over_the_rows_positions(dtype: torch.dtype, splits: int,
-                                                                     per_kv_head: bool) -> None:
+def test_attention_alone_equals_gqa_attention_over_the_rows_positions(dtype: torch.dtype, splits: int) -> None:
     """talker_kernels.attend (the cache already written) against gqa_attention over the first kv_len positions
     with the causal mask, for a strided q as the compiled attn-in unit returns it, in one program or split
     a block each; junk past each row's position and past kv_len must not count."""
     m, _ = model_and_fast()
     a = m.talker.layers[0].self_attn
-    assert talker_kernels._per_kv_head(a.heads, a.kv_heads) == per_kv_head
     pos = [0, BLOCK // 2 - 1, BLOCK // 2, BLOCK + BLOCK // 2 + 8, 17, 2 * BLOCK + 43]
     L = 2 * talker_kernels.ATTEND_BLOCK + 44  # rows whose position lies in the first block, the second or the third
     B, M = len(pos), L + 100  # the cache longer than L, junk in the third block past L

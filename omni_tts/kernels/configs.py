@@ -115,14 +115,9 @@ FOLD_ROWS = 33
 # "attend_waves" key): a row and head's cache positions split over more programs, whose softmaxes a small
 # kernel joins; more than one lets an SM hide one program's loads behind another's, which long caches pay for
 ATTEND_WAVES = 4
-# the talker's attention with one program per KV head (its query heads side by side, each block of cache positions
-# loaded once for them: omni_tts.kernels.attend_kv) instead of one per query head (the JSON's
-# "attend_per_kv_head" key); the splits then count KV heads
-ATTEND_PER_KV_HEAD = False
 # the JSON's keys that set one of the values above, and their types
 _SCALARS = {"choose_warps": int, "choose_bits": int, "choose_sort_free": bool, "talker_kernel_rows": int,
-            "talker_pdl_rows": int, "fold_rows": int, "attend_waves": int,
-            "attend_per_kv_head": bool}
+            "talker_pdl_rows": int, "fold_rows": int, "attend_waves": int}
 
 
 def load_configs(path: str) -> None:

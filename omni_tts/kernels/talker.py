@@ -5,8 +5,7 @@ Owns: the talker layer around its attention in five kernels (norm + q|k|v, then 
 K/V written at each row's own cache position; o + residual, norm + gate|up + SiLU, down + residual:
 the projection kernel of omni_tts.kernels.projection), and the attention itself folded into the second
 (`talker_attend`: one program per row and query head reads the cache positions up to its row's own;
-where rows x heads leave SMs idle, several programs share them and a small kernel joins their softmaxes;
-where the configs key attend_per_kv_head asks, a program per KV head instead, omni_tts.kernels.attend_kv),
+where rows x heads leave SMs idle, several programs share them and a small kernel joins their softmaxes),
 so the reference's attention call between them drops out where the caller chooses it.
 Numerics follow the references to the dtype's rounding (float32 accumulation; the order of sums
 differs). Knows nothing about graphs, buckets or requests; which batches use the kernels is the
@@ -20,7 +19,6 @@ from typing import Any
 
 import torch
 
-from omni_tts.kernels import attend_kv
 from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import projection as proj_kernels
@@ -35,7 +33,6 @@ if kernels.triton is not None:
     import triton
     import triton.language as tl
 
-    from omni_tts.kernels.attend_kv import kv_block
     from omni_tts.kernels.layers import lanes, normed_rope, rope_row, store_kv
     from omni_tts.kernels.projection import after_previous
 
@@ -83,7 +80,12 @@ if kernels.triton is not None:
         # interpreter makes a local a tensor)
         for start in range(0, tl.minimum(pos + 1, lo + CH) - lo if TO_POS else CH, BL):
             p = lo + start + tl.arange(0, BL)
-            kk, vv = kv_block(kc_at, vc_at, p, pos, k, v, d, dm, HD, FRESH)  # [BL, BD]
+            cached = ((p < pos) if FRESH else (p <= pos))[:, None] & dm[None, :]
+            kk = tl.load(kc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)  # [BL, BD]
+            vv = tl.load(vc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)
+            if FRESH:
+                kk = tl.where((p == pos)[:, None], k[None, :], kk)
+                vv = tl.where((p == pos)[:, None], v[None, :], vv)
             s = tl.where(p <= pos, tl.sum(q[None, :] * kk, axis=1) * scale, float("-inf"))  # [BL]
             m_new = tl.maximum(m_i, tl.max(s, axis=0))
             m_at = m_new
@@ -210,13 +212,13 @@ def talker_attend(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x
     -> a [B, H, 1, hd]"""
     attn, y = layer.self_attn, _qkv(layer, w_qkv, b_qkv, x, kc, vc, pdl)  # y: [B, (H+2Hkv) hd]
     B, H, Hkv, hd = x.shape[0], attn.heads, attn.kv_heads, attn.head_dim
-    kernel, heads, BL, S, CH = _programs(B, H, Hkv, kv_len, x.device, splits, _rope_attend_kernel,
-                                         attend_kv.rope_attend_kv_kernel)
+    S, CH = _split(B, H, kv_len, x.device, splits)
     a, po, pm, pl = _outputs(B, H, hd, S, x)
-    kernel[(B, heads, S)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(), pos, kc, vc,
-                          po, pm, pl, float(attn.q_norm.eps), hd ** -0.5, kc.stride(0), kc.stride(1), H=H, HKV=Hkv,
-                          HD=hd, BD=next_pow2(hd), BL=BL, CH=CH, S=S, PDL=pdl, TO_POS=_to_pos(CH, BL),
-                          **proj_kernels.launch_options(pdl, ATTEND_WARPS))
+    _rope_attend_kernel[(B, H, S)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(),
+                                   pos, kc, vc, po, pm, pl, float(attn.q_norm.eps), hd ** -0.5, kc.stride(0),
+                                   kc.stride(1), H=H, HKV=Hkv, HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK,
+                                   CH=CH, S=S, PDL=pdl, TO_POS=_to_pos(CH),
+                                   **proj_kernels.launch_options(pdl, ATTEND_WARPS))
     return _combine(po, pm, pl, a, pdl)
 
 
@@ -227,37 +229,19 @@ def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tenso
     kc/vc: [B, Hkv, M, hd] (last two dims contiguous); pos: [B], each below kv_len. -> [B, H, 1, hd]"""
     B, H, _, hd = q.shape
     assert kc.stride() == vc.stride() and kc.stride(3) == 1 and kc.stride(2) == hd and q.stride(3) == 1
-    Hkv = kc.shape[1]
-    kernel, heads, BL, S, CH = _programs(B, H, Hkv, kv_len, q.device, splits, _attend_kernel,
-                                         attend_kv.attend_kv_kernel)
+    S, CH = _split(B, H, kv_len, q.device, splits)
     a, po, pm, pl = _outputs(B, H, hd, S, q)
-    kernel[(B, heads, S)](q, pos, kc, vc, po, pm, pl, hd ** -0.5, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1),
-                          H=H, HKV=Hkv, HD=hd, BD=next_pow2(hd), BL=BL, CH=CH, S=S, TO_POS=_to_pos(CH, BL),
-                          num_warps=ATTEND_WARPS)
+    _attend_kernel[(B, H, S)](q, pos, kc, vc, po, pm, pl, hd ** -0.5, q.stride(0), q.stride(1), kc.stride(0),
+                              kc.stride(1), H=H, HKV=kc.shape[1], HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK,
+                              CH=CH, S=S, TO_POS=_to_pos(CH), num_warps=ATTEND_WARPS)
     return _combine(po, pm, pl, a, False)
 
 
-def _to_pos(chunk: int, block: int = ATTEND_BLOCK) -> bool:
+def _to_pos(chunk: int) -> bool:
     """Whether a split's loop stops at its row's own position: where the split spans several blocks (one
     block compiles to straight-line code, no loop), and not in Triton's interpreter (which takes no loop bound
     from a loaded value: there a split loops over all its blocks)."""
-    return chunk > block and not _INTERPRET
-
-
-def _programs(B: int, H: int, Hkv: int, kv_len: int, device: torch.device, splits: int | None, per_query: Any,
-              per_kv: Any) -> tuple[Any, int, int, int, int]:
-    """(kernel, heads of the grid's second axis, its block of positions, S, CH): `per_kv` (a program per KV head)
-    where `_per_kv_head` says so, else `per_query`; the splits (`_split`) count those programs."""
-    kernel, heads, block = ((per_kv, Hkv, attend_kv.BLOCK) if _per_kv_head(H, Hkv)
-                            else (per_query, H, ATTEND_BLOCK))
-    return kernel, heads, block, *_split(B, heads, kv_len, device, splits)
-
-
-def _per_kv_head(H: int, Hkv: int) -> bool:
-    """Whether the attention runs a program per KV head (`attend_kv`, the configs key attend_per_kv_head): where
-    asked and several query heads share each KV head, a power of two of them."""
-    rep = H // Hkv
-    return kernel_configs.ATTEND_PER_KV_HEAD and H == rep * Hkv and rep > 1 and rep & (rep - 1) == 0
+    return chunk > ATTEND_BLOCK and not _INTERPRET
 
 
 @functools.cache

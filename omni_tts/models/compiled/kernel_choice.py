@@ -168,9 +168,7 @@ class KernelChoice:
             pdl += f" (talker: up to {min(self.talker_pdl_rows, self.talker_kernel_rows)} rows)"
         head = " (+ heads and sampling)" if self.head_kernel_rows else ""
         rows = max(self.talker_attend_rows, self.talker_kernel_rows)
-        per_kv = ", a program per KV head" if kernel_configs.ATTEND_PER_KV_HEAD else ""
-        attend = (f" (attention: {rows} rows, {self.talker_attend_len} positions{per_kv})"
-                  if self.talker_attend_len else "")
+        attend = f" (attention: {rows} rows, {self.talker_attend_len} positions)" if self.talker_attend_len else ""
         return (f"Triton kernels up to {self.kernel_rows} predictor rows{head} / {self.talker_kernel_rows} talker "
                 f"rows{attend}{pdl}, Inductor above")
 
