@@ -197,6 +197,9 @@ class EngineConfig:
     chunk_growth: bool = True  # chunks after the first double in size up to chunk_frames (gap-free playback)
     gpu_memory_limit_gb: float | None = None  # CUDA: cap this process's allocator
     buckets: list[int] | None = None  # graph batch buckets; None: powers of two up to max_num_seqs
+    # the CodePredictor's own batch buckets, read as buckets is (None: the same as buckets): 17-32 rows take the
+    # 64-row frame, which the Triton predictor runs faster than the 32-row one
+    predictor_buckets: list[int] | None = dataclasses.field(default_factory=lambda: [1, 2, 4, 8, 16, 64])
     # hold a burst's first arrivals this long at most while the rest still prepare their prompts, so the
     # burst shares one prefill pass and its chunks stay in step (batched code-to-wave); 0: admit at once
     admit_hold_ms: int = 30
@@ -215,8 +218,15 @@ class EngineConfig:
         return self.request_timeout_s or None
 
     def resolved_buckets(self) -> list[int]:
-        if self.buckets:
-            fit = {int(b) for b in self.buckets if 0 < int(b) <= self.max_num_seqs}
+        return self._fit_buckets(self.buckets)
+
+    def resolved_predictor_buckets(self) -> list[int]:
+        return self._fit_buckets(self.predictor_buckets or self.buckets)
+
+    def _fit_buckets(self, buckets: list[int] | None) -> list[int]:
+        """The listed buckets up to max_num_seqs, and max_num_seqs; none listed: powers of two below it."""
+        if buckets:
+            fit = {int(b) for b in buckets if 0 < int(b) <= self.max_num_seqs}
             return sorted(fit | {self.max_num_seqs})
         out, b = [], 1
         while b < self.max_num_seqs:

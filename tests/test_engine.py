@@ -225,6 +225,37 @@ def test_fast_path_engine_with_kv_length_buckets_equals_the_plain_path(_one_thre
         eng.shutdown()
 
 
+def test_predictor_buckets_of_their_own_run_two_rows_at_four_and_keep_the_codes(_one_thread, monkeypatch):
+    """predictor_buckets [1, 4] beside the talker's [1, 2, 4]: on the fast path (uncompiled) a two-row frame's
+    CodePredictor runs at four rows, its talker step at two, and both requests still get the plain path's codes
+    (the rows past the live ones compute on spare slots and are dropped)."""
+    from omni_tts.models.compiled.fast_path import FastPath
+
+    eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=4, predictor_buckets=[1, 4])
+    try:
+        runner = scheduler(eng).runner
+        assert (runner.buckets, runner.cp_buckets) == ([1, 2, 4], [1, 4])
+        fast = FastPath(eng.model, None)
+        runner.talker_impl, runner.cp_impl, runner.cp_predict = fast, fast, fast.predict_frame
+        sizes: dict[str, list[int]] = {"cp": [], "talker": []}
+
+        def spy(part: str, f):  # records the size each step's callable is made at, then makes it
+            def made(*a):
+                make = f(*a)
+                return lambda b: sizes[part].append(b) or make(b)
+            return made
+        monkeypatch.setattr(runner, "_make_cp_fn", spy("cp", runner._make_cp_fn))
+        monkeypatch.setattr(runner, "_make_talker_fn", spy("talker", runner._make_talker_fn))
+        ps = [greedy(t, fixed_frames=n) for t, n in (("One row here.", 24), ("And a second one.", 8))]
+        handles = [eng.submit(p) for p in ps]
+        for p, h in zip(ps, handles):
+            r = h.result(TIMEOUT)
+            assert_same_as_plain(eng, p, r.codes, r.wav)
+        assert 4 in sizes["cp"] and 2 not in sizes["cp"] and 2 in sizes["talker"]
+    finally:
+        eng.shutdown()
+
+
 # ------------------------------------------------------------------------------------------ modes
 def test_a_request_names_its_mode_and_an_absent_or_unknown_one_is_refused_at_submit(engine):
     """mode=None and mode='eager' both run in the eager scheduler; a mode that is not resident here (CPU: only

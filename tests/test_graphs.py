@@ -31,6 +31,16 @@ def test_resolved_buckets(max_num_seqs, buckets, want):
     assert cfg.resolved_buckets() == want
 
 
+def test_predictor_buckets_leave_out_32_at_64_slots_and_none_means_the_buckets():
+    cfg = EngineConfig(max_num_seqs=64)
+    assert cfg.resolved_predictor_buckets() == [1, 2, 4, 8, 16, 64]
+    assert cfg.resolved_buckets() == [1, 2, 4, 8, 16, 32, 64]
+    small = EngineConfig(max_num_seqs=32)  # the 64-row frame is past max_num_seqs: the predictor's are the buckets
+    assert small.resolved_predictor_buckets() == small.resolved_buckets() == [1, 2, 4, 8, 16, 32]
+    same = EngineConfig(max_num_seqs=64, buckets=[1, 4, 16], predictor_buckets=None)
+    assert same.resolved_predictor_buckets() == same.resolved_buckets() == [1, 4, 16, 64]
+
+
 def test_every_batch_size_up_to_max_num_seqs_has_a_bucket():
     for s in range(1, 40):
         buckets = EngineConfig(max_num_seqs=s).resolved_buckets()

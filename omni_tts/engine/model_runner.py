@@ -44,6 +44,7 @@ class Runner(RunnerWarmUp):
             raise InputError(f"mode {mode.value} is not available: {why}")
         self.S = config.max_num_seqs
         self.buckets = config.resolved_buckets()
+        self.cp_buckets = config.resolved_predictor_buckets()
         self.max_len = config.max_seq_len
         self.scratch_pos = self.max_len  # one spare KV column: padded rows and captures write here
         self._alloc_state()
@@ -221,9 +222,9 @@ class Runner(RunnerWarmUp):
         talker = self._talker_now()
         ref_cp = sort in self.cp_pending
         return (lambda: self._run(None if ref_cp else self.cp_graphs.get(sort), self._make_cp_fn(sort, ref_cp), n,
-                                  self.cp_impl is not None and not ref_cp),
+                                  self.cp_impl is not None and not ref_cp, self.cp_buckets),
                 lambda: self._run(self.talker_graphs.get((L, sort)), self._make_talker_fn(L, sort, talker), n,
-                                  talker is not None))
+                                  talker is not None, self.buckets))
 
     def kv_len(self, n: int) -> int:
         """The smallest kv bucket covering the positions of rows [:n] (the whole cache if none does)."""
@@ -351,10 +352,10 @@ class Runner(RunnerWarmUp):
             torch.cuda.current_stream(self.device).wait_stream(self._copies)
 
     def _run(self, graph: BucketedGraph | None, make: Callable[[int], Callable[[], tuple]], n: int,
-             compiled: bool) -> tuple:
+             compiled: bool, buckets: list[int]) -> tuple:
         """One step for rows [:n]: the captured graph of n's bucket, else the callable at the bucket size
         (compiled units: one shape per bucket) or at n (reference modules)."""
-        b = pick_bucket(n, self.buckets)
+        b = pick_bucket(n, buckets)
         if graph is not None and b is not None:
             return graph.run(n)
         return tuple(t[:n] for t in make(b if (b and compiled) else n)())

@@ -56,9 +56,9 @@ class RunnerWarmUp:
                 steps += [(is_first(key), self._timed(kind, functools.partial(self._capture_one, g, live, key, say)))
                           for key, g in planned.items()]
         if self.cp_impl is not None and not cp_graphed:
-            say(f"compiling the CodePredictor ({self.mode.value}) for buckets {self.buckets}")
+            say(f"compiling the CodePredictor ({self.mode.value}) for buckets {self.cp_buckets}")
             steps += [(not v, self._timed("CodePredictor compile", functools.partial(self._compile_predictor, b, v)))
-                      for v in (False, True) for b in self.buckets]
+                      for v in (False, True) for b in self.cp_buckets]
         if self.cp_impl is not None and self.cp_impl.records_graph_trees:
             steps = [(True, step) for _, step in steps]  # no capture while it serves: it records graph trees
         steps.sort(key=lambda fs: not fs[0])  # stable: each kind keeps its order
@@ -101,7 +101,8 @@ class RunnerWarmUp:
         """(CodePredictor graphs where the mode graphs it, talker graphs, prefill graphs), not yet captured;
         the talker's capture its compiled path, whatever serves requests meanwhile."""
         variants = (False, True)
-        cp = ({v: BucketedGraph(f"code_predictor ({_VARIANT[v]})", self._make_cp_fn(v), self.buckets, self.pool)
+        cp = ({v: BucketedGraph(f"code_predictor ({_VARIANT[v]})", self._make_cp_fn(v), self.cp_buckets,
+                                 self.pool)
                for v in variants} if cp_graphed else {})
         talker = {(L, v): BucketedGraph(f"talker (kv {L}, {_VARIANT[v]})",
                                         self._make_talker_fn(L, v, self.talker_impl), self.buckets, self.pool)
@@ -132,7 +133,7 @@ class RunnerWarmUp:
         up, record it on the next call, replay it after that."""
         for _ in range(3 if self.cp_impl.records_graph_trees else 1):
             self._make_cp_fn(sort)(b)()
-        if b == self.buckets[-1]:  # every bucket of this variant is compiled (warm_steps' order)
+        if b == self.cp_buckets[-1]:  # every bucket of this variant is compiled (warm_steps' order)
             self.cp_pending.discard(sort)
 
 
