@@ -197,8 +197,8 @@ class EngineConfig:
     chunk_growth: bool = True  # chunks after the first double in size up to chunk_frames (gap-free playback)
     gpu_memory_limit_gb: float | None = None  # CUDA: cap this process's allocator
     buckets: list[int] | None = None  # graph batch buckets; None: powers of two up to max_num_seqs
-    # the CodePredictor's own batch buckets, read as buckets is (None: the same as buckets): 17-32 rows take the
-    # 64-row frame, which the Triton predictor runs faster than the 32-row one
+    # the buckets the CodePredictor keeps of those (None: all; max_num_seqs always): leaving out 32 gives its
+    # 17-32-row frames the 64-row graph, which the Triton predictor runs faster than the 32-row one
     predictor_buckets: list[int] | None = dataclasses.field(default_factory=lambda: [1, 2, 4, 8, 16, 64])
     # hold a burst's first arrivals this long at most while the rest still prepare their prompts, so the
     # burst shares one prefill pass and its chunks stay in step (batched code-to-wave); 0: admit at once
@@ -218,21 +218,23 @@ class EngineConfig:
         return self.request_timeout_s or None
 
     def resolved_buckets(self) -> list[int]:
-        return self._fit_buckets(self.buckets)
-
-    def resolved_predictor_buckets(self) -> list[int]:
-        return self._fit_buckets(self.predictor_buckets or self.buckets)
-
-    def _fit_buckets(self, buckets: list[int] | None) -> list[int]:
-        """The listed buckets up to max_num_seqs, and max_num_seqs; none listed: powers of two below it."""
-        if buckets:
-            fit = {int(b) for b in buckets if 0 < int(b) <= self.max_num_seqs}
+        if self.buckets:
+            fit = {int(b) for b in self.buckets if 0 < int(b) <= self.max_num_seqs}
             return sorted(fit | {self.max_num_seqs})
         out, b = [], 1
         while b < self.max_num_seqs:
             out.append(b)
             b *= 2
         return sorted(set(out) | {self.max_num_seqs})
+
+    def resolved_predictor_buckets(self) -> list[int]:
+        """The resolved buckets that `predictor_buckets` keeps (a subset: the predictor captures no shape the
+        talker does not), max_num_seqs always; None or empty: all of them."""
+        buckets = self.resolved_buckets()
+        if not self.predictor_buckets:
+            return buckets
+        keep = {int(b) for b in self.predictor_buckets} | {self.max_num_seqs}
+        return [b for b in buckets if b in keep]
 
     def resolved_codec_precision(self, cuda: bool) -> str:
         """The codec's precision: `codec_precision`, with auto as TF32 on CUDA and float32 (exact) on a CPU."""

@@ -39,6 +39,8 @@ def test_predictor_buckets_leave_out_32_at_64_slots_and_none_means_the_buckets()
     assert small.resolved_predictor_buckets() == small.resolved_buckets() == [1, 2, 4, 8, 16, 32]
     same = EngineConfig(max_num_seqs=64, buckets=[1, 4, 16], predictor_buckets=None)
     assert same.resolved_predictor_buckets() == same.resolved_buckets() == [1, 4, 16, 64]
+    sparse = EngineConfig(max_num_seqs=64, buckets=[1, 4, 32])  # a subset: no predictor shape the talker lacks
+    assert sparse.resolved_predictor_buckets() == [1, 4, 64]
 
 
 def test_every_batch_size_up_to_max_num_seqs_has_a_bucket():
