@@ -100,16 +100,17 @@ if triton is not None:
         programs of one KV head each write its new K/V (the same values) and attend over them as computed,
         the earlier positions read from the cache: no program waits for another, nor for its own stores."""
         dt = out_ptr.dtype.element_ty
-        after_previous(PDL)
         b, h, d, dm = lanes(HD, BD)
         g = h // (H // HKV)
         HALF: tl.constexpr = HD // 2
         W: tl.constexpr = (H + 2 * HKV) * HD
         p = tl.arange(0, BP)
         cache = (b * HKV + g) * P * HD
-        earlier = (p[:, None] < pos0) & dm[None, :]  # issued with y's loads: one memory round trip, not two
+        # the earlier positions, written by this layer's kernel of an earlier step, load before the wait
+        earlier = (p[:, None] < pos0) & dm[None, :]
         kk = tl.load(kc_ptr + cache + p[:, None] * HD + d[None, :], mask=earlier, other=0.0).to(tl.float32)  # [BP, BD]
         vv = tl.load(vc_ptr + cache + p[:, None] * HD + d[None, :], mask=earlier, other=0.0).to(tl.float32)
+        after_previous(PDL)
         for t in tl.static_range(T):
             row = y_ptr + (b * T + t) * W
             cos, sin = rope_row(cos_ptr, sin_ptr, (pos0 + t) * HD, d, dm)

@@ -63,7 +63,9 @@ if triton is not None:
     @triton.jit
     def after_previous(PDL: tl.constexpr):
         """With programmatic dependent launch: wait until the previous kernel is done (its writes visible),
-        then let the next kernel launch. Everything before this call may only read what no kernel writes."""
+        then let the next kernel launch. Everything before this call may only read what the previous kernel
+        does not write: weights, or what kernels two or more launches back wrote (this one launched only once
+        the previous one had passed its own wait, so those were done)."""
         if PDL:
             gdc_wait()
             gdc_launch_dependents()

@@ -60,42 +60,59 @@ if kernels.triton is not None:
 
 
     @triton.jit
-    def _attend_loop(q, k, v, pos, kc_at, vc_at, d, dm, scale, HD: tl.constexpr, BL: tl.constexpr, CH: tl.constexpr,
-                     S: tl.constexpr, FRESH: tl.constexpr, TO_POS: tl.constexpr):
+    def _split_start(CH: tl.constexpr, S: tl.constexpr):
+        """The first cache position of this program's split (program axis 2) of CH positions."""
+        if S == 1:
+            return 0
+        else:
+            return tl.program_id(2) * CH
+
+    @triton.jit
+    def _cached(kc_at, vc_at, p, pos, d, dm, HD: tl.constexpr, FRESH: tl.constexpr):
+        """The cache's K/V at positions p [BL] up to pos (FRESH: below it, being written) -> float32 [BL, BD] x 2."""
+        cached = ((p < pos) if FRESH else (p <= pos))[:, None] & dm[None, :]
+        kk = tl.load(kc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)
+        vv = tl.load(vc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)
+        return kk, vv
+
+    @triton.jit
+    def _attend_block(q, k, v, kk, vv, p, pos, acc, m_i, l_i, scale, S: tl.constexpr, FRESH: tl.constexpr):
+        """The online softmax's update by one block of positions p [BL] (kk/vv: their K/V from `_cached`; FRESH:
+        position pos is k/v) -> (acc, m_i, l_i)"""
+        if FRESH:
+            kk = tl.where((p == pos)[:, None], k[None, :], kk)
+            vv = tl.where((p == pos)[:, None], v[None, :], vv)
+        s = tl.where(p <= pos, tl.sum(q[None, :] * kk, axis=1) * scale, float("-inf"))  # [BL]
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        m_at = m_new
+        if S > 1:  # a split wholly past pos has no position: no NaN from -inf - -inf
+            m_at = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_at)
+        e = tl.exp(s - m_at)
+        return acc * alpha + tl.sum(e[:, None] * vv, axis=0), m_new, l_i * alpha + tl.sum(e, axis=0)
+
+    @triton.jit
+    def _attend_loop(q, k, v, kk0, vv0, pos, kc_at, vc_at, d, dm, scale, HD: tl.constexpr, BL: tl.constexpr,
+                     CH: tl.constexpr, S: tl.constexpr, FRESH: tl.constexpr, TO_POS: tl.constexpr):
         """q's causal attention (float32 [BD]) over this program's split of one KV head's cache positions
         0..pos (kc_at/vc_at: its position 0, positions HD apart): positions [s CH, (s+1) CH) for split s
-        (program axis 2), in blocks of BL with an online softmax; TO_POS: the blocks up to the one holding pos
+        (program axis 2), in blocks of BL with an online softmax, the first block's K/V given (kk0/vv0:
+        `_cached`, which a kernel may load before its wait); TO_POS: the blocks up to the one holding pos
         (a row's cost follows its own position, not the bucket's; a padded row's, past the bucket, stops at its
         split's end), else all of the split's (a block past pos reads nothing). FRESH: position pos is k/v
         (float32 [BD], being written by another program), not the cache's. -> (unnormed output [BD], running
         max, softmax sum): max -inf and sum 0 for a split wholly past pos"""
-        if S == 1:
-            lo = 0
-        else:
-            lo = tl.program_id(2) * CH
+        lo = _split_start(CH, S)
         m_i = tl.full([], float("-inf"), tl.float32)
         l_i = tl.full([], 0.0, tl.float32)
-        acc = tl.zeros(q.shape, tl.float32)
+        acc, m_i, l_i = _attend_block(q, k, v, kk0, vv0, lo + tl.arange(0, BL), pos, tl.zeros(q.shape, tl.float32),
+                                      m_i, l_i, scale, S, FRESH)
         # to the split's end at most: a padded row sits at the scratch position past every bucket (inline: the
         # interpreter makes a local a tensor)
-        for start in range(0, tl.minimum(pos + 1, lo + CH) - lo if TO_POS else CH, BL):
+        for start in range(BL, tl.minimum(pos + 1, lo + CH) - lo if TO_POS else CH, BL):
             p = lo + start + tl.arange(0, BL)
-            cached = ((p < pos) if FRESH else (p <= pos))[:, None] & dm[None, :]
-            kk = tl.load(kc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)  # [BL, BD]
-            vv = tl.load(vc_at + p[:, None] * HD + d[None, :], mask=cached, other=0.0).to(tl.float32)
-            if FRESH:
-                kk = tl.where((p == pos)[:, None], k[None, :], kk)
-                vv = tl.where((p == pos)[:, None], v[None, :], vv)
-            s = tl.where(p <= pos, tl.sum(q[None, :] * kk, axis=1) * scale, float("-inf"))  # [BL]
-            m_new = tl.maximum(m_i, tl.max(s, axis=0))
-            m_at = m_new
-            if S > 1:  # a split wholly past pos has no position: no NaN from -inf - -inf
-                m_at = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m_i - m_at)
-            e = tl.exp(s - m_at)
-            l_i = l_i * alpha + tl.sum(e, axis=0)
-            acc = acc * alpha + tl.sum(e[:, None] * vv, axis=0)
-            m_i = m_new
+            kk, vv = _cached(kc_at, vc_at, p, pos, d, dm, HD, FRESH)
+            acc, m_i, l_i = _attend_block(q, k, v, kk, vv, p, pos, acc, m_i, l_i, scale, S, FRESH)
         return acc, m_i, l_i
 
     @triton.jit
@@ -144,19 +161,22 @@ if kernels.triton is not None:
         g = h // REP
         d = tl.arange(0, BD)
         dm = d < HD
-        after_previous(PDL)
+        # positions, rope rows and the cache's earlier positions come from kernels before the q|k|v projection
+        # (the last one): they load before the wait, and the cache's first block arrives while it runs
         cos, sin = rope_row(cos_ptr, sin_ptr, b * HD, d, dm)
-        row = y_ptr + b * W
         pos = tl.load(pos_ptr + b)
         head = b * kc_row + g * kc_head
+        kk0, vv0 = _cached(kc_ptr + head, vc_ptr + head, _split_start(CH, S) + tl.arange(0, BL), pos, d, dm, HD, True)
+        after_previous(PDL)
+        row = y_ptr + b * W
         writes = dm & (h % REP == 0)
         if S > 1:
             writes = writes & (tl.program_id(2) == 0)
         k, v = store_kv(row, g, kn_ptr, cos, sin, eps, kc_ptr + head + pos * HD + d, vc_ptr + head + pos * HD + d, d,
                         dm, writes, H, HKV, HD, dt)
         q = normed_rope(row + h * HD, d, dm, HD // 2, HD, qn_ptr, cos, sin, eps, dt)
-        acc, m_i, l_i = _attend_loop(q, k, v.to(tl.float32), pos, kc_ptr + head, vc_ptr + head, d, dm, scale, HD, BL,
-                                     CH, S, True, TO_POS)
+        acc, m_i, l_i = _attend_loop(q, k, v.to(tl.float32), kk0, vv0, pos, kc_ptr + head, vc_ptr + head, d, dm, scale,
+                                     HD, BL, CH, S, True, TO_POS)
         _attend_store(acc, m_i, l_i, a_ptr, pm_ptr, pl_ptr, b, h, d, dm, H, HD, S)
 
     @triton.jit
@@ -172,8 +192,9 @@ if kernels.triton is not None:
         pos = tl.load(pos_ptr + b)
         head = b * kc_row + (h // (H // HKV)) * kc_head
         q = tl.load(q_ptr + b * q_row + h * q_head + d, mask=dm, other=0.0).to(tl.float32)
-        acc, m_i, l_i = _attend_loop(q, q, q, pos, kc_ptr + head, vc_ptr + head, d, dm, scale, HD, BL, CH, S, False,
-                                     TO_POS)
+        kk0, vv0 = _cached(kc_ptr + head, vc_ptr + head, _split_start(CH, S) + tl.arange(0, BL), pos, d, dm, HD, False)
+        acc, m_i, l_i = _attend_loop(q, q, q, kk0, vv0, pos, kc_ptr + head, vc_ptr + head, d, dm, scale, HD, BL, CH, S,
+                                     False, TO_POS)
         _attend_store(acc, m_i, l_i, a_ptr, pm_ptr, pl_ptr, b, h, d, dm, H, HD, S)
 
 
