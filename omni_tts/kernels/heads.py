@@ -105,6 +105,8 @@ if kernels.triton is not None:
         b = tl.program_id(0)
         i = tl.arange(0, BV)
         vm = i < V
+        if SAMPLE:  # the noise depends on the slot's seed and frame only (set before the frame): before the wait
+            gumbel = -tl.log(-tl.log(_noise(tl.load(seed_ptr + b), tl.load(frame_ptr + b), codebook, i.to(tl.uint32))))
         after_previous(PDL)
         x = tl.load(logits_ptr + b * V + i, mask=vm, other=float("-inf")).to(tl.float32)  # [BV]
         pick = tl.argmax(x, axis=0)  # greedy: the first largest
@@ -116,8 +118,7 @@ if kernels.triton is not None:
                 cut = _topp_cut(xt, k, p, CAP)
             else:  # top-k alone (the checkpoints' default) needs only the k-th largest value
                 cut = _kth_largest(xt, k, BITS)
-            u = _noise(tl.load(seed_ptr + b), tl.load(frame_ptr + b), codebook, i.to(tl.uint32))
-            warped = tl.where(xt < cut, float("-inf"), xt) - tl.log(-tl.log(u))
+            warped = tl.where(xt < cut, float("-inf"), xt) + gumbel
             drawn = tl.argmax(tl.where(vm, warped, float("-inf")), axis=0)
             pick = tl.where(tl.load(greedy_ptr + b) != 0, pick, drawn)
         tl.store(code_ptr + b, pick.to(tl.int64))
