@@ -118,9 +118,11 @@ def talker_attention() -> dict[str, str]:
     return {
         "talker rope + cache": build(talker._rope_cache_kernel, {**common, "q_ptr": BF}, {**cx, "PDL": True}, 1,
                                      pdl=True),
-        **{f"talker rope + attend S={S}": build(talker._rope_attend_kernel, {**common, "a_ptr": a, "pm_ptr": F32,
-                                                "pl_ptr": F32, "scale": 0.1}, {**cx, **split, "PDL": True},
-                                                talker.ATTEND_WARPS, pdl=True) for S, a, split in splits},
+        **{f"talker rope + attend S={S} early={e}": build(talker._rope_attend_kernel, {**common, "a_ptr": a,
+                                                          "pm_ptr": F32, "pl_ptr": F32, "scale": 0.1},
+                                                          {**cx, **split, "PDL": True, "EARLY": e},
+                                                          talker.ATTEND_WARPS, pdl=True)
+           for S, a, split in splits for e in (True, False)},
         **{f"talker attend S={S}": build(talker._attend_kernel, dict(q_ptr=BF, pos_ptr=I64, kc_ptr=BF, vc_ptr=BF,
                                          a_ptr=a, pm_ptr=F32, pl_ptr=F32, scale=0.1, q_row=4096, q_head=128,
                                          kc_row=1 << 20, kc_head=1 << 16), {**cx, **split}, talker.ATTEND_WARPS)

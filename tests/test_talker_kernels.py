@@ -107,13 +107,16 @@ BLOCK = talker_kernels.ATTEND_BLOCK
 
 @pytest.mark.parametrize("dtype,pos,splits", [(torch.float32, [2, BLOCK + BLOCK // 3 + 1, 0, BLOCK], 1),
                                               (torch.float32, [2, BLOCK + BLOCK // 3 + 1, 0, BLOCK], 2),
-                                              (torch.bfloat16, [BLOCK + BLOCK // 10, 5], 2)])
+                                              (torch.bfloat16, [BLOCK + BLOCK // 10, 5], 2),
+                                              (torch.float32, [BLOCK + 3], 1),  # one row: its loads before the wait
+                                              (torch.bfloat16, [BLOCK // 2], 2)])
 def test_attention_kernel_equals_the_rope_kernel_then_gqa_attention(dtype: torch.dtype, pos: list[int],
                                                                     splits: int) -> None:
     """talker_attend (q/k norm + rope, the cache write and the attention in one kernel, over blocks of
     cache positions, in one program or split over two whose softmaxes a third kernel joins; rows below the
-    second block leave its split nothing) against talker_attn_in then gqa_attention over the whole cache with
-    the causal mask; positions above each row's own hold junk the attention must not read."""
+    second block leave its split nothing; one row loads its first block before the wait) against
+    talker_attn_in then gqa_attention over the whole cache with the causal mask; positions above each row's
+    own hold junk the attention must not read."""
     m, _ = model_and_fast()
     layer = copy.deepcopy(m.talker.layers[1]).to(dtype)
     w, a = fuse_layer(layer), layer.self_attn

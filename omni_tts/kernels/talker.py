@@ -27,6 +27,9 @@ from omni_tts.kernels.projection import _INTERPRET
 
 ATTEND_BLOCK = 128  # cache positions per step of the attention kernel's loop
 ATTEND_WARPS = 8
+# steps of at most this many rows load the cache's first block before their wait (more rows' loads there slowed
+# the q|k|v projection they overlap)
+EARLY_ROWS = 1
 COMBINE_WARPS = 2
 
 if kernels.triton is not None:
@@ -89,15 +92,18 @@ if kernels.triton is not None:
             m_at = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_at)
         e = tl.exp(s - m_at)
-        return acc * alpha + tl.sum(e[:, None] * vv, axis=0), m_new, l_i * alpha + tl.sum(e, axis=0)
+        l_i = l_i * alpha + tl.sum(e, axis=0)
+        acc = acc * alpha + tl.sum(e[:, None] * vv, axis=0)
+        return acc, m_new, l_i
 
     @triton.jit
     def _attend_loop(q, k, v, kk0, vv0, pos, kc_at, vc_at, d, dm, scale, HD: tl.constexpr, BL: tl.constexpr,
-                     CH: tl.constexpr, S: tl.constexpr, FRESH: tl.constexpr, TO_POS: tl.constexpr):
+                     CH: tl.constexpr, S: tl.constexpr, FRESH: tl.constexpr, TO_POS: tl.constexpr,
+                     GIVEN: tl.constexpr):
         """q's causal attention (float32 [BD]) over this program's split of one KV head's cache positions
         0..pos (kc_at/vc_at: its position 0, positions HD apart): positions [s CH, (s+1) CH) for split s
-        (program axis 2), in blocks of BL with an online softmax, the first block's K/V given (kk0/vv0:
-        `_cached`, which a kernel may load before its wait); TO_POS: the blocks up to the one holding pos
+        (program axis 2), in blocks of BL with an online softmax; GIVEN: the first block's K/V are kk0/vv0
+        (`_cached`, which a kernel may load before its wait), else unused; TO_POS: the blocks up to the one holding pos
         (a row's cost follows its own position, not the bucket's; a padded row's, past the bucket, stops at its
         split's end), else all of the split's (a block past pos reads nothing). FRESH: position pos is k/v
         (float32 [BD], being written by another program), not the cache's. -> (unnormed output [BD], running
@@ -105,11 +111,12 @@ if kernels.triton is not None:
         lo = _split_start(CH, S)
         m_i = tl.full([], float("-inf"), tl.float32)
         l_i = tl.full([], 0.0, tl.float32)
-        acc, m_i, l_i = _attend_block(q, k, v, kk0, vv0, lo + tl.arange(0, BL), pos, tl.zeros(q.shape, tl.float32),
-                                      m_i, l_i, scale, S, FRESH)
+        acc = tl.zeros(q.shape, tl.float32)
+        if GIVEN:
+            acc, m_i, l_i = _attend_block(q, k, v, kk0, vv0, lo + tl.arange(0, BL), pos, acc, m_i, l_i, scale, S, FRESH)
         # to the split's end at most: a padded row sits at the scratch position past every bucket (inline: the
         # interpreter makes a local a tensor)
-        for start in range(BL, tl.minimum(pos + 1, lo + CH) - lo if TO_POS else CH, BL):
+        for start in range(BL if GIVEN else 0, tl.minimum(pos + 1, lo + CH) - lo if TO_POS else CH, BL):
             p = lo + start + tl.arange(0, BL)
             kk, vv = _cached(kc_at, vc_at, p, pos, d, dm, HD, FRESH)
             acc, m_i, l_i = _attend_block(q, k, v, kk, vv, p, pos, acc, m_i, l_i, scale, S, FRESH)
@@ -148,7 +155,7 @@ if kernels.triton is not None:
     def _rope_attend_kernel(y_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, a_ptr, pm_ptr, pl_ptr,
                             eps, scale, kc_row, kc_head, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                             BD: tl.constexpr, BL: tl.constexpr, CH: tl.constexpr, S: tl.constexpr,
-                            PDL: tl.constexpr, TO_POS: tl.constexpr):
+                            PDL: tl.constexpr, TO_POS: tl.constexpr, EARLY: tl.constexpr):
         """Program (row b, query head h, split s) of a one-token talker step: K/V of h's KV head normed + rotated
         into the cache at the row's position pos[b] (by the first query head sharing it, in split 0), then h's
         causal attention over split s's cache positions of 0..pos[b] (`_attend_loop`; the new position's
@@ -161,22 +168,33 @@ if kernels.triton is not None:
         g = h // REP
         d = tl.arange(0, BD)
         dm = d < HD
-        # positions, rope rows and the cache's earlier positions come from kernels before the q|k|v projection
-        # (the last one): they load before the wait, and the cache's first block arrives while it runs
-        cos, sin = rope_row(cos_ptr, sin_ptr, b * HD, d, dm)
-        pos = tl.load(pos_ptr + b)
-        head = b * kc_row + g * kc_head
-        kk0, vv0 = _cached(kc_ptr + head, vc_ptr + head, _split_start(CH, S) + tl.arange(0, BL), pos, d, dm, HD, True)
+        # EARLY: positions, rope rows and the cache's earlier positions, which kernels before the q|k|v projection
+        # (the last one) wrote, load before the wait, so the cache's first block arrives while it runs
+        if EARLY:
+            cos, sin = rope_row(cos_ptr, sin_ptr, b * HD, d, dm)
+            pos = tl.load(pos_ptr + b)
+            head = b * kc_row + g * kc_head
+            kk0, vv0 = _cached(kc_ptr + head, vc_ptr + head, _split_start(CH, S) + tl.arange(0, BL), pos, d, dm, HD,
+                               True)
         after_previous(PDL)
+        if not EARLY:
+            cos, sin = rope_row(cos_ptr, sin_ptr, b * HD, d, dm)
         row = y_ptr + b * W
+        if not EARLY:
+            pos = tl.load(pos_ptr + b)
+            head = b * kc_row + g * kc_head
         writes = dm & (h % REP == 0)
         if S > 1:
             writes = writes & (tl.program_id(2) == 0)
         k, v = store_kv(row, g, kn_ptr, cos, sin, eps, kc_ptr + head + pos * HD + d, vc_ptr + head + pos * HD + d, d,
                         dm, writes, H, HKV, HD, dt)
         q = normed_rope(row + h * HD, d, dm, HD // 2, HD, qn_ptr, cos, sin, eps, dt)
-        acc, m_i, l_i = _attend_loop(q, k, v.to(tl.float32), kk0, vv0, pos, kc_ptr + head, vc_ptr + head, d, dm, scale,
-                                     HD, BL, CH, S, True, TO_POS)
+        if EARLY:
+            acc, m_i, l_i = _attend_loop(q, k, v.to(tl.float32), kk0, vv0, pos, kc_ptr + head, vc_ptr + head, d, dm,
+                                         scale, HD, BL, CH, S, True, TO_POS, True)
+        else:
+            acc, m_i, l_i = _attend_loop(q, k, v.to(tl.float32), q, q, pos, kc_ptr + head, vc_ptr + head, d, dm, scale,
+                                         HD, BL, CH, S, True, TO_POS, False)
         _attend_store(acc, m_i, l_i, a_ptr, pm_ptr, pl_ptr, b, h, d, dm, H, HD, S)
 
     @triton.jit
@@ -192,9 +210,8 @@ if kernels.triton is not None:
         pos = tl.load(pos_ptr + b)
         head = b * kc_row + (h // (H // HKV)) * kc_head
         q = tl.load(q_ptr + b * q_row + h * q_head + d, mask=dm, other=0.0).to(tl.float32)
-        kk0, vv0 = _cached(kc_ptr + head, vc_ptr + head, _split_start(CH, S) + tl.arange(0, BL), pos, d, dm, HD, False)
-        acc, m_i, l_i = _attend_loop(q, q, q, kk0, vv0, pos, kc_ptr + head, vc_ptr + head, d, dm, scale, HD, BL, CH, S,
-                                     False, TO_POS)
+        acc, m_i, l_i = _attend_loop(q, q, q, q, q, pos, kc_ptr + head, vc_ptr + head, d, dm, scale, HD, BL, CH, S,
+                                     False, TO_POS, False)
         _attend_store(acc, m_i, l_i, a_ptr, pm_ptr, pl_ptr, b, h, d, dm, H, HD, S)
 
 
@@ -238,7 +255,7 @@ def talker_attend(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x
     _rope_attend_kernel[(B, H, S)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(),
                                    pos, kc, vc, po, pm, pl, float(attn.q_norm.eps), hd ** -0.5, kc.stride(0),
                                    kc.stride(1), H=H, HKV=Hkv, HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK,
-                                   CH=CH, S=S, PDL=pdl, TO_POS=_to_pos(CH),
+                                   CH=CH, S=S, PDL=pdl, TO_POS=_to_pos(CH), EARLY=B <= EARLY_ROWS,
                                    **proj_kernels.launch_options(pdl, ATTEND_WARPS))
     return _combine(po, pm, pl, a, pdl)
 
