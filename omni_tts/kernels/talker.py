@@ -27,9 +27,10 @@ from omni_tts.kernels.projection import _INTERPRET
 
 ATTEND_BLOCK = 128  # cache positions per step of the attention kernel's loop
 ATTEND_WARPS = 8
-# steps of at most this many rows load the cache's first block before their wait (more rows' loads there slowed
-# the q|k|v projection they overlap)
+# steps of at most EARLY_ROWS rows whose attention runs at most EARLY_PROGRAMS programs (rows x heads x splits)
+# load the cache's first block before their wait: more programs' loads there slowed the q|k|v projection they overlap
 EARLY_ROWS = 1
+EARLY_PROGRAMS = 64
 COMBINE_WARPS = 2
 
 if kernels.triton is not None:
@@ -255,7 +256,7 @@ def talker_attend(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, x
     _rope_attend_kernel[(B, H, S)](y, attn.q_norm.weight, attn.k_norm.weight, cos.contiguous(), sin.contiguous(),
                                    pos, kc, vc, po, pm, pl, float(attn.q_norm.eps), hd ** -0.5, kc.stride(0),
                                    kc.stride(1), H=H, HKV=Hkv, HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK,
-                                   CH=CH, S=S, PDL=pdl, TO_POS=_to_pos(CH), EARLY=B <= EARLY_ROWS,
+                                   CH=CH, S=S, PDL=pdl, TO_POS=_to_pos(CH), EARLY=_early(B, H, S),
                                    **proj_kernels.launch_options(pdl, ATTEND_WARPS))
     return _combine(po, pm, pl, a, pdl)
 
@@ -273,6 +274,11 @@ def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tenso
                               kc.stride(1), H=H, HKV=kc.shape[1], HD=hd, BD=next_pow2(hd), BL=ATTEND_BLOCK,
                               CH=CH, S=S, TO_POS=_to_pos(CH), num_warps=ATTEND_WARPS)
     return _combine(po, pm, pl, a, False)
+
+
+def _early(B: int, H: int, S: int) -> bool:
+    """Whether a one-token step's rope + attend kernel loads its positions and cached K/V before its wait."""
+    return B <= EARLY_ROWS and B * H * S <= EARLY_PROGRAMS
 
 
 def _to_pos(chunk: int) -> bool:
