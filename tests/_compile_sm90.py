@@ -101,10 +101,10 @@ def attention() -> dict[str, str]:
 def choice() -> dict[str, str]:
     args = dict(logits_ptr=BF, greedy_ptr=torch.int32, temp_ptr=F32, topk_ptr=I64, topp_ptr=F32, seed_ptr=I64,
                 frame_ptr=I64, codebook=3, table_ptr=BF, esum_ptr=F32, code_ptr=I64, fed_ptr=BF, next_ptr=BF)
-    return {f"choice sample={s} fed={f}": build(heads._choose_kernel, args, dict(
+    return {f"choice sample={s} fed={f} late={late}": build(heads._choose_kernel, args, dict(
                 V=V, D=2048, BV=V, CAP=64, BD=2048, DN=D, BDN=D, FED=f, SAMPLE=s, SORT_BELOW=1.0,
-                BITS=configs.CHOOSE_BITS, PDL=True), configs.CHOOSE_WARPS, pdl=True)
-            for s in (True, False) for f in (True, False)}
+                BITS=configs.CHOOSE_BITS, PDL=True, LATE=late), configs.CHOOSE_WARPS, pdl=True)
+            for s in (True, False) for f in (True, False) for late in (False, True)}
 
 
 def talker_attention() -> dict[str, str]:

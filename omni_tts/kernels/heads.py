@@ -36,7 +36,7 @@ if kernels.triton is not None:
     import triton
     import triton.language as tl
 
-    from omni_tts.kernels.projection import after_previous
+    from omni_tts.kernels.projection import launch_next, wait_previous
 
     @triton.jit
     def _u32(c: tl.constexpr):
@@ -99,17 +99,21 @@ if kernels.triton is not None:
                        table_ptr, esum_ptr, code_ptr, fed_ptr, next_ptr, V: tl.constexpr, D: tl.constexpr,
                        BV: tl.constexpr, CAP: tl.constexpr, BD: tl.constexpr, DN: tl.constexpr, BDN: tl.constexpr,
                        FED: tl.constexpr, SAMPLE: tl.constexpr, SORT_BELOW: tl.constexpr, BITS: tl.constexpr,
-                       PDL: tl.constexpr):
+                       PDL: tl.constexpr, LATE: tl.constexpr):
         """Program b: code_ptr[b] = this row's code (see the module docstring); esum[b] += table[code];
-        with FED, next[b] = fed[code] (the next step's input, [DN])."""
+        with FED, next[b] = fed[code] (the next step's input, [DN]). LATE: the next kernel may launch once the
+        cut is found, not at the wait."""
         b = tl.program_id(0)
         i = tl.arange(0, BV)
         vm = i < V
         if SAMPLE:  # the noise depends on the slot's seed and frame only (set before the frame): before the wait
             gumbel = -tl.log(-tl.log(_noise(tl.load(seed_ptr + b), tl.load(frame_ptr + b), codebook, i.to(tl.uint32))))
-        after_previous(PDL)
+        wait_previous(PDL)
+        launch_next(PDL and not LATE)
         x = tl.load(logits_ptr + b * V + i, mask=vm, other=float("-inf")).to(tl.float32)  # [BV]
         pick = tl.argmax(x, axis=0)  # greedy: the first largest
+        if not SAMPLE:
+            launch_next(PDL and LATE)
         if SAMPLE:
             xt = x / tl.load(temp_ptr + b)
             k = tl.minimum(tl.load(topk_ptr + b), CAP)
@@ -118,6 +122,7 @@ if kernels.triton is not None:
                 cut = _topp_cut(xt, k, p, CAP)
             else:  # top-k alone (the checkpoints' default) needs only the k-th largest value
                 cut = _kth_largest(xt, k, BITS)
+            launch_next(PDL and LATE)
             warped = tl.where(xt < cut, float("-inf"), xt) + gumbel
             drawn = tl.argmax(tl.where(vm, warped, float("-inf")), axis=0)
             pick = tl.where(tl.load(greedy_ptr + b) != 0, pick, drawn)
@@ -165,6 +170,7 @@ def choose(logits: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tenso
                          V=V, D=D, BV=next_pow2(V), CAP=min(next_pow2(sp.topk_cap or 1), next_pow2(V)),
                          BD=next_pow2(D), DN=DN, BDN=next_pow2(DN), FED=fed is not None, SAMPLE=sample,
                          SORT_BELOW=sort_below, BITS=kernel_configs.CHOOSE_BITS, PDL=pdl,
+                         LATE=kernel_configs.CHOOSE_LAUNCH_LATE,
                          **proj_kernels.launch_options(pdl, kernel_configs.CHOOSE_WARPS))
     return code, nxt
 

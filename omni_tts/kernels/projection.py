@@ -71,6 +71,18 @@ if triton is not None:
             gdc_launch_dependents()
 
     @triton.jit
+    def wait_previous(PDL: tl.constexpr):
+        """`after_previous` without letting the next kernel launch: `launch_next` does, later in the kernel."""
+        if PDL:
+            gdc_wait()
+
+    @triton.jit
+    def launch_next(PDL: tl.constexpr):
+        """With programmatic dependent launch: let the next kernel launch (after `wait_previous`)."""
+        if PDL:
+            gdc_launch_dependents()
+
+    @triton.jit
     def _w_block(w_ptr, rn, nmask, kk, N: tl.constexpr, K: tl.constexpr, GLU: tl.constexpr):
         """The weight tile [BN, BK] at columns kk (and its up half's with GLU; else the same tile again)."""
         wmask = nmask[:, None] & (kk < K)[None, :]
