@@ -120,8 +120,7 @@ FOLD_ROWS = 33
 ATTEND_WAVES = 4
 # the JSON's keys that set one of the values above, and their types
 _SCALARS = {"choose_warps": int, "choose_bits": int, "choose_sort_free": bool, "choose_launch_late": bool,
-            "talker_kernel_rows": int,
-            "talker_pdl_rows": int, "fold_rows": int, "attend_waves": int}
+            "talker_kernel_rows": int, "talker_pdl_rows": int, "fold_rows": int, "attend_waves": int}
 
 
 def load_configs(path: str) -> None:

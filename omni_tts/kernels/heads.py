@@ -112,8 +112,6 @@ if kernels.triton is not None:
         launch_next(PDL and not LATE)
         x = tl.load(logits_ptr + b * V + i, mask=vm, other=float("-inf")).to(tl.float32)  # [BV]
         pick = tl.argmax(x, axis=0)  # greedy: the first largest
-        if not SAMPLE:
-            launch_next(PDL and LATE)
         if SAMPLE:
             xt = x / tl.load(temp_ptr + b)
             k = tl.minimum(tl.load(topk_ptr + b), CAP)
@@ -126,6 +124,8 @@ if kernels.triton is not None:
             warped = tl.where(xt < cut, float("-inf"), xt) + gumbel
             drawn = tl.argmax(tl.where(vm, warped, float("-inf")), axis=0)
             pick = tl.where(tl.load(greedy_ptr + b) != 0, pick, drawn)
+        else:
+            launch_next(PDL and LATE)
         tl.store(code_ptr + b, pick.to(tl.int64))
         d = tl.arange(0, BD)
         dm = d < D
