@@ -66,9 +66,8 @@ if triton is not None:
         then let the next kernel launch. Everything before this call may only read what the previous kernel
         does not write: weights, or what kernels two or more launches back wrote (this one launched only once
         the previous one had passed its own wait, so those were done)."""
-        if PDL:
-            gdc_wait()
-            gdc_launch_dependents()
+        wait_previous(PDL)
+        launch_next(PDL)
 
     @triton.jit
     def wait_previous(PDL: tl.constexpr):

@@ -184,18 +184,15 @@ if kernels.triton is not None:
         if not EARLY:
             pos = tl.load(pos_ptr + b)
             head = b * kc_row + g * kc_head
+            kk0, vv0 = cos, sin  # unused: the loop loads every block itself
         writes = dm & (h % REP == 0)
         if S > 1:
             writes = writes & (tl.program_id(2) == 0)
         k, v = store_kv(row, g, kn_ptr, cos, sin, eps, kc_ptr + head + pos * HD + d, vc_ptr + head + pos * HD + d, d,
                         dm, writes, H, HKV, HD, dt)
         q = normed_rope(row + h * HD, d, dm, HD // 2, HD, qn_ptr, cos, sin, eps, dt)
-        if EARLY:
-            acc, m_i, l_i = _attend_loop(q, k, v.to(tl.float32), kk0, vv0, pos, kc_ptr + head, vc_ptr + head, d, dm,
-                                         scale, HD, BL, CH, S, True, TO_POS, True)
-        else:
-            acc, m_i, l_i = _attend_loop(q, k, v.to(tl.float32), q, q, pos, kc_ptr + head, vc_ptr + head, d, dm, scale,
-                                         HD, BL, CH, S, True, TO_POS, False)
+        acc, m_i, l_i = _attend_loop(q, k, v.to(tl.float32), kk0, vv0, pos, kc_ptr + head, vc_ptr + head, d, dm, scale,
+                                     HD, BL, CH, S, True, TO_POS, EARLY)
         _attend_store(acc, m_i, l_i, a_ptr, pm_ptr, pl_ptr, b, h, d, dm, H, HD, S)
 
     @triton.jit
