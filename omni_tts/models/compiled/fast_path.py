@@ -143,7 +143,7 @@ class FastPath(KernelChoice):
         # prompts come in many (batch, length) buckets: compiled for dynamic shapes from the start
         self.talker_prefill_layer = wrap(prefill_layer, True)
         self.predictor_layer = wrap(predictor_layer)
-        self.sample_talker = wrap(sampling.sample_talker)
+        self._sample_talker = wrap(sampling.sample_talker)
         self.predictor_head = wrap(predictor_head)
         self.predictor_feed = wrap(predictor_feed)
         # the whole frame as one compiled function (Inductor's kernels only, batch size dynamic after the
@@ -248,6 +248,15 @@ class FastPath(KernelChoice):
             h = (talker_kernels.talker_attn_out(layer, w_gu, h, a, pdl) if tri
                  else self.talker_attn_out(layer, w_gu, h, a))  # [b, 1, D]
         return talker.norm(h)[:, 0]
+
+    def sample_talker(self, logits: torch.Tensor, sp: sampling.SlotParams, seen: torch.Tensor, frame: torch.Tensor,
+                      allow_eos: torch.Tensor, seed: torch.Tensor, consts: sampling.SamplingConstants) -> torch.Tensor:
+        """sampling.sample_talker: one Triton kernel for up to `talker_choice_rows` rows whose settings fit a
+        top-k selection, else the compiled unit. -> code 0 [B] int64"""
+        B, V = logits.shape
+        if B <= self.talker_choice_rows and head_kernels.supports(sp, B, V):
+            return head_kernels.talker_choose(logits, sp, seen, frame, allow_eos, seed, consts)
+        return self._sample_talker(logits, sp, seen, frame, allow_eos, seed, consts)
 
     def talker_prefill(self, x: torch.Tensor, cache: Any, slots: torch.Tensor) -> torch.Tensor:
         """Talker.forward over prompts x: [B, T, D] (right-padded) at positions 0..T-1 into cache rows `slots`
