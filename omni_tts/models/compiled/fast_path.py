@@ -20,6 +20,7 @@ Knows nothing about requests, graphs or how buckets are chosen.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,11 @@ def talker_attn_in(layer: Any, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, 
     kc[rows, :, pos] = k[:, :, 0]  # kc: [B, Hkv, M, hd]
     vc[rows, :, pos] = v[:, :, 0]
     return q
+
+
+def final_norm(norm: Any, h: torch.Tensor) -> torch.Tensor:
+    """The talker's final RMSNorm, a unit of its own: compiled, one kernel instead of eight."""
+    return norm(h)
 
 
 def talker_attn_out(layer: Any, w_gu: torch.Tensor, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -111,6 +117,9 @@ HEAD_REGION = _region(predictor_head)
 FEED_REGION = _region(predictor_feed)
 
 
+_ROPE_LOCK = threading.Lock()  # FastPath._rope_rows' tables
+
+
 def _cloned(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Copy a cudagraph-tree output out of Inductor's private pool before the next call reuses it
     (without this, torch raises 'accessing tensor output of CUDAGraphs that has been overwritten by
@@ -144,6 +153,8 @@ class FastPath(KernelChoice):
         self.talker_prefill_layer = wrap(prefill_layer, True)
         self.predictor_layer = wrap(predictor_layer)
         self._sample_talker = wrap(sampling.sample_talker)
+        self.talker_norm = wrap(final_norm, True)
+        self._rope_tables: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
         self.predictor_head = wrap(predictor_head)
         self.predictor_feed = wrap(predictor_feed)
         # the whole frame as one compiled function (Inductor's kernels only, batch size dynamic after the
@@ -227,7 +238,7 @@ class FastPath(KernelChoice):
         reads cache positions [0, kv_len) (default: all): every row's pos must be < kv_len."""
         talker = self.model.talker
         L = cache.max_len if kv_len is None else kv_len
-        cos, sin = talker.rope(pos[:, None], x.dtype)  # [b, 1, hd]
+        cos, sin = self._rope_rows(pos, cache.max_len, x.dtype)  # [b, 1, hd]
         tri = b <= self.talker_kernel_rows and all(kernels.supports(layer, b) for layer in talker.layers)
         # the attention as a Triton kernel (with the rope one in the Triton layers, else after the compiled
         # unit), else SDPA over an additive bias built once for all layers
@@ -247,7 +258,23 @@ class FastPath(KernelChoice):
                      else gqa_attention(q, kc[:, :, :L], vc[:, :, :L], bias))  # [b, H, 1, hd]
             h = (talker_kernels.talker_attn_out(layer, w_gu, h, a, pdl) if tri
                  else self.talker_attn_out(layer, w_gu, h, a))  # [b, 1, D]
-        return talker.norm(h)[:, 0]
+        return self.talker_norm(talker.norm, h[:, 0])
+
+    def _rope_rows(self, pos: torch.Tensor, max_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The talker's rope cos/sin at positions pos [b] -> [b, 1, hd] each: rows of a table made at the first
+        step (a warm-up, outside any capture) for every cache position, as talker.rope computes them; one
+        gather each instead of computing them every step."""
+        table = self._rope_tables.get((max_len, dtype))
+        if table is None:
+            with _ROPE_LOCK:  # modes warm on threads of their own; each must read a finished table
+                if (max_len, dtype) not in self._rope_tables:
+                    cos, sin = self.model.talker.rope(torch.arange(max_len, device=pos.device)[None], dtype)
+                    if pos.is_cuda:
+                        torch.cuda.current_stream(pos.device).synchronize()
+                    self._rope_tables[(max_len, dtype)] = (cos[0], sin[0])  # [L, hd] each
+                table = self._rope_tables[(max_len, dtype)]
+        at = pos.clamp(max=max_len - 1)  # a free slot's stale position, in a bucket's spare rows
+        return table[0][at][:, None], table[1][at][:, None]
 
     def sample_talker(self, logits: torch.Tensor, sp: sampling.SlotParams, seen: torch.Tensor, frame: torch.Tensor,
                       allow_eos: torch.Tensor, seed: torch.Tensor, consts: sampling.SamplingConstants) -> torch.Tensor:

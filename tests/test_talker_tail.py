@@ -1,8 +1,9 @@
-"""omni_tts.kernels.heads.talker_choose (code 0's choice as one kernel) in Triton's CPU interpreter against
+"""The talker step's edges on the compiled path: its rope rows taken from a table, and code 0's choice as one
+kernel (omni_tts.kernels.heads.talker_choose, in Triton's CPU interpreter) against
 omni_tts.models.sampling.sample_talker, the rule it implements: the repetition penalty on the ids a row has
 seen, the control ids and an early or forbidden EOS masked, then greedy, top-k and top-p rows drawing the
-same noise; and FastPath taking it only for the rows and settings it serves. Skips where triton is not
-installed (requirements-dev.txt has it)."""
+same noise; and FastPath taking the kernel only for the rows and settings it serves. Skips where triton is
+not installed (requirements-dev.txt has it)."""
 
 from __future__ import annotations
 
@@ -99,3 +100,23 @@ def test_fastpath_takes_the_talker_choice_kernel_only_where_it_serves(monkeypatc
         got = fast.sample_talker(logits, sp, seen, frames, allow, seeds, consts)
         assert (len(calls) > n) == used
         assert torch.equal(got, sampling.sample_talker(logits, sp, seen, frames, allow, seeds, consts))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_talker_rope_rows_are_each_positions_rope_and_the_table_is_made_once(dtype: torch.dtype) -> None:
+    """FastPath._rope_rows against the talker's own rope at the same positions, bit for bit; a position past
+    the cache (a free slot's stale one in a bucket's spare rows) reads the last row instead of failing."""
+    from test_fastpath import model_and_fast
+
+    from omni_tts.models.compiled.fast_path import FastPath
+
+    m, _ = model_and_fast()
+    fast = FastPath(m, None)
+    L = 40
+    pos = torch.tensor([0, 5, 39, 57, 1])
+    for _ in range(2):
+        cos, sin = fast._rope_rows(pos, L, dtype)
+        want_cos, want_sin = m.talker.rope(pos.clamp(max=L - 1)[:, None], dtype)  # [5, 1, hd]
+        assert cos.shape == want_cos.shape and torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    assert not torch.equal(cos[0], cos[1])
+    assert len(fast._rope_tables) == 1
