@@ -19,8 +19,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from omni_tts.kernels import configs, heads, layers, snake, talker  # noqa: E402
 from omni_tts.kernels import projection as projection_kernels  # noqa: E402
 
-PTR = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64",
-       torch.bool: "*i1"}
+PTR = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}
 BF, F32, I64 = torch.bfloat16, torch.float32, torch.int64
 D, H, HKV, HD, P, V = 1024, 16, 8, 128, 16, 2048  # the predictor's sizes
 
@@ -102,19 +101,10 @@ def attention() -> dict[str, str]:
 def choice() -> dict[str, str]:
     args = dict(logits_ptr=BF, greedy_ptr=torch.int32, temp_ptr=F32, topk_ptr=I64, topp_ptr=F32, seed_ptr=I64,
                 frame_ptr=I64, codebook=3, table_ptr=BF, esum_ptr=F32, code_ptr=I64, fed_ptr=BF, next_ptr=BF)
-    return {f"choice sample={s} fed={f} late={late}": build(heads._choose_kernel, args, dict(
+    return {f"choice sample={s} fed={f}": build(heads._choose_kernel, args, dict(
                 V=V, D=2048, BV=V, CAP=64, BD=2048, DN=D, BDN=D, FED=f, SAMPLE=s, SORT_BELOW=1.0,
-                BITS=configs.CHOOSE_BITS, PDL=True, LATE=late), configs.CHOOSE_WARPS, pdl=True)
-            for s in (True, False) for f in (True, False) for late in (False, True)}
-
-
-def talker_choice() -> dict[str, str]:
-    B = torch.bool
-    args = dict(logits_ptr=BF, seen_ptr=B, penalty_ptr=F32, allow_ptr=B, suppress_ptr=B, eos_ptr=B, min_frames=2,
-                greedy_ptr=B, temp_ptr=F32, topk_ptr=I64, topp_ptr=F32, seed_ptr=I64, frame_ptr=I64, code_ptr=I64)
-    return {f"talker choice sample={s}": build(heads._talker_choose_kernel, args, dict(
-                V=3072, BV=4096, CAP=64, SAMPLE=s, SORT_BELOW=1.0, BITS=configs.CHOOSE_BITS), configs.CHOOSE_WARPS)
-            for s in (True, False)}
+                BITS=configs.CHOOSE_BITS, PDL=True), configs.CHOOSE_WARPS, pdl=True)
+            for s in (True, False) for f in (True, False)}
 
 
 def talker_attention() -> dict[str, str]:
@@ -154,5 +144,5 @@ def codec() -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    result = {**projections(), **attention(), **choice(), **talker_choice(), **talker_attention(), **codec()}
+    result = {**projections(), **attention(), **choice(), **talker_attention(), **codec()}
     json.dump(result, sys.stdout)

@@ -36,7 +36,7 @@ if kernels.triton is not None:
     import triton
     import triton.language as tl
 
-    from omni_tts.kernels.projection import launch_next, wait_previous
+    from omni_tts.kernels.projection import after_previous
 
     @triton.jit
     def _u32(c: tl.constexpr):
@@ -94,12 +94,21 @@ if kernels.triton is not None:
         kth = tl.max(tl.where(key == t, xt, float("-inf")), axis=0)
         return tl.where(k <= 0, float("-inf"), kth)
 
-    @triton.jit
-    def _draw(x, vm, b, gumbel, greedy_ptr, temp_ptr, topk_ptr, topp_ptr, CAP: tl.constexpr,
-              SAMPLE: tl.constexpr, SORT_BELOW: tl.constexpr, BITS: tl.constexpr, PDL: tl.constexpr,
-              LATE: tl.constexpr):
-        """Row b's code from its logits x [BV] (float32, -inf outside the vocab): sampling.choose's rule. LATE:
-        the next kernel may launch once the cut is found."""
+    @triton.jit(do_not_specialize=["codebook"])  # one kernel for all codebooks (1 would be a constant)
+    def _choose_kernel(logits_ptr, greedy_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, frame_ptr, codebook,
+                       table_ptr, esum_ptr, code_ptr, fed_ptr, next_ptr, V: tl.constexpr, D: tl.constexpr,
+                       BV: tl.constexpr, CAP: tl.constexpr, BD: tl.constexpr, DN: tl.constexpr, BDN: tl.constexpr,
+                       FED: tl.constexpr, SAMPLE: tl.constexpr, SORT_BELOW: tl.constexpr, BITS: tl.constexpr,
+                       PDL: tl.constexpr):
+        """Program b: code_ptr[b] = this row's code (see the module docstring); esum[b] += table[code];
+        with FED, next[b] = fed[code] (the next step's input, [DN])."""
+        b = tl.program_id(0)
+        i = tl.arange(0, BV)
+        vm = i < V
+        if SAMPLE:  # the noise depends on the slot's seed and frame only (set before the frame): before the wait
+            gumbel = -tl.log(-tl.log(_noise(tl.load(seed_ptr + b), tl.load(frame_ptr + b), codebook, i.to(tl.uint32))))
+        after_previous(PDL)
+        x = tl.load(logits_ptr + b * V + i, mask=vm, other=float("-inf")).to(tl.float32)  # [BV]
         pick = tl.argmax(x, axis=0)  # greedy: the first largest
         if SAMPLE:
             xt = x / tl.load(temp_ptr + b)
@@ -109,34 +118,9 @@ if kernels.triton is not None:
                 cut = _topp_cut(xt, k, p, CAP)
             else:  # top-k alone (the checkpoints' default) needs only the k-th largest value
                 cut = _kth_largest(xt, k, BITS)
-            launch_next(PDL and LATE)
             warped = tl.where(xt < cut, float("-inf"), xt) + gumbel
             drawn = tl.argmax(tl.where(vm, warped, float("-inf")), axis=0)
             pick = tl.where(tl.load(greedy_ptr + b) != 0, pick, drawn)
-        else:
-            launch_next(PDL and LATE)
-        return pick
-
-    @triton.jit(do_not_specialize=["codebook"])  # one kernel for all codebooks (1 would be a constant)
-    def _choose_kernel(logits_ptr, greedy_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, frame_ptr, codebook,
-                       table_ptr, esum_ptr, code_ptr, fed_ptr, next_ptr, V: tl.constexpr, D: tl.constexpr,
-                       BV: tl.constexpr, CAP: tl.constexpr, BD: tl.constexpr, DN: tl.constexpr, BDN: tl.constexpr,
-                       FED: tl.constexpr, SAMPLE: tl.constexpr, SORT_BELOW: tl.constexpr, BITS: tl.constexpr,
-                       PDL: tl.constexpr, LATE: tl.constexpr):
-        """Program b: code_ptr[b] = this row's code (see the module docstring); esum[b] += table[code];
-        with FED, next[b] = fed[code] (the next step's input, [DN]). LATE: the next kernel may launch once the
-        cut is found, not at the wait."""
-        b = tl.program_id(0)
-        i = tl.arange(0, BV)
-        vm = i < V
-        gumbel = 0.0
-        if SAMPLE:  # the noise depends on the slot's seed and frame only (set before the frame): before the wait
-            gumbel = -tl.log(-tl.log(_noise(tl.load(seed_ptr + b), tl.load(frame_ptr + b), codebook, i.to(tl.uint32))))
-        wait_previous(PDL)
-        launch_next(PDL and not LATE)
-        x = tl.load(logits_ptr + b * V + i, mask=vm, other=float("-inf")).to(tl.float32)  # [BV]
-        pick = _draw(x, vm, b, gumbel, greedy_ptr, temp_ptr, topk_ptr, topp_ptr, CAP, SAMPLE, SORT_BELOW, BITS,
-                     PDL, LATE)
         tl.store(code_ptr + b, pick.to(tl.int64))
         d = tl.arange(0, BD)
         dm = d < D
@@ -147,32 +131,6 @@ if kernels.triton is not None:
             dn = tl.arange(0, BDN)
             nm = dn < DN
             tl.store(next_ptr + b * DN + dn, tl.load(fed_ptr + pick.to(tl.int64) * DN + dn, mask=nm), mask=nm)
-
-    @triton.jit
-    def _talker_choose_kernel(logits_ptr, seen_ptr, penalty_ptr, allow_ptr, suppress_ptr, eos_ptr, min_frames,
-                              greedy_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, frame_ptr, code_ptr,
-                              V: tl.constexpr, BV: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr,
-                              SORT_BELOW: tl.constexpr, BITS: tl.constexpr):
-        """Program b: code_ptr[b] = row b's code 0, as sampling.sample_talker chooses it: the repetition penalty
-        on the ids seen, the control ids and (before min_frames, or for rows that may not stop) EOS masked,
-        then the choice of `_choose_kernel`."""
-        b = tl.program_id(0)
-        i = tl.arange(0, BV)
-        vm = i < V
-        frame = tl.load(frame_ptr + b)
-        gumbel = 0.0
-        if SAMPLE:
-            gumbel = -tl.log(-tl.log(_noise(tl.load(seed_ptr + b), frame, 0, i.to(tl.uint32))))
-        x = tl.load(logits_ptr + b * V + i, mask=vm, other=float("-inf")).to(tl.float32)  # [BV]
-        seen = tl.load(seen_ptr + b * V + i, mask=vm, other=0) != 0
-        pen = tl.load(penalty_ptr + b)
-        x = tl.where(seen, tl.where(x < 0, x * pen, tl.math.div_rn(x, pen)), x)  # IEEE division, as torch's
-        block_eos = (tl.load(allow_ptr + b) == 0) | (frame < min_frames)
-        eos = tl.load(eos_ptr + i, mask=vm, other=0) != 0
-        x = tl.where((tl.load(suppress_ptr + i, mask=vm, other=1) != 0) | (eos & block_eos), float("-inf"), x)
-        pick = _draw(x, vm, b, gumbel, greedy_ptr, temp_ptr, topk_ptr, topp_ptr, CAP, SAMPLE, SORT_BELOW, BITS,
-                     False, False)
-        tl.store(code_ptr + b, pick.to(tl.int64))
 
 
 def head_choose(norm: Any, head: Any, x: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tensor,
@@ -207,25 +165,9 @@ def choose(logits: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tenso
                          V=V, D=D, BV=next_pow2(V), CAP=min(next_pow2(sp.topk_cap or 1), next_pow2(V)),
                          BD=next_pow2(D), DN=DN, BDN=next_pow2(DN), FED=fed is not None, SAMPLE=sample,
                          SORT_BELOW=sort_below, BITS=kernel_configs.CHOOSE_BITS, PDL=pdl,
-                         LATE=kernel_configs.CHOOSE_LAUNCH_LATE,
                          **proj_kernels.launch_options(pdl, kernel_configs.CHOOSE_WARPS))
     return code, nxt
 
-
-
-def talker_choose(logits: torch.Tensor, sp: Any, seen: torch.Tensor, frame: torch.Tensor, allow_eos: torch.Tensor,
-                  seed: torch.Tensor, consts: Any) -> torch.Tensor:
-    """sampling.sample_talker as one kernel, for rows that `fits_topk(sp.topk_cap)` (or all greedy).
-    logits: [B, V]; seen: [B, V] bool; frame, seed: [B] int64; allow_eos: [B] bool -> code 0 [B] int64"""
-    B, V = logits.shape
-    code = torch.empty(B, dtype=torch.long, device=logits.device)
-    sort_below = 1.0 if kernel_configs.CHOOSE_SORT_FREE else float("inf")
-    _talker_choose_kernel[(B,)](logits, seen, sp.penalty, allow_eos, consts.suppress, consts.eos_onehot,
-                                consts.min_frames, sp.greedy, sp.temperature, sp.top_k, sp.top_p, seed, frame, code,
-                                V=V, BV=next_pow2(V), CAP=min(next_pow2(sp.topk_cap or 1), next_pow2(V)),
-                                SAMPLE=not sp.all_greedy, SORT_BELOW=sort_below, BITS=kernel_configs.CHOOSE_BITS,
-                                num_warps=kernel_configs.CHOOSE_WARPS)
-    return code
 
 @torch.no_grad()
 def fed_table(table: torch.Tensor, proj: Any) -> torch.Tensor:
@@ -262,27 +204,6 @@ def probe(cp: Any, batches: list[int], max_rows: int, cap: int, pdl: bool = Fals
             for f in (fed, None):  # a step that feeds the next one, and the frame's last step
                 head_choose(cp.norm, cp.lm_head[0], x, sp, idx, idx, 1, table, esum, pdl, f,
                             cp.lm_head[0].weight)  # the folded form's kernels from FOLD_ROWS rows
-        return ""
-
-    return kernels.run_probe(dev, build)
-
-
-def probe_talker(vocab: int, consts: Any, batches: list[int], max_rows: int, cap: int) -> str:
-    """Run the talker's choice kernel (greedy and sampled, top-`cap`) once per batch of at most max_rows rows
-    (`kernels.run_probe`): "" or the first error in one line (the caller then keeps the compiled unit)."""
-    from omni_tts.models.sampling import SlotParams
-
-    dev = consts.suppress.device
-
-    def build() -> str:
-        for b in (b for b in batches if b <= max_rows):
-            sp = SlotParams.zeros(b, dev).rows(b, topk_cap=cap)
-            idx = torch.zeros(b, dtype=torch.long, device=dev)
-            args = (torch.zeros(b, vocab, device=dev), sp, torch.zeros(b, vocab, dtype=torch.bool, device=dev), idx,
-                    torch.ones(b, dtype=torch.bool, device=dev), idx, consts)
-            talker_choose(*args)
-            sp.all_greedy = True
-            talker_choose(*args)
         return ""
 
     return kernels.run_probe(dev, build)

@@ -66,19 +66,8 @@ if triton is not None:
         then let the next kernel launch. Everything before this call may only read what the previous kernel
         does not write: weights, or what kernels two or more launches back wrote (this one launched only once
         the previous one had passed its own wait, so those were done)."""
-        wait_previous(PDL)
-        launch_next(PDL)
-
-    @triton.jit
-    def wait_previous(PDL: tl.constexpr):
-        """`after_previous` without letting the next kernel launch: `launch_next` does, later in the kernel."""
         if PDL:
             gdc_wait()
-
-    @triton.jit
-    def launch_next(PDL: tl.constexpr):
-        """With programmatic dependent launch: let the next kernel launch (after `wait_previous`)."""
-        if PDL:
             gdc_launch_dependents()
 
     @triton.jit

@@ -152,7 +152,7 @@ class FastPath(KernelChoice):
         # prompts come in many (batch, length) buckets: compiled for dynamic shapes from the start
         self.talker_prefill_layer = wrap(prefill_layer, True)
         self.predictor_layer = wrap(predictor_layer)
-        self._sample_talker = wrap(sampling.sample_talker)
+        self.sample_talker = wrap(sampling.sample_talker)
         self.talker_norm = wrap(final_norm, True)
         self._rope_tables: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
         self.predictor_head = wrap(predictor_head)
@@ -275,15 +275,6 @@ class FastPath(KernelChoice):
                 table = self._rope_tables[(max_len, dtype)]
         at = pos.clamp(max=max_len - 1)  # a free slot's stale position, in a bucket's spare rows
         return table[0][at][:, None], table[1][at][:, None]
-
-    def sample_talker(self, logits: torch.Tensor, sp: sampling.SlotParams, seen: torch.Tensor, frame: torch.Tensor,
-                      allow_eos: torch.Tensor, seed: torch.Tensor, consts: sampling.SamplingConstants) -> torch.Tensor:
-        """sampling.sample_talker: one Triton kernel for up to `talker_choice_rows` rows whose settings fit a
-        top-k selection, else the compiled unit. -> code 0 [B] int64"""
-        B, V = logits.shape
-        if B <= self.talker_choice_rows and head_kernels.supports(sp, B, V):
-            return head_kernels.talker_choose(logits, sp, seen, frame, allow_eos, seed, consts)
-        return self._sample_talker(logits, sp, seen, frame, allow_eos, seed, consts)
 
     def talker_prefill(self, x: torch.Tensor, cache: Any, slots: torch.Tensor) -> torch.Tensor:
         """Talker.forward over prompts x: [B, T, D] (right-padded) at positions 0..T-1 into cache rows `slots`

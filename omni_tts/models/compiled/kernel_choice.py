@@ -88,12 +88,11 @@ class KernelChoice:
     talker_attend_len = 0  # talker steps over at most this many cache positions run the Triton attention
     talker_attend_rows = 0  # ...steps of at most this many rows (or of at most talker_kernel_rows)
     head_kernel_rows = 0  # and for the predictor's per-codebook head, choice and feed (rows = batch)
-    talker_choice_rows = 0  # talker steps of at most this many rows choose code 0 in omni_tts.kernels.heads
     kernel_pdl = False  # the predictor's kernels launched with programmatic dependent launch
     talker_pdl_rows = 0  # the talker's, for steps of at most this many rows
     # the choice above, as use_kernels' probes decide it (what a kept probe outcome restores)
     CHOICE = ("kernel_rows", "talker_kernel_rows", "talker_attend_len", "talker_attend_rows", "head_kernel_rows",
-              "talker_choice_rows", "kernel_pdl", "talker_pdl_rows")
+              "kernel_pdl", "talker_pdl_rows")
     model: Any
     talker_w: list
     predictor_w: list
@@ -115,7 +114,7 @@ class KernelChoice:
         self.kernel_pdl = on and proj_kernels.pdl_available(self.model.device)
         self.talker_pdl_rows = kernel_configs.TALKER_PDL_ROWS if self.kernel_pdl else 0
         self.head_kernel_rows = 0
-        notices = [self._use_talker_choice(on, batches)]
+        notices = []
         if self.talker_kernel_rows:
             err, self.talker_pdl_rows = _probe_pdl(lambda pdl: talker_kernels.probe(
                 self.model.talker.layers[0], self.talker_w[0], batches, self.talker_kernel_rows,
@@ -131,14 +130,6 @@ class KernelChoice:
             between()
             notices.append(self._use_predictor_kernels(batches, between))
         return "; ".join(n for n in notices if n)
-
-    def _use_talker_choice(self, on: bool, batches: list[int]) -> str:
-        """Probe the talker's choice kernel for every batch: code 0 chosen in one kernel, not Inductor's ~10."""
-        m = self.model
-        err = head_kernels.probe_talker(m.vocab_size, m.sampling_constants, batches, kernels.MAX_ROWS,
-                                        sampling.TOPK_CAP) if on else ""
-        self.talker_choice_rows = kernels.MAX_ROWS if on and not err else 0
-        return f"Triton talker choice unavailable on this GPU ({err}); using Inductor's" if err else ""
 
     def _use_predictor_kernels(self, batches: list[int], between: Callable[[], None]) -> str:
         """Probe the predictor's layer kernels (with PDL, else without), then its head kernels."""
