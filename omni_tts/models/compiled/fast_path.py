@@ -20,7 +20,6 @@ Knows nothing about requests, graphs or how buckets are chosen.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +32,7 @@ from omni_tts.kernels import heads as head_kernels
 from omni_tts.kernels import layers as kernels
 from omni_tts.kernels import talker as talker_kernels
 from omni_tts.models import sampling
-from omni_tts.models.compiled.kernel_choice import KernelChoice, fed_tables, folded_heads, folded_layers
+from omni_tts.models.compiled.kernel_choice import KernelChoice, fed_tables, folded_heads, folded_layers, made_once
 from omni_tts.models.compiled.packed_weights import fuse_layer
 from omni_tts.models.compiled.prefill import prefill_layer
 from omni_tts.models.compiled.units import linear, mlp_fused, out_proj, qkv_fused, small_attention
@@ -115,9 +114,6 @@ _region = getattr(torch.compiler, "nested_compile_region", lambda f: f)
 LAYER_REGION = _region(predictor_layer_pure)
 HEAD_REGION = _region(predictor_head)
 FEED_REGION = _region(predictor_feed)
-
-
-_ROPE_LOCK = threading.Lock()  # FastPath._rope_rows' tables
 
 
 def _cloned(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -264,15 +260,11 @@ class FastPath(KernelChoice):
         """The talker's rope cos/sin at positions pos [b] -> [b, 1, hd] each: rows of a table made at the first
         step (a warm-up, outside any capture) for every cache position, as talker.rope computes them; one
         gather each instead of computing them every step."""
-        table = self._rope_tables.get((max_len, dtype))
-        if table is None:
-            with _ROPE_LOCK:  # modes warm on threads of their own; each must read a finished table
-                if (max_len, dtype) not in self._rope_tables:
-                    cos, sin = self.model.talker.rope(torch.arange(max_len, device=pos.device)[None], dtype)
-                    if pos.is_cuda:
-                        torch.cuda.current_stream(pos.device).synchronize()
-                    self._rope_tables[(max_len, dtype)] = (cos[0], sin[0])  # [L, hd] each
-                table = self._rope_tables[(max_len, dtype)]
+        def make() -> tuple[torch.Tensor, torch.Tensor]:
+            cos, sin = self.model.talker.rope(torch.arange(max_len, device=pos.device)[None], dtype)  # [1, L, hd]
+            return cos[0], sin[0]
+
+        table = made_once(self._rope_tables, (max_len, dtype), make, pos.device)
         at = pos.clamp(max=max_len - 1)  # a free slot's stale position, in a bucket's spare rows
         return table[0][at][:, None], table[1][at][:, None]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import torch
@@ -46,16 +46,16 @@ _FOLDED_HEADS: weakref.WeakKeyDictionary[Any, list[torch.Tensor]] = weakref.Weak
 _SHARED_LOCK = threading.Lock()  # modes warm on threads of their own
 
 
-def _shared(cache: weakref.WeakKeyDictionary, cp: Any, make: Callable[[], Any]) -> Any:
-    """cache[cp], made by `make` at the first call for the code predictor `cp` (outside any capture: the
-    first call is a warm-up step) and shared by every mode's path."""
+def made_once(cache: MutableMapping[Any, Any], key: Any, make: Callable[[], Any], device: torch.device) -> Any:
+    """cache[key], made by `make` at the first call (outside any capture: the first call is a warm-up step) and
+    shared by every mode's path; `device`: where `make` writes, waited for before another thread may read it."""
     with _SHARED_LOCK:
-        if cp not in cache:
+        if key not in cache:
             value = make()
-            if cp.norm.weight.device.type == "cuda":  # written before any stream of another thread reads them
-                torch.cuda.current_stream(cp.norm.weight.device).synchronize()
-            cache[cp] = value
-        return cache[cp]
+            if device.type == "cuda":  # written before any stream of another thread reads them
+                torch.cuda.current_stream(device).synchronize()
+            cache[key] = value
+        return cache[key]
 
 
 def fed_tables(cp: Any) -> list[torch.Tensor]:
@@ -63,20 +63,21 @@ def fed_tables(cp: Any) -> list[torch.Tensor]:
     def make() -> list[torch.Tensor]:
         with exact(cp.norm.weight.device):  # float32 tables as the feed unit computes them, not in TF32
             return [head_kernels.fed_table(e.weight, cp.small_to_mtp_projection) for e in cp.codec_embedding[:-1]]
-    return _shared(_FED, cp, make)
+    return made_once(_FED, cp, make, cp.norm.weight.device)
 
 
 def folded_layers(cp: Any, packed: list[tuple]) -> list[tuple]:
     """Per predictor layer, its packed q|k|v and gate|up (`packed`: fuse_layer's) with the input and
     post-attention norms' weights folded in (`fold_norm`), as its Triton layers take them from FOLD_ROWS rows."""
-    return _shared(_FOLDED, cp, lambda: [
+    return made_once(_FOLDED, cp, lambda: [
         (fold_norm(w_qkv, layer.input_layernorm), fold_norm(w_gu, layer.post_attention_layernorm))
-        for layer, (w_qkv, _, w_gu) in zip(cp.layers, packed)])
+        for layer, (w_qkv, _, w_gu) in zip(cp.layers, packed)], cp.norm.weight.device)
 
 
 def folded_heads(cp: Any) -> list[torch.Tensor]:
     """Every codebook head's weight with the final norm's weight folded in, as omni_tts.kernels.heads takes it."""
-    return _shared(_FOLDED_HEADS, cp, lambda: [fold_norm(head.weight, cp.norm) for head in cp.lm_head])
+    return made_once(_FOLDED_HEADS, cp, lambda: [fold_norm(head.weight, cp.norm) for head in cp.lm_head],
+                     cp.norm.weight.device)
 
 
 class KernelChoice:
