@@ -172,8 +172,8 @@ class ExperimentalConfig:
     # kernels, so reduce-overhead and default+cudagraph can be compared with the same kernels
     kernels: bool = True
     use_vllm_pool: bool = True  # default+cudagraph captures into vLLM's global graph pool when vllm is importable
-    # a full-length chunk that continues its stream waits for a decode pass every this many frames, so streams
-    # whose chunks fall due at different frames decode in one batch; 1: each chunk decodes when due
+    # a full-length chunk that continues its stream waits for a decode pass every this many frames (or until
+    # every stream holds one), so streams out of step decode in one batch; 1: each chunk decodes when due
     decode_tick_frames: int = 1
 
 

@@ -7,8 +7,9 @@ plans the chunks that became due (`StreamingDecoder.plan_push` / `plan_flush`), 
 with one batched carried-state decode per chunk length (`codec.decode_plans`: each frame decoded once;
 chunks of requests that started together share a length), then emits chunks and completions in job
 order, so each request's chunks and its completion stay in order. With a decode tick (`tick_frames` > 1)
-the full-length chunks that continue streams wait for a pass every that many frames, so streams whose
-chunks fall due at different frames share one decode. A request that completes (done,
+the full-length chunks that continue streams wait for a pass every that many frames (or until every
+stream holds one), so streams whose chunks fall due at different frames share one decode. A request that
+completes (done,
 failed or cancelled) drops its decoder state (`live_states` counts those held). On CUDA the first
 chunk of a plain request (the TTFP path) and the chunks that continue streams replay CUDA graphs
 (`engine/codec_graphs.py`); `drain()` lets the scheduler wait for an idle stage. Does not know: the
@@ -68,8 +69,9 @@ class AudioStage:
     def __init__(self, device: torch.device, stats: EngineStats, priority: bool = False, tick_frames: int = 1) -> None:
         """priority: first-chunk graphs (`capture_first_chunks`) replay on a high-priority stream; the
         other windows decode on this stage's own normal-priority stream. tick_frames: a full-length chunk
-        that continues a stream waits for a decode pass every this many frames (`_held`), so streams whose
-        chunks fall due at different frames share one batched decode; 1: each decodes when due."""
+        that continues a stream waits for a decode pass every this many frames (`_held`), or until every live
+        stream holds one, so streams whose chunks fall due at different frames share one batched decode (a
+        lone stream never waits); 1: each decodes when due."""
         self.device, self.stats, self.priority = device, stats, priority
         self.tick_frames = tick_frames
         self._held: list[tuple] = []  # ("chunk", a, plan) steps waiting for the next tick, in order
@@ -186,6 +188,9 @@ class AudioStage:
                 else:
                     self._release(a, steps, keep=True)
                     steps.append(("chunk", a, plan))
+        if self._held and self._live.keys() <= {id(s[1]) for s in self._held}:  # no other stream can join them
+            steps.extend(self._held)
+            self._held = []
         plans = [s[2] for s in steps if s[0] == "chunk"]
         t0 = now()
         fast = ChunkGraphs(self.first, self.carried) if self.graphs_on else None
