@@ -9,8 +9,7 @@ chunks of requests that started together share a length), then emits chunks and 
 order, so each request's chunks and its completion stay in order. With a decode tick (`tick_frames` > 1)
 the full-length chunks that continue streams wait for a pass every that many frames (or until every
 stream holds one), so streams whose chunks fall due at different frames share one decode. A request that
-completes (done,
-failed or cancelled) drops its decoder state (`live_states` counts those held). On CUDA the first
+completes (done, failed or cancelled) drops its decoder state (`live_states` counts those held). On CUDA the first
 chunk of a plain request (the TTFP path) and the chunks that continue streams replay CUDA graphs
 (`engine/codec_graphs.py`); `drain()` lets the scheduler wait for an idle stage. Does not know: the
 runner, slots, sampling, or how the codec computes a chunk.
