@@ -328,6 +328,37 @@ def test_choice_kernel_top_k_cut_keeps_tied_values_like_the_sampling_module(cut:
         assert len(set(want.tolist())) > 1
 
 
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_choice_kernel_cuts_bfloat16_logits_on_their_16_bit_keys(bits: int, monkeypatch) -> None:
+    """bfloat16 logits take the top-k cut over 16-bit keys (half the rounds): the k-th largest of the
+    logits divided by each row's temperature, ties and zeros (of both signs) kept as sampling.choose keeps
+    them, drawing what it draws from the same logits in float32."""
+    from omni_tts.kernels import heads as head_kernels
+
+    monkeypatch.setattr(kernel_configs, "CHOOSE_SORT_FREE", True)
+    monkeypatch.setattr(kernel_configs, "CHOOSE_BITS", bits)
+    assert head_kernels.key_bits(torch.bfloat16) == 16 and head_kernels.key_bits(torch.float32) == 32
+
+    torch.manual_seed(2)
+    V, B = 256, 12
+    rows = [sampling.RowSettings(greedy=False, temperature=t, top_k=k)
+            for t, k in ((0.7, 1), (1.3, 2), (0.9, 3), (1.0, 5), (0.55, 9), (1.7, 16), (0.3, 13), (1.1, 7))]
+    sp = sampling.SlotParams.from_settings([rows[i % len(rows)] for i in range(B)]).rows(B, topk_cap=16)
+    table = torch.randn(V, 4)
+    drawn = set()
+    for f in range(3):
+        logits = (torch.round(torch.randn(B, V) * 3) / 8).to(torch.bfloat16)  # few distinct values: ties
+        logits[:, ::7] = 0.0
+        logits[:, 3::11] = -0.0
+        logits[:, 5::13] = torch.randn(B, len(range(5, V, 13))).to(torch.bfloat16) * 5  # and all bf16 bits in use
+        seed, frame = torch.arange(B) * 17 + f, torch.full((B,), f)
+        got = head_kernels.choose(logits, sp, seed, frame, 4, table, torch.zeros(B, 4))[0]
+        want = sampling.choose(logits.float(), sp, seed, frame, 4)
+        assert torch.equal(got, want)
+        drawn |= set(want.tolist())
+    assert len(drawn) > B
+
+
 @pytest.mark.parametrize("talker", ["sdpa", "fused", "alone"])
 @pytest.mark.parametrize("case", golden_cases("custom_voice")[:1])
 def test_kernel_layers_reproduce_the_golden_greedy_codes(case: dict, talker: str) -> None:

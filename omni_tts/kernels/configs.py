@@ -96,7 +96,8 @@ TUNED: dict[tuple[int, int, int], Config] = {
 
 # warps of the sampling kernel (omni_tts.kernels.heads: one program per row; the JSON's "choose_warps" key)
 # and the bits of the top-k cut's key it finds per round ("choose_bits": 1, 2, 4 or 8, the same key in
-# 32 / bits rounds); each (warps, bits) of 4, 8, 16 x 1, 2 draws what omni_tts.models.sampling.choose draws
+# 32 / bits rounds, 16 / bits for bfloat16 logits); each (warps, bits) of 4, 8, 16 x 1, 2 draws what
+# omni_tts.models.sampling.choose draws
 CHOOSE_WARPS = 8
 CHOOSE_BITS = 2
 # rows with top-p 1 find top-k's cut as the k-th largest value (no sort); False: the top-64 sort for every

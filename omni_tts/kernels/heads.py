@@ -78,17 +78,20 @@ if kernels.triton is not None:
         return tl.maximum(kth, edge)
 
     @triton.jit
-    def _kth_largest(xt, k, BITS: tl.constexpr):
+    def _kth_largest(x, xt, k, BITS: tl.constexpr, KEY_BITS: tl.constexpr):
         """The k-th largest value of xt [BV] counted with repeats (sampling.warp_topk's kth; -inf when
-        k <= 0: top-k off), without a sort: over the values' order-preserving uint32 keys, find the largest
-        key T with at least k keys >= T, BITS bits a round (the 2^BITS counts of a round are independent,
-        so fewer rounds make a shorter chain of reductions; any BITS finds the same T)."""
-        bits = tl.where(xt == 0.0, 0.0, xt).to(tl.uint32, bitcast=True)  # -0.0 as +0.0: keys order as floats
+        k <= 0: top-k off), without a sort: over the order-preserving keys of x (xt = x / temperature, the
+        same order, so the k-th largest of xt is xt at x's k-th), find the largest key T with at least k keys
+        >= T, BITS bits a round (the 2^BITS counts of a round are independent, so fewer rounds make a
+        shorter chain of reductions; any BITS finds the same T). KEY_BITS: the key's top bits that can differ
+        (16 for bfloat16 logits, whose float32 bits end in 16 zeros: half the rounds)."""
+        bits = tl.where(x == 0.0, 0.0, x).to(tl.uint32, bitcast=True)  # -0.0 as +0.0: keys order as floats
         key = tl.where((bits >> 31) != 0, bits ^ _u32(0xFFFFFFFF), bits | _u32(0x80000000))  # [BV]
+        key = key >> (32 - KEY_BITS)
         digit = tl.arange(0, 1 << BITS).to(tl.uint32)  # [R]
         t = tl.full([], 0, tl.uint32)
-        for s in tl.static_range(32 // BITS):
-            cand = t | (digit << (32 - BITS * (s + 1)))  # [R]: t with each value of this round's digit
+        for s in tl.static_range(KEY_BITS // BITS):
+            cand = t | (digit << (KEY_BITS - BITS * (s + 1)))  # [R]: t with each value of this round's digit
             count = tl.sum((key[None, :] >= cand[:, None]).to(tl.int32), axis=1)  # [R]
             t = tl.max(tl.where(count >= k, cand, t), axis=0)  # counts fall as cand grows: the last one kept
         kth = tl.max(tl.where(key == t, xt, float("-inf")), axis=0)
@@ -99,7 +102,7 @@ if kernels.triton is not None:
                        table_ptr, esum_ptr, code_ptr, fed_ptr, next_ptr, V: tl.constexpr, D: tl.constexpr,
                        BV: tl.constexpr, CAP: tl.constexpr, BD: tl.constexpr, DN: tl.constexpr, BDN: tl.constexpr,
                        FED: tl.constexpr, SAMPLE: tl.constexpr, SORT_BELOW: tl.constexpr, BITS: tl.constexpr,
-                       PDL: tl.constexpr):
+                       KEY_BITS: tl.constexpr, PDL: tl.constexpr):
         """Program b: code_ptr[b] = this row's code (see the module docstring); esum[b] += table[code];
         with FED, next[b] = fed[code] (the next step's input, [DN])."""
         b = tl.program_id(0)
@@ -117,7 +120,7 @@ if kernels.triton is not None:
             if p < SORT_BELOW:  # top-p needs the top-k set in order (SORT_BELOW: 1, or inf to always sort)
                 cut = _topp_cut(xt, k, p, CAP)
             else:  # top-k alone (the checkpoints' default) needs only the k-th largest value
-                cut = _kth_largest(xt, k, BITS)
+                cut = _kth_largest(x, xt, k, BITS, KEY_BITS)
             warped = tl.where(xt < cut, float("-inf"), xt) + gumbel
             drawn = tl.argmax(tl.where(vm, warped, float("-inf")), axis=0)
             pick = tl.where(tl.load(greedy_ptr + b) != 0, pick, drawn)
@@ -164,9 +167,15 @@ def choose(logits: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tenso
                          code, fed if fed is not None else table, nxt if nxt is not None else esum,
                          V=V, D=D, BV=next_pow2(V), CAP=min(next_pow2(sp.topk_cap or 1), next_pow2(V)),
                          BD=next_pow2(D), DN=DN, BDN=next_pow2(DN), FED=fed is not None, SAMPLE=sample,
-                         SORT_BELOW=sort_below, BITS=kernel_configs.CHOOSE_BITS, PDL=pdl,
+                         SORT_BELOW=sort_below, BITS=kernel_configs.CHOOSE_BITS, KEY_BITS=key_bits(logits.dtype),
+                         PDL=pdl,
                          **proj_kernels.launch_options(pdl, kernel_configs.CHOOSE_WARPS))
     return code, nxt
+
+
+def key_bits(dtype: torch.dtype) -> int:
+    """The top-k cut's key width for logits of this dtype: bfloat16 is float32's top 16 bits."""
+    return 16 if dtype == torch.bfloat16 else 32
 
 
 @torch.no_grad()
