@@ -210,7 +210,8 @@ class AudioStage:
         mine = [s for s in self._held if s[1] is a]
         if mine:
             self._held = [s for s in self._held if s[1] is not a]
-            steps.extend(mine if keep else [])
+            if keep:
+                steps.extend(mine)
 
     def _apply(self, step: tuple, wav: Any) -> None:
         a = step[1]
