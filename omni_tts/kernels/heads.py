@@ -97,12 +97,35 @@ if kernels.triton is not None:
         kth = tl.max(tl.where(key == t, xt, float("-inf")), axis=0)
         return tl.where(k <= 0, float("-inf"), kth)
 
+    @triton.jit
+    def _kth_by_counts(x, xt, k, vm, KEY_BITS: tl.constexpr):
+        """_kth_largest's value from 8-bit digits: each pass counts the keys under the prefix found so far in a
+        256-bin histogram, and the largest digit with at least k keys at or above it extends the prefix."""
+        bits = tl.where(x == 0.0, 0.0, x).to(tl.uint32, bitcast=True)
+        key = tl.where((bits >> 31) != 0, bits ^ _u32(0xFFFFFFFF), bits | _u32(0x80000000))
+        key = key >> (32 - KEY_BITS)
+        j = tl.arange(0, 256)
+        t = tl.full([], 0, tl.uint32)
+        above = tl.full([], 0, tl.int32)  # keys above the prefix found so far
+        for s in tl.static_range(KEY_BITS // 8):
+            shift = KEY_BITS - 8 * (s + 1)
+            under = vm
+            if s > 0:  # the keys that share the prefix
+                under = vm & ((key >> (shift + 8)) == (t >> (shift + 8)))
+            h = tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=under)  # [256]
+            at_or_above = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h
+            d = tl.max(tl.where(above + at_or_above >= k, j, 0), axis=0)
+            above += tl.sum(tl.where(j == d, at_or_above - h, 0), axis=0)
+            t = t | (d.to(tl.uint32) << shift)
+        kth = tl.max(tl.where(key == t, xt, float("-inf")), axis=0)
+        return tl.where(k <= 0, float("-inf"), kth)
+
     @triton.jit(do_not_specialize=["codebook"])  # one kernel for all codebooks (1 would be a constant)
     def _choose_kernel(logits_ptr, greedy_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, frame_ptr, codebook,
                        table_ptr, esum_ptr, code_ptr, fed_ptr, next_ptr, V: tl.constexpr, D: tl.constexpr,
                        BV: tl.constexpr, CAP: tl.constexpr, BD: tl.constexpr, DN: tl.constexpr, BDN: tl.constexpr,
                        FED: tl.constexpr, SAMPLE: tl.constexpr, SORT_BELOW: tl.constexpr, BITS: tl.constexpr,
-                       KEY_BITS: tl.constexpr, PDL: tl.constexpr):
+                       KEY_BITS: tl.constexpr, COUNTS: tl.constexpr, PDL: tl.constexpr):
         """Program b: code_ptr[b] = this row's code (see the module docstring); esum[b] += table[code];
         with FED, next[b] = fed[code] (the next step's input, [DN])."""
         b = tl.program_id(0)
@@ -119,7 +142,9 @@ if kernels.triton is not None:
             p = tl.load(topp_ptr + b)
             if p < SORT_BELOW:  # top-p needs the top-k set in order (SORT_BELOW: 1, or inf to always sort)
                 cut = _topp_cut(xt, k, p, CAP)
-            else:  # top-k alone (the checkpoints' default) needs only the k-th largest value
+            elif COUNTS:  # top-k alone (the checkpoints' default) needs only the k-th largest value
+                cut = _kth_by_counts(x, xt, k, vm, KEY_BITS)
+            else:
                 cut = _kth_largest(x, xt, k, BITS, KEY_BITS)
             warped = tl.where(xt < cut, float("-inf"), xt) + gumbel
             drawn = tl.argmax(tl.where(vm, warped, float("-inf")), axis=0)
@@ -168,7 +193,7 @@ def choose(logits: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tenso
                          V=V, D=D, BV=next_pow2(V), CAP=min(next_pow2(sp.topk_cap or 1), next_pow2(V)),
                          BD=next_pow2(D), DN=DN, BDN=next_pow2(DN), FED=fed is not None, SAMPLE=sample,
                          SORT_BELOW=sort_below, BITS=kernel_configs.CHOOSE_BITS, KEY_BITS=key_bits(logits.dtype),
-                         PDL=pdl,
+                         COUNTS=kernel_configs.CHOOSE_COUNTS, PDL=pdl,
                          **proj_kernels.launch_options(pdl, kernel_configs.CHOOSE_WARPS))
     return code, nxt
 
