@@ -172,9 +172,6 @@ class ExperimentalConfig:
     # kernels, so reduce-overhead and default+cudagraph can be compared with the same kernels
     kernels: bool = True
     use_vllm_pool: bool = True  # default+cudagraph captures into vLLM's global graph pool when vllm is importable
-    # a full-length chunk that continues its stream waits for a decode pass every this many frames (or until
-    # every stream holds one), so streams out of step decode in one batch; 1: each chunk decodes when due
-    decode_tick_frames: int = 1
 
 
 @dataclass
@@ -289,8 +286,6 @@ class EngineConfig:
             raise OmniTTSError(f"kernel_configs: no such file '{self.kernel_configs}' (write one with kernel-sweep)")
         if not 0 <= self.admit_hold_ms <= 1000:
             raise OmniTTSError(f"admit_hold_ms must be 0..1000 (got {self.admit_hold_ms})")
-        if not 1 <= (n := self.experimental.decode_tick_frames) <= 1000:
-            raise OmniTTSError(f"experimental.decode_tick_frames must be 1..1000 (got {n})")
 
 
 # The preset keys and their types, read from the records' annotations ('experimental.KEY' for that section).

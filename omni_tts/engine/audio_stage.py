@@ -6,10 +6,8 @@ handles, and completing requests once their audio is out. Each pass drains every
 plans the chunks that became due (`StreamingDecoder.plan_push` / `plan_flush`), decodes all of them
 with one batched carried-state decode per chunk length (`codec.decode_plans`: each frame decoded once;
 chunks of requests that started together share a length), then emits chunks and completions in job
-order, so each request's chunks and its completion stay in order. With a decode tick (`tick_frames` > 1)
-the full-length chunks that continue streams wait for a pass every that many frames (or until every
-stream holds one), so streams whose chunks fall due at different frames share one decode. A request that
-completes (done, failed or cancelled) drops its decoder state (`live_states` counts those held). On CUDA the first
+order, so each request's chunks and its completion stay in order. A request that completes (done,
+failed or cancelled) drops its decoder state (`live_states` counts those held). On CUDA the first
 chunk of a plain request (the TTFP path) and the chunks that continue streams replay CUDA graphs
 (`engine/codec_graphs.py`); `drain()` lets the scheduler wait for an idle stage. Does not know: the
 runner, slots, sampling, or how the codec computes a chunk.
@@ -65,17 +63,10 @@ class AudioStage:
     `put(jobs)` queues a list of jobs as one item (the scheduler puts one step's pushes at once, so the
     chunks that step made due are always decoded together, then that step's flushes and completions)."""
 
-    def __init__(self, device: torch.device, stats: EngineStats, priority: bool = False, tick_frames: int = 1) -> None:
+    def __init__(self, device: torch.device, stats: EngineStats, priority: bool = False) -> None:
         """priority: first-chunk graphs (`capture_first_chunks`) replay on a high-priority stream; the
-        other windows decode on this stage's own normal-priority stream. tick_frames: a full-length chunk
-        that continues a stream waits for a decode pass every this many frames (`_held`), or until every live
-        stream holds one, so streams whose chunks fall due at different frames share one batched decode (a
-        lone stream never waits); 1: each decodes when due."""
+        other windows decode on this stage's own normal-priority stream."""
         self.device, self.stats, self.priority = device, stats, priority
-        self.tick_frames = tick_frames
-        self._held: list[tuple] = []  # ("chunk", a, plan) steps waiting for the next tick, in order
-        self._since_tick = 0  # frames pushed since the last tick
-        self._steps: list[tuple] = []  # the pass in progress
         self.first: FirstChunkGraphs | None = None
         self.carried: CarriedChunkGraphs | None = None
         self.first_error = self.carried_error = ""
@@ -140,12 +131,11 @@ class AudioStage:
                     batch.append(self._jobs.get_nowait())
                 jobs = [job for item in batch if item is not None for job in item if job[0] != "barrier"]
                 barriers = [job[1] for item in batch if item is not None for job in item if job[0] == "barrier"]
-                frames = sum(1 for item in batch if item and item[0][0] == "push")  # one item per frame
                 try:
                     with phase("audio"):
-                        self._run(jobs, frames, bool(barriers) or batch[-1] is None)
-                except Exception as e:  # a bug here must not leave these requests hanging (held ones included)
-                    for a in {id(job[1]): job[1] for job in jobs + self._steps}.values():
+                        self._run(jobs)
+                except Exception as e:  # a bug here must not leave these requests hanging
+                    for a in {id(job[1]): job[1] for job in jobs}.values():
                         if not a.failed and not a.handle.done:
                             a.failed = True
                             self._complete(a, "error", _error(e))
@@ -154,22 +144,14 @@ class AudioStage:
                 if batch[-1] is None:
                     return
 
-    def _run(self, jobs: list[tuple], frames: int = 0, tick: bool = True) -> None:
-        """Plan every job's chunk in order, decode all the plans batched (with the held ones on a tick:
-        `frames` more pushed make tick_frames, or `tick`), then emit in order."""
-        self._since_tick += frames
-        tick = tick or self._since_tick >= self.tick_frames
+    def _run(self, jobs: list[tuple]) -> None:
+        """Plan every job's chunk in order, decode all the plans batched, then emit in order."""
         steps: list[tuple] = []  # ("chunk", a, plan) | ("fail", a, error) | ("finish", a, status, error)
-        if tick:  # a request that failed meanwhile has nothing to hear
-            steps, self._held, self._since_tick = [s for s in self._held if not s[1].failed], [], 0
-        self._steps = steps  # this pass's, for the loop's failure path
         broken: set[int] = set()  # requests whose planning failed in this pass: skip their later jobs
         for job in jobs:
             a = job[1]
             if a.failed or id(a) in broken:
                 continue
-            if job[0] != "push":  # its held chunks first (a cancelled or failed request's are dropped)
-                self._release(a, steps, keep=job[0] == "flush")
             if job[0] == "finish":
                 steps.append(job)
                 continue
@@ -182,14 +164,7 @@ class AudioStage:
                 continue
             if plan is not None:
                 self._live[id(a)] = a
-                if not tick and self._holds(a, plan):  # a chunk due on the tick goes with it
-                    self._held.append(("chunk", a, plan))
-                else:
-                    self._release(a, steps, keep=True)
-                    steps.append(("chunk", a, plan))
-        if self._held and self._live.keys() <= {id(s[1]) for s in self._held}:  # no other stream can join them
-            steps.extend(self._held)
-            self._held = []
+                steps.append(("chunk", a, plan))
         plans = [s[2] for s in steps if s[0] == "chunk"]
         t0 = now()
         fast = ChunkGraphs(self.first, self.carried) if self.graphs_on else None
@@ -198,20 +173,6 @@ class AudioStage:
         results = iter(wavs)
         for step in steps:
             self._apply(step, next(results) if step[0] == "chunk" else None)
-
-    def _holds(self, a: Any, plan: ChunkPlan) -> bool:
-        """Whether this chunk waits for the tick: a full-length chunk that continues its stream (never the
-        first chunk, the TTFP path, nor a growing one, which playback is still waiting for)."""
-        d = a.decoder
-        return self.tick_frames > 1 and plan.start > d.prefix_frames and plan.end - plan.start >= d.chunk_frames
-
-    def _release(self, a: Any, steps: list[tuple], keep: bool) -> None:
-        """Move a's held chunks into this pass's steps (keep) or drop them (its request ends unheard)."""
-        mine = [s for s in self._held if s[1] is a]
-        if mine:
-            self._held = [s for s in self._held if s[1] is not a]
-            if keep:
-                steps.extend(mine)
 
     def _apply(self, step: tuple, wav: Any) -> None:
         a = step[1]

@@ -73,7 +73,7 @@ class Engine:
         self.kernel_notice = self.codec_fused_error = ""
         self._primer: threading.Thread | None = None
         resident = [m for m in config.resident_modes(cuda) if not self.impls.unavailable(m)]
-        self._audio = AudioStage(self.device, self.stats, cuda, config.experimental.decode_tick_frames)
+        self._audio = AudioStage(self.device, self.stats, priority=cuda)
         # one step stream for every mode: graphs that share a pool must never run at the same time
         self._stream = torch.cuda.Stream(self.device, priority=-1) if cuda else None
         self.schedulers: dict[CompileMode, ModeScheduler] = {}
