@@ -103,12 +103,8 @@ def choice() -> dict[str, str]:
                 frame_ptr=I64, codebook=3, table_ptr=BF, esum_ptr=F32, code_ptr=I64, fed_ptr=BF, next_ptr=BF)
     return {f"choice sample={s} fed={f}": build(heads._choose_kernel, args, dict(
                 V=V, D=2048, BV=V, CAP=64, BD=2048, DN=D, BDN=D, FED=f, SAMPLE=s, SORT_BELOW=1.0,
-                BITS=configs.CHOOSE_BITS, KEY_BITS=16, COUNTS=configs.CHOOSE_COUNTS, PDL=True), configs.CHOOSE_WARPS,
-                pdl=True)
-            for s in (True, False) for f in (True, False)} | {
-        "choice sample=True counts": build(heads._choose_kernel, args, dict(
-            V=V, D=2048, BV=V, CAP=64, BD=2048, DN=D, BDN=D, FED=True, SAMPLE=True, SORT_BELOW=1.0,
-            BITS=configs.CHOOSE_BITS, KEY_BITS=16, COUNTS=True, PDL=True), configs.CHOOSE_WARPS, pdl=True)}
+                KEY_BITS=16, PDL=True), configs.CHOOSE_WARPS, pdl=True)
+            for s in (True, False) for f in (True, False)}
 
 
 def talker_attention() -> dict[str, str]:

@@ -96,11 +96,11 @@ def test_written_configs_are_what_the_kernels_load(tmp_path, monkeypatch) -> Non
     monkeypatch.setattr(kernel_configs, "_INTERPRET", False)  # config() answers from the table, as on a GPU
     kernel_configs.load_configs(str(f))
     assert kernel_configs.TUNED == best
-    f.write_text(json.dumps({"choose_warps": 16, "choose_bits": 4}))
+    f.write_text(json.dumps({"choose_warps": 16, "choose_sort_free": False}))
     monkeypatch.setattr(kernel_configs, "CHOOSE_WARPS", 8)
-    monkeypatch.setattr(kernel_configs, "CHOOSE_BITS", 2)
+    monkeypatch.setattr(kernel_configs, "CHOOSE_SORT_FREE", True)
     kernel_configs.load_configs(str(f))
-    assert kernel_configs.CHOOSE_WARPS == 16 and kernel_configs.CHOOSE_BITS == 4 and kernel_configs.TUNED == best
+    assert kernel_configs.CHOOSE_WARPS == 16 and not kernel_configs.CHOOSE_SORT_FREE and kernel_configs.TUNED == best
     monkeypatch.setattr(kernel_configs, "TALKER_PDL_ROWS", 1)
     monkeypatch.setattr(kernel_configs, "TALKER_KERNEL_ROWS", 8)
     kernel_sweep.write(best, str(f), {"talker_pdl_rows": 4})  # a sweep run with --talker-pdl-rows 4

@@ -296,17 +296,15 @@ def test_head_and_feed_kernels_equal_the_units_they_implement() -> None:
     torch.testing.assert_close(got_next, nxt, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("cut", ["sort", 1, 2, 4, 8, "counts"])
-def test_choice_kernel_top_k_cut_keeps_tied_values_like_the_sampling_module(cut: str | int, monkeypatch) -> None:
-    """Top-k alone (top-p 1: the kernel's sort-free path, finding the cut 1, 2, 4 or 8 bits a round or from
-    the key bytes' histograms, or its top-CAP sort when told to) on logits full of ties and zeros: the k-th
-    largest counted with repeats, every value equal to it kept, as sampling.warp_topk does."""
+@pytest.mark.parametrize("cut", ["sort", "counts"])
+def test_choice_kernel_top_k_cut_keeps_tied_values_like_the_sampling_module(cut: str, monkeypatch) -> None:
+    """Top-k alone (top-p 1: the kernel's sort-free path, finding the cut from the key bytes' histograms, or
+    its top-CAP sort when told to) on logits full of ties and zeros: the k-th largest counted with repeats,
+    every value equal to it kept, as sampling.warp_topk does."""
     from omni_tts.kernels import configs as kernel_configs
     from omni_tts.kernels import heads as head_kernels
 
     monkeypatch.setattr(kernel_configs, "CHOOSE_SORT_FREE", cut != "sort")
-    monkeypatch.setattr(kernel_configs, "CHOOSE_BITS", cut if isinstance(cut, int) else 1)
-    monkeypatch.setattr(kernel_configs, "CHOOSE_COUNTS", cut == "counts")
 
     torch.manual_seed(1)
     V, B = 128, 12
@@ -329,16 +327,13 @@ def test_choice_kernel_top_k_cut_keeps_tied_values_like_the_sampling_module(cut:
         assert len(set(want.tolist())) > 1
 
 
-@pytest.mark.parametrize("bits", [1, 2, 4, 8, "counts"])
-def test_choice_kernel_cuts_bfloat16_logits_on_their_16_bit_keys(bits: int | str, monkeypatch) -> None:
-    """bfloat16 logits take the top-k cut over 16-bit keys (half the rounds): the k-th largest of the
+def test_choice_kernel_cuts_bfloat16_logits_on_their_16_bit_keys(monkeypatch) -> None:
+    """bfloat16 logits take the top-k cut over 16-bit keys (two byte passes, not four): the k-th largest of the
     logits divided by each row's temperature, ties and zeros (of both signs) kept as sampling.choose keeps
     them, drawing what it draws from the same logits in float32."""
     from omni_tts.kernels import heads as head_kernels
 
     monkeypatch.setattr(kernel_configs, "CHOOSE_SORT_FREE", True)
-    monkeypatch.setattr(kernel_configs, "CHOOSE_BITS", bits if isinstance(bits, int) else 2)
-    monkeypatch.setattr(kernel_configs, "CHOOSE_COUNTS", bits == "counts")
     assert head_kernels.key_bits(torch.bfloat16) == 16 and head_kernels.key_bits(torch.float32) == 32
 
     torch.manual_seed(2)

@@ -95,16 +95,10 @@ TUNED: dict[tuple[int, int, int], Config] = {
 
 
 # warps of the sampling kernel (omni_tts.kernels.heads: one program per row; the JSON's "choose_warps" key)
-# and the bits of the top-k cut's key it finds per round ("choose_bits": 1, 2, 4 or 8, the same key in
-# 32 / bits rounds, 16 / bits for bfloat16 logits); each (warps, bits) of 4, 8, 16 x 1, 2 draws what
-# omni_tts.models.sampling.choose draws
 CHOOSE_WARPS = 8
-CHOOSE_BITS = 2
 # rows with top-p 1 find top-k's cut as the k-th largest value (no sort); False: the top-64 sort for every
 # row (the JSON's "choose_sort_free" key)
 CHOOSE_SORT_FREE = True
-# the sort-free cut from 256-bin histograms of the key's bytes, a pass a byte ("choose_counts"), not in rounds
-CHOOSE_COUNTS = False
 # talker steps of at most this many rows run its Triton layers, Inductor's compiled units above (the JSON's
 # "talker_kernel_rows" key); of those, steps of at most TALKER_PDL_ROWS rows launch with programmatic dependent
 # launch ("talker_pdl_rows"): the next kernel's launch and weight loads overlap the previous kernel's tail
@@ -119,8 +113,8 @@ FOLD_ROWS = 33
 # kernel joins; more than one lets an SM hide one program's loads behind another's, which long caches pay for
 ATTEND_WAVES = 4
 # the JSON's keys that set one of the values above, and their types
-_SCALARS = {"choose_warps": int, "choose_bits": int, "choose_sort_free": bool, "choose_counts": bool,
-            "talker_kernel_rows": int, "talker_pdl_rows": int, "fold_rows": int, "attend_waves": int}
+_SCALARS = {"choose_warps": int, "choose_sort_free": bool, "talker_kernel_rows": int, "talker_pdl_rows": int,
+            "fold_rows": int, "attend_waves": int}
 
 
 def load_configs(path: str) -> None:

@@ -8,7 +8,7 @@ Owns, for one codebook step of a frame (rows = batch):
   2. the choice of each row's code (`_choose_kernel`, one program per row): greedy rows take the
      argmax, sampled rows the Gumbel-max of the logits warped by temperature, top-k and top-p (rows
      with top-p < 1 from one top-`cap` selection; top-k alone, the checkpoints' default, from the k-th
-     largest value, found by halving the values' range: no sort), with the noise of
+     largest value, found a key byte at a time from histograms: no sort), with the noise of
      omni_tts.models.sampling.uniform_noise (the same counter-based hash, so a request's draws do not depend on
      the kernels); the chosen code's embedding row is added to the frame's running embedding sum (float32);
   3. in the same kernel, the next step's input: the chosen code's row of the codebook's `fed_table`
@@ -78,31 +78,16 @@ if kernels.triton is not None:
         return tl.maximum(kth, edge)
 
     @triton.jit
-    def _kth_largest(x, xt, k, BITS: tl.constexpr, KEY_BITS: tl.constexpr):
+    def _kth_largest(x, xt, k, vm, KEY_BITS: tl.constexpr):
         """The k-th largest value of xt [BV] counted with repeats (sampling.warp_topk's kth; -inf when
         k <= 0: top-k off), without a sort: over the order-preserving keys of x (xt = x / temperature, the
-        same order, so the k-th largest of xt is xt at x's k-th), find the largest key T with at least k keys
-        >= T, BITS bits a round (the 2^BITS counts of a round are independent, so fewer rounds make a
-        shorter chain of reductions; any BITS finds the same T). KEY_BITS: the key's top bits that can differ
-        (16 for bfloat16 logits, whose float32 bits end in 16 zeros: half the rounds)."""
+        same order, so the k-th largest of xt is xt at x's k-th), the largest key T with at least k keys >= T,
+        a byte a pass: each pass counts the valid keys (vm) that share the prefix found so far in a 256-bin
+        histogram of their next byte, and the largest byte value with at least k keys at or above it extends
+        the prefix. KEY_BITS: the key's top bits that can differ (16 for bfloat16 logits, whose float32 bits
+        end in 16 zeros: two passes instead of four)."""
         bits = tl.where(x == 0.0, 0.0, x).to(tl.uint32, bitcast=True)  # -0.0 as +0.0: keys order as floats
         key = tl.where((bits >> 31) != 0, bits ^ _u32(0xFFFFFFFF), bits | _u32(0x80000000))  # [BV]
-        key = key >> (32 - KEY_BITS)
-        digit = tl.arange(0, 1 << BITS).to(tl.uint32)  # [R]
-        t = tl.full([], 0, tl.uint32)
-        for s in tl.static_range(KEY_BITS // BITS):
-            cand = t | (digit << (KEY_BITS - BITS * (s + 1)))  # [R]: t with each value of this round's digit
-            count = tl.sum((key[None, :] >= cand[:, None]).to(tl.int32), axis=1)  # [R]
-            t = tl.max(tl.where(count >= k, cand, t), axis=0)  # counts fall as cand grows: the last one kept
-        kth = tl.max(tl.where(key == t, xt, float("-inf")), axis=0)
-        return tl.where(k <= 0, float("-inf"), kth)
-
-    @triton.jit
-    def _kth_by_counts(x, xt, k, vm, KEY_BITS: tl.constexpr):
-        """_kth_largest's value from 8-bit digits: each pass counts the keys under the prefix found so far in a
-        256-bin histogram, and the largest digit with at least k keys at or above it extends the prefix."""
-        bits = tl.where(x == 0.0, 0.0, x).to(tl.uint32, bitcast=True)
-        key = tl.where((bits >> 31) != 0, bits ^ _u32(0xFFFFFFFF), bits | _u32(0x80000000))
         key = key >> (32 - KEY_BITS)
         j = tl.arange(0, 256)
         t = tl.full([], 0, tl.uint32)
@@ -124,8 +109,8 @@ if kernels.triton is not None:
     def _choose_kernel(logits_ptr, greedy_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, frame_ptr, codebook,
                        table_ptr, esum_ptr, code_ptr, fed_ptr, next_ptr, V: tl.constexpr, D: tl.constexpr,
                        BV: tl.constexpr, CAP: tl.constexpr, BD: tl.constexpr, DN: tl.constexpr, BDN: tl.constexpr,
-                       FED: tl.constexpr, SAMPLE: tl.constexpr, SORT_BELOW: tl.constexpr, BITS: tl.constexpr,
-                       KEY_BITS: tl.constexpr, COUNTS: tl.constexpr, PDL: tl.constexpr):
+                       FED: tl.constexpr, SAMPLE: tl.constexpr, SORT_BELOW: tl.constexpr,
+                       KEY_BITS: tl.constexpr, PDL: tl.constexpr):
         """Program b: code_ptr[b] = this row's code (see the module docstring); esum[b] += table[code];
         with FED, next[b] = fed[code] (the next step's input, [DN])."""
         b = tl.program_id(0)
@@ -142,10 +127,8 @@ if kernels.triton is not None:
             p = tl.load(topp_ptr + b)
             if p < SORT_BELOW:  # top-p needs the top-k set in order (SORT_BELOW: 1, or inf to always sort)
                 cut = _topp_cut(xt, k, p, CAP)
-            elif COUNTS:  # top-k alone (the checkpoints' default) needs only the k-th largest value
-                cut = _kth_by_counts(x, xt, k, vm, KEY_BITS)
-            else:
-                cut = _kth_largest(x, xt, k, BITS, KEY_BITS)
+            else:  # top-k alone (the checkpoints' default) needs only the k-th largest value
+                cut = _kth_largest(x, xt, k, vm, KEY_BITS)
             warped = tl.where(xt < cut, float("-inf"), xt) + gumbel
             drawn = tl.argmax(tl.where(vm, warped, float("-inf")), axis=0)
             pick = tl.where(tl.load(greedy_ptr + b) != 0, pick, drawn)
@@ -192,8 +175,7 @@ def choose(logits: torch.Tensor, sp: Any, seed: torch.Tensor, frame: torch.Tenso
                          code, fed if fed is not None else table, nxt if nxt is not None else esum,
                          V=V, D=D, BV=next_pow2(V), CAP=min(next_pow2(sp.topk_cap or 1), next_pow2(V)),
                          BD=next_pow2(D), DN=DN, BDN=next_pow2(DN), FED=fed is not None, SAMPLE=sample,
-                         SORT_BELOW=sort_below, BITS=kernel_configs.CHOOSE_BITS, KEY_BITS=key_bits(logits.dtype),
-                         COUNTS=kernel_configs.CHOOSE_COUNTS, PDL=pdl,
+                         SORT_BELOW=sort_below, KEY_BITS=key_bits(logits.dtype), PDL=pdl,
                          **proj_kernels.launch_options(pdl, kernel_configs.CHOOSE_WARPS))
     return code, nxt
 
