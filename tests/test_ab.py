@@ -151,6 +151,18 @@ def test_a_bench_process_that_fails_is_an_error_in_its_run_and_the_exit_status(t
     assert "no-such-checkpoint" in run["bench"]["error"] and "results" not in run["bench"]
 
 
+def test_the_first_process_runs_under_its_own_limit_and_a_process_past_its_limit_is_an_error(tmp_path):
+    """--first-timeout gives the first process (a fresh machine's cold compile) its own limit; the others run
+    under --timeout, here too short for any process to start, so theirs is the timed-out error."""
+    out = tmp_path / "ab.json"
+    p = run_cli_process("ab", "--revs", ".", "HEAD", "--rounds", "1", "--timeout", "0.01", "--first-timeout",
+                        "600", "--json", str(out), "--", *BENCH)
+    assert p.returncode == 1
+    first, second = json.loads(out.read_text())["runs"]
+    assert first["rev"] == "." and "error" not in first["bench"] and first["bench"]["complete"]
+    assert second["rev"] == "HEAD" and second["bench"] == {"error": "timed out"}
+
+
 def test_a_comparison_stopped_midway_keeps_the_processes_it_finished(tmp_path):
     out = tmp_path / "ab.json"
     p = subprocess.Popen([sys.executable, "-m", "omni_tts", "ab", "--revs", ".", "HEAD", "--rounds", "2", "--json",

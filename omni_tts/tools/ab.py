@@ -236,7 +236,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         for i, (r, label) in enumerate(order(labels, args.rounds)):
             say(f"round {r + 1}: {label}")
             rev, extra = compared[label]
-            got = bench_once(trees[rev], bench_args, Path(tmp) / f"bench_{i}.json", args.timeout, args.tool, extra)
+            limit = args.first_timeout if i == 0 and args.first_timeout else args.timeout
+            got = bench_once(trees[rev], bench_args, Path(tmp) / f"bench_{i}.json", limit, args.tool, extra)
             if "error" in got:
                 say(f"  {label}: {got['error']}")
             runs.append({"round": r, "rev": label, "tree": rev, "set": extra[1::2], "bench": got})
@@ -267,6 +268,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "('-': none), e.g. --sets - kernel_configs=kc.json")
     ap.add_argument("--rounds", type=int, default=2, help="processes per revision, in alternating order")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per bench process")
+    ap.add_argument("--first-timeout", type=float,
+                    help="seconds for the first process instead (on a fresh machine it compiles every kernel cold)")
     ap.add_argument("--json", help="all runs' bench JSONs and the summary")
     ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: the tool's own arguments")
 
