@@ -1,6 +1,6 @@
-"""`omni-tts ab` on the tiny fixture (CPU): each revision's package runs in its own bench (or codec-bench or
-microbench) processes, in alternating order, and the summary holds each process's figures; a bad revision or
-argument is one line before anything runs."""
+"""`omni-tts ab` on the tiny fixture (CPU): each revision's package runs in its own bench (or codec-bench,
+microbench or roofline) processes, in alternating order, and the summary holds each process's figures; a bad
+revision or argument is one line before anything runs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from _fixtures import REPO, cli_env, fixture_dir, run_cli_process
 
 from omni_tts.errors import OmniTTSError
-from omni_tts.tools.ab import order, unpack, variants
+from omni_tts.tools.ab import order, roofline_summary, unpack, variants
 from omni_tts.tools.provenance import rev_digest, tree_digest
 
 BENCH = ["--model", str(fixture_dir("custom_voice")), "--preset", "all-eager", "--modes", "eager",
@@ -178,3 +178,34 @@ def test_a_comparison_stopped_midway_keeps_the_processes_it_finished(tmp_path):
     res = json.loads(out.read_text())
     assert res["complete"] is False and "summary" not in res and 1 <= len(res["runs"]) < 4
     assert res["runs"][0]["rev"] == "." and res["runs"][0]["bench"]["results"]["eager"]["1"]["requests"] == 2
+
+
+def test_roofline_runs_as_the_tool_and_its_part_times_make_the_table(tmp_path):
+    roof = ["--model", str(fixture_dir("custom_voice")), "--preset", "all-eager", "--rows", "1", "2", "--iters", "1"]
+    p, res = _tool_run(tmp_path, "roofline", roof)
+    parts = [(x["part"], x["rows"]) for x in res["runs"][0]["bench"]["rows"]]
+    assert len(parts) == 6 and {n for _, n in parts} == {1, 2}
+    assert [(s["figure"], s["rev"]) for s in res["summary"]] == [
+        (f"{part} ms, {n} rows", rev) for part, n in parts for rev in (".", "HEAD")]
+    for s in res["summary"]:
+        (run,) = [r for r in res["runs"] if r["rev"] == s["rev"]]
+        (row,) = [x for x in run["bench"]["rows"] if f"{x['part']} ms, {x['rows']} rows" == s["figure"]]
+        assert s["values"] == [row["ms_per_call"]] == [s["median"]]
+    assert sum(line.startswith("| talker step ms, 1 rows |") for line in p.stdout.splitlines()) == 2
+
+
+def test_roofline_busy_profiles_give_each_process_s_busy_share_and_idle_pairs():
+    """The busy figures of GPU roofline processes (an H100's, kept in docs/results): per concurrency each
+    process's busy share, and each listed pair of kernels around the gaps with its idle seconds."""
+    kept = json.loads((REPO / "docs" / "results" / "2026-12-07-h100-codes-staged.json").read_text())
+    runs = [{"rev": "ab"[i % 2], "bench": kept[f"roofline_main_{i + 1}"]} for i in range(4)]
+    rows = {(s["figure"], s["rev"]): s for s in roofline_summary(runs, ["a", "b"])}
+    for rev, mine in (("a", runs[0::2]), ("b", runs[1::2])):
+        for c in (32, 64):
+            profiles = [b for r in mine for b in r["bench"]["busy"] if b["concurrency"] == c]
+            busy = rows[(f"GPU busy %, c = {c}", rev)]
+            assert busy["values"] == [100 * b["gpu_busy_share"] for b in profiles]
+            assert busy["median"] == statistics.median(busy["values"])
+            for pair in profiles[0]["gap_borders"]:
+                got = rows[(f"idle s, c = {c}: {pair['before']} -> {pair['after']}", rev)]["values"]
+                assert pair["s"] in got and len(got) <= len(profiles)

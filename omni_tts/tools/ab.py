@@ -4,17 +4,20 @@
     omni-tts ab --tool codec-bench --revs main my-branch -- --model CK --rows 1 8 32 64 --iters 10
     omni-tts ab --tool microbench --revs main my-branch -- --model CK --buckets 1 8 --skip-codec
     omni-tts ab --tool microbench --revs . --sets - kernel_configs=kc.json -- --model CK --buckets 32 64
+    omni-tts ab --tool roofline --revs main my-branch -- --model CK --rows 64 --iters 5 --busy 32 64
 
 Owns: unpacking each git revision's package into a folder of its own (`.` is the checkout as it is; a folder
 holding an omni_tts package is used as it is, for machines the repository's history does not reach), running
-`bench` (or `codec-bench` or `microbench`, `--tool`) with the arguments after `--` from each folder in rounds
-whose order alternates (A B, then B A: a drift of the machine falls on both), or each tree once per preset
-override (`--sets`: each item's KEY=VALUE pairs, split at commas outside brackets, given to the tool as --set;
-'-' none), and one table: per mode and concurrency each process's audio s/s and median TTFP (codec-bench: per
-rows each process's chunk ms, graphed where CUDA graphs ran; microbench: per mode and rows each process's
-predictor frame and talker step ms), and the median over processes (the JSON is rewritten after every process,
-"complete" once all ran). Processes of one machine differ by about as much as a lever does, so a lever's
-before and after are told apart by several interleaved processes, not by one each.
+`bench` (or `codec-bench`, `microbench` or `roofline`, `--tool`) with the arguments after `--` from each folder
+in rounds whose order alternates (A B, then B A: a drift of the machine falls on both), or each tree once per
+preset override (`--sets`: each item's KEY=VALUE pairs, split at commas outside brackets, given to the tool as
+--set; '-' none), and one table: per mode and concurrency each process's audio s/s and median TTFP
+(codec-bench: per rows each process's chunk ms, graphed where CUDA graphs ran; microbench: per mode and rows
+each process's predictor frame and talker step ms; roofline: per part and rows each process's ms a call, per
+concurrency its GPU busy % and the idle seconds of each pair of kernels around the gaps), and the median over
+processes (the JSON is rewritten after every process, "complete" once all ran). Processes of one machine
+differ by about as much as a lever does, so a lever's before and after are told apart by several interleaved
+processes, not by one each.
 Knows nothing about what the tools measure beyond their JSONs' rows.
 """
 
@@ -198,6 +201,41 @@ def codec_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _roofline_figures(bench: dict[str, Any]) -> Iterator[tuple[str, float]]:
+    """roofline's figures by name: each part's ms a call per rows; per busy concurrency the GPU busy % and
+    the idle seconds of each pair of kernels around gaps that the profile lists (a pair missing from a
+    process's list idled less there than its last listed pair)."""
+    for row in bench.get("rows", []):
+        yield f"{row['part']} ms, {row['rows']} rows", row["ms_per_call"]
+    for b in bench.get("busy", []):
+        c = b["concurrency"]
+        yield f"GPU busy %, c = {c}", 100 * b["gpu_busy_share"]
+        for pair in b.get("gap_borders", []):
+            yield f"idle s, c = {c}: {pair['before']} -> {pair['after']}", pair["s"]
+
+
+def roofline_summary(runs: list[dict[str, Any]], revs: list[str]) -> list[dict[str, Any]]:
+    """roofline's: per figure and rev, each process's value and their median (figures in the order run)."""
+    cells: dict[tuple[str, str], list[float]] = {}
+    for run in runs:
+        for name, value in _roofline_figures(run["bench"]):
+            cells.setdefault((name, run["rev"]), []).append(value)
+    names = list(dict.fromkeys(name for name, _ in cells))
+    return [{"figure": name, "rev": rev, "values": cells[name, rev], "median": statistics.median(cells[name, rev])}
+            for name in names for rev in revs if (name, rev) in cells]
+
+
+def roofline_table(rows: list[dict[str, Any]]) -> str:
+    out = ["| figure | rev | per process | median |", "|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['figure']} | {r['rev']} | {', '.join(f'{v:.3f}' for v in r['values'])} | {r['median']:.3f} |")
+    return "\n".join(out)
+
+
+def _roofline_line(row: dict[str, Any]) -> str:
+    return f"  {row['figure']}: {row['values'][0]:.3f}"
+
+
 def _bench_line(row: dict[str, Any]) -> str:
     return (f"  {row['mode']} c={row['concurrency']}: {row['audio_s_per_s'][0]:.1f} audio s/s, "
             f"TTFP {row['med_ttfp_ms'][0]:.1f} ms")
@@ -217,6 +255,7 @@ TOOLS: dict[str, tuple[Callable[..., list[dict[str, Any]]], Callable[..., str], 
     "bench": (summary, table, _bench_line),
     "codec-bench": (codec_summary, codec_table, _codec_line),
     "microbench": (micro_summary, micro_table, _micro_line),
+    "roofline": (roofline_summary, roofline_table, _roofline_line),
 }
 
 
