@@ -123,6 +123,18 @@ def test_written_configs_are_what_the_kernels_load(tmp_path, monkeypatch) -> Non
     assert kernel_configs.config(40, 4096, 1024) == (64, 128, 3, 4, False)
 
 
+def test_a_key_that_is_neither_option_nor_entry_is_refused_by_name_and_nothing_loads(tmp_path, monkeypatch) -> None:
+    """An option the kernels no longer read (or a typo) is one clear error naming it; the file's other keys,
+    read before it, are not applied."""
+    monkeypatch.setattr(kernel_configs, "TUNED", {})
+    monkeypatch.setattr(kernel_configs, "CHOOSE_WARPS", 8)
+    f = tmp_path / "configs.json"
+    f.write_text(json.dumps({"choose_warps": 16, "8,4096,1024": [32, 256, 4, 4, False], "choose_bits": 2}))
+    with pytest.raises(ValueError, match="'choose_bits' is neither an option .*choose_warps.* nor a 'rows,n,K' entry"):
+        kernel_configs.load_configs(str(f))
+    assert kernel_configs.CHOOSE_WARPS == 8 and kernel_configs.TUNED == {}
+
+
 def test_a_sweeps_fold_rows_is_where_the_loaded_table_folds(tmp_path, monkeypatch, capsys) -> None:
     """--fold-rows N is written as the JSON's fold_rows; loaded, it is the engine's FOLD_ROWS and part of what a
     kept probe outcome depends on; a bound past 1..MAX_ROWS + 1 is refused in one line before anything runs."""

@@ -121,12 +121,24 @@ def load_configs(path: str) -> None:
     """Add a kernel sweep's JSON (tools/kernel_sweep.py) to the table: the preset key `kernel_configs`."""
     with open(path) as f:
         data = json.load(f)
-    set_options({key: value for key, value in data.items() if key in _SCALARS})
-    for key, value in data.items():
+    entries: dict[tuple[int, int, int], Config] = {}
+    for key, value in data.items():  # every key read before any is set: a bad file changes nothing
         if key not in _SCALARS:
-            m, n, k = (int(v) for v in key.split(","))
+            shape = _shape(path, key)
             cfg = (int(value[0]), int(value[1]), int(value[2]), int(value[3]), bool(value[4]))
-            TUNED[(m, n, k)] = cfg + (int(value[5]),) if len(value) > 5 else cfg
+            entries[shape] = cfg + (int(value[5]),) if len(value) > 5 else cfg
+    set_options({key: value for key, value in data.items() if key in _SCALARS})
+    TUNED.update(entries)
+
+
+def _shape(path: str, key: str) -> tuple[int, int, int]:
+    """An entry's key "rows,n,K" as integers; any other key is refused by name (an option no longer read, a typo)."""
+    try:
+        m, n, k = (int(v) for v in key.split(","))
+    except ValueError:
+        raise ValueError(f"kernel_configs {path}: '{key}' is neither an option ({', '.join(_SCALARS)}) "
+                         f"nor a 'rows,n,K' entry") from None
+    return m, n, k
 
 
 def set_options(values: dict[str, Any]) -> None:
