@@ -8,6 +8,7 @@ import json
 import math
 import threading
 
+import pytest
 import torch
 
 from omni_tts.tools import gpu_busy
@@ -153,14 +154,40 @@ def test_logged_phases_land_on_the_profilers_clock_and_an_engine_logs_each_threa
         engine.synthesize(case_params(golden_case("custom_voice", 0)), timeout=TIMEOUT)
     with phase("after"):
         pass
-    assert {"prepare", "admit", "launch", "take", "audio"} == {p[2] for p in log}
+    assert {"prepare", "admit", "launch", "take", "audio"} == {p[2] for p in log if not p[2].startswith("gc ")}
     assert threading.get_native_id() in {p[3] for p in log if p[2] == "prepare"}  # the OS ids traces use
     with recording_phases() as outer:
         with recording_phases() as inner, phase("inner"):
             pass
         with phase("outer"):
             pass
-    assert [p[2] for p in inner] == ["inner"] and [p[2] for p in outer] == ["outer"]
+    assert [p[2] for p in inner if not p[2].startswith("gc ")] == ["inner"]
+    assert [p[2] for p in outer if not p[2].startswith("gc ")] == ["outer"]
     assert len({p[3] for p in log}) >= 3  # the caller's, the scheduler's and the audio stage's threads
     launches = sorted(p[:2] for p in log if p[2] == "launch")
     assert len(launches) >= 2 and all(a[1] <= b[0] for a, b in zip(launches, launches[1:]))
+
+
+def test_a_collection_while_phases_are_recorded_is_logged_as_its_generation_and_only_then():
+    """A garbage collection is host work that stops every thread: while phases are recorded each one is
+    logged as "gc <generation>" on the thread that ran it, and the gc hook goes when the block ends."""
+    import gc
+
+    from omni_tts.engine.metrics import recording_phases
+
+    hooks = list(gc.callbacks)
+    with recording_phases() as log:
+        gc.collect(1)
+        gc.collect()
+    assert gc.callbacks == hooks
+    collections = [p for p in log if p[2].startswith("gc ")]
+    assert [p[2] for p in collections][-2:] == ["gc 1", "gc 2"]
+    assert all(start <= end and tid == threading.get_native_id() for start, end, _, tid in collections[-2:])
+    gc.collect()
+    assert collections == [p for p in log if p[2].startswith("gc ")]
+    summary = gpu_busy.collections(log)
+    assert summary["gc 2"]["count"] == sum(p[2] == "gc 2" for p in collections) >= 1
+    assert summary["gc 2"]["s"] == pytest.approx(sum(e - s for s, e, n, _ in collections if n == "gc 2") / 1e9)
+    text = gpu_busy.report({"concurrency": 1, "gpu_busy_share": 0.5, "wall_s": 1.0, "busiest_stream_share": 0.5,
+                            "idle_gaps": {"total_s": 0.0}, "gc": summary})
+    assert f"gc 2 x{summary['gc 2']['count']}" in text

@@ -8,6 +8,7 @@ trace can say what each thread did while the GPU idled. Knows nothing about the 
 
 from __future__ import annotations
 
+import gc
 import statistics
 import threading
 import time
@@ -44,16 +45,35 @@ def phase(name: str) -> AbstractContextManager:
     return _timed(name, log) if log is not None else nullcontext()
 
 
+def _gc_logger(log: list[tuple[int, int, str, int]]) -> Any:
+    """A gc callback logging each collection as phase "gc <generation>": a collection stops every thread
+    that wants the interpreter, so it is host work like any phase."""
+    started: dict[int, int] = {}
+
+    def logged(event: str, info: dict[str, Any]) -> None:
+        tid = threading.get_native_id()
+        if event == "start":
+            started[tid] = time.time_ns()
+        elif tid in started:
+            log.append((started.pop(tid), time.time_ns(), f"gc {info['generation']}", tid))
+
+    return logged
+
+
 @contextmanager
 def recording_phases() -> Iterator[list[tuple[int, int, str, int]]]:
-    """Log every thread's `phase` while the block runs: [(start ns, end ns, phase, OS thread id)] by
-    time.time_ns, in the order they ended (a phase that began inside the block may still end in it after)."""
+    """Log every thread's `phase` and every garbage collection ("gc 0".."gc 2") while the block runs:
+    [(start ns, end ns, phase, OS thread id)] by time.time_ns, in the order they ended (a phase that began
+    inside the block may still end in it after)."""
     global _PHASES
     outer, log = _PHASES, []
     _PHASES = log
+    logger = _gc_logger(log)
+    gc.callbacks.append(logger)
     try:
         yield log
     finally:
+        gc.callbacks.remove(logger)
         _PHASES = outer
 
 

@@ -181,6 +181,18 @@ def gap_phases(ks: Iterable[Kernel], ranges: Iterable[HostRange], min_ms: float 
             "no_phase_s": (total - _overlap_us(idle, every)) / 1e6}
 
 
+def collections(log: Iterable[tuple[int, int, str, int]]) -> dict[str, dict[str, float]]:
+    """`recording_phases`' garbage collections -> {"gc <generation>": {"count", "s", "max_ms"}}."""
+    out: dict[str, dict[str, float]] = {}
+    for start, end, name, _ in log:
+        if name.startswith("gc "):
+            g = out.setdefault(name, {"count": 0, "s": 0.0, "max_ms": 0.0})
+            g["count"] += 1
+            g["s"] += (end - start) / 1e9
+            g["max_ms"] = max(g["max_ms"], (end - start) / 1e6)
+    return dict(sorted(out.items()))
+
+
 def busy_share(engine: Any, concurrency: int, requests: int, make: Callable[[int], Any]) -> dict[str, Any]:
     """The closed loop at `concurrency` under the profiler: share of wall time with a kernel running, the
     idle gaps, the kernels around them and what the engine's host did during them."""
@@ -209,7 +221,7 @@ def busy_share(engine: Any, concurrency: int, requests: int, make: Callable[[int
             "gpu_busy_share": union_seconds(every) / wall_us,
             "busiest_stream_share": max(per_stream.values(), default=0.0), "by_stream": per_stream,
             "idle_gaps": idle_gaps(every), "gap_borders": gap_borders(ks, ranges=ranges),
-            "host_phases": gap_phases(ks, ranges)}
+            "host_phases": gap_phases(ks, ranges), "gc": collections(log)}
 
 
 def report(b: dict[str, Any], borders: int = 5) -> str:
@@ -225,4 +237,7 @@ def report(b: dict[str, Any], borders: int = 5) -> str:
         phases = ", ".join(f"{n} {t:.3f} s" for n, t in h["by_phase"].items())
         lines.append(f"  the host during the {h['gaps_s']:.3f} s of gaps >= {BORDER_MIN_MS} ms: "
                      f"{phases or 'no phase'}; in no phase {h['no_phase_s']:.3f} s")
+    if "gc" in b:
+        lines.append("  garbage collections: " + (", ".join(
+            f"{n} x{g['count']} ({g['s']:.3f} s, longest {g['max_ms']:.1f} ms)" for n, g in b["gc"].items()) or "none"))
     return "\n".join(lines)
