@@ -16,6 +16,7 @@ from test_warmup import until
 from omni_tts.config import EngineConfig, SynthesisParams
 from omni_tts.engine.engine import Engine
 from omni_tts.engine.heap import HEAP_TRIM_INTERVAL_S
+from omni_tts.engine.metrics import recording_phases
 
 
 def _rss_mb() -> float:
@@ -69,11 +70,13 @@ def test_memory_stays_flat_over_bursts_of_varied_requests() -> None:
         trimmed()
         before = _rss_mb()
         bursts(12)
-        trimmed()
+        with recording_phases() as log:
+            trimmed()
         grown = _rss_mb() - before
     finally:
         engine.shutdown()
     assert grown < 40, f"RSS grew {grown:.1f} MB over 300 requests"
+    assert "heap trim" in {p[2] for p in log}  # a busy profile can tell a trim's gaps from the rest
 
 
 def test_compile_settings_reach_the_threads_that_compile() -> None:

@@ -10,6 +10,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from omni_tts.engine.metrics import phase
+
 HEAP_TRIM_INTERVAL_S = 5.0
 
 
@@ -27,5 +29,6 @@ def trim_until(stop: threading.Event, trimmed: Callable[[], None]) -> None:
     """Trim every HEAP_TRIM_INTERVAL_S until `stop` is set (at once then), calling `trimmed` after each."""
     trim = malloc_trim()
     while trim is not None and not stop.wait(HEAP_TRIM_INTERVAL_S):
-        trim(0)
+        with phase("heap trim"):  # it holds the allocator's locks: other threads' mallocs wait
+            trim(0)
         trimmed()
