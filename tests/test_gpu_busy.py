@@ -154,7 +154,8 @@ def test_logged_phases_land_on_the_profilers_clock_and_an_engine_logs_each_threa
         engine.synthesize(case_params(golden_case("custom_voice", 0)), timeout=TIMEOUT)
     with phase("after"):
         pass
-    assert {"prepare", "admit", "launch", "take", "audio"} == {p[2] for p in log if not p[2].startswith("gc ")}
+    assert {"prepare", "admit", "launch", "take", "sync", "audio"} == {
+        p[2] for p in log if not p[2].startswith("gc ")}
     assert threading.get_native_id() in {p[3] for p in log if p[2] == "prepare"}  # the OS ids traces use
     with recording_phases() as outer:
         with recording_phases() as inner, phase("inner"):
@@ -164,6 +165,8 @@ def test_logged_phases_land_on_the_profilers_clock_and_an_engine_logs_each_threa
     assert [p[2] for p in inner if not p[2].startswith("gc ")] == ["inner"]
     assert [p[2] for p in outer if not p[2].startswith("gc ")] == ["outer"]
     assert len({p[3] for p in log}) >= 3  # the caller's, the scheduler's and the audio stage's threads
+    takes = [p for p in log if p[2] == "take"]
+    assert all(any(t[0] <= w[0] and w[1] <= t[1] and t[3] == w[3] for t in takes) for w in log if w[2] == "sync")
     launches = sorted(p[:2] for p in log if p[2] == "launch")
     assert len(launches) >= 2 and all(a[1] <= b[0] for a, b in zip(launches, launches[1:]))
 

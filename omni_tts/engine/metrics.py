@@ -38,9 +38,10 @@ def _timed(name: str, log: list[tuple[int, int, str, int]]) -> Iterator[None]:
 
 
 def phase(name: str) -> AbstractContextManager:
-    """A stretch of the engine's host work (admission, a frame's launch, taking a frame, code-to-wave, a
-    prompt's preparation), logged while `recording_phases` runs, else nothing but a check. The profiler's
-    own ranges would not do: it records only the thread that started it."""
+    """A stretch of the engine's host work (admission, a frame's launch, taking a frame and, inside it, the
+    waits for its results, code-to-wave, a prompt's preparation), logged while `recording_phases` runs,
+    else nothing but a check. The profiler's own ranges would not do: it records only the thread that
+    started it."""
     log = _PHASES
     return _timed(name, log) if log is not None else nullcontext()
 

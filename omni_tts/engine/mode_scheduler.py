@@ -302,7 +302,8 @@ class ModeScheduler(ModeWarmup):
             self._take_rows(ticket, rows)
 
     def _take_rows(self, ticket: Any, rows: list[Request]) -> None:
-        codes = self.runner.collect_codes(ticket)  # [n, 16] int64: the frame just completed
+        with phase("sync"):  # GPU idle while in it: this thread waited to run again, not for the frame
+            codes = self.runner.collect_codes(ticket)  # [n, 16] int64: the frame just completed
         live = [(i, a) for i, a in enumerate(rows) if not a.left]
         self.stats.on_step(len(live))
         t = now()
@@ -311,7 +312,8 @@ class ModeScheduler(ModeWarmup):
             if len(a.codes) == 1:
                 a.handle.metrics.first_codes_at = t
         self.audio.put([("push", a, codes[i:i + 1]) for i, a in live])  # decoded as one batch
-        eos = self.runner.collect_eos(ticket)  # [n] bool: the next frame's code 0 is EOS
+        with phase("sync"):
+            eos = self.runner.collect_eos(ticket)  # [n] bool: the next frame's code 0 is EOS
         jobs: list[tuple] = []
         deadline = self.config.deadline_s()
         for i, a in live:

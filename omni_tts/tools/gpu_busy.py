@@ -7,8 +7,10 @@ admission, prefill, a last chunk's decode); and the kernels that border the long
 ended last before a gap and the first after it, by name and stream), which say which hand-over idles: a
 frame's graph waiting for the host, the code-to-wave stream waiting for codes, a wave's last chunk.
 The engine's host work logged by phase in the same run (admission, a frame's launch, taking a frame's
-results, code-to-wave, a prompt's preparation: engine.metrics.phase) says what its threads did during
-those gaps, over them all and per pair of border kernels.
+results, code-to-wave, a prompt's preparation, the heap trim, each garbage collection: engine.metrics.phase)
+says what its threads did during those gaps, over them all and per pair of border kernels. A gap inside
+"sync" (the scheduler waiting for a frame's results) is one where the frame was done but the thread had
+not run again yet: it waited for the interpreter lock or the OS, not for the GPU.
 
 Owns reading the trace and the gap statistics; the load is tools.load's. CUDA only.
 """
