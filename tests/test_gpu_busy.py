@@ -184,8 +184,9 @@ def test_a_collection_while_phases_are_recorded_is_logged_as_its_generation_and_
         gc.collect()
     assert gc.callbacks == hooks
     collections = [p for p in log if p[2].startswith("gc ")]
-    assert [p[2] for p in collections][-2:] == ["gc 1", "gc 2"]
-    assert all(start <= end and tid == threading.get_native_id() for start, end, _, tid in collections[-2:])
+    mine = [p[2] for p in collections if p[3] == threading.get_native_id()]  # other threads may collect too
+    assert "gc 1" in mine and "gc 2" in mine[mine.index("gc 1"):]
+    assert all(start <= end for start, end, _, _ in collections)
     gc.collect()
     assert collections == [p for p in log if p[2].startswith("gc ")]
     summary = gpu_busy.collections(log)

@@ -302,7 +302,7 @@ class ModeScheduler(ModeWarmup):
             self._take_rows(ticket, rows)
 
     def _take_rows(self, ticket: Any, rows: list[Request]) -> None:
-        with phase("sync"):  # GPU idle while in it: this thread waited to run again, not for the frame
+        with phase("sync"):  # a GPU gap inside a wait: the frame was done, this thread not yet running
             codes = self.runner.collect_codes(ticket)  # [n, 16] int64: the frame just completed
         live = [(i, a) for i, a in enumerate(rows) if not a.left]
         self.stats.on_step(len(live))
