@@ -26,6 +26,7 @@ def now() -> float:
 
 
 _PHASES: list[tuple[int, int, str, int]] | None = None  # while recorded: (start ns, end ns, phase, OS thread id)
+GC_PHASE = "gc "  # a collection's phase name, followed by its generation: "gc 0".."gc 2"
 
 
 @contextmanager
@@ -56,7 +57,7 @@ def _gc_logger(log: list[tuple[int, int, str, int]]) -> Any:
         if event == "start":
             started[tid] = time.time_ns()
         elif tid in started:
-            log.append((started.pop(tid), time.time_ns(), f"gc {info['generation']}", tid))
+            log.append((started.pop(tid), time.time_ns(), f"{GC_PHASE}{info['generation']}", tid))
 
     return logged
 

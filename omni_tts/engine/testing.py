@@ -7,8 +7,9 @@ replays where captured) or launched kernel by kernel (`launched_step_fns`), and 
 CodePredictor's layers (`layer_kernels`); and the pieces tools measure or drive on their own: the
 audio stage's codec set-up (`fuse_codec`, `FirstChunkGraphs`), the figures of a list of finished
 requests (`summarize`) and of device memory (`gpu_memory`), rows moved to a talker position for a block
-(`rows_at`: a step of rows that long), the engine's host work by phase (`recording_phases`), the compile
-caches (`compile_cache`) and the plain single-request path (`offline`). Kernel sweeps use omni_tts.kernels'
+(`rows_at`: a step of rows that long), the engine's host work by phase (`recording_phases`; a garbage
+collection's named from `GC_PHASE`), the compile caches (`compile_cache`) and the plain single-request path
+(`offline`). Kernel sweeps use omni_tts.kernels'
 public names directly. Requests, scheduling and streaming stay behind `omni_tts.Engine`. Knows nothing about the tools.
 """
 
@@ -22,14 +23,14 @@ from omni_tts.config import CompileMode, EngineConfig
 from omni_tts.engine import compile_cache, offline
 from omni_tts.engine.audio_stage import fuse_codec
 from omni_tts.engine.codec_graphs import FirstChunkGraphs
-from omni_tts.engine.metrics import gpu_memory, recording_phases, summarize
+from omni_tts.engine.metrics import GC_PHASE, gpu_memory, recording_phases, summarize
 from omni_tts.engine.model_runner import Runner
 from omni_tts.engine.step_impl import StepImpls
 from omni_tts.models.loading import load_model
 
-__all__ = ["FirstChunkGraphs", "StepImpls", "compile_cache", "fuse_codec", "gpu_memory", "launched_step_fns",
-           "layer_kernels", "load_model", "mode_runner", "offline", "recording_phases", "rows_at", "step_fns",
-           "summarize", "warmed_runner"]
+__all__ = ["GC_PHASE", "FirstChunkGraphs", "StepImpls", "compile_cache", "fuse_codec", "gpu_memory",
+           "launched_step_fns", "layer_kernels", "load_model", "mode_runner", "offline", "recording_phases",
+           "rows_at", "step_fns", "summarize", "warmed_runner"]
 
 
 def mode_runner(model: Any, config: EngineConfig, mode: CompileMode, impls: StepImpls | None = None) -> Runner:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from omni_tts.engine.testing import recording_phases
+from omni_tts.engine.testing import GC_PHASE, recording_phases
 
 GAP_BINS_MS = (0.1, 1.0, 10.0)  # idle gaps shorter than each bound, and the rest
 BORDER_MIN_MS = 0.1  # gaps shorter than this are a graph's own kernel boundaries: not attributed
@@ -187,7 +187,7 @@ def collections(log: Iterable[tuple[int, int, str, int]]) -> dict[str, dict[str,
     """`recording_phases`' garbage collections -> {"gc <generation>": {"count", "s", "max_ms"}}."""
     out: dict[str, dict[str, float]] = {}
     for start, end, name, _ in log:
-        if name.startswith("gc "):
+        if name.startswith(GC_PHASE):
             g = out.setdefault(name, {"count": 0, "s": 0.0, "max_ms": 0.0})
             g["count"] += 1
             g["s"] += (end - start) / 1e9
