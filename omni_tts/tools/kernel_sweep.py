@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from omni_tts.engine.cuda_graphs import BucketedGraph, GraphPool
 from omni_tts.errors import OmniTTSError
 from omni_tts.kernels import configs as kernel_configs
 from omni_tts.kernels import layers as kernels
@@ -107,23 +108,21 @@ def _layer(size: str, part: str, device: torch.device, dtype: torch.dtype) -> An
 
 def _graph_us(fns: list[Callable[[], Any]], launches: int = 60, replays: int = 5) -> float:
     """Microseconds per launch: a CUDA graph of `launches` calls cycling through fns, replayed."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for fn in fns[:2]:
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(launches):
-            fns[i % len(fns)]()
-    graph.replay()
+    def frame() -> tuple[torch.Tensor, ...]:
+        for i in range(launches):  # each output dropped at once, so the captures reuse one block
+            out = fns[i % len(fns)]()
+        return (out,)
+
+    graph = BucketedGraph("kernel-sweep", lambda _rows: frame, [1], GraphPool(use_vllm=False))
+    graph.capture()
+    graph.run(1)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(replays):
-        graph.replay()
+        graph.run(1)
     end.record()
     end.synchronize()
+    graph.release()
     return start.elapsed_time(end) * 1000 / (replays * launches)
 
 
