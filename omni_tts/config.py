@@ -172,6 +172,9 @@ class ExperimentalConfig:
     # kernels, so reduce-overhead and default+cudagraph can be compared with the same kernels
     kernels: bool = True
     use_vllm_pool: bool = True  # default+cudagraph captures into vLLM's global graph pool when vllm is importable
+    # submits that prepare their prompts at once (0: no bound): while a burst arrives, fewer threads then
+    # contend for the GIL with the schedulers, which take it again after every torch call
+    max_preparing: int = 0
 
 
 @dataclass
@@ -286,6 +289,8 @@ class EngineConfig:
             raise OmniTTSError(f"kernel_configs: no such file '{self.kernel_configs}' (write one with kernel-sweep)")
         if not 0 <= self.admit_hold_ms <= 1000:
             raise OmniTTSError(f"admit_hold_ms must be 0..1000 (got {self.admit_hold_ms})")
+        if self.experimental.max_preparing < 0:
+            raise OmniTTSError(f"experimental.max_preparing must be >= 0 (got {self.experimental.max_preparing})")
 
 
 # The preset keys and their types, read from the records' annotations ('experimental.KEY' for that section).

@@ -205,6 +205,7 @@ def test_synthesis_params_validate():
                                            ("kernel_configs: /no/such.json", "kernel_configs: no such file"),
                                            ("admit_hold_ms: -1", "admit_hold_ms must be 0..1000"),
                                            ("admit_hold_ms: 0.5", "must be an integer"),
+                                           ("max_preparing: -2", "experimental.max_preparing must be >= 0"),
                                            ("max_seq_len: 0.5", "must be an integer"),
                                            ("use_vllm_pool: 1", "'experimental.use_vllm_pool' must be true or false")])
 def test_out_of_range_preset_values_are_one_line_errors(tmp_path: Path, line: str, fragment: str):

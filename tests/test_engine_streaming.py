@@ -1,7 +1,7 @@
 """Streaming and admission on the real tiny checkpoint (CPU, float32), no mocks: streamed chunks join to
 the one-shot decode for every chunk schedule, chunks of requests started together are decoded in shared
-calls, a burst of requests waits only while it prepares and within the admission hold, and a submit
-refused while preparing holds nobody afterwards.
+calls, a burst of requests waits only while it prepares and within the admission hold, a submit
+refused while preparing holds nobody afterwards, and `max_preparing` bounds the submits preparing at once.
 """
 
 from __future__ import annotations
@@ -125,5 +125,25 @@ def test_a_submit_refused_while_preparing_holds_nobody_afterwards():
             eng.submit(SynthesisParams(text="no such voice", speaker="nobody"))
         r = eng.synthesize(SynthesisParams(text="not held", speaker="ryan", fixed_frames=2), timeout=TIMEOUT)
         assert r.metrics.status == "done" and held and not any(held)
+    finally:
+        eng.shutdown()
+
+
+def test_max_preparing_holds_a_submit_at_the_gate_until_a_preparation_ends():
+    """experimental.max_preparing 1: while one submit prepares (the gate taken here, as its preparation
+    would), the next has arrived (admission sees it) but waits at the gate, unprepared and not queued;
+    once the gate is free it prepares, queues and is served."""
+    eng = make_engine(fixture_dir("custom_voice"), max_num_seqs=2, max_preparing=1)
+    sched, handles = scheduler(eng), []
+    try:
+        with eng._preparing:
+            t = threading.Thread(target=lambda: handles.append(eng.submit(
+                SynthesisParams(text="after the gate", speaker="ryan", fixed_frames=2))))
+            t.start()
+            # the semaphore's condition lists the threads blocked in acquire
+            until(lambda: len(eng._preparing._cond._waiters) == 1, "the submit to wait at the gate")
+            assert sched._arriving == 1 and sched.waiting.empty() and not handles
+        t.join(TIMEOUT)
+        assert handles and handles[0].result(TIMEOUT).metrics.status == "done"
     finally:
         eng.shutdown()

@@ -61,6 +61,8 @@ class Engine:
         self._say = progress or (lambda s: None)
         self._ids = itertools.count(1)
         self._queueing = threading.Lock()  # an id is taken and its request queued as one step
+        n = config.experimental.max_preparing
+        self._preparing = threading.BoundedSemaphore(n) if n else nullcontext()  # the gate around preparation
         self._closed = False
         self.draining = False  # `drain`: new requests refused while the accepted ones finish
         self._open = OpenCount()  # callers' requests accepted and not yet ended (a long text once)
@@ -158,7 +160,7 @@ class Engine:
         params.validate()
         sched = self._scheduler(params.mode)
         sched.check_room()  # refused before its prompt is prepared; checked again as it joins the queue
-        with sched.arriving(), phase("prepare"):
+        with sched.arriving(), self._preparing, phase("prepare"):
             prep = self.model.prepare(params, self.config.max_seq_len)
             with self._queueing:  # ids follow the queue's order, so a mode's slots go in id order
                 rid = next(self._ids)
