@@ -11,6 +11,7 @@ import threading
 import pytest
 import torch
 
+from omni_tts.engine.metrics import GC_PHASE
 from omni_tts.tools import gpu_busy
 
 
@@ -155,15 +156,15 @@ def test_logged_phases_land_on_the_profilers_clock_and_an_engine_logs_each_threa
     with phase("after"):
         pass
     assert {"prepare", "admit", "launch", "take", "sync", "audio"} == {
-        p[2] for p in log if not p[2].startswith("gc ")}
+        p[2] for p in log if not p[2].startswith(GC_PHASE)}
     assert threading.get_native_id() in {p[3] for p in log if p[2] == "prepare"}  # the OS ids traces use
     with recording_phases() as outer:
         with recording_phases() as inner, phase("inner"):
             pass
         with phase("outer"):
             pass
-    assert [p[2] for p in inner if not p[2].startswith("gc ")] == ["inner"]
-    assert [p[2] for p in outer if not p[2].startswith("gc ")] == ["outer"]
+    assert [p[2] for p in inner if not p[2].startswith(GC_PHASE)] == ["inner"]
+    assert [p[2] for p in outer if not p[2].startswith(GC_PHASE)] == ["outer"]
     assert len({p[3] for p in log}) >= 3  # the caller's, the scheduler's and the audio stage's threads
     takes = [p for p in log if p[2] == "take"]
     assert all(any(t[0] <= w[0] and w[1] <= t[1] and t[3] == w[3] for t in takes) for w in log if w[2] == "sync")
@@ -183,12 +184,12 @@ def test_a_collection_while_phases_are_recorded_is_logged_as_its_generation_and_
         gc.collect(1)
         gc.collect()
     assert gc.callbacks == hooks
-    collections = [p for p in log if p[2].startswith("gc ")]
+    collections = [p for p in log if p[2].startswith(GC_PHASE)]
     mine = [p[2] for p in collections if p[3] == threading.get_native_id()]  # other threads may collect too
     assert "gc 1" in mine and "gc 2" in mine[mine.index("gc 1"):]
     assert all(start <= end for start, end, _, _ in collections)
     gc.collect()
-    assert collections == [p for p in log if p[2].startswith("gc ")]
+    assert collections == [p for p in log if p[2].startswith(GC_PHASE)]
     summary = gpu_busy.collections(log)
     assert summary["gc 2"]["count"] == sum(p[2] == "gc 2" for p in collections) >= 1
     assert summary["gc 2"]["s"] == pytest.approx(sum(e - s for s, e, n, _ in collections if n == "gc 2") / 1e9)
